@@ -1,0 +1,121 @@
+// Configuration: a typed schema per experiment (ConfigSpec), built-in defaults,
+// a JSON file and `--set` overrides merged in that order, validated strictly.
+//
+// Errors name the source (file path or the --set argument), the JSON pointer
+// (RFC 6901, e.g. /model/depth), what was expected and what was found, and suggest
+// the nearest key for a misspelt one. All errors are mpt::ConfigError (exit code 2).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mpt {
+
+using json = nlohmann::json;
+
+/// Kinds of value a config parameter holds.
+enum class ParamType { Bool, Int, Number, String, IntList, NumberList, StringList };
+
+/// One leaf of a config schema.
+struct Param {
+  ParamType type = ParamType::Number;
+  json default_value;
+  std::string doc;                   ///< one line, shown by --help-config and docs
+  std::optional<double> min, max;    ///< inclusive bounds for numbers (list elements too)
+  std::vector<std::string> choices;  ///< allowed strings (String / StringList), empty = any
+  bool scalar_or_list = false;       ///< Int/Number that also accepts a non-empty list (a sweep)
+  std::optional<double> exclusive_min;  ///< strict lower bound (e.g. growth_factor > 1)
+  std::optional<double> exclusive_max;  ///< strict upper bound (e.g. backoff_factor < 1)
+};
+
+/// Schema of an experiment's config: leaves addressed by JSON pointer.
+/// Objects between leaves are implied by the pointers. Mirrors how nccl-tests and
+/// google/benchmark keep one flat table of options, but nested for readability.
+class ConfigSpec {
+ public:
+  /// Adds a leaf; throws std::logic_error on a duplicate or malformed pointer.
+  ConfigSpec& add(const std::string& pointer, Param p);
+
+  // Shorthands. Bounds are inclusive unless noted.
+  ConfigSpec& boolean(const std::string& ptr, bool def, std::string doc);
+  ConfigSpec& integer(const std::string& ptr, long long def, std::string doc,
+                      std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
+  ConfigSpec& number(const std::string& ptr, double def, std::string doc,
+                     std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
+  ConfigSpec& choice(const std::string& ptr, std::string def, std::vector<std::string> choices, std::string doc);
+  ConfigSpec& string(const std::string& ptr, std::string def, std::string doc);
+  ConfigSpec& integers(const std::string& ptr, std::vector<long long> def, std::string doc,
+                       std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
+  ConfigSpec& numbers(const std::string& ptr, std::vector<double> def, std::string doc,
+                      std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
+  ConfigSpec& strings(const std::string& ptr, std::vector<std::string> def, std::vector<std::string> choices,
+                      std::string doc);
+
+  /// The defaults as one JSON object.
+  json defaults() const;
+  /// The leaf at `pointer`, or nullptr.
+  const Param* find(const std::string& pointer) const;
+  /// All leaves, ordered by pointer.
+  const std::map<std::string, Param>& params() const { return params_; }
+
+  /// Validates a (partial) config object from `source` against the schema.
+  /// Throws ConfigError naming source, pointer, expectation and finding.
+  void validate(const json& partial, const std::string& source) const;
+  /// Validates one value for the leaf at `pointer`; throws ConfigError.
+  void validate_value(const std::string& pointer, const json& value, const std::string& source) const;
+
+ private:
+  bool is_object_prefix(const std::string& pointer) const;
+  std::vector<std::string> child_keys(const std::string& object_pointer) const;
+  void validate_object(const json& obj, const std::string& pointer, const std::string& source) const;
+  std::map<std::string, Param> params_;
+};
+
+/// A resolved, validated configuration with typed accessors.
+/// Accessors throw std::logic_error for a pointer missing from the schema (a bug, not user input).
+class Config {
+ public:
+  Config(const ConfigSpec* spec, json resolved) : spec_(spec), json_(std::move(resolved)) {}
+
+  bool boolean(const std::string& ptr) const;
+  long long integer(const std::string& ptr) const;
+  double number(const std::string& ptr) const;
+  std::string str(const std::string& ptr) const;
+  /// Int list; a scalar_or_list parameter given as a scalar reads as one element.
+  std::vector<long long> integers(const std::string& ptr) const;
+  /// Number list; a scalar_or_list parameter given as a scalar reads as one element.
+  std::vector<double> numbers(const std::string& ptr) const;
+  std::vector<std::string> strings(const std::string& ptr) const;
+
+  /// The whole resolved config, as echoed into the result file.
+  const json& json_value() const { return json_; }
+
+ private:
+  const json& at(const std::string& ptr) const;
+  const ConfigSpec* spec_;
+  json json_;
+};
+
+/// Reads a JSON file; throws ConfigError for a missing, unreadable or invalid file
+/// (with line/column from the parser).
+json read_json_file(const std::string& path);
+
+/// Merges defaults ← file (if non-empty path) ← `--set` overrides ("a.b=VALUE" or
+/// "/a/b=VALUE"; VALUE parsed as JSON, else taken as a string), validating each layer.
+/// Throws ConfigError.
+Config resolve_config(const ConfigSpec& spec, const std::string& file, const std::vector<std::string>& sets);
+
+/// Levenshtein edit distance (for "did you mean").
+std::size_t edit_distance(const std::string& a, const std::string& b);
+
+/// The candidate nearest to `word` if it is close enough to be a likely typo, else "".
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+/// Converts "a.b.c" or "/a/b/c" to the JSON pointer "/a/b/c"; throws ConfigError if empty.
+std::string to_pointer(const std::string& dotted_or_pointer);
+
+}  // namespace mpt

@@ -1,0 +1,224 @@
+// Command line and the run of one experiment. See harness.hpp.
+#include "core/harness.hpp"
+
+#include <unistd.h>
+
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include "core/compat.hpp"
+#include "core/errors.hpp"
+#include "core/runtime.hpp"
+
+namespace mpt {
+
+namespace {
+
+void setup_logging(bool quiet, bool verbose) {
+  static auto logger = [] {
+    auto l = spdlog::stderr_color_mt("mpt");
+    l->set_pattern("%^[%l]%$ %v");
+    return l;
+  }();
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(verbose ? spdlog::level::debug : quiet ? spdlog::level::warn : spdlog::level::info);
+}
+
+std::string type_label(const Param& p) {
+  switch (p.type) {
+    case ParamType::Bool: return "bool";
+    case ParamType::Int: return p.scalar_or_list ? "int|[int]" : "int";
+    case ParamType::Number: return p.scalar_or_list ? "number|[number]" : "number";
+    case ParamType::String: return "string";
+    case ParamType::IntList: return "[int]";
+    case ParamType::NumberList: return "[number]";
+    case ParamType::StringList: return "[string]";
+  }
+  return "?";
+}
+
+std::string config_help(const ConfigSpec& spec) {
+  std::string s = "Config keys (set in --config FILE or with --set key.path=VALUE):\n";
+  for (const auto& [ptr, p] : spec.params()) {
+    std::string key = ptr.substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    s += fmt::format("  {:<28} {:<16} default {}\n", key, type_label(p), p.default_value.dump());
+    if (!p.doc.empty()) s += fmt::format("  {:<28} {}\n", "", p.doc);
+  }
+  return s;
+}
+
+void print_report(const Report& r) {
+  std::string out;
+  for (const auto& sec : r.sections) {
+    if (auto* t = std::get_if<Table>(&sec)) out += render_table(*t);
+    if (auto* h = std::get_if<Histogram>(&sec)) out += render_histogram(*h);
+    if (auto* b = std::get_if<TextBlock>(&sec)) out += "# " + b->title + "\n" + b->text;
+    out += "\n";
+  }
+  out += render_checks(r.checks);
+  std::cout << out << std::flush;
+}
+
+}  // namespace
+
+ConfigSpec full_spec(const Experiment& exp) {
+  ConfigSpec spec = exp.spec();
+  if (!spec.find("/seed")) spec.integer("/seed", 0, "seed of LibTorch's generator (torch.manual_seed)", 0);
+  if (!spec.find("/device")) spec.choice("/device", "auto", {"auto", "cpu", "cuda"}, "auto = CUDA when available");
+  if (!spec.find("/threads"))
+    spec.integer("/threads", 0, "intra-op threads (torch.set_num_threads); 0 = LibTorch's default", 0, 1024);
+  return spec;
+}
+
+Config resolve_for(const Experiment& exp, const ConfigSpec& spec, const RunOptions& opts) {
+  std::vector<std::string> sets = opts.sets;
+  if (opts.seed) sets.push_back("seed=" + std::to_string(*opts.seed));
+  if (!opts.device.empty()) sets.push_back("device=\"" + opts.device + "\"");
+  return resolve_config(spec, opts.config_file, sets);
+}
+
+nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg, const Report& report,
+                                       const json& env, double wall_s) {
+  using ojson = nlohmann::ordered_json;
+  json results = report.results;
+  for (const auto& sec : report.sections) {
+    if (auto* t = std::get_if<Table>(&sec)) results[t->name] = table_json(*t);
+    if (auto* h = std::get_if<Histogram>(&sec)) results[h->name] = histogram_json(*h);
+  }
+  json checks = json::array();
+  for (const auto& c : report.checks)
+    checks.push_back({{"name", c.name}, {"value", num(c.value)}, {"tolerance", num(c.tolerance)}, {"ok", c.ok}});
+  json full_env = env;
+  full_env.update(report.env);
+  json timings = report.timings;
+  timings["wall_s"] = wall_s;
+  ojson doc;
+  doc["schema_version"] = 1;
+  doc["tool"] = {{"name", "mpt"}, {"version", MPT_VERSION}};
+  doc["experiment"] = exp.name;
+  doc["config"] = ojson::parse(cfg.json_value().dump());
+  doc["env"] = ojson::parse(encode_nonfinite(full_env).dump());
+  doc["results"] = ojson::parse(encode_nonfinite(results).dump());
+  doc["checks"] = ojson::parse(checks.dump());
+  doc["timings"] = ojson::parse(encode_nonfinite(timings).dump());
+  return doc;
+}
+
+int run_experiment(const Experiment& exp, const RunOptions& opts) {
+  setup_logging(opts.quiet, opts.verbose);
+  const std::string prog = "mpt " + exp.name;
+  ConfigSpec spec;
+  try {
+    spec = full_spec(exp);
+    Config cfg = resolve_for(exp, spec, opts);
+    if (opts.print_config) {
+      std::cout << cfg.json_value().dump(2) << "\n";
+      return kExitOk;
+    }
+    const std::string out = opts.out.empty() ? "results/" + exp.name + ".json" : opts.out;
+
+    torch::Device device = choose_device(cfg.str("/device"));
+    if (cfg.integer("/threads") > 0) torch::set_num_threads(static_cast<int>(cfg.integer("/threads")));
+    seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+    json env = environment(device);
+    spdlog::debug("device {} (fp16 compute {}), LibTorch {}", device.str(), env["fp16_compute"].get<std::string>(),
+                  compat::torch_version());
+
+    Context ctx{cfg, device, env["fp16_compute"].get<std::string>(), opts.verbose, isatty(2) != 0};
+    const double t0 = now_seconds();
+    Report report = exp.run(ctx);
+    const double wall = now_seconds() - t0;
+
+    if (!opts.quiet) print_report(report);
+    auto doc = result_document(exp, cfg, report, env, wall);
+    try {
+      write_file_atomic(out, doc.dump(2) + "\n");
+    } catch (const std::exception& e) {
+      spdlog::error("{}: cannot write the result file: {}", prog, e.what());
+      return kExitRuntime;
+    }
+    spdlog::info("wrote {} ({:.2f} s)", out, wall);
+    if (!report.all_checks_ok()) {
+      for (const auto& c : report.checks)
+        if (!c.ok) spdlog::error("{}: check failed: {} = {:g} > {:g}", prog, c.name, c.value, c.tolerance);
+      return kExitCheckFailed;
+    }
+    return kExitOk;
+  } catch (const ConfigError& e) {
+    spdlog::error("{}: config error: {}", prog, e.what());
+    return kExitUsage;
+  } catch (const RuntimeFailure& e) {
+    spdlog::error("{}: {}", prog, e.what());
+    return kExitRuntime;
+  } catch (const c10::Error& e) {
+    spdlog::error("{}: LibTorch error: {}", prog, e.what_without_backtrace());
+    return kExitRuntime;
+  } catch (const std::exception& e) {
+    spdlog::error("{}: {}", prog, e.what());
+    return kExitRuntime;
+  }
+}
+
+int main_cli(int argc, char** argv) {
+  CLI::App app{"mpt: see what happens inside reduced-precision and parallel training.\n"
+               "Each experiment prints tables on stdout and writes one JSON result file.",
+               "mpt"};
+  app.set_version_flag("--version", std::string("mpt ") + MPT_VERSION + " (LibTorch " + compat::torch_version() +
+                                        (compat::kBuiltWithCuda ? ", CUDA" : ", CPU only") + ")");
+  app.require_subcommand(1);
+  app.footer("Run `mpt list` for the experiments, `mpt <experiment> --help` for options and config keys.");
+
+  std::vector<std::string> known = {"list"};
+  for (const auto& e : experiments()) known.push_back(e.name);
+  // "did you mean" for a mistyped subcommand (CLI11 would only say "not expected").
+  if (argc > 1 && argv[1][0] != '-' && std::find(known.begin(), known.end(), argv[1]) == known.end()) {
+    std::string hint = nearest(argv[1], known);
+    std::cerr << "mpt: unknown experiment '" << argv[1] << "'"
+              << (hint.empty() ? "" : " (did you mean '" + hint + "'?)") << "; `mpt list` shows them all\n";
+    return kExitUsage;
+  }
+
+  auto* list = app.add_subcommand("list", "List the experiments with one-line summaries");
+  list->callback([] {
+    for (const auto& e : experiments()) std::cout << fmt::format("{:<14} {}\n", e.name, e.summary);
+  });
+
+  RunOptions opts;
+  const Experiment* chosen = nullptr;
+  for (const auto& e : experiments()) {
+    auto* sub = app.add_subcommand(e.name, e.summary);
+    sub->add_option("--config", opts.config_file, "JSON config file (merged over the built-in defaults)");
+    sub->add_option("--set", opts.sets, "Override one config key: path.to.key=VALUE (VALUE is JSON, else a string); repeatable")
+        ->take_all()
+        ->allow_extra_args(false);
+    sub->add_option("--out", opts.out, "Result file (default results/" + e.name + ".json)");
+    sub->add_option("--device", opts.device, "auto | cpu | cuda (auto = CUDA when available)")
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    sub->add_option("--seed", opts.seed, "Seed (overrides the config's /seed)");
+    sub->add_flag("--print-config", opts.print_config, "Print the resolved config as JSON and exit");
+    sub->add_flag("-q,--quiet", opts.quiet, "No tables; warnings and errors only");
+    sub->add_flag("-v,--verbose", opts.verbose, "Debug logging on stderr");
+    sub->footer(config_help(full_spec(e)));
+    sub->callback([&chosen, &e] { chosen = &e; });
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+  if (chosen) return run_experiment(*chosen, opts);
+  return kExitOk;
+}
+
+}  // namespace mpt

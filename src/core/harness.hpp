@@ -1,0 +1,43 @@
+// The harness: command line, config resolution, device choice, running one
+// experiment, printing its report and writing the result file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "experiments/experiment.hpp"
+
+namespace mpt {
+
+/// Options common to every experiment's subcommand.
+struct RunOptions {
+  std::string config_file;          ///< --config
+  std::vector<std::string> sets;    ///< --set KEY=VALUE, in order
+  std::string out;                  ///< --out (default results/<experiment>.json)
+  std::string device;               ///< --device (empty: from config)
+  std::optional<long long> seed;    ///< --seed
+  bool print_config = false;        ///< --print-config
+  bool quiet = false;               ///< -q
+  bool verbose = false;             ///< -v
+};
+
+/// Resolves the config of `exp` from `opts` (defaults ← file ← --set ← --seed/--device).
+/// Throws ConfigError.
+Config resolve_for(const Experiment& exp, const ConfigSpec& spec, const RunOptions& opts);
+
+/// The schema of `exp` with the keys every experiment has (/seed, /device, /threads).
+ConfigSpec full_spec(const Experiment& exp);
+
+/// The result document of shared/design.md §4 (schema_version 1).
+nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg, const Report& report,
+                                       const nlohmann::json& env, double wall_s);
+
+/// Runs `exp` end to end; returns the process exit code (0, 1, 2 or 3).
+int run_experiment(const Experiment& exp, const RunOptions& opts);
+
+/// Entry point of the `mpt` binary: parses argv and dispatches.
+int main_cli(int argc, char** argv);
+
+}  // namespace mpt

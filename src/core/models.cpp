@@ -1,0 +1,28 @@
+// Shared models. See models.hpp.
+#include "core/models.hpp"
+
+#include <stdexcept>
+
+namespace mpt {
+
+torch::nn::Sequential deep_sigmoid_net(int64_t in_dim, int64_t width, int64_t depth) {
+  if (in_dim < 1 || width < 1 || depth < 1) throw std::invalid_argument("deep_sigmoid_net: sizes must be >= 1");
+  torch::nn::Sequential net;
+  int64_t d = in_dim;
+  for (int64_t i = 0; i < depth; ++i) {
+    net->push_back(torch::nn::Linear(d, width));
+    net->push_back(torch::nn::Sigmoid());
+    d = width;
+  }
+  net->push_back(torch::nn::Linear(width, 1));
+  return net;
+}
+
+std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net) {
+  std::vector<torch::nn::Linear> out;
+  for (const auto& m : net->children())
+    if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) out.emplace_back(lin);
+  return out;
+}
+
+}  // namespace mpt

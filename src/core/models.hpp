@@ -1,0 +1,23 @@
+// Models shared by the experiments. Each is built in the same module order as its
+// PyTorch-Python nn.Sequential twin, so the same torch.manual_seed gives the same
+// weights bit for bit (LibTorch's C++ and Python frontends share RNG and initialisers:
+// nn.Linear draws kaiming_uniform_(a=√5) for the weight, then U(−1/√fan_in, 1/√fan_in)
+// for the bias).
+#pragma once
+
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace mpt {
+
+/// The deep sigmoid network of the underflow lesson:
+/// `depth` blocks of Linear(in→width)+Sigmoid (in = in_dim for the first), then Linear(width→1).
+/// Python twin: nn.Sequential(*[nn.Linear(d, width), nn.Sigmoid()]*depth, nn.Linear(width, 1)).
+/// Input [batch, in_dim] → output [batch, 1]. Throws std::invalid_argument for sizes < 1.
+torch::nn::Sequential deep_sigmoid_net(int64_t in_dim, int64_t width, int64_t depth);
+
+/// The Linear layers of a Sequential, in order (for per-layer statistics).
+std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net);
+
+}  // namespace mpt

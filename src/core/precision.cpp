@@ -1,0 +1,111 @@
+// Number formats and rounding. See precision.hpp.
+#include "core/precision.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace mpt {
+
+namespace {
+
+FormatInfo make(Format f, std::string name, int bits, int ebits, int mbits, int emax, bool has_inf, double max) {
+  const int bias = (1 << (ebits - 1)) - 1;
+  const int emin = 1 - bias;
+  FormatInfo i{f, std::move(name), bits, ebits, mbits, emin, emax, max,
+               std::ldexp(1.0, emin), std::ldexp(1.0, emin - mbits), std::ldexp(1.0, -mbits), has_inf};
+  return i;
+}
+
+const std::vector<FormatInfo>& table() {
+  // max = (2 − 2^−m)·2^emax for IEEE-style formats; E4M3 reserves only S.1111.111 for NaN,
+  // so its largest finite value is 1.75·2^8 = 448.
+  static const std::vector<FormatInfo> t = {
+      make(Format::FP32, "fp32", 32, 8, 23, 127, true, std::ldexp(2.0 - std::ldexp(1.0, -23), 127)),
+      make(Format::FP16, "fp16", 16, 5, 10, 15, true, std::ldexp(2.0 - std::ldexp(1.0, -10), 15)),
+      make(Format::BF16, "bf16", 16, 8, 7, 127, true, std::ldexp(2.0 - std::ldexp(1.0, -7), 127)),
+      make(Format::FP8_E4M3, "fp8_e4m3", 8, 4, 3, 8, false, 448.0),
+      make(Format::FP8_E5M2, "fp8_e5m2", 8, 5, 2, 15, true, 57344.0),
+  };
+  return t;
+}
+
+// Generic round-to-nearest-even onto a grid with `mbits` fraction bits, exponents
+// clamped below at `emin` (subnormals), for an fp32 tensor. frexp is exact, so the
+// grid spacing q = 2^(e − mbits) is exact and x / q is an exact scaling.
+torch::Tensor round_emulated(const torch::Tensor& x32, const FormatInfo& fi) {
+  auto fr = torch::frexp(x32);          // x = m · 2^e, m in [0.5, 1)
+  auto e = std::get<1>(fr).to(torch::kFloat) - 1.0;  // floor(log2|x|) for x != 0
+  e = torch::clamp_min(e, static_cast<double>(fi.emin));
+  auto q = torch::exp2(e - fi.mantissa_bits);
+  auto r = torch::round(x32 / q) * q;  // torch.round: half to even
+  auto over = r.abs() > fi.max;
+  auto ovf_value = fi.has_inf ? torch::full_like(r, INFINITY) * torch::sign(x32)
+                              : torch::full_like(r, NAN);
+  r = torch::where(over, ovf_value, r);
+  // Keep inf/nan inputs as they are (E4M3 has no inf: NaN).
+  auto nonfinite = ~torch::isfinite(x32);
+  auto keep = fi.has_inf ? x32 : torch::full_like(x32, NAN);
+  r = torch::where(nonfinite, torch::where(torch::isnan(x32), x32, keep), r);
+  return r;
+}
+
+}  // namespace
+
+const FormatInfo& format_info(Format f) { return table().at(static_cast<std::size_t>(f)); }
+
+const std::vector<Format>& all_formats() {
+  static const std::vector<Format> v = {Format::FP32, Format::FP16, Format::BF16, Format::FP8_E4M3, Format::FP8_E5M2};
+  return v;
+}
+
+Format parse_format(const std::string& name) {
+  for (const auto& i : table())
+    if (i.name == name) return i.format;
+  throw std::invalid_argument("unknown format \"" + name + "\" (expected fp32, fp16, bf16, fp8_e4m3, fp8_e5m2)");
+}
+
+torch::ScalarType storage_dtype(Format f) {
+  switch (f) {
+    case Format::FP16: return torch::kHalf;
+    case Format::BF16: return torch::kBFloat16;
+    default: return torch::kFloat;
+  }
+}
+
+torch::Tensor round_to(const torch::Tensor& x, Format f) {
+  auto x32 = x.to(torch::kFloat);
+  switch (f) {
+    case Format::FP32: return x32;
+    case Format::FP16: return x32.to(torch::kHalf).to(torch::kFloat);
+    case Format::BF16: return x32.to(torch::kBFloat16).to(torch::kFloat);
+    default: return round_emulated(x32, format_info(f));
+  }
+}
+
+double round_scalar(double x, Format f) {
+  auto t = torch::tensor({static_cast<float>(x)}, torch::kFloat);
+  return round_to(t, f).item<double>();
+}
+
+std::string classify(double stored, Format f) {
+  if (std::isnan(stored)) return "nan";
+  if (std::isinf(stored)) return "inf";
+  if (stored == 0.0) return "zero";
+  if (std::fabs(stored) < format_info(f).min_normal) return "subnormal";
+  return "normal";
+}
+
+CastStats cast_stats(const torch::Tensor& x, Format f) {
+  auto x32 = x.detach().to(torch::kFloat);
+  auto r = round_to(x32, f);
+  CastStats s;
+  s.numel = x32.numel();
+  auto nz = x32 != 0;
+  s.zero_before = (~nz).sum().item<int64_t>();
+  s.underflow = (nz & (r == 0)).sum().item<int64_t>();
+  s.subnormal = (nz & (r != 0) & (r.abs() < format_info(f).min_normal)).sum().item<int64_t>();
+  s.overflow = (torch::isfinite(x32) & ~torch::isfinite(r)).sum().item<int64_t>();
+  return s;
+}
+
+}  // namespace mpt

@@ -1,0 +1,71 @@
+// Number formats and rounding: fp32, fp16, bf16 through LibTorch casts (IEEE 754
+// round-to-nearest-even, subnormals kept, overflow to inf), and fp8 E4M3 / E5M2
+// emulated in fp32 (OCP 8-bit floating point spec, 2023: E4M3 max 448 with no inf,
+// overflow gives NaN as torch.float8_e4m3fn does; E5M2 max 57344, overflow to inf).
+//
+// Emulated compute ("fp16 storage with fp32 math", what CUDA's half kernels and
+// Tensor Cores do): arithmetic in fp32, every stored tensor rounded with round_to().
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace mpt {
+
+/// The formats mpt knows.
+enum class Format { FP32, FP16, BF16, FP8_E4M3, FP8_E5M2 };
+
+/// Facts about a format; the values equal torch.finfo's (bits, eps, max, tiny) and the
+/// smallest subnormal is 2^(emin − mantissa_bits).
+struct FormatInfo {
+  Format format;
+  std::string name;      ///< "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"
+  int bits;              ///< total bits
+  int exponent_bits;
+  int mantissa_bits;     ///< explicitly stored fraction bits
+  int emin;              ///< exponent of the smallest normal (e.g. −14 for fp16)
+  int emax;              ///< exponent of the largest finite value (e.g. 15 for fp16)
+  double max;            ///< largest finite value
+  double min_normal;     ///< smallest positive normal (torch.finfo.tiny)
+  double min_subnormal;  ///< smallest positive subnormal
+  double eps;            ///< machine epsilon: 2^−mantissa_bits (torch.finfo.eps)
+  bool has_inf;          ///< false for E4M3 (overflow is NaN)
+};
+
+/// Facts about `f`.
+const FormatInfo& format_info(Format f);
+/// All formats in a stable order.
+const std::vector<Format>& all_formats();
+/// Parses "fp32" | "fp16" | "bf16" | "fp8_e4m3" | "fp8_e5m2"; throws std::invalid_argument.
+Format parse_format(const std::string& name);
+/// The format's name.
+inline const std::string& format_name(Format f) { return format_info(f).name; }
+/// The LibTorch dtype that stores `f` natively (Float, Half, BFloat16), or Float for fp8
+/// (stored rounded in fp32 where LibTorch has no such dtype).
+torch::ScalarType storage_dtype(Format f);
+
+/// Rounds a floating tensor to format `f` and returns it as fp32 (same shape):
+/// the value the format would store. Round to nearest, ties to even.
+torch::Tensor round_to(const torch::Tensor& x, Format f);
+
+/// Rounds one double through fp32 and then to `f` (the path of a Python float
+/// stored into a torch tensor of that dtype).
+double round_scalar(double x, Format f);
+
+/// Where a stored value falls: "zero", "subnormal", "normal", "inf", "nan".
+std::string classify(double stored, Format f);
+
+/// Element counts of a gradient cast to `f` (shape-agnostic; counts over all elements).
+struct CastStats {
+  long long numel = 0;
+  long long zero_before = 0;   ///< exactly zero already in fp32
+  long long underflow = 0;     ///< nonzero in fp32, zero after the cast
+  long long subnormal = 0;     ///< nonzero and below the smallest normal after the cast
+  long long overflow = 0;      ///< finite in fp32, inf (or NaN for E4M3) after the cast
+};
+/// Counts what casting fp32 tensor `x` to `f` does to its elements.
+CastStats cast_stats(const torch::Tensor& x, Format f);
+
+}  // namespace mpt

@@ -1,0 +1,142 @@
+// What an experiment returns (Report: tables, histograms, checks, timings), how it
+// is printed (aligned tables in the style of nccl-tests) and how it is stored
+// (the result document of shared/design.md §4, written atomically).
+//
+// Non-finite numbers are data here (overflow is what mpt studies): in JSON they are
+// the strings "inf", "-inf" and "nan", and read back as doubles by decode_nonfinite().
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mpt {
+
+using json = nlohmann::json;
+
+/// How a column's values are printed.
+enum class ColKind {
+  Text,     ///< strings as they are
+  Int,      ///< integers
+  Float,    ///< adaptive precision: fixed when it fits the width, else scientific
+  Sci,      ///< always scientific (magnitudes that span many decades)
+  Percent,  ///< a fraction in [0,1] printed as a percentage
+};
+
+/// One column: JSON key in each row, header text, unit row text, kind, width.
+struct Column {
+  std::string key;
+  std::string header;
+  std::string unit;  ///< printed in the units row ("-" when unitless); e.g. "s", "bytes", "%"
+  ColKind kind = ColKind::Float;
+  int width = 0;      ///< 0 = fit to header/unit/values (at least 6)
+  int precision = 4;  ///< significant digits for Float/Sci; decimals for Percent
+};
+
+/// A named table: rows are JSON objects keyed by Column::key. Each row should carry a
+/// stable "name" (or the first column) so result files can be joined row by row.
+struct Table {
+  std::string name;   ///< key under `results` in the JSON (snake_case)
+  std::string title;  ///< printed header line
+  std::vector<Column> columns;
+  std::vector<json> rows;
+  std::vector<std::string> notes;  ///< printed under the table; stored as results.<name>_notes
+};
+
+/// A histogram with vertical markers (format limits), printed as a text bar chart.
+struct Histogram {
+  std::string name;   ///< key under `results`
+  std::string title;
+  std::string axis;   ///< what a bin is, e.g. "log2 |g|"
+  std::vector<double> edges;         ///< bin edges, size = counts.size() + 1
+  std::vector<long long> counts;
+  long long zeros = 0;               ///< values that are exactly zero (no log2)
+  struct Marker { std::string label; double at; };
+  std::vector<Marker> markers;       ///< e.g. {"fp16 min subnormal", -24}
+};
+
+/// A correctness check the experiment made on its own numbers (nccl-tests' "#wrong").
+struct Check {
+  std::string name;
+  double value = 0;      ///< measured (e.g. max abs difference)
+  double tolerance = 0;  ///< the bound it must not exceed
+  bool ok = true;
+  std::string detail;    ///< one line for humans
+};
+
+/// A free-form text block (e.g. a Gantt chart), printed verbatim and not stored.
+struct TextBlock {
+  std::string title;
+  std::string text;
+};
+
+/// Everything an experiment returns. Experiments never print: the harness prints
+/// `sections` in order and stores tables/histograms under `results`.
+struct Report {
+  std::vector<std::variant<Table, Histogram, TextBlock>> sections;
+  json results = json::object();  ///< extra deterministic values (merged under `results`)
+  std::vector<Check> checks;
+  json timings = json::object();  ///< run-dependent values (seconds, throughput)
+  json env = json::object();      ///< extra environment facts (merged under `env`)
+
+  void add(Table t) { sections.emplace_back(std::move(t)); }
+  void add(Histogram h) { sections.emplace_back(std::move(h)); }
+  void add(TextBlock b) { sections.emplace_back(std::move(b)); }
+  /// Records a check `value <= tolerance` (NaN fails).
+  void check(const std::string& name, double value, double tolerance, const std::string& detail = "");
+  bool all_checks_ok() const;
+};
+
+/// Replaces non-finite doubles by "inf"/"-inf"/"nan" everywhere in `v` (recursively).
+json encode_nonfinite(const json& v);
+/// Inverse of encode_nonfinite for a single value: "inf"/"-inf"/"nan" strings or numbers to double.
+/// Throws std::invalid_argument for anything else.
+double decode_nonfinite(const json& v);
+
+/// A double as JSON, with non-finite values as strings.
+json num(double d);
+
+/// Renders a table as text (header with '#', units row, fixed-width columns).
+std::string render_table(const Table& t);
+/// Renders a histogram as a horizontal text bar chart with marker lines.
+std::string render_histogram(const Histogram& h, int bar_width = 50);
+/// Renders the checks footer ("# checks: 3 OK" or the failing ones).
+std::string render_checks(const std::vector<Check>& checks);
+
+/// Formats one value for a column (exposed for tests).
+std::string format_cell(const Column& c, const json& v);
+
+/// The JSON of a Table (array of rows, non-finite encoded) and of a Histogram.
+json table_json(const Table& t);
+json histogram_json(const Histogram& h);
+
+/// Writes `text` to `path` atomically: a temporary file in the same directory, flushed
+/// and fsync'ed, then rename(2) over the target; parent directories are created.
+/// Throws std::runtime_error (with errno text) on failure; the target is untouched then.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace mpt
+
+namespace mpt {
+
+// Column shorthands (header doubles as the unit-less label; unit "-" when empty).
+inline Column text_col(std::string key, std::string header) {
+  return Column{std::move(key), std::move(header), "-", ColKind::Text};
+}
+inline Column int_col(std::string key, std::string header, std::string unit = "-") {
+  return Column{std::move(key), std::move(header), std::move(unit), ColKind::Int};
+}
+inline Column float_col(std::string key, std::string header, std::string unit = "-", int digits = 4) {
+  return Column{std::move(key), std::move(header), std::move(unit), ColKind::Float, 0, digits};
+}
+inline Column sci_col(std::string key, std::string header, std::string unit = "-", int digits = 4) {
+  return Column{std::move(key), std::move(header), std::move(unit), ColKind::Sci, 0, digits};
+}
+inline Column pct_col(std::string key, std::string header, int decimals = 2) {
+  return Column{std::move(key), std::move(header), "%", ColKind::Percent, 0, decimals};
+}
+
+}  // namespace mpt

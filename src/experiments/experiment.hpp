@@ -1,0 +1,46 @@
+// The contract between the harness and an experiment (one file per subcommand).
+//
+// An experiment declares its config schema and computes a Report from a resolved
+// Config on a chosen device. It never prints, parses files or writes results: the
+// harness (core/harness.cpp) owns those, as nccl-tests' shared harness does.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "core/config.hpp"
+#include "core/results.hpp"
+
+namespace mpt {
+
+/// What an experiment's run() receives.
+struct Context {
+  const Config& cfg;      ///< resolved and validated config
+  torch::Device device;   ///< chosen device (CPU or CUDA)
+  std::string fp16_mode;  ///< "native" or "emulated" on this device
+  bool verbose = false;   ///< -v given
+  bool tty = false;       ///< stderr is a terminal (progress lines allowed)
+};
+
+/// One subcommand.
+struct Experiment {
+  std::string name;                        ///< subcommand, e.g. "underflow"
+  std::string summary;                     ///< one line for `mpt list`
+  std::function<ConfigSpec()> spec;        ///< schema with the built-in defaults
+  std::function<Report(const Context&)> run;  ///< computes the report; throws ConfigError
+                                              ///< (exit 2) or RuntimeFailure (exit 3)
+};
+
+/// Every experiment, in the order `mpt list` shows them (src/experiments/registry.cpp).
+const std::vector<Experiment>& experiments();
+
+/// The experiment named `name`, or nullptr.
+const Experiment* find_experiment(const std::string& name);
+
+// Each experiment file defines one of these.
+Experiment underflow_experiment();
+
+}  // namespace mpt

@@ -1,0 +1,19 @@
+// The table of experiments (like ninja's table of tools): name, summary, schema, run.
+#include "experiments/experiment.hpp"
+
+namespace mpt {
+
+const std::vector<Experiment>& experiments() {
+  static const std::vector<Experiment> all = {
+      underflow_experiment(),
+  };
+  return all;
+}
+
+const Experiment* find_experiment(const std::string& name) {
+  for (const auto& e : experiments())
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+}  // namespace mpt

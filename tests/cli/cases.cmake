@@ -1,0 +1,44 @@
+# CLI cases through ctest (see cli_case in tests/CMakeLists.txt).
+set(B tests/cli/bad)
+
+# --- the command line itself ---
+cli_case(help 0 "underflow" --help)
+cli_case(version 0 "^mpt [0-9]+\\.[0-9]+\\.[0-9]+" --version)
+cli_case(list 0 "underflow +What fp16" list)
+cli_case(did_you_mean 2 "unknown experiment 'undeflow' \\(did you mean 'underflow'\\?\\)" undeflow)
+cli_case(subcommand_help 0 "model\\.depth" underflow --help)
+cli_case(unknown_option 2 "--bogus" underflow --bogus)
+
+# --- underflow runs ---
+cli_case(underflow_default 0 "OK: [0-9]+ of [0-9]+ checks passed" underflow)
+cli_case(underflow_depth_sweep 0 "d16\\.L17" underflow --config configs/underflow_depth_sweep.json)
+cli_case(underflow_set 0 "d4\\.L05" underflow --set model.depth=4 --set data.batch=8)
+cli_case(underflow_set_list 0 "d3\\.L04.*" underflow --set "model.depth=[2,3]")
+cli_case(underflow_quiet 0 ANY underflow -q)
+cli_case(print_config 0 "\"depth\": 7" underflow --print-config --set model.depth=7)
+# --print-config output is a config file that reproduces the run.
+add_test(NAME cli.print_config_roundtrip
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/print_config_roundtrip.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# Same config twice => identical `results` (and checks).
+add_test(NAME cli.deterministic_results
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> underflow
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+
+# --- bad configs: exit 2, message names file/pointer/expectation, nothing written ---
+cli_case(bad_missing_file 2 "no/such/file.json: cannot open" underflow --config no/such/file.json)
+cli_case(bad_truncated 2 "truncated.json: invalid JSON: .*line 1" underflow --config ${B}/truncated.json)
+cli_case(bad_unknown_key 2 "unknown_key.json: /model/dept: unknown key \"dept\" \\(did you mean \"depth\"\\?\\)" underflow --config ${B}/unknown_key.json)
+cli_case(bad_wrong_type 2 "wrong_type.json: /model/depth: expected an integer .*got a string \"deep\"" underflow --config ${B}/wrong_type.json)
+cli_case(bad_out_of_range 2 "out_of_range.json: /model/depth: expected .*>= 1.*got 0" underflow --config ${B}/out_of_range.json)
+cli_case(bad_not_object 2 "not_object.json: /: expected a JSON object" underflow --config ${B}/not_object.json)
+cli_case(bad_choice 2 "bad_choice.json: /cast/formats/1: expected one of .*got \"fp61\" \\(did you mean \"fp16\"\\?\\)" underflow --config ${B}/bad_choice.json)
+cli_case(bad_object_expected 2 "object_expected.json: /model: expected an object" underflow --config ${B}/object_expected.json)
+cli_case(bad_inverted_range 2 "/histogram/max_log2: expected a value greater than" underflow --config ${B}/inverted_range.json)
+cli_case(bad_set_syntax 2 "--set 'model.depth': expected KEY=VALUE" underflow --set model.depth)
+cli_case(bad_set_unknown 2 "--set 'model.widht=8': /model/widht: unknown key \"widht\" \\(did you mean \"width\"\\?\\)" underflow --set model.widht=8)
+cli_case(bad_set_type 2 "/data/batch: expected an integer" underflow --set data.batch=1.5)
+cli_case(bad_set_empty_list 2 "/model/depth: expected .*non-empty" underflow --set "model.depth=[]")
+cli_case(bad_device 2 "device" underflow --device tpu)
+cli_case(bad_seed 2 "/seed: expected an integer >= 0" underflow --seed -1)
+cli_case(no_cuda 3 "CUDA" underflow --device cuda)

@@ -1,0 +1,133 @@
+// Config schema, merge order and every error path (core/config).
+#include <cstdio>
+#include <fstream>
+
+#include "catch.hpp"
+#include "core/config.hpp"
+#include "core/errors.hpp"
+
+using namespace mpt;
+
+static ConfigSpec spec() {
+  ConfigSpec s;
+  s.integer("/model/depth", 12, "blocks", 1, 256);
+  s.integer("/model/width", 16, "units", 1);
+  s.number("/lr", 0.1, "learning rate", 0.0);
+  s.boolean("/overlap", true, "overlap");
+  s.choice("/precision", "fp16", {"fp16", "bf16"}, "format");
+  s.numbers("/scales", {1.0, 65536.0}, "scales", 0.0);
+  Param g{ParamType::Number, 2.0, "growth"};
+  g.exclusive_min = 1.0;
+  s.add("/growth_factor", g);
+  return s;
+}
+
+static std::string write_tmp(const std::string& text) {
+  char name[] = "/tmp/mpt_config_test_XXXXXX";
+  int fd = mkstemp(name);
+  REQUIRE(fd >= 0);
+  std::FILE* f = fdopen(fd, "w");
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  return name;
+}
+
+static std::string error_of(const ConfigSpec& s, const std::string& file, std::vector<std::string> sets) {
+  try {
+    resolve_config(s, file, sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("defaults, then file, then --set", "[config]") {
+  auto s = spec();
+  auto file = write_tmp(R"({"model": {"depth": 4}, "lr": 0.5})");
+  Config c = resolve_config(s, file, {"model.depth=8", "precision=bf16", "/scales=[2, 4]"});
+  CHECK(c.integer("/model/depth") == 8);    // --set wins over the file
+  CHECK(c.integer("/model/width") == 16);   // default kept
+  CHECK(c.number("/lr") == 0.5);            // from the file
+  CHECK(c.str("/precision") == "bf16");     // bare word taken as a string
+  CHECK(c.numbers("/scales") == std::vector<double>{2, 4});
+  CHECK(c.boolean("/overlap"));
+  std::remove(file.c_str());
+}
+
+TEST_CASE("a list in a file replaces the default list", "[config]") {
+  auto s = spec();
+  auto file = write_tmp(R"({"scales": [8]})");
+  CHECK(resolve_config(s, file, {}).numbers("/scales") == std::vector<double>{8});
+  std::remove(file.c_str());
+}
+
+TEST_CASE("errors name the source, the pointer, what was expected and what was found", "[config]") {
+  auto s = spec();
+  auto unknown = write_tmp(R"({"model": {"dept": 4}})");
+  auto e = error_of(s, unknown, {});
+  CHECK(e.find(unknown + ": /model/dept: unknown key \"dept\" (did you mean \"depth\"?)") != std::string::npos);
+
+  auto wrong = write_tmp(R"({"model": {"width": "wide"}})");
+  CHECK(error_of(s, wrong, {}).find("/model/width: expected an integer >= 1, got a string \"wide\"") != std::string::npos);
+
+  auto range = write_tmp(R"({"model": {"depth": 1000}})");
+  CHECK(error_of(s, range, {}).find("/model/depth: expected an integer >= 1 and <= 256, got 1000") != std::string::npos);
+
+  auto obj = write_tmp(R"({"model": 3})");
+  CHECK(error_of(s, obj, {}).find("/model: expected an object, got an integer 3") != std::string::npos);
+
+  auto top = write_tmp(R"([1])");
+  CHECK(error_of(s, top, {}).find(": /: expected a JSON object at the top level") != std::string::npos);
+
+  auto trunc = write_tmp(R"({"model": {)");
+  CHECK(error_of(s, trunc, {}).find(trunc + ": invalid JSON: ") != std::string::npos);
+
+  CHECK(error_of(s, "/nonexistent/x.json", {}).find("/nonexistent/x.json: cannot open the config file") !=
+        std::string::npos);
+  for (auto* f : {&unknown, &wrong, &range, &obj, &top, &trunc}) std::remove(f->c_str());
+}
+
+TEST_CASE("set overrides: errors", "[config]") {
+  auto s = spec();
+  CHECK(error_of(s, "", {"model.depth"}).find("--set 'model.depth': expected KEY=VALUE") != std::string::npos);
+  CHECK(error_of(s, "", {"model.widht=3"}).find("(did you mean \"width\"?)") != std::string::npos);
+  CHECK(error_of(s, "", {"precision=fp61"}).find("expected one of \"fp16\", \"bf16\", got \"fp61\" (did you mean \"fp16\"?)") !=
+        std::string::npos);
+  CHECK(error_of(s, "", {"growth_factor=1"}).find("/growth_factor: expected a number > 1, got 1") != std::string::npos);
+  CHECK(error_of(s, "", {"scales=[]"}).find("non-empty") != std::string::npos);
+  CHECK(error_of(s, "", {"scales=[1, -2]"}).find("/scales/1: expected a number >= 0, got -2") != std::string::npos);
+  CHECK(error_of(s, "", {"overlap=yes"}).find("/overlap: expected a boolean") != std::string::npos);
+  CHECK(error_of(s, "", {"model=4"}).find("/model") != std::string::npos);
+}
+
+TEST_CASE("integers written as 12.0 are integers; 1.5 is not", "[config]") {
+  auto s = spec();
+  CHECK(resolve_config(s, "", {"model.depth=12.0"}).integer("/model/depth") == 12);
+  CHECK_THROWS_AS(resolve_config(s, "", {"model.depth=1.5"}), ConfigError);
+}
+
+TEST_CASE("scalar_or_list parameters read as lists", "[config]") {
+  ConfigSpec s;
+  Param p{ParamType::Int, 12, "depth", 1.0, 64.0};
+  p.scalar_or_list = true;
+  s.add("/depth", p);
+  CHECK(resolve_config(s, "", {}).integers("/depth") == std::vector<long long>{12});
+  CHECK(resolve_config(s, "", {"depth=[4,8]"}).integers("/depth") == std::vector<long long>{4, 8});
+  CHECK_THROWS_AS(resolve_config(s, "", {"depth=[4,0]"}), ConfigError);
+}
+
+TEST_CASE("suggestions only for near misses", "[config]") {
+  CHECK(nearest("dept", {"depth", "width"}) == "depth");
+  CHECK(nearest("zzzzzz", {"depth", "width"}).empty());
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(edit_distance("fp61", "fp16") == 1);
+}
+
+TEST_CASE("schema misuse is a logic error, not user input", "[config]") {
+  ConfigSpec s;
+  s.integer("/a", 1, "a");
+  CHECK_THROWS_AS(s.integer("/a", 2, "again"), std::logic_error);
+  CHECK_THROWS_AS(s.integer("a", 2, "no slash"), std::logic_error);
+  Config c = resolve_config(s, "", {});
+  CHECK_THROWS_AS(c.integer("/b"), std::logic_error);
+}

@@ -1,0 +1,12 @@
+# Parity with PyTorch-Python (Debian's python3-torch, the same LibTorch 1.13.1).
+function(parity_case name ref)
+  add_test(NAME parity.${name}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/parity/run_parity.sh $<TARGET_FILE:mpt> ${MPT_REF_PYTHON}
+                   ${CMAKE_CURRENT_SOURCE_DIR}/parity/${ref} ${ARGN}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(parity.${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+endfunction()
+
+parity_case(underflow_default underflow_ref.py underflow)
+parity_case(underflow_depth_sweep underflow_ref.py underflow --config configs/underflow_depth_sweep.json)
+parity_case(underflow_seed7_wide underflow_ref.py underflow --seed 7 --set model.width=64 --set data.batch=128)

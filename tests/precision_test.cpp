@@ -1,0 +1,80 @@
+// Format facts and rounding (core/precision).
+#include "catch.hpp"
+#include "core/precision.hpp"
+
+using namespace mpt;
+
+static double r(double x, Format f) { return round_scalar(x, f); }
+
+TEST_CASE("fp16 facts equal IEEE 754 binary16", "[precision]") {
+  const auto& h = format_info(Format::FP16);
+  CHECK(h.max == 65504.0);
+  CHECK(h.min_normal == 6.103515625e-05);
+  CHECK(h.min_subnormal == std::ldexp(1.0, -24));
+  CHECK(h.min_subnormal == Approx(5.96e-08).epsilon(1e-3));
+  CHECK(h.eps == std::ldexp(1.0, -10));
+  CHECK(h.exponent_bits == 5);
+  CHECK(h.mantissa_bits == 10);
+}
+
+TEST_CASE("fp16 rounding: overflow, ties to even, subnormals", "[precision]") {
+  CHECK(std::isinf(r(65520.0, Format::FP16)));  // halfway to the next binade rounds up to inf
+  CHECK(r(65519.0, Format::FP16) == 65504.0);
+  CHECK(r(2049.0, Format::FP16) == 2048.0);     // tie between 2048 and 2050 -> even
+  CHECK(r(2051.0, Format::FP16) == 2052.0);
+  CHECK(r(1e-8, Format::FP16) == 0.0);          // below half the smallest subnormal
+  CHECK(r(1e-7, Format::FP16) == std::ldexp(2.0, -24));  // 1e-7 rounds to 2 * 2^-24 ~ 1.19e-7
+  CHECK(classify(r(1e-7, Format::FP16), Format::FP16) == "subnormal");
+  CHECK(classify(r(1e-3, Format::FP16), Format::FP16) == "normal");
+  CHECK(classify(r(1e-9, Format::FP16), Format::FP16) == "zero");
+  CHECK(classify(r(1e6, Format::FP16), Format::FP16) == "inf");
+}
+
+TEST_CASE("bf16 keeps fp32's range with 8 bits of precision", "[precision]") {
+  CHECK(r(257.0, Format::BF16) == 256.0);  // 257 needs 9 significant bits; tie -> even
+  CHECK(r(1e-9, Format::BF16) != 0.0);
+  CHECK(format_info(Format::BF16).min_normal == format_info(Format::FP32).min_normal);
+  CHECK(format_info(Format::BF16).eps == std::ldexp(1.0, -7));
+}
+
+TEST_CASE("fp8 emulation: E4M3 and E5M2 grids", "[precision]") {
+  const auto& e4 = format_info(Format::FP8_E4M3);
+  CHECK(e4.max == 448.0);
+  CHECK(e4.min_normal == std::ldexp(1.0, -6));
+  CHECK(e4.min_subnormal == std::ldexp(1.0, -9));
+  CHECK(r(448.0, Format::FP8_E4M3) == 448.0);
+  CHECK(r(17.0, Format::FP8_E4M3) == 16.0);   // grid spacing 2 in [16,32): tie -> even (16)
+  CHECK(r(19.0, Format::FP8_E4M3) == 20.0);   // tie between 18 and 20 -> even mantissa (20)
+  CHECK(std::isnan(r(1000.0, Format::FP8_E4M3)));  // no inf in E4M3
+  CHECK(r(std::ldexp(1.0, -10), Format::FP8_E4M3) == 0.0);  // half the smallest subnormal: tie to 0
+  CHECK(r(std::ldexp(3.0, -11), Format::FP8_E4M3) == std::ldexp(1.0, -9));
+  const auto& e5 = format_info(Format::FP8_E5M2);
+  CHECK(e5.max == 57344.0);
+  CHECK(std::isinf(r(1e6, Format::FP8_E5M2)));
+  CHECK(r(-3.5, Format::FP8_E5M2) == -3.5);
+  CHECK(r(-3.4, Format::FP8_E5M2) == -3.5);
+}
+
+TEST_CASE("emulated rounding matches LibTorch's casts for fp16 and bf16", "[precision]") {
+  // The generic fp8 path must agree with LibTorch's own fp16 cast on fp16's grid; this
+  // validates round_emulated against an independent implementation.
+  torch::manual_seed(3);
+  auto x = torch::randn({4096}) * torch::exp2(torch::randint(-30, 20, {4096}).to(torch::kFloat));
+  auto native = x.to(torch::kHalf).to(torch::kFloat);
+  CHECK(torch::equal(round_to(x, Format::FP16), native));
+}
+
+TEST_CASE("cast_stats counts underflow, subnormals and overflow", "[precision]") {
+  auto x = torch::tensor({0.0f, 1e-9f, 1e-6f, 1.0f, 1e5f});
+  auto s = cast_stats(x, Format::FP16);
+  CHECK(s.numel == 5);
+  CHECK(s.zero_before == 1);
+  CHECK(s.underflow == 1);
+  CHECK(s.subnormal == 1);
+  CHECK(s.overflow == 1);
+}
+
+TEST_CASE("parse_format rejects unknown names", "[precision]") {
+  CHECK(parse_format("bf16") == Format::BF16);
+  CHECK_THROWS_AS(parse_format("fp12"), std::invalid_argument);
+}

@@ -1,0 +1,88 @@
+// Result document pieces: non-finite encoding, table rendering, atomic writes (core/results).
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "catch.hpp"
+#include "core/results.hpp"
+
+using namespace mpt;
+
+TEST_CASE("inf and nan round-trip through JSON as strings", "[results]") {
+  json v = {{"a", INFINITY}, {"b", -INFINITY}, {"c", NAN}, {"d", 1.5}, {"e", json::array({NAN, 2.0})}};
+  json enc = encode_nonfinite(v);
+  CHECK(enc["a"] == "inf");
+  CHECK(enc["b"] == "-inf");
+  CHECK(enc["c"] == "nan");
+  CHECK(enc["d"] == 1.5);
+  CHECK(enc["e"][0] == "nan");
+  json back = json::parse(enc.dump());
+  CHECK(std::isinf(decode_nonfinite(back["a"])));
+  CHECK(decode_nonfinite(back["b"]) < 0);
+  CHECK(std::isnan(decode_nonfinite(back["c"])));
+  CHECK(decode_nonfinite(back["d"]) == 1.5);
+  CHECK_THROWS_AS(decode_nonfinite(json("infinity")), std::invalid_argument);
+}
+
+TEST_CASE("tables: '#' header, units row, right-aligned fixed-width columns", "[results]") {
+  Table t{"demo", "Demo table", {text_col("name", "name"), int_col("n", "count", "steps"), sci_col("x", "value"),
+                                 pct_col("f", "frac")}};
+  t.rows.push_back({{"name", "a"}, {"n", 3}, {"x", 1.5e-11}, {"f", 0.359375}});
+  t.rows.push_back({{"name", "long-name"}, {"n", 12345}, {"x", INFINITY}, {"f", 1.0}});
+  std::string s = render_table(t);
+  std::vector<std::string> lines;
+  std::stringstream ss(s);
+  for (std::string l; std::getline(ss, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[0] == "# Demo table");
+  CHECK(lines[1].rfind("#", 0) == 0);
+  CHECK(lines[2].find("steps") != std::string::npos);
+  CHECK(lines[2].find("%") != std::string::npos);
+  CHECK(lines[3].size() == lines[4].size());  // fixed widths
+  CHECK(lines[1].size() == lines[3].size());
+  CHECK(lines[3].find("1.500e-11") != std::string::npos);
+  CHECK(lines[3].find("35.94") != std::string::npos);
+  CHECK(lines[4].find("inf") != std::string::npos);
+}
+
+TEST_CASE("adaptive precision: %g with the column's significant digits", "[results]") {
+  Column c = float_col("x", "x");
+  CHECK(format_cell(c, 1.0) == "1");
+  CHECK(format_cell(c, 0.000123456) == "0.0001235");
+  CHECK(format_cell(c, 123456789.0) == "1.235e+08");
+  CHECK(format_cell(c, json()) == "-");
+  CHECK(format_cell(c, "nan") == "nan");
+}
+
+TEST_CASE("checks: NaN fails, values above tolerance fail", "[results]") {
+  Report r;
+  r.check("ok", 0.0, 0.0);
+  CHECK(r.all_checks_ok());
+  r.check("nan", NAN, 1.0);
+  CHECK_FALSE(r.all_checks_ok());
+  CHECK(render_checks(r.checks).find("FAILED: 1 of 2") != std::string::npos);
+}
+
+TEST_CASE("atomic write: content replaced whole, directories created, no temp left", "[results]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("mpt_results_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::string path = (dir / "sub" / "r.json").string();
+  write_file_atomic(path, "first\n");
+  write_file_atomic(path, "second\n");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  CHECK(text == "second\n");
+  struct stat st{};
+  REQUIRE(stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0644);
+  int n = 0;
+  for (auto& e : fs::directory_iterator(dir / "sub")) n += 1, (void)e;
+  CHECK(n == 1);
+  // A target that cannot be written (a directory in the way) throws and leaves it alone.
+  fs::create_directories(dir / "blocked");
+  CHECK_THROWS(write_file_atomic((dir / "blocked").string(), "x"));
+  CHECK(fs::is_directory(dir / "blocked"));
+  fs::remove_all(dir);
+}
