@@ -1,0 +1,61 @@
+// Fashion-MNIST loader (core/data): real files from Debian's package, and corrupt ones.
+#include <filesystem>
+#include <fstream>
+
+#include <zlib.h>
+
+#include "catch.hpp"
+#include "core/data.hpp"
+#include "core/errors.hpp"
+
+using namespace mpt;
+
+TEST_CASE("Fashion-MNIST test split loads with the documented shape and labels", "[data]") {
+  if (!std::filesystem::exists(std::string(kFashionMnistDir) + "/t10k-labels-idx1-ubyte.gz")) {
+    WARN("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  Dataset d = load_fashion_mnist(kFashionMnistDir, "test", 500);
+  CHECK(d.size() == 500);
+  CHECK(d.images.sizes() == torch::IntArrayRef({500, 1, 28, 28}));
+  CHECK(d.labels.min().item<int64_t>() >= 0);
+  CHECK(d.labels.max().item<int64_t>() <= 9);
+  // Fashion-MNIST's t10k labels start 9 (ankle boot), 2 (pullover), 1 (trouser), 1.
+  CHECK(d.labels[0].item<int64_t>() == 9);
+  CHECK(d.labels[1].item<int64_t>() == 2);
+  CHECK(d.labels[2].item<int64_t>() == 1);
+  Dataset all = load_fashion_mnist(kFashionMnistDir, "test");
+  CHECK(all.size() == 10000);
+}
+
+TEST_CASE("missing and corrupt IDX files are RuntimeFailures naming the path and package", "[data]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("mpt_data_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  try {
+    load_fashion_mnist(dir.string(), "test");
+    FAIL("expected a RuntimeFailure");
+  } catch (const RuntimeFailure& e) {
+    std::string m = e.what();
+    CHECK(m.find("t10k-images-idx3-ubyte.gz") != std::string::npos);
+    CHECK(m.find("dataset-fashion-mnist") != std::string::npos);
+  }
+  // A gzip file whose IDX header promises more bytes than it holds.
+  std::string path = (dir / "short.gz").string();
+  gzFile f = gzopen(path.c_str(), "wb");
+  const unsigned char hdr[] = {0, 0, 8, 1, 0, 0, 0, 10, 1, 2, 3};
+  gzwrite(f, hdr, sizeof(hdr));
+  gzclose(f);
+  CHECK_THROWS_AS(read_idx_gz(path), RuntimeFailure);
+  // Not gzip at all, and not IDX: bad magic.
+  std::ofstream(dir / "plain.gz") << "hello world";
+  CHECK_THROWS_AS(read_idx_gz((dir / "plain.gz").string()), RuntimeFailure);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("shuffled_indices is a permutation fixed by its seed", "[data]") {
+  auto a = shuffled_indices(100, 5), b = shuffled_indices(100, 5), c = shuffled_indices(100, 6);
+  CHECK(torch::equal(a, b));
+  CHECK_FALSE(torch::equal(a, c));
+  CHECK(torch::equal(std::get<0>(a.sort()), torch::arange(100)));
+}
