@@ -200,7 +200,7 @@ void ConfigSpec::validate_value(const std::string& ptr, const json& v, const std
   if (!p) throw std::logic_error("validate_value: no such parameter " + ptr);
   if (is_list(p->type)) {
     if (!v.is_array()) fail(source, ptr, fmt::format("expected {}, got {} {}", type_name(p->type), json_kind(v), shown(v)));
-    if (v.empty()) fail(source, ptr, fmt::format("expected a non-empty {}, got []", type_name(p->type)));
+    if (v.empty()) fail(source, ptr, fmt::format("expected {} (non-empty), got []", type_name(p->type)));
     for (std::size_t i = 0; i < v.size(); ++i)
       check_scalar(*p, element_type(p->type), v[i], source, ptr + "/" + std::to_string(i),
                    type_name(element_type(p->type)));
