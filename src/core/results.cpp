@@ -65,7 +65,8 @@ json histogram_json(const Histogram& h) {
   for (const auto& m : h.markers) markers.push_back({{"label", m.label}, {"at", num(m.at)}});
   json edges = json::array();
   for (double e : h.edges) edges.push_back(num(e));
-  return {{"axis", h.axis}, {"edges", edges}, {"counts", h.counts}, {"zeros", h.zeros}, {"markers", markers}};
+  return {{"axis", h.axis},     {"edges", edges},         {"counts", h.counts},
+          {"zeros", h.zeros}, {"open_ends", h.open_ends}, {"markers", markers}};
 }
 
 // ---------------------------------------------------------------------------
@@ -149,7 +150,10 @@ std::string render_histogram(const Histogram& h, int bar_width) {
         out += fmt::format("  {:>12}  {}\n", "", fmt::format("---- {} ({:g}) ----", m.label, m.at));
     int len = static_cast<int>(std::lround(static_cast<double>(h.counts[i]) * bar_width / maxc));
     if (h.counts[i] > 0 && len == 0) len = 1;
-    std::string label = fmt::format("[{:g},{:g})", h.edges[i], h.edges[i + 1]);
+    // The end bins are open: values beyond the edges are counted there.
+    std::string label = i == 0 && h.open_ends ? fmt::format("<{:g}", h.edges[i + 1])
+                        : i + 1 == h.counts.size() && h.open_ends ? fmt::format(">={:g}", h.edges[i])
+                                                                  : fmt::format("[{:g},{:g})", h.edges[i], h.edges[i + 1]);
     out += fmt::format("  {:>12}  {:<{}}  {}\n", label, std::string(len, '#'), bar_width, h.counts[i]);
   }
   out += fmt::format("  {:>12}  {:<{}}  {}\n", "exact zero", "", bar_width, h.zeros);

@@ -54,6 +54,7 @@ struct Histogram {
   std::vector<double> edges;         ///< bin edges, size = counts.size() + 1
   std::vector<long long> counts;
   long long zeros = 0;               ///< values that are exactly zero (no log2)
+  bool open_ends = true;             ///< first/last bins also count values beyond the edges
   struct Marker { std::string label; double at; };
   std::vector<Marker> markers;       ///< e.g. {"fp16 min subnormal", -24}
 };

@@ -50,9 +50,9 @@ ConfigSpec underflow_spec() {
   s.integer("/updates/count", 100, "number of updates in the lost-updates table", 1, 10'000'000);
   s.number("/updates/step", 1e-4, "size of each update", 0.0);
   s.number("/updates/start", 1.0, "initial weight");
-  s.integer("/histogram/min_log2", -64, "lowest histogram edge (log2 |g|); smaller values land in the first bin",
+  s.integer("/histogram/min_log2", -64, "histogram range start (log2 |g|); smaller values count in the first bin",
             -160, 0);
-  s.integer("/histogram/max_log2", 8, "highest histogram edge (log2 |g|); larger values land in the last bin", -150,
+  s.integer("/histogram/max_log2", 8, "histogram range end (log2 |g|); larger values count in the last bin", -150,
             130);
   return s;
 }

@@ -42,3 +42,6 @@ cli_case(bad_set_empty_list 2 "/model/depth: expected .*non-empty" underflow --s
 cli_case(bad_device 2 "device" underflow --device tpu)
 cli_case(bad_seed 2 "/seed: expected an integer >= 0" underflow --seed -1)
 cli_case(no_cuda 3 "CUDA" underflow --device cuda)
+add_test(NAME cli.configs_match_defaults
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/configs_match_defaults.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
