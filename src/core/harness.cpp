@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include "core/compare.hpp"
 #include "core/compat.hpp"
 #include "core/errors.hpp"
 #include "core/runtime.hpp"
@@ -162,6 +163,48 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
   }
 }
 
+int run_compare(const std::string& base_file, const std::string& new_file, const std::vector<std::string>& key_tols,
+                CompareOptions opt, bool quiet) {
+  setup_logging(false, false);
+  try {
+    for (const auto& k : key_tols) {
+      auto eq = k.rfind('=');
+      if (eq == std::string::npos || eq == 0) throw ConfigError("--tol '" + k + "': expected PATTERN=RTOL[,ATOL]");
+      KeyTolerance kt{k.substr(0, eq)};
+      std::string v = k.substr(eq + 1);
+      auto comma = v.find(',');
+      try {
+        std::size_t used = 0;
+        kt.rtol = std::stod(v.substr(0, comma), &used);
+        if (comma != std::string::npos) kt.atol = std::stod(v.substr(comma + 1));
+      } catch (const std::exception&) {
+        throw ConfigError("--tol '" + k + "': RTOL and ATOL must be numbers");
+      }
+      if (kt.rtol < 0 || kt.atol < 0) throw ConfigError("--tol '" + k + "': tolerances must be >= 0");
+      opt.per_key.push_back(kt);
+    }
+    json a = read_json_file(base_file), b = read_json_file(new_file);
+    Comparison c = compare_results(a, b, opt);
+    if (!quiet && !c.diffs.empty())
+      std::cout << render_table(comparison_table(c, fmt::format("Differences: {} -> {}", base_file, new_file))) << "\n";
+    if (!quiet && !c.timings.empty()) {
+      Table t{"timings", "Timings (informational): relative change new vs base",
+              {text_col("path", "path"), float_col("base", "base"), float_col("new", "new"), pct_col("change", "change", 1)}};
+      for (const auto& d : c.timings)
+        t.rows.push_back({{"path", d.path}, {"base", d.base}, {"new", d.now}, {"change", d.rel_diff}});
+      std::cout << render_table(t) << "\n";
+    }
+    std::cout << fmt::format("compare: {} of {} values differ beyond tolerance (rtol {:g}, atol {:g}{}): {}\n",
+                             c.diffs.size(), c.compared, opt.rtol, opt.atol,
+                             opt.per_key.empty() ? "" : fmt::format(", {} per-key", opt.per_key.size()),
+                             c.ok() ? "OK" : "FAILED");
+    return c.ok() ? kExitOk : kExitCheckFailed;
+  } catch (const ConfigError& e) {
+    spdlog::error("mpt compare: {}", e.what());
+    return kExitUsage;
+  }
+}
+
 int main_cli(int argc, char** argv) {
   CLI::App app{"mpt: see what happens inside reduced-precision and parallel training.\n"
                "Each experiment prints tables on stdout and writes one JSON result file.",
@@ -171,7 +214,7 @@ int main_cli(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("Run `mpt list` for the experiments, `mpt <experiment> --help` for options and config keys.");
 
-  std::vector<std::string> known = {"list"};
+  std::vector<std::string> known = {"list", "compare"};
   for (const auto& e : experiments()) known.push_back(e.name);
   // "did you mean" for a mistyped subcommand (CLI11 would only say "not expected").
   if (argc > 1 && argv[1][0] != '-' && std::find(known.begin(), known.end(), argv[1]) == known.end()) {
@@ -185,6 +228,22 @@ int main_cli(int argc, char** argv) {
   list->callback([] {
     for (const auto& e : experiments()) std::cout << fmt::format("{:<14} {}\n", e.name, e.summary);
   });
+
+  std::string base_file, new_file;
+  std::vector<std::string> key_tols;
+  CompareOptions cmp;
+  bool cmp_quiet = false;
+  auto* compare = app.add_subcommand("compare", "Compare two result files (exit 0 within tolerance, 1 not, 2 unreadable)");
+  compare->add_option("base", base_file, "Base result file")->required();
+  compare->add_option("new", new_file, "New result file")->required();
+  compare->add_option("--rtol", cmp.rtol, "Relative tolerance (default 0: exact)")->check(CLI::NonNegativeNumber);
+  compare->add_option("--atol", cmp.atol, "Absolute tolerance (default 0: exact)")->check(CLI::NonNegativeNumber);
+  compare->add_option("--tol", key_tols, "Per-key tolerance PATTERN=RTOL[,ATOL], PATTERN a glob on paths such as "
+                                         "/results/gradients/*/mean_abs; repeatable, first match wins");
+  compare->add_flag("--timings", cmp.timings, "Also report the relative change of timings (never fails)");
+  compare->add_flag("-q,--quiet", cmp_quiet, "Only the summary line");
+  bool compare_chosen = false;
+  compare->callback([&] { compare_chosen = true; });
 
   RunOptions opts;
   const Experiment* chosen = nullptr;
@@ -217,6 +276,7 @@ int main_cli(int argc, char** argv) {
     app.exit(e);
     return kExitUsage;
   }
+  if (compare_chosen) return run_compare(base_file, new_file, key_tols, cmp, cmp_quiet);
   if (chosen) return run_experiment(*chosen, opts);
   return kExitOk;
 }

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/compare.hpp"
 #include "experiments/experiment.hpp"
 
 namespace mpt {
@@ -36,6 +37,11 @@ nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg,
 
 /// Runs `exp` end to end; returns the process exit code (0, 1, 2 or 3).
 int run_experiment(const Experiment& exp, const RunOptions& opts);
+
+/// `mpt compare`: compares two result files; returns 0 (within tolerance), 1 (differs) or 2
+/// (unreadable, not comparable, bad --tol).
+int run_compare(const std::string& base_file, const std::string& new_file, const std::vector<std::string>& key_tols,
+                CompareOptions opt, bool quiet);
 
 /// Entry point of the `mpt` binary: parses argv and dispatches.
 int main_cli(int argc, char** argv);

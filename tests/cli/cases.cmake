@@ -45,3 +45,19 @@ cli_case(no_cuda 3 "CUDA" underflow --device cuda)
 add_test(NAME cli.configs_match_defaults
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/configs_match_defaults.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+
+# --- mpt compare ---
+add_test(NAME cli.compare
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/compare_cases.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+
+# --- scripts/sweep.py: a 2x2 grid writes 4 result files and a summary CSV with the fields ---
+add_test(NAME cli.sweep
+         COMMAND bash -c "set -e; d=$(mktemp -d); /usr/bin/python3 scripts/sweep.py underflow --mpt $<TARGET_FILE:mpt> --grid model.depth=2,3 --grid seed=0,1 --set data.batch=4 --field '/results/gradients/d{model.depth}.L01/underflow_fp16' --field /results/formats/fp16/max --out-dir $d; test $(ls $d/*.json | wc -l) = 4; /usr/bin/python3 -c \"import csv,sys; r=list(csv.DictReader(open(sys.argv[1]))); assert len(r)==4, r; assert all(x['exit_code']=='0' for x in r); assert all(x['/results/formats/fp16/max']=='65504.0' for x in r); assert all(x['/results/gradients/d{model.depth}.L01/underflow_fp16'] != '' for x in r); print('ok', r[0])\" $d/summary.csv; rm -rf $d"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+
+# --- scripts/plot.py renders every plot of the golden results (headless) as real images ---
+add_test(NAME cli.plots
+         COMMAND bash -c "set -e; if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then echo 'SKIPPED: python3-matplotlib missing'; exit 77; fi; d=$(mktemp -d); /usr/bin/python3 scripts/plot.py tests/golden/*.json --out-dir $d > $d/list; test -s $d/list; for f in $(cat $d/list); do test -s $f; head -c 8 $f | od -An -c | grep -q 'P   N   G' || { echo \"not a PNG: $f\"; exit 1; }; done; echo ok: $(wc -l < $d/list) plots; rm -rf $d"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.plots PROPERTIES SKIP_RETURN_CODE 77)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# `mpt compare`: identical runs -> 0; a perturbed value -> 1 naming the path; tolerance -> 0;
+# different experiments / unreadable input / bad --tol -> 2.
+set -u
+mpt=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+"$mpt" underflow -q --set model.depth=3 --out "$tmp/a.json" || fail "run a"
+"$mpt" underflow -q --set model.depth=3 --out "$tmp/b.json" || fail "run b"
+out=$("$mpt" compare "$tmp/a.json" "$tmp/b.json"); rc=$?
+[ $rc = 0 ] || fail "identical runs: exit $rc: $out"
+echo "$out" | grep -q "compare: 0 of [0-9]* values differ" || fail "summary: $out"
+# Perturb one value by 1e-9 relative.
+/usr/bin/python3 - "$tmp/b.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["results"]["gradients"]:
+    if r["name"] == "d3.L01":
+        r["mean_abs"] *= 1 + 1e-9
+json.dump(d, open(sys.argv[1], "w"))
+PY
+out=$("$mpt" compare "$tmp/a.json" "$tmp/b.json"); rc=$?
+[ $rc = 1 ] || fail "perturbed: exit $rc"
+echo "$out" | grep -q "/results/gradients/d3.L01/mean_abs" || fail "perturbed path not named: $out"
+"$mpt" compare "$tmp/a.json" "$tmp/b.json" --rtol 1e-8 > /dev/null || fail "--rtol 1e-8 should pass"
+"$mpt" compare "$tmp/a.json" "$tmp/b.json" --tol '/results/gradients/*/mean_abs=1e-8' > /dev/null || fail "--tol should pass"
+"$mpt" compare "$tmp/a.json" "$tmp/b.json" --tol '/results/casts/*=1e-8' > /dev/null; [ $? = 1 ] || fail "--tol on other keys should not pass"
+"$mpt" compare "$tmp/a.json" "$tmp/b.json" --timings | grep -q "wall_s" || fail "--timings shows no timings"
+sed 's/"experiment": "underflow"/"experiment": "lossscale"/' "$tmp/a.json" > "$tmp/c.json"
+"$mpt" compare "$tmp/a.json" "$tmp/c.json" 2> "$tmp/err"; rc=$?
+[ $rc = 2 ] && grep -q "experiment differs" "$tmp/err" || fail "different experiments: exit $rc $(cat "$tmp/err")"
+head -c 100 "$tmp/a.json" > "$tmp/trunc.json"
+"$mpt" compare "$tmp/a.json" "$tmp/trunc.json" 2> "$tmp/err"; rc=$?
+[ $rc = 2 ] && grep -q "trunc.json: invalid JSON" "$tmp/err" || fail "truncated: exit $rc $(cat "$tmp/err")"
+"$mpt" compare "$tmp/a.json" "$tmp/missing.json" 2>/dev/null; [ $? = 2 ] || fail "missing file should exit 2"
+"$mpt" compare "$tmp/a.json" "$tmp/b.json" --tol 'x=abc' 2>/dev/null; [ $? = 2 ] || fail "bad --tol should exit 2"
+echo "ok: mpt compare cases"
