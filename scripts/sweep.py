@@ -90,7 +90,10 @@ def main():
         if rc in (0, 1) and os.path.exists(out):
             doc = json.load(open(out))
             for f in args.field:
-                row[f] = lookup(doc, f.format(**assign))
+                path = f
+                for k, v in assign.items():
+                    path = path.replace("{" + k + "}", v)
+                row[f] = lookup(doc, path)
         else:
             failed += 1
         rows.append(row)
