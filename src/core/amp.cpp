@@ -32,6 +32,8 @@ void validate(const GradScaler::Options& o) {
 
 }  // namespace
 
+GradScaler::GradScaler() : GradScaler(Options{}) {}
+
 GradScaler::GradScaler(Options o) : opt_(o) {
   validate(opt_);
   scale_ = static_cast<float>(opt_.init_scale);  // torch.full((1,), init_scale, dtype=float32)

@@ -66,7 +66,9 @@ class GradScaler {
   /// Validates the options: init_scale > 0 and finite in fp32, growth_factor > 1,
   /// 0 < backoff_factor < 1, growth_interval >= 1, hysteresis >= 1, 0 < min_scale <= init_scale.
   /// Throws std::invalid_argument naming the option.
-  explicit GradScaler(Options o = {});
+  explicit GradScaler(Options o);
+  /// PyTorch's defaults.
+  GradScaler();
 
   /// loss × scale (same dtype as loss; the scale is the fp32 value).
   torch::Tensor scale(const torch::Tensor& loss) const;
