@@ -1,0 +1,184 @@
+// Dynamic loss scaling and emulated low-precision storage. See amp.hpp.
+#include "core/amp.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace mpt {
+
+MinScalePolicy parse_min_scale_policy(const std::string& s) {
+  if (s == "clamp") return MinScalePolicy::Clamp;
+  if (s == "error") return MinScalePolicy::Error;
+  throw std::invalid_argument("min_scale_policy: expected \"clamp\" or \"error\", got \"" + s + "\"");
+}
+
+namespace {
+
+void validate(const GradScaler::Options& o) {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("GradScaler: " + what); };
+  const float s = static_cast<float>(o.init_scale);
+  if (!(o.init_scale > 0) || !std::isfinite(s) || s == 0.0f)
+    bad(fmt::format("init_scale must be > 0 and finite in fp32, got {}", o.init_scale));
+  if (!(o.growth_factor > 1.0) || !std::isfinite(o.growth_factor))
+    bad(fmt::format("growth_factor must be > 1, got {}", o.growth_factor));
+  if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0))
+    bad(fmt::format("backoff_factor must be in (0, 1), got {}", o.backoff_factor));
+  if (o.growth_interval < 1) bad(fmt::format("growth_interval must be >= 1, got {}", o.growth_interval));
+  if (o.hysteresis < 1) bad(fmt::format("hysteresis must be >= 1, got {}", o.hysteresis));
+  if (!(o.min_scale > 0) || static_cast<float>(o.min_scale) == 0.0f || o.min_scale > o.init_scale)
+    bad(fmt::format("min_scale must be > 0 (and nonzero in fp32) and <= init_scale, got {}", o.min_scale));
+}
+
+}  // namespace
+
+GradScaler::GradScaler() : GradScaler(Options{}) {}
+
+GradScaler::GradScaler(Options o) : opt_(o) {
+  validate(opt_);
+  scale_ = static_cast<float>(opt_.init_scale);  // torch.full((1,), init_scale, dtype=float32)
+  hysteresis_tracker_ = opt_.hysteresis;
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
+  return loss * torch::scalar_tensor(scale_, loss.options().dtype(torch::kFloat)).to(loss.scalar_type());
+}
+
+bool GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
+  if (stage_ == Stage::Unscaled)
+    throw std::logic_error("unscale_() has already been called since the last update()");
+  if (stage_ == Stage::Stepped) throw std::logic_error("unscale_() is being called after step()");
+  // inv_scale = self._scale.double().reciprocal().float()
+  const float inv = static_cast<float>(1.0 / static_cast<double>(scale_));
+  torch::NoGradGuard ng;
+  bool inf = false;
+  for (const auto& p : params) {
+    auto g = p.grad();
+    if (!g.defined()) continue;
+    // _amp_foreach_non_finite_check_and_unscale_: the check looks at the scaled values;
+    // every gradient is multiplied regardless.
+    if (!inf && !torch::isfinite(g).all().item<bool>()) inf = true;
+    g.mul_(inv);
+  }
+  found_inf_ = inf;
+  stage_ = Stage::Unscaled;
+  return inf;
+}
+
+bool GradScaler::step(const std::vector<torch::Tensor>& params, const std::function<void()>& optimizer_step) {
+  if (stage_ == Stage::Stepped) throw std::logic_error("step() has already been called since the last update()");
+  if (stage_ == Stage::Ready) unscale_(params);
+  stage_ = Stage::Stepped;
+  if (found_inf_) return false;
+  optimizer_step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (stage_ == Stage::Ready) throw std::logic_error("No inf checks were recorded prior to update()");
+  update_with(found_inf_);
+}
+
+void GradScaler::update_with(bool found_inf) {
+  stage_ = Stage::Ready;
+  found_inf_ = found_inf;
+  if (found_inf) {
+    growth_tracker_ = 0;
+    if (hysteresis_tracker_ > 0) --hysteresis_tracker_;
+    if (hysteresis_tracker_ > 0) return;  // tolerated (hysteresis)
+    const float floor = static_cast<float>(opt_.min_scale);
+    if (opt_.min_scale_policy == MinScalePolicy::Error && scale_ <= floor)
+      throw LossScaleError(fmt::format(
+          "loss scale is already at its minimum ({:g}) and gradients still overflow; "
+          "cannot decrease the scale any further",
+          scale_));
+    // *current_scale = (*current_scale) * backoff_factor  (float × double, stored as float)
+    float next = static_cast<float>(static_cast<double>(scale_) * opt_.backoff_factor);
+    if (next < floor) next = floor;
+    scale_ = next;
+  } else {
+    if (opt_.consecutive_hysteresis) hysteresis_tracker_ = opt_.hysteresis;
+    const int64_t successful = growth_tracker_ + 1;
+    if (successful == opt_.growth_interval) {
+      const float grown = static_cast<float>(static_cast<double>(scale_) * opt_.growth_factor);
+      if (std::isfinite(grown)) scale_ = grown;  // do not grow past fp32's range to inf
+      growth_tracker_ = 0;
+      hysteresis_tracker_ = opt_.hysteresis;
+    } else {
+      growth_tracker_ = successful;
+    }
+  }
+}
+
+json GradScaler::state_dict() const {
+  return {{"scale", static_cast<double>(scale_)},
+          {"growth_factor", opt_.growth_factor},
+          {"backoff_factor", opt_.backoff_factor},
+          {"growth_interval", opt_.growth_interval},
+          {"_growth_tracker", growth_tracker_},
+          {"hysteresis", opt_.hysteresis},
+          {"_hysteresis_tracker", hysteresis_tracker_},
+          {"consecutive_hysteresis", opt_.consecutive_hysteresis},
+          {"min_scale", opt_.min_scale},
+          {"min_scale_policy", opt_.min_scale_policy == MinScalePolicy::Clamp ? "clamp" : "error"}};
+}
+
+void GradScaler::load_state_dict(const json& s) {
+  if (stage_ != Stage::Ready)
+    throw std::logic_error("load_state_dict() between unscale_()/step() and update()");
+  if (!s.is_object()) throw std::invalid_argument("GradScaler state_dict: expected an object");
+  try {
+    Options o = opt_;
+    o.growth_factor = s.at("growth_factor").get<double>();
+    o.backoff_factor = s.at("backoff_factor").get<double>();
+    o.growth_interval = s.at("growth_interval").get<int64_t>();
+    const double sc = s.at("scale").get<double>();
+    o.init_scale = sc;
+    if (s.contains("hysteresis")) o.hysteresis = s.at("hysteresis").get<int64_t>();
+    if (s.contains("consecutive_hysteresis")) o.consecutive_hysteresis = s.at("consecutive_hysteresis").get<bool>();
+    if (s.contains("min_scale")) o.min_scale = s.at("min_scale").get<double>();
+    if (s.contains("min_scale_policy")) o.min_scale_policy = parse_min_scale_policy(s.at("min_scale_policy").get<std::string>());
+    if (o.min_scale > sc) o.min_scale = sc;  // a scale saved at a lower floor stays valid
+    validate(o);
+    const int64_t tracker = s.at("_growth_tracker").get<int64_t>();
+    if (tracker < 0 || tracker >= o.growth_interval)
+      throw std::invalid_argument(fmt::format("_growth_tracker must be in [0, growth_interval), got {}", tracker));
+    int64_t hyst = o.hysteresis;
+    if (s.contains("_hysteresis_tracker")) hyst = s.at("_hysteresis_tracker").get<int64_t>();
+    if (hyst < 0 || hyst > o.hysteresis)
+      throw std::invalid_argument(fmt::format("_hysteresis_tracker must be in [0, hysteresis], got {}", hyst));
+    opt_ = o;
+    scale_ = static_cast<float>(sc);
+    growth_tracker_ = tracker;
+    hysteresis_tracker_ = hyst;
+    found_inf_ = false;
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(std::string("GradScaler state_dict: ") + e.what());
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Emulated storage: round in forward, round the incoming gradient in backward.
+// ----------------------------------------------------------------------------
+namespace {
+
+struct StorageRound : torch::autograd::Function<StorageRound> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t fmt) {
+    ctx->saved_data["fmt"] = fmt;
+    return round_to(x, static_cast<Format>(fmt));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const auto f = static_cast<Format>(ctx->saved_data["fmt"].toInt());
+    return {round_to(grad[0], f), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor emulate_storage(const torch::Tensor& x, Format f) {
+  if (f == Format::FP32) return x;
+  return StorageRound::apply(x, static_cast<int64_t>(f));
+}
+
+}  // namespace mpt

@@ -1,0 +1,127 @@
+// Mixed-precision machinery: dynamic loss scaling (GradScaler) and emulated
+// low-precision compute.
+//
+// GradScaler mirrors torch.cuda.amp.GradScaler (PyTorch 1.13 / 2.x) exactly:
+//   scale(loss)   loss × S, S held as an fp32 value (init_scale 2^16)
+//   unscale_(ps)  found_inf = any non-finite value among the *scaled* gradients; then every
+//                 gradient × inv_scale, inv_scale = float(1 / double(S)) ("reciprocal in double",
+//                 as GradScaler._unscale_grads_ computes self._scale.double().reciprocal().float())
+//   step(ps, fn)  calls unscale_ unless already done; runs fn (the optimizer step) only when
+//                 nothing was non-finite
+//   update()      the arithmetic of ATen's _amp_update_scale_ (AmpKernels.cu):
+//                 inf  → S = float(S × backoff_factor), growth tracker = 0
+//                 else → tracker + 1; when it reaches growth_interval: S = float(S × growth_factor)
+//                        unless that is inf in fp32, and tracker = 0
+// Options beyond PyTorch, named as DeepSpeed (runtime/fp16/loss_scaler.py) and Megatron-LM
+// (optimizer/grad_scaler.py DynamicGradScaler) name them:
+//   hysteresis          overflows tolerated before backing off (1 = PyTorch). The hysteresis
+//                       tracker starts at `hysteresis`, loses one per overflow, backs off when it
+//                       reaches 0 (and on every further overflow), and is refilled when the scale
+//                       grows (Megatron; DeepSpeed's default) — or on every finite step when
+//                       `consecutive_hysteresis` is set (DeepSpeed's option of that name).
+//   min_scale, policy   the floor: "clamp" keeps S ≥ min_scale (Megatron); "error" throws
+//                       LossScaleError when S is at the floor and must back off again (DeepSpeed's
+//                       raise_error_at_min_scale). The scale is never 0.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "core/precision.hpp"
+
+namespace mpt {
+
+using json = nlohmann::json;
+
+/// The loss scale cannot back off any further (min_scale policy "error").
+struct LossScaleError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// What a GradScaler does at its floor.
+enum class MinScalePolicy { Clamp, Error };
+/// Parses "clamp" | "error"; throws std::invalid_argument.
+MinScalePolicy parse_min_scale_policy(const std::string& s);
+
+/// Dynamic loss scaler with torch.cuda.amp.GradScaler's semantics (see the file comment).
+class GradScaler {
+ public:
+  struct Options {
+    double init_scale = 65536.0;     ///< 2^16, PyTorch's default
+    double growth_factor = 2.0;      ///< > 1
+    double backoff_factor = 0.5;     ///< in (0, 1)
+    int64_t growth_interval = 2000;  ///< finite steps between growths, >= 1
+    int64_t hysteresis = 1;          ///< >= 1; 1 = PyTorch
+    bool consecutive_hysteresis = false;  ///< refill the hysteresis on every finite step
+    double min_scale = 1.4012984643248171e-45;  ///< > 0; default the smallest fp32 subnormal
+    MinScalePolicy min_scale_policy = MinScalePolicy::Clamp;
+  };
+
+  /// Validates the options: init_scale > 0 and finite in fp32, growth_factor > 1,
+  /// 0 < backoff_factor < 1, growth_interval >= 1, hysteresis >= 1, 0 < min_scale <= init_scale.
+  /// Throws std::invalid_argument naming the option.
+  explicit GradScaler(Options o);
+  /// PyTorch's defaults.
+  GradScaler();
+
+  /// loss × scale (same dtype as loss; the scale is the fp32 value).
+  torch::Tensor scale(const torch::Tensor& loss) const;
+
+  /// Unscales the gradients of `params` in place (params without a gradient are skipped) and
+  /// records whether any scaled gradient was inf/NaN. Returns that flag.
+  /// Throws std::logic_error when called twice before update(), or after step().
+  bool unscale_(const std::vector<torch::Tensor>& params);
+
+  /// unscale_ (unless already done since the last update), then `optimizer_step()` when
+  /// every gradient was finite. Returns true when the step ran, false when it was skipped.
+  /// Throws std::logic_error when called twice before update().
+  bool step(const std::vector<torch::Tensor>& params, const std::function<void()>& optimizer_step);
+
+  /// Updates the scale from the recorded inf check (see the file comment).
+  /// Throws std::logic_error when no unscale_/step was recorded since the last update,
+  /// LossScaleError when the floor is hit under policy "error".
+  void update();
+
+  /// Same as update() with the inf check given directly (for replaying traces and for
+  /// callers that check gradients themselves).
+  void update_with(bool found_inf);
+
+  float get_scale() const { return scale_; }
+  int64_t growth_tracker() const { return growth_tracker_; }
+  int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
+  /// The inf check of the last unscale_ (false before any).
+  bool found_inf() const { return found_inf_; }
+  const Options& options() const { return opt_; }
+
+  /// {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"} as
+  /// GradScaler.state_dict(), plus "hysteresis", "_hysteresis_tracker", "consecutive_hysteresis",
+  /// "min_scale", "min_scale_policy". Doubles hold the fp32 scale exactly.
+  json state_dict() const;
+  /// Restores everything state_dict() saved, exactly (tracker included, nothing reset).
+  /// Keys beyond PyTorch's are optional. Throws std::invalid_argument for a malformed dict.
+  /// Must be called between iterations (not between unscale_ and update): throws std::logic_error.
+  void load_state_dict(const json& s);
+
+ private:
+  enum class Stage { Ready, Unscaled, Stepped };
+  Options opt_;
+  float scale_;
+  int64_t growth_tracker_ = 0;
+  int64_t hysteresis_tracker_;
+  bool found_inf_ = false;
+  Stage stage_ = Stage::Ready;
+};
+
+/// Rounds values to format `f` in forward and the gradient flowing back through it to `f` in
+/// backward (a straight-through cast: d(out)/d(x) = 1). This is how emulated low-precision
+/// compute stores a layer's output and the gradient entering that layer (fp32 math,
+/// fp16/bf16 storage). For f = FP32 it returns x unchanged. Shapes are preserved.
+torch::Tensor emulate_storage(const torch::Tensor& x, Format f);
+
+}  // namespace mpt

@@ -1,0 +1,509 @@
+/*
+ * mpt lossscale — loss scaling and the mixed-precision recipe, from one gradient to a
+ * training run on Fashion-MNIST (Micikevicius et al. 2017, "Mixed Precision Training").
+ *
+ *  1. sweep:    the deep sigmoid net of `mpt underflow` (same seed, data and MSE loss).
+ *               For each static loss scale S: backward of S·loss, gradients cast to fp16;
+ *               for the first Linear layer and for all parameters, the fraction that
+ *               underflows to 0 and the fraction that overflows to inf, and the error of the
+ *               unscaled gradient fp16(S·g)·(1/S) against fp32's g. The safe window is
+ *               [smallest S with no first-layer underflow, largest S with no overflow]; when
+ *               it is empty no static scale works and dynamic scaling is the answer.
+ *  2. recipes:  an MLP trained on Fashion-MNIST from the same initial weights on the same
+ *               batches with: fp32; fp16 (weights, gradients, update all fp16); fp16+master
+ *               (fp32 master weights); fp16+master+static (fixed S); fp16+master+dynamic
+ *               (GradScaler, PyTorch semantics, core/amp); bf16; bf16+master. Low precision
+ *               is emulated: fp32 math, every stored tensor rounded (parameters, each layer's
+ *               output in forward, the gradient entering each layer in backward).
+ *               Per recipe: final train loss, test accuracy, skipped steps, final scale,
+ *               updates lost to rounding (w + Δw == w with Δw ≠ 0), gradients underflowed.
+ *               Step time and peak allocator bytes are run-dependent: printed, and stored
+ *               under timings.
+ *
+ * Section 1 equals PyTorch-Python bit for bit (tests/parity/lossscale_ref.py).
+ *
+ *   mpt lossscale
+ *   mpt lossscale --config configs/lossscale_overflow.json   # sweep to 2^60: the window is empty
+ *   mpt lossscale --config configs/lossscale_full.json       # longer training
+ */
+#include <cmath>
+
+#include "core/amp.hpp"
+#include "core/data.hpp"
+#include "core/errors.hpp"
+#include "core/memory.hpp"
+#include "core/models.hpp"
+#include "core/precision.hpp"
+#include "core/runtime.hpp"
+#include "experiments/experiment.hpp"
+
+namespace mpt {
+
+namespace {
+
+const std::vector<std::string> kRecipes = {"fp32",        "fp16",        "fp16+master", "fp16+master+static",
+                                           "fp16+master+dynamic", "bf16", "bf16+master"};
+
+Param positive_number(double def, std::string doc) {
+  Param p{ParamType::Number, def, std::move(doc)};
+  p.exclusive_min = 0.0;
+  return p;
+}
+
+ConfigSpec lossscale_spec() {
+  ConfigSpec s;
+  s.integer("/seed", 0, "seed before building each model (torch.manual_seed)", 0);
+  // 1. sweep
+  Param scales{ParamType::NumberList, json::array({1.0, 65536.0, 1048576.0, 16777216.0, 268435456.0}),
+               "static loss scales of the sweep (each > 0)"};
+  scales.exclusive_min = 0.0;
+  s.add("/sweep/scales", scales);
+  s.integer("/sweep/model/depth", 12, "Linear+Sigmoid blocks of the deep sigmoid net", 1, 256);
+  s.integer("/sweep/model/width", 16, "units per hidden layer", 1, 4096);
+  s.integer("/sweep/model/input_dim", 4, "input features", 1, 4096);
+  s.integer("/sweep/data/batch", 32, "samples (inputs and targets from randn)", 1, 1 << 20);
+  // 2. training recipes
+  s.boolean("/train/enabled", true, "run the training recipes on Fashion-MNIST");
+  s.strings("/train/recipes", kRecipes, kRecipes, "recipes to train");
+  s.string("/train/data_dir", kFashionMnistDir, "folder with the Fashion-MNIST IDX .gz files");
+  s.integer("/train/train_samples", 5000, "training samples used (first N of the 60000)", 1, 60000);
+  s.integer("/train/test_samples", 1000, "test samples used (first N of the 10000)", 1, 10000);
+  s.integer("/train/hidden/depth", 3, "hidden layers of the MLP", 1, 64);
+  s.integer("/train/hidden/width", 128, "units per hidden layer", 1, 8192);
+  s.choice("/train/hidden/activation", "sigmoid", {"sigmoid", "relu", "tanh"}, "hidden activation");
+  s.integer("/train/batch", 64, "samples per step", 1, 60000);
+  s.integer("/train/steps", 200, "optimizer steps per recipe", 1, 10'000'000);
+  s.add("/train/lr", positive_number(2.0, "SGD learning rate (> 0)"));
+  s.integer("/train/log_every", 10, "loss-curve sampling interval (steps)", 1, 1'000'000);
+  s.add("/train/static_scale", positive_number(1024.0, "loss scale of fp16+master+static (> 0)"));
+  s.boolean("/train/loss_in_low_precision", false,
+            "compute log-softmax and the loss in the low format too (autocast keeps them in fp32)");
+  s.add("/train/scaler/init_scale", positive_number(65536.0, "GradScaler init_scale (> 0)"));
+  Param growth{ParamType::Number, 2.0, "GradScaler growth_factor (> 1)"};
+  growth.exclusive_min = 1.0;
+  s.add("/train/scaler/growth_factor", growth);
+  Param backoff{ParamType::Number, 0.5, "GradScaler backoff_factor (in (0, 1))"};
+  backoff.exclusive_min = 0.0;
+  backoff.exclusive_max = 1.0;
+  s.add("/train/scaler/backoff_factor", backoff);
+  s.integer("/train/scaler/growth_interval", 100, "GradScaler growth_interval (PyTorch: 2000)", 1, 1'000'000'000);
+  s.integer("/train/scaler/hysteresis", 1, "overflows tolerated before backing off (1 = PyTorch)", 1, 1'000'000);
+  s.add("/train/scaler/min_scale", positive_number(1.0, "floor of the dynamic scale (> 0)"));
+  s.choice("/train/scaler/min_scale_policy", "clamp", {"clamp", "error"}, "at the floor: clamp, or stop with an error");
+  return s;
+}
+
+std::string scale_name(double s) {
+  int e = 0;
+  const double m = std::frexp(s, &e);
+  if (m == 0.5) return fmt::format("2^{}", e - 1);
+  return fmt::format("{:g}", s);
+}
+
+// ----------------------------------------------------------------------------
+// 1. Static loss-scale sweep
+// ----------------------------------------------------------------------------
+struct Frac {
+  double underflow = 0, overflow = 0;
+};
+
+Frac fractions(const torch::Tensor& g) {
+  CastStats c = cast_stats(g, Format::FP16);
+  const double n = static_cast<double>(c.numel);
+  return {c.underflow / n, c.overflow / n};
+}
+
+// ||fp16(gs)·inv − g||₂ / ||g||₂ (inf when anything overflowed).
+double unscaled_error(const torch::Tensor& scaled, float inv, const torch::Tensor& ref) {
+  auto back = round_to(scaled, Format::FP16) * inv;
+  if (!torch::isfinite(back).all().item<bool>()) return INFINITY;
+  const double den = ref.norm().item<double>();
+  const double num = (back - ref).norm().item<double>();
+  return den == 0 ? num : num / den;
+}
+
+void sweep_section(const Context& ctx, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const int64_t in_dim = cfg.integer("/sweep/model/input_dim");
+  // Same construction order as `mpt underflow` and the reference: seed, model, x, y.
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  auto net = deep_sigmoid_net(in_dim, cfg.integer("/sweep/model/width"), cfg.integer("/sweep/model/depth"));
+  auto x = torch::randn({cfg.integer("/sweep/data/batch"), in_dim});
+  auto y = torch::randn({cfg.integer("/sweep/data/batch"), 1});
+  auto first = linear_layers(net).front();
+
+  auto grads_for = [&](double s) {
+    net->zero_grad();
+    auto loss = torch::mse_loss(net->forward(x), y);
+    // scaler.scale(loss): loss × S as an fp32 tensor
+    (loss * static_cast<float>(s)).backward();
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : net->parameters()) flat.push_back(p.grad().detach().flatten().clone());
+    return std::make_pair(first->weight.grad().detach().clone(), torch::cat(flat));
+  };
+  auto [ref_first, ref_all] = grads_for(1.0);
+
+  Table t{"sweep", "Static loss scale: gradients of S*loss cast to fp16 (deep sigmoid net of `mpt underflow`)",
+          {text_col("name", "scale"), sci_col("scale", "S"), pct_col("first_underflow", "L1 ->0"),
+           pct_col("first_overflow", "L1 ->inf"), pct_col("all_underflow", "all ->0"),
+           pct_col("all_overflow", "all ->inf"), sci_col("first_error", "L1 err", "-", 3),
+           sci_col("all_error", "all err", "-", 3)}};
+  double lowest = NAN, highest = NAN, first_overflow = NAN, linearity = 0;
+  std::vector<double> scales = cfg.numbers("/sweep/scales");
+  std::sort(scales.begin(), scales.end());
+  const bool ref_normal = (ref_all.abs() >= format_info(Format::FP32).min_normal).logical_or(ref_all == 0).all().item<bool>();
+  for (double s : scales) {
+    auto [gf, ga] = grads_for(s);
+    // GradScaler.unscale_: the reciprocal of the fp32 scale, computed in double.
+    const float inv = static_cast<float>(1.0 / static_cast<double>(static_cast<float>(s)));
+    Frac f = fractions(gf), a = fractions(ga);
+    t.rows.push_back({{"name", scale_name(s)}, {"scale", s}, {"first_underflow", f.underflow},
+                      {"first_overflow", f.overflow}, {"all_underflow", a.underflow}, {"all_overflow", a.overflow},
+                      {"first_error", num(unscaled_error(gf, inv, ref_first))},
+                      {"all_error", num(unscaled_error(ga, inv, ref_all))}});
+    if (f.underflow == 0 && std::isnan(lowest)) lowest = s;
+    if (a.overflow == 0) highest = s;
+    if (a.overflow > 0 && std::isnan(first_overflow)) first_overflow = s;
+    // Before any cast, scaling by a power of two is exact in fp32: (S·g)·(1/S) == g, as long as
+    // nothing leaves fp32's normal range. This is what makes loss scaling free of error.
+    int e = 0;
+    if (std::frexp(s, &e) == 0.5 && ref_normal && torch::isfinite(ga).all().item<bool>() &&
+        (ga.abs() >= format_info(Format::FP32).min_normal).logical_or(ga == 0).all().item<bool>())
+      linearity = std::max(linearity, (ga * inv - ref_all).abs().max().item<double>());
+  }
+  report.check("sweep: (S*g)/S == g in fp32 for power-of-two S", linearity, 0.0,
+               "loss scaling by a power of two is exact before the fp16 cast");
+  const bool empty = std::isnan(lowest) || std::isnan(highest) || lowest > highest;
+  report.results["safe_window"] = {{"lowest", num(lowest)}, {"highest", num(highest)}, {"empty", empty}};
+  if (empty)
+    t.notes.push_back(fmt::format(
+        "safe window: EMPTY - {}; no static scale works here: use dynamic loss scaling",
+        std::isnan(lowest) ? std::string("no scale in the sweep removes first-layer underflow")
+        : std::isnan(highest) ? std::string("every scale in the sweep overflows somewhere")
+                              : fmt::format("layer 1 stops underflowing at {} but overflow starts at {}",
+                                            scale_name(lowest), scale_name(first_overflow))));
+  else
+    t.notes.push_back(fmt::format("safe window: [{}, {}] - no first-layer underflow and no overflow anywhere",
+                                  scale_name(lowest), scale_name(highest)));
+  t.notes.push_back("->0: nonzero in fp32, zero in fp16; ->inf: finite in fp32, inf in fp16; "
+                    "err: ||fp16(S*g)/S - g|| / ||g|| (inf once anything overflows)");
+  report.add(std::move(t));
+}
+
+// ----------------------------------------------------------------------------
+// 2. Training recipes on Fashion-MNIST
+// ----------------------------------------------------------------------------
+enum class Scaling { None, Static, Dynamic };
+
+struct Recipe {
+  std::string name;
+  Format format;  // storage format of weights, activations and gradients
+  bool master;    // fp32 master weights (the update is applied to them)
+  Scaling scaling;
+};
+
+Recipe parse_recipe(const std::string& n) {
+  Recipe r{n, n.rfind("bf16", 0) == 0 ? Format::BF16 : n.rfind("fp16", 0) == 0 ? Format::FP16 : Format::FP32,
+           n.find("+master") != std::string::npos, Scaling::None};
+  if (n.find("+static") != std::string::npos) r.scaling = Scaling::Static;
+  if (n.find("+dynamic") != std::string::npos) r.scaling = Scaling::Dynamic;
+  return r;
+}
+
+struct Mlp {
+  std::vector<torch::Tensor> params;  // W1, b1, W2, b2, ... (leaves)
+  std::string activation;
+};
+
+// The MLP 784 → width × depth → 10, built as nn.Linear layers in order so a seed fixes it.
+std::vector<torch::Tensor> init_mlp(int64_t depth, int64_t width) {
+  std::vector<torch::Tensor> ps;
+  int64_t d = 28 * 28;
+  for (int64_t i = 0; i <= depth; ++i) {
+    const int64_t out = i == depth ? 10 : width;
+    torch::nn::Linear lin(d, out);
+    ps.push_back(lin->weight.detach().clone());
+    ps.push_back(lin->bias.detach().clone());
+    d = out;
+  }
+  return ps;
+}
+
+struct GradCounter {
+  long long underflow = 0, total = 0;
+};
+
+// Forward in the recipe's format (emulated storage): the working copy of every parameter,
+// each layer's output and each activation are rounded to `f`; in backward the gradient
+// entering each of them is rounded to `f`. Returns the logits [N, 10] (fp32 tensor holding
+// `f` values). When `counter` is given, counts parameter gradients that underflow in `f`.
+torch::Tensor mlp_forward(const Mlp& m, const torch::Tensor& images, Format f, GradCounter* counter) {
+  auto h = emulate_storage(images.reshape({images.size(0), -1}), f);
+  const std::size_t layers = m.params.size() / 2;
+  for (std::size_t i = 0; i < layers; ++i) {
+    auto w = emulate_storage(m.params[2 * i], f);
+    auto b = emulate_storage(m.params[2 * i + 1], f);
+    if (counter && f != Format::FP32 && w.requires_grad()) {
+      for (auto* t : {&w, &b})
+        t->register_hook([counter, f](torch::Tensor g) {
+          // g: the gradient computed in fp32 before it is stored in `f`
+          auto nz = g != 0;
+          counter->underflow += (nz & (round_to(g, f) == 0)).sum().item<int64_t>();
+          counter->total += g.numel();
+        });
+    }
+    h = emulate_storage(torch::linear(h, w, b), f);
+    if (i + 1 < layers) {
+      if (m.activation == "sigmoid") h = torch::sigmoid(h);
+      else if (m.activation == "tanh") h = torch::tanh(h);
+      else h = torch::relu(h);
+      h = emulate_storage(h, f);
+    }
+  }
+  return h;
+}
+
+// Cross-entropy; like autocast, log-softmax and the loss run in fp32 unless `low` is set.
+torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& labels, Format f, bool low) {
+  if (!low) return torch::nn::functional::cross_entropy(logits, labels);
+  auto logp = emulate_storage(torch::log_softmax(logits, 1), f);
+  return emulate_storage(torch::nll_loss(logp, labels), f);
+}
+
+struct Evaluation {
+  double loss, accuracy;
+};
+
+Evaluation evaluate(const Mlp& m, const Dataset& d, Format f, bool low, torch::Device dev) {
+  torch::NoGradGuard ng;
+  double loss = 0, correct = 0;
+  const int64_t chunk = 2000;
+  for (int64_t i = 0; i < d.size(); i += chunk) {
+    const int64_t n = std::min(chunk, d.size() - i);
+    auto x = d.images.narrow(0, i, n).to(dev);
+    auto y = d.labels.narrow(0, i, n).to(dev);
+    auto logits = mlp_forward(m, x, f, nullptr);
+    loss += loss_fn(logits, y, f, low).item<double>() * static_cast<double>(n);
+    correct += (logits.argmax(1) == y).sum().item<double>();
+  }
+  return {loss / static_cast<double>(d.size()), correct / static_cast<double>(d.size())};
+}
+
+struct RecipeRun {
+  std::vector<double> loss, scale;
+  double final_loss = 0, accuracy = 0, final_scale = 1;
+  long long skipped = 0, lost = 0, updates = 0;
+  GradCounter grads;
+  double step_s = 0;
+  int64_t peak_bytes = 0;
+};
+
+GradScaler::Options scaler_options(const Config& cfg) {
+  GradScaler::Options o;
+  o.init_scale = cfg.number("/train/scaler/init_scale");
+  o.growth_factor = cfg.number("/train/scaler/growth_factor");
+  o.backoff_factor = cfg.number("/train/scaler/backoff_factor");
+  o.growth_interval = cfg.integer("/train/scaler/growth_interval");
+  o.hysteresis = cfg.integer("/train/scaler/hysteresis");
+  o.min_scale = cfg.number("/train/scaler/min_scale");
+  o.min_scale_policy = parse_min_scale_policy(cfg.str("/train/scaler/min_scale_policy"));
+  if (o.min_scale > o.init_scale)
+    throw ConfigError(fmt::format("/train/scaler/min_scale: expected a value <= /train/scaler/init_scale ({:g}), got {:g}",
+                                  o.init_scale, o.min_scale));
+  return o;
+}
+
+RecipeRun train_recipe(const Context& ctx, const Recipe& r, const std::vector<torch::Tensor>& init,
+                       const Dataset& train, const Dataset& test) {
+  const auto& cfg = ctx.cfg;
+  const int64_t steps = cfg.integer("/train/steps");
+  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train.size());
+  const int64_t per_epoch = train.size() / batch;
+  const float lr = static_cast<float>(cfg.number("/train/lr"));
+  const bool low = cfg.boolean("/train/loss_in_low_precision");
+  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  const float static_scale = static_cast<float>(cfg.number("/train/static_scale"));
+  // Pure low-precision recipes store their weights in the format; master recipes keep fp32.
+  const Format stored = r.master ? Format::FP32 : r.format;
+
+  RecipeRun run;
+  PeakScope scope(ctx.device);
+  Mlp m{{}, cfg.str("/train/hidden/activation")};
+  for (const auto& p : init) m.params.push_back(round_to(p, stored).to(ctx.device).clone().requires_grad_(true));
+  GradScaler scaler(scaler_options(cfg));
+  torch::Tensor perm;
+  int64_t perm_epoch = -1;
+
+  auto apply_update = [&] {
+    torch::NoGradGuard ng;
+    for (auto& p : m.params) {
+      auto g = p.grad();
+      if (!g.defined()) continue;
+      // SGD: w − lr·g in fp32 math, stored in the weights' format (one rounding, as
+      // PyTorch's fp16 kernels compute in fp32 and round the result).
+      auto u = g * lr;
+      auto next = round_to(p - u, stored);
+      auto intended = u != 0;
+      run.lost += (intended & (next == p)).sum().item<int64_t>();
+      run.updates += intended.sum().item<int64_t>();
+      p.copy_(next);
+    }
+  };
+
+  const double t0 = now_seconds();
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t epoch = step / per_epoch;
+    if (epoch != perm_epoch) {
+      perm = shuffled_indices(train.size(), seed + 1000003ULL * static_cast<std::uint64_t>(epoch + 1));
+      perm_epoch = epoch;
+    }
+    auto idx = perm.narrow(0, (step % per_epoch) * batch, batch);
+    auto x = train.images.index_select(0, idx).to(ctx.device);
+    auto y = train.labels.index_select(0, idx).to(ctx.device);
+    for (auto& p : m.params) p.mutable_grad() = torch::Tensor();
+
+    auto loss = loss_fn(mlp_forward(m, x, r.format, &run.grads), y, r.format, low);
+    const float s = r.scaling == Scaling::Static ? static_scale
+                    : r.scaling == Scaling::Dynamic ? scaler.get_scale() : 1.0f;
+    run.loss.push_back(loss.item<double>());
+    run.scale.push_back(s);
+    switch (r.scaling) {
+      case Scaling::None:
+        loss.backward();
+        apply_update();
+        break;
+      case Scaling::Static: {
+        (loss * s).backward();
+        // Unscale as GradScaler does (reciprocal in double), skip the step on inf/NaN.
+        const float inv = static_cast<float>(1.0 / static_cast<double>(s));
+        bool finite = true;
+        torch::NoGradGuard ng;
+        for (auto& p : m.params) {
+          finite = finite && torch::isfinite(p.grad()).all().item<bool>();
+          p.grad().mul_(inv);
+        }
+        if (finite) apply_update();
+        else ++run.skipped;
+        break;
+      }
+      case Scaling::Dynamic: {
+        scaler.scale(loss).backward();
+        if (!scaler.step(m.params, apply_update)) ++run.skipped;
+        try {
+          scaler.update();
+        } catch (const LossScaleError& e) {
+          throw RuntimeFailure(fmt::format("recipe {} at step {}: {}", r.name, step + 1, e.what()));
+        }
+        break;
+      }
+    }
+  }
+  run.step_s = (now_seconds() - t0) / static_cast<double>(steps);
+  run.peak_bytes = scope.peak_bytes();
+  run.final_scale = r.scaling == Scaling::Dynamic ? scaler.get_scale()
+                    : r.scaling == Scaling::Static ? static_scale : 1.0;
+  Evaluation tr = evaluate(m, train, r.format, low, ctx.device);
+  Evaluation te = evaluate(m, test, r.format, low, ctx.device);
+  run.final_loss = tr.loss;
+  run.accuracy = te.accuracy;
+  return run;
+}
+
+void training_section(const Context& ctx, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const std::string dir = cfg.str("/train/data_dir");
+  Dataset train = load_fashion_mnist(dir, "train", cfg.integer("/train/train_samples"));
+  Dataset test = load_fashion_mnist(dir, "test", cfg.integer("/train/test_samples"));
+  scaler_options(cfg);  // validate before training anything
+
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  const auto init = init_mlp(cfg.integer("/train/hidden/depth"), cfg.integer("/train/hidden/width"));
+
+  Table t{"recipes",
+          fmt::format("Training recipes: MLP 784-{}x{}({})-10 on Fashion-MNIST, {} steps of {} samples, SGD lr {:g}",
+                      cfg.integer("/train/hidden/width"), cfg.integer("/train/hidden/depth"),
+                      cfg.str("/train/hidden/activation"), cfg.integer("/train/steps"), cfg.integer("/train/batch"),
+                      cfg.number("/train/lr")),
+          {text_col("name", "recipe"), float_col("final_train_loss", "train loss"),
+           pct_col("test_accuracy", "test acc"), int_col("skipped_steps", "skipped", "steps"),
+           sci_col("final_scale", "final S", "-", 3), pct_col("lost_updates", "lost upd", 3),
+           pct_col("grad_underflow", "grad ->0", 3)}};
+  Table cost{"recipe_costs", "Cost per recipe (run-dependent; stored under timings)",
+             {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3),
+              float_col("vs_fp32", "vs fp32", "x", 3), int_col("peak_bytes", "peak", "bytes")}};
+  json history = json::object();
+  json timings = json::object();
+  double fp32_step = NAN;
+  const int64_t every = cfg.integer("/train/log_every");
+  Table curve{"loss_curve", fmt::format("Training loss every {} steps", every), {int_col("step", "step")}};
+  std::vector<RecipeRun> runs;
+  const auto names = cfg.strings("/train/recipes");
+  for (const auto& n : names) {
+    Recipe r = parse_recipe(n);
+    RecipeRun run = train_recipe(ctx, r, init, train, test);
+    t.rows.push_back({{"name", n},
+                      {"format", format_name(r.format)},
+                      {"master_weights", r.master},
+                      {"scaling", r.scaling == Scaling::None ? "none" : r.scaling == Scaling::Static ? "static" : "dynamic"},
+                      {"final_train_loss", num(run.final_loss)},
+                      {"test_accuracy", run.accuracy},
+                      {"skipped_steps", run.skipped},
+                      {"final_scale", run.final_scale},
+                      {"lost_updates", run.updates ? static_cast<double>(run.lost) / run.updates : 0.0},
+                      {"lost_update_count", run.lost},
+                      {"grad_underflow", run.grads.total ? static_cast<double>(run.grads.underflow) / run.grads.total : 0.0},
+                      {"first_loss", num(run.loss.front())},
+                      {"last_loss", num(run.loss.back())}});
+    json h = {{"loss", json::array()}, {"scale", json::array()}};
+    for (double v : run.loss) h["loss"].push_back(num(v));
+    for (double v : run.scale) h["scale"].push_back(v);
+    history[n] = h;
+    if (n == "fp32") fp32_step = run.step_s;
+    timings[n] = {{"step_time_s", run.step_s}, {"peak_bytes", run.peak_bytes}};
+    cost.rows.push_back({{"name", n}, {"step_ms", run.step_s * 1e3}, {"vs_fp32", num(run.step_s / fp32_step)},
+                         {"peak_bytes", run.peak_bytes}});
+    curve.columns.push_back(float_col(n, n));
+    runs.push_back(std::move(run));
+  }
+  const int64_t steps = cfg.integer("/train/steps");
+  for (int64_t s = 0; s < steps; s += every) {
+    json row = {{"name", fmt::format("step{}", s + 1)}, {"step", s + 1}};
+    for (std::size_t i = 0; i < names.size(); ++i) row[names[i]] = num(runs[i].loss[static_cast<std::size_t>(s)]);
+    curve.rows.push_back(row);
+  }
+  t.notes.push_back("train loss: cross-entropy over the training subset with the final weights, in the recipe's format");
+  t.notes.push_back("lost upd: non-zero updates lr*g that left the stored weight unchanged (w - lr*g == w)");
+  t.notes.push_back("grad ->0: parameter gradients (scaled, if the recipe scales) nonzero in fp32 math but 0 once stored");
+  t.notes.push_back("low precision is emulated: fp32 math, every stored tensor rounded (" + ctx.fp16_mode +
+                    " fp16 on this device)");
+  report.add(std::move(t));
+  report.add(std::move(curve));
+  std::string text = render_table(cost);
+  text = text.substr(text.find('\n') + 1);  // the TextBlock prints the title
+  report.add(TextBlock{cost.title, text});
+  report.results["history"] = history;
+  report.timings["recipes"] = timings;
+  report.env["lossscale_compute"] = "emulated (fp32 math, rounded storage) for fp16 and bf16";
+}
+
+Report run_lossscale(const Context& ctx) {
+  Report report;
+  double t0 = now_seconds();
+  sweep_section(ctx, report);
+  report.timings["sweep_s"] = now_seconds() - t0;
+  if (ctx.cfg.boolean("/train/enabled")) {
+    t0 = now_seconds();
+    training_section(ctx, report);
+    report.timings["train_s"] = now_seconds() - t0;
+  }
+  return report;
+}
+
+}  // namespace
+
+Experiment lossscale_experiment() {
+  return {"lossscale", "Loss scaling: static sweep, GradScaler, fp16/bf16 training recipes on Fashion-MNIST",
+          lossscale_spec, run_lossscale};
+}
+
+}  // namespace mpt

@@ -1,0 +1,235 @@
+// GradScaler traces (hand-computed from torch.cuda.amp.GradScaler / _amp_update_scale_),
+// state round trip, hysteresis and min_scale (Megatron/DeepSpeed), emulated storage.
+#include <cmath>
+#include <limits>
+
+#include "catch.hpp"
+#include "core/amp.hpp"
+
+using namespace mpt;
+
+namespace {
+
+GradScaler::Options opts(int64_t interval, int64_t hysteresis = 1) {
+  GradScaler::Options o;
+  o.growth_interval = interval;
+  o.hysteresis = hysteresis;
+  return o;
+}
+
+// One iteration with a parameter whose gradient is finite or inf; returns whether the step ran.
+bool iteration(GradScaler& s, bool overflow, int* steps_run) {
+  auto p = torch::ones({3}, torch::requires_grad());
+  auto g = torch::full({3}, 4.0f);
+  if (overflow) g[1] = INFINITY;
+  p.mutable_grad() = g;
+  bool ran = s.step({p}, [&] { ++*steps_run; });
+  s.update();
+  return ran;
+}
+
+}  // namespace
+
+TEST_CASE("GradScaler defaults are PyTorch's", "[amp]") {
+  GradScaler s;
+  CHECK(s.get_scale() == 65536.0f);
+  CHECK(s.options().growth_factor == 2.0);
+  CHECK(s.options().backoff_factor == 0.5);
+  CHECK(s.options().growth_interval == 2000);
+  CHECK(s.growth_tracker() == 0);
+  auto sd = s.state_dict();
+  CHECK(sd["scale"].get<double>() == 65536.0);
+  CHECK(sd["_growth_tracker"].get<int64_t>() == 0);
+}
+
+TEST_CASE("GradScaler trace: interval 3, overflow pattern 0,0,0,1,0,0,0 from 2^16", "[amp]") {
+  GradScaler s(opts(3));
+  const std::vector<int> pattern = {0, 0, 0, 1, 0, 0, 0};
+  // After each update (worked by hand from _amp_update_scale_):
+  const std::vector<float> scale = {65536, 65536, 131072, 65536, 65536, 65536, 131072};
+  const std::vector<int64_t> tracker = {1, 2, 0, 0, 1, 2, 0};
+  const std::vector<bool> ran = {true, true, true, false, true, true, true};
+  int steps = 0;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    INFO("iteration " << i + 1);
+    CHECK(iteration(s, pattern[i], &steps) == ran[i]);
+    CHECK(s.get_scale() == scale[i]);
+    CHECK(s.growth_tracker() == tracker[i]);
+  }
+  CHECK(steps == 6);
+}
+
+TEST_CASE("GradScaler state saved mid-interval continues exactly in a fresh scaler", "[amp]") {
+  const std::vector<int> pattern = {0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0};
+  GradScaler ref(opts(4));
+  int steps = 0;
+  std::vector<float> ref_scales;
+  std::vector<int64_t> ref_trackers;
+  for (int o : pattern) {
+    iteration(ref, o, &steps);
+    ref_scales.push_back(ref.get_scale());
+    ref_trackers.push_back(ref.growth_tracker());
+  }
+  for (std::size_t cut = 1; cut < pattern.size(); ++cut) {
+    INFO("saved after iteration " << cut);
+    GradScaler a(opts(4));
+    for (std::size_t i = 0; i < cut; ++i) iteration(a, pattern[i], &steps);
+    const json saved = a.state_dict();
+    GradScaler b;  // fresh, PyTorch defaults: everything must come from the dict
+    b.load_state_dict(json::parse(saved.dump()));
+    CHECK(b.state_dict() == saved);
+    for (std::size_t i = cut; i < pattern.size(); ++i) {
+      iteration(b, pattern[i], &steps);
+      CHECK(b.get_scale() == ref_scales[i]);
+      CHECK(b.growth_tracker() == ref_trackers[i]);
+    }
+  }
+  // a concrete mid-interval save: tracker 2 of 4 survives the round trip
+  GradScaler a(opts(4));
+  iteration(a, 0, &steps);
+  iteration(a, 0, &steps);
+  GradScaler b;
+  b.load_state_dict(a.state_dict());
+  CHECK(b.growth_tracker() == 2);
+  iteration(b, 0, &steps);
+  iteration(b, 0, &steps);
+  CHECK(b.get_scale() == 131072.0f);
+  CHECK(b.growth_tracker() == 0);
+}
+
+TEST_CASE("GradScaler state_dict round trip of an odd scale is exact", "[amp]") {
+  GradScaler::Options o;
+  o.init_scale = 3.0e-7;  // not a power of two: stored as the nearest fp32
+  o.growth_factor = 3.0;
+  o.backoff_factor = 0.3;
+  o.growth_interval = 5;
+  GradScaler a(o);
+  a.update_with(false);
+  a.update_with(true);
+  a.update_with(false);
+  GradScaler b;
+  b.load_state_dict(json::parse(a.state_dict().dump()));
+  CHECK(b.get_scale() == a.get_scale());
+  CHECK(b.state_dict() == a.state_dict());
+  CHECK(a.get_scale() == static_cast<float>(static_cast<double>(static_cast<float>(3.0e-7)) * 0.3));
+}
+
+TEST_CASE("GradScaler hysteresis 2, growth window 3, pattern 0,1,0,1,1,0,0,0", "[amp]") {
+  // Megatron / DeepSpeed default: the hysteresis refills only when the scale grows.
+  GradScaler s(opts(3, 2));
+  const std::vector<int> pattern = {0, 1, 0, 1, 1, 0, 0, 0};
+  const std::vector<float> scale = {65536, 65536, 65536, 32768, 16384, 16384, 16384, 32768};
+  const std::vector<int64_t> hyst = {2, 1, 1, 0, 0, 0, 0, 2};
+  const std::vector<int64_t> tracker = {1, 0, 1, 0, 0, 1, 2, 0};
+  int steps = 0;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    INFO("iteration " << i + 1);
+    CHECK(iteration(s, pattern[i], &steps) == (pattern[i] == 0));  // overflowing steps skip either way
+    CHECK(s.get_scale() == scale[i]);
+    CHECK(s.hysteresis_tracker() == hyst[i]);
+    CHECK(s.growth_tracker() == tracker[i]);
+  }
+}
+
+TEST_CASE("GradScaler consecutive_hysteresis refills on every finite step", "[amp]") {
+  auto o = opts(3, 2);
+  o.consecutive_hysteresis = true;
+  GradScaler s(o);
+  const std::vector<int> pattern = {0, 1, 0, 1, 1, 0, 0, 0};
+  const std::vector<float> scale = {65536, 65536, 65536, 65536, 32768, 32768, 32768, 65536};
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    INFO("iteration " << i + 1);
+    s.update_with(pattern[i]);
+    CHECK(s.get_scale() == scale[i]);
+  }
+}
+
+TEST_CASE("GradScaler unscale_: reciprocal in double, inf check on scaled values", "[amp]") {
+  GradScaler::Options o;
+  o.init_scale = 3.0;
+  GradScaler s(o);
+  auto p = torch::zeros({2}, torch::requires_grad());
+  p.mutable_grad() = torch::tensor({3.0f, 1.0f});
+  CHECK_FALSE(s.unscale_({p}));
+  const float inv = static_cast<float>(1.0 / 3.0);
+  CHECK(p.grad()[0].item<float>() == 3.0f * inv);
+  CHECK(p.grad()[1].item<float>() == inv);
+  CHECK_THROWS_AS(s.unscale_({p}), std::logic_error);  // twice before update()
+  int ran = 0;
+  CHECK(s.step({p}, [&] { ++ran; }));  // step after an explicit unscale_ does not unscale again
+  CHECK(p.grad()[1].item<float>() == inv);
+  CHECK(ran == 1);
+  CHECK_THROWS_AS(s.step({p}, [&] { ++ran; }), std::logic_error);
+  s.update();
+  CHECK_THROWS_AS(s.update(), std::logic_error);  // no inf check recorded since
+  p.mutable_grad() = torch::tensor({NAN, 1.0f});
+  CHECK(s.unscale_({p}));
+  CHECK_FALSE(s.step({p}, [&] { ++ran; }));
+  CHECK(ran == 1);
+  s.update();
+  CHECK(s.get_scale() == 1.5f);
+}
+
+TEST_CASE("GradScaler scale(loss) multiplies by the fp32 scale", "[amp]") {
+  GradScaler s;
+  auto loss = torch::tensor(0.25f);
+  CHECK(s.scale(loss).item<float>() == 16384.0f);
+}
+
+TEST_CASE("GradScaler never grows to inf and never backs off to 0", "[amp]") {
+  GradScaler::Options o;
+  o.init_scale = std::ldexp(1.0, 127);
+  o.growth_interval = 1;
+  GradScaler s(o);
+  s.update_with(false);
+  CHECK(s.get_scale() == std::ldexp(1.0f, 127));  // 2^128 is inf in fp32: kept
+  CHECK(s.growth_tracker() == 0);
+
+  GradScaler::Options c;
+  c.init_scale = 1.0;
+  c.min_scale = 0.25;
+  GradScaler clamp(c);
+  for (int i = 0; i < 5; ++i) clamp.update_with(true);
+  CHECK(clamp.get_scale() == 0.25f);
+
+  GradScaler dflt;  // PyTorch defaults: the floor is fp32's smallest subnormal, not 0
+  for (int i = 0; i < 400; ++i) dflt.update_with(true);
+  CHECK(dflt.get_scale() == std::numeric_limits<float>::denorm_min());
+
+  c.min_scale_policy = MinScalePolicy::Error;
+  GradScaler err(c);
+  err.update_with(true);
+  err.update_with(true);
+  CHECK(err.get_scale() == 0.25f);
+  CHECK_THROWS_AS(err.update_with(true), LossScaleError);
+}
+
+TEST_CASE("GradScaler rejects bad options", "[amp]") {
+  auto with = [](auto f) { GradScaler::Options o; f(o); return o; };
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.init_scale = -1; })), std::invalid_argument);
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.init_scale = 0; })), std::invalid_argument);
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.init_scale = 1e39; })), std::invalid_argument);
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.growth_factor = 1.0; })), std::invalid_argument);
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.backoff_factor = 1.0; })), std::invalid_argument);
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.backoff_factor = 0.0; })), std::invalid_argument);
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.growth_interval = 0; })), std::invalid_argument);
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.hysteresis = 0; })), std::invalid_argument);
+  CHECK_THROWS_AS(GradScaler(with([](auto& o) { o.min_scale = 0; })), std::invalid_argument);
+  GradScaler s;
+  CHECK_THROWS_AS(s.load_state_dict(json{{"scale", 1.0}}), std::invalid_argument);
+  auto sd = s.state_dict();
+  sd["_growth_tracker"] = 2000;
+  CHECK_THROWS_AS(s.load_state_dict(sd), std::invalid_argument);
+}
+
+TEST_CASE("emulate_storage rounds forward values and backward gradients", "[amp]") {
+  auto x = torch::tensor({1.0f + std::ldexp(1.0f, -12), 1e-8f}, torch::requires_grad());
+  auto y = emulate_storage(x, Format::FP16);
+  CHECK(y[0].item<float>() == 1.0f);
+  CHECK(y[1].item<float>() == 0.0f);
+  (y * torch::tensor({1e-8f, 3.0f})).sum().backward();
+  CHECK(x.grad()[0].item<float>() == 0.0f);  // 1e-8 underflows in fp16
+  CHECK(x.grad()[1].item<float>() == 3.0f);
+  auto z = torch::ones({2}, torch::requires_grad());
+  CHECK(emulate_storage(z, Format::FP32).is_same(z));
+}

@@ -1,0 +1,22 @@
+# `mpt lossscale` CLI cases (tiny configs; see cli_case in tests/CMakeLists.txt).
+set(LS_TINY --set train.train_samples=200 --set train.test_samples=100 --set train.steps=20 --set train.batch=20
+    --set train.hidden.depth=2 --set train.hidden.width=16)
+cli_case(lossscale_tiny 0 "safe window" lossscale ${LS_TINY})
+cli_case(lossscale_overflow 0 "safe window: EMPTY" lossscale --config configs/lossscale_overflow.json)
+cli_case(lossscale_sweep_only 0 "2\\^28" lossscale --set train.enabled=false)
+# bad inputs: exit 2 naming the key; missing data: exit 3 naming the package
+cli_case(lossscale_bad_negative_scale 2 "/sweep/scales/1: expected a number > 0, got -4" lossscale --set "sweep.scales=[1,-4]")
+cli_case(lossscale_bad_static_scale 2 "/train/static_scale: expected a number > 0, got -1" lossscale --set train.static_scale=-1)
+cli_case(lossscale_bad_init_scale 2 "/train/scaler/init_scale: expected a number > 0, got 0" lossscale --set train.scaler.init_scale=0)
+cli_case(lossscale_bad_growth 2 "/train/scaler/growth_factor: expected a number > 1, got 1" lossscale --set train.scaler.growth_factor=1)
+cli_case(lossscale_bad_growth_below 2 "/train/scaler/growth_factor: expected a number > 1, got 0.5" lossscale --set train.scaler.growth_factor=0.5)
+cli_case(lossscale_bad_backoff 2 "/train/scaler/backoff_factor: expected a number > 0 and < 1, got 1" lossscale --set train.scaler.backoff_factor=1)
+cli_case(lossscale_bad_interval 2 "/train/scaler/growth_interval: expected an integer >= 1" lossscale --set train.scaler.growth_interval=0)
+cli_case(lossscale_bad_min_scale 2 "/train/scaler/min_scale: expected a value <= /train/scaler/init_scale" lossscale ${LS_TINY} --set train.scaler.min_scale=1e9)
+cli_case(lossscale_missing_data 3 "/no/such/dir.*dataset-fashion-mnist" lossscale --set train.data_dir=/no/such/dir)
+add_test(NAME cli.lossscale_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/lossscale_train.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.lossscale_train PROPERTIES TIMEOUT 300)
+add_test(NAME cli.lossscale_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> lossscale ${LS_TINY}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
