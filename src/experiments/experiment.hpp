@@ -42,5 +42,6 @@ const Experiment* find_experiment(const std::string& name);
 
 // Each experiment file defines one of these.
 Experiment underflow_experiment();
+Experiment pipeline_experiment();
 
 }  // namespace mpt
