@@ -3,7 +3,8 @@
 set(PIPE_FAST --set cost.forward_us=50 --set "pipeline.microbatches=[1,2,4]")
 
 cli_case(pipeline_default 0 "OK: [0-9]+ of [0-9]+ checks passed" pipeline)
-cli_case(pipeline_gantt 0 "stage 3 \\|F0" pipeline ${PIPE_FAST} --set gantt.microbatches=4)
+cli_case(pipeline_gantt_title 0 "Timeline 1f1b\\.m4 \\(p = 4, m = 4\\)" pipeline ${PIPE_FAST} --set gantt.microbatches=4)
+cli_case(pipeline_gantt_rows 0 "stage 3 \\|\\.+F0" pipeline ${PIPE_FAST} --set gantt.microbatches=4)
 cli_case(pipeline_exact_split 0 "k2\\.L1\\.weight .* 0\\.000e\\+00 +yes" pipeline ${PIPE_FAST})
 cli_case(pipeline_split3 0 "k3\\.L4\\.bias" pipeline --config configs/pipeline_split3.json ${PIPE_FAST})
 cli_case(pipeline_uneven 0 "stage 1 costs 3x" pipeline --config configs/pipeline_uneven.json ${PIPE_FAST})
