@@ -130,10 +130,17 @@ TEST_CASE("executor: measured bubble within 0.05 of (p-1)/(m+p-1) with a synthet
   const auto y = torch::randn({8, 8});
   const auto ranges = stage_ranges(4, balanced_cuts(4, 4));
   SyntheticCost cost;
-  cost.forward_us = 5000;  // per layer: one layer per stage, F = 5 ms, B = 10 ms
+  cost.forward_us = 10000;  // per layer: one layer per stage, F = 10 ms, B = 20 ms
   for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
-    QueueTransport tr(10);
-    const auto run = run_pipeline(layers, ranges, make_schedule(kind, 4, 4), 4, x, y, cost, tr);
+    // Three steps, the median one judged (as the experiment does): a late thread wake-up on a
+    // busy machine shows up as idle time in one step, rarely in the median.
+    std::vector<PipelineRun> steps;
+    for (int i = 0; i < 3; ++i) {
+      QueueTransport tr(10);
+      steps.push_back(run_pipeline(layers, ranges, make_schedule(kind, 4, 4), 4, x, y, cost, tr));
+    }
+    std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.step_s < b.step_s; });
+    const auto& run = steps[1];
     INFO(schedule_name(kind) << ": measured " << measured_bubble(run) << ", theory " << bubble_theory(4, 4));
     CHECK(std::fabs(measured_bubble(run) - bubble_theory(4, 4)) < 0.05);
     const auto chart = render_gantt(run, 4, 60);
