@@ -43,5 +43,6 @@ const Experiment* find_experiment(const std::string& name);
 // Each experiment file defines one of these.
 Experiment underflow_experiment();
 Experiment lossscale_experiment();
+Experiment pipeline_experiment();
 
 }  // namespace mpt

@@ -7,6 +7,7 @@ const std::vector<Experiment>& experiments() {
   static const std::vector<Experiment> all = {
       underflow_experiment(),
       lossscale_experiment(),
+      pipeline_experiment(),
   };
   return all;
 }

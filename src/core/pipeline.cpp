@@ -1,0 +1,357 @@
+// Pipeline schedules, stage splitting, transport and executor. See pipeline.hpp.
+#include "core/pipeline.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/errors.hpp"
+
+namespace mpt {
+
+// ----------------------------------------------------------------------------
+// Schedules
+// ----------------------------------------------------------------------------
+
+ScheduleKind parse_schedule(const std::string& name) {
+  if (name == "naive") return ScheduleKind::Naive;
+  if (name == "gpipe") return ScheduleKind::GPipe;
+  if (name == "1f1b") return ScheduleKind::OneFOneB;
+  throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe or 1f1b)");
+}
+
+std::string schedule_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::Naive: return "naive";
+    case ScheduleKind::GPipe: return "gpipe";
+    case ScheduleKind::OneFOneB: return "1f1b";
+  }
+  return "?";
+}
+
+std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int p, int m) {
+  if (p < 1) throw std::invalid_argument("make_schedule: stages must be >= 1");
+  if (m < 1) throw std::invalid_argument("make_schedule: microbatches must be >= 1");
+  if (kind == ScheduleKind::Naive) m = 1;
+  std::vector<std::vector<PipeOp>> out(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    auto& ops = out[static_cast<std::size_t>(s)];
+    if (kind != ScheduleKind::OneFOneB) {
+      // GPipe: every forward, then every backward (in microbatch order, as
+      // Megatron's "all-forward all-backward" and torch.distributed.pipelining do).
+      for (int j = 0; j < m; ++j) ops.push_back({'F', j});
+      for (int j = 0; j < m; ++j) ops.push_back({'B', j});
+    } else {
+      // PipeDream-flush (Megatron-LM forward_backward_pipelining_without_interleaving).
+      const int warmup = std::min(p - s - 1, m);
+      const int steady = m - warmup;
+      int f = 0, b = 0;
+      for (int i = 0; i < warmup; ++i) ops.push_back({'F', f++});
+      for (int i = 0; i < steady; ++i) {
+        ops.push_back({'F', f++});
+        ops.push_back({'B', b++});
+      }
+      while (b < m) ops.push_back({'B', b++});
+    }
+  }
+  return out;
+}
+
+std::vector<int> peak_in_flight(const std::vector<std::vector<PipeOp>>& schedule) {
+  std::vector<int> peaks;
+  for (const auto& ops : schedule) {
+    int held = 0, peak = 0;
+    for (const auto& op : ops) {
+      held += op.kind == 'F' ? 1 : -1;
+      peak = std::max(peak, held);
+    }
+    peaks.push_back(peak);
+  }
+  return peaks;
+}
+
+std::string schedule_string(const std::vector<PipeOp>& ops) {
+  std::string s;
+  for (const auto& op : ops) {
+    if (!s.empty()) s += ' ';
+    s += fmt::format("{}{}", op.kind, op.microbatch);
+  }
+  return s;
+}
+
+double bubble_theory(int p, int m) { return static_cast<double>(p - 1) / static_cast<double>(m + p - 1); }
+
+// ----------------------------------------------------------------------------
+// Models cut into stages
+// ----------------------------------------------------------------------------
+
+std::vector<torch::nn::Linear> mlp_layers(const std::vector<int64_t>& widths) {
+  if (widths.size() < 2) throw std::invalid_argument("mlp_layers: need at least 2 widths (input and output)");
+  for (auto w : widths)
+    if (w < 1) throw std::invalid_argument("mlp_layers: widths must be >= 1");
+  std::vector<torch::nn::Linear> layers;
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i) layers.emplace_back(widths[i], widths[i + 1]);
+  return layers;
+}
+
+std::vector<std::pair<int, int>> stage_ranges(int layers, const std::vector<int64_t>& cuts) {
+  std::vector<std::pair<int, int>> r;
+  int begin = 0;
+  for (std::size_t i = 0; i < cuts.size(); ++i) {
+    const auto c = cuts[i];
+    if (c < 1 || c > layers - 1)
+      throw std::invalid_argument(fmt::format("cut {} at layer {} is outside the model (a cut must lie between "
+                                              "layers, 1 .. {} for {} layers)", i, c, layers - 1, layers));
+    if (c <= begin)
+      throw std::invalid_argument(fmt::format("cut {} at layer {} is not after the previous cut {} (cuts must be "
+                                              "strictly increasing)", i, c, begin));
+    r.emplace_back(begin, static_cast<int>(c));
+    begin = static_cast<int>(c);
+  }
+  r.emplace_back(begin, layers);
+  return r;
+}
+
+std::vector<int64_t> balanced_cuts(int layers, int stages) {
+  if (stages < 1) throw std::invalid_argument("balanced_cuts: stages must be >= 1");
+  if (stages > layers)
+    throw std::invalid_argument(fmt::format("{} stages but only {} layers: every stage needs at least one layer",
+                                            stages, layers));
+  std::vector<int64_t> cuts;
+  int at = 0;
+  for (int s = 0; s + 1 < stages; ++s) {
+    at += layers / stages + (s < layers % stages ? 1 : 0);
+    cuts.push_back(at);
+  }
+  return cuts;
+}
+
+torch::Tensor stage_forward(const std::vector<torch::nn::Linear>& layers, int begin, int end, torch::Tensor x,
+                            std::vector<torch::Tensor>* kept) {
+  const int total = static_cast<int>(layers.size());
+  for (int i = begin; i < end; ++i) {
+    torch::nn::Linear lin = layers[static_cast<std::size_t>(i)];  // holders share the module
+    x = lin->forward(x);
+    if (kept) kept->push_back(x);
+    if (i != total - 1) {
+      x = torch::relu(x);
+      if (kept) kept->push_back(x);
+    }
+  }
+  return x;
+}
+
+// ----------------------------------------------------------------------------
+// Transport
+// ----------------------------------------------------------------------------
+
+void QueueTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    box_[Key{src, dst, kind, microbatch}] = t;
+  }
+  cv_.notify_all();
+}
+
+torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const Key key{src, dst, kind, microbatch};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  while (true) {
+    if (!aborted_.empty()) throw RuntimeFailure(aborted_);
+    auto it = box_.find(key);
+    if (it != box_.end()) {
+      torch::Tensor t = std::move(it->second);
+      box_.erase(it);
+      return t;
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && box_.find(key) == box_.end())
+      throw RuntimeFailure(fmt::format("stage {}: no {} for microbatch {} from stage {} within {} s", dst,
+                                       kind == 'F' ? "activation" : "gradient", microbatch, src, timeout_s_));
+  }
+}
+
+void QueueTransport::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.empty()) aborted_ = why;
+  }
+  cv_.notify_all();
+}
+
+// ----------------------------------------------------------------------------
+// Executor
+// ----------------------------------------------------------------------------
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void synthetic_wait(double us, bool spin) {
+  if (us <= 0) return;
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(us));
+  if (spin) {
+    while (Clock::now() < until) {
+    }
+  } else {
+    std::this_thread::sleep_until(until);
+  }
+}
+
+}  // namespace
+
+PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
+                         const std::vector<std::vector<PipeOp>>& schedule, int m, const torch::Tensor& x,
+                         const torch::Tensor& y, const SyntheticCost& cost, StageTransport& transport) {
+  const int p = static_cast<int>(ranges.size());
+  if (static_cast<int>(schedule.size()) != p) throw std::invalid_argument("run_pipeline: one program per stage needed");
+  if (m < 1 || x.size(0) % m != 0)
+    throw std::invalid_argument(fmt::format("run_pipeline: batch {} is not divisible into {} microbatches", x.size(0), m));
+  for (auto& l : layers)
+    for (auto& prm : l->parameters()) prm.mutable_grad() = torch::Tensor();
+
+  const auto xs = x.chunk(m, 0);
+  const auto ys = y.chunk(m, 0);
+  PipelineRun run;
+  run.busy_s.assign(static_cast<std::size_t>(p), 0.0);
+  run.peak_held.assign(static_cast<std::size_t>(p), 0);
+  run.bytes_per_microbatch.assign(static_cast<std::size_t>(p), 0);
+  std::vector<std::vector<PipeEvent>> events(static_cast<std::size_t>(p));
+  std::vector<double> losses(static_cast<std::size_t>(m), 0.0);
+  std::vector<std::string> errors(static_cast<std::size_t>(p));
+
+  const auto t0 = Clock::now();
+  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
+
+  auto stage_main = [&](int s) {
+    const auto [begin, end] = ranges[static_cast<std::size_t>(s)];
+    const double factor = cost.stage_factor.empty() ? 1.0 : cost.stage_factor[static_cast<std::size_t>(s)];
+    const double fwd_us = cost.forward_us * factor * (end - begin);
+    const double bwd_us = fwd_us * cost.backward_factor;
+    const bool first = s == 0, last = s == p - 1;
+    struct Held { torch::Tensor input, output; };
+    std::map<int, Held> held;  // microbatch -> activations kept for its backward
+    int peak = 0;
+    for (const auto& op : schedule[static_cast<std::size_t>(s)]) {
+      PipeEvent ev;
+      ev.stage = s;
+      ev.op = op;
+      const auto wait0 = Clock::now();
+      if (op.kind == 'F') {
+        torch::Tensor in = first ? xs[static_cast<std::size_t>(op.microbatch)]
+                                 : transport.recv(s - 1, s, 'F', op.microbatch);
+        const auto c0 = Clock::now();
+        ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
+        ev.start_s = since(c0);
+        // The boundary: a leaf that requires grad, so backward stops here and its .grad
+        // is what the previous stage needs.
+        if (!first) in = in.detach().requires_grad_(true);
+        std::vector<torch::Tensor> kept;
+        torch::Tensor out = stage_forward(layers, begin, end, in, &kept);
+        synthetic_wait(fwd_us, cost.spin);
+        int64_t bytes = first ? 0 : in.nbytes();
+        for (auto& k : kept) bytes += static_cast<int64_t>(k.nbytes());
+        run.bytes_per_microbatch[static_cast<std::size_t>(s)] = bytes;
+        if (last) {
+          // Mean loss over the whole batch: each microbatch's loss is divided by m once.
+          out = torch::mse_loss(out, ys[static_cast<std::size_t>(op.microbatch)]) / m;
+          losses[static_cast<std::size_t>(op.microbatch)] = out.item<double>();
+        } else {
+          transport.send(s, s + 1, 'F', op.microbatch, out.detach());
+        }
+        held[op.microbatch] = Held{in, out};
+        peak = std::max(peak, static_cast<int>(held.size()));
+      } else {
+        torch::Tensor g = last ? torch::Tensor() : transport.recv(s + 1, s, 'B', op.microbatch);
+        const auto c0 = Clock::now();
+        ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
+        ev.start_s = since(c0);
+        auto it = held.find(op.microbatch);
+        if (it == held.end())
+          throw std::logic_error(fmt::format("stage {}: backward of microbatch {} before its forward", s, op.microbatch));
+        if (last)
+          it->second.output.backward();
+        else
+          it->second.output.backward(g);
+        synthetic_wait(bwd_us, cost.spin);
+        if (!first) transport.send(s, s - 1, 'B', op.microbatch, it->second.input.grad());
+        held.erase(it);  // activations of this microbatch are released
+      }
+      ev.end_s = since(Clock::now());
+      events[static_cast<std::size_t>(s)].push_back(ev);
+    }
+    run.peak_held[static_cast<std::size_t>(s)] = peak;
+  };
+
+  std::vector<std::thread> threads;
+  for (int s = 0; s < p; ++s) {
+    threads.emplace_back([&, s] {
+      try {
+        stage_main(s);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(s)] = e.what();
+        transport.abort(fmt::format("stage {} failed: {}", s, e.what()));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int s = 0; s < p; ++s)
+    if (!errors[static_cast<std::size_t>(s)].empty()) {
+      // Report the stage that failed first, not the ones that were woken by the abort.
+      const auto& e = errors[static_cast<std::size_t>(s)];
+      if (e.find("failed:") == std::string::npos) throw RuntimeFailure(fmt::format("stage {} failed: {}", s, e));
+    }
+  for (int s = 0; s < p; ++s)
+    if (!errors[static_cast<std::size_t>(s)].empty()) throw RuntimeFailure(errors[static_cast<std::size_t>(s)]);
+
+  double first_start = 1e300, last_end = 0;
+  for (int s = 0; s < p; ++s)
+    for (const auto& ev : events[static_cast<std::size_t>(s)]) {
+      run.busy_s[static_cast<std::size_t>(s)] += ev.end_s - ev.start_s;
+      first_start = std::min(first_start, ev.start_s);
+      last_end = std::max(last_end, ev.end_s);
+      run.events.push_back(ev);
+    }
+  for (auto& ev : run.events) {
+    ev.start_s -= first_start;
+    ev.end_s -= first_start;
+  }
+  run.step_s = last_end - first_start;
+  for (double l : losses) run.loss += l;
+  for (auto& l : layers)
+    for (auto& prm : l->parameters()) run.grads.push_back(prm.grad().detach().clone());
+  return run;
+}
+
+double measured_bubble(const PipelineRun& run) {
+  if (run.busy_s.empty() || run.step_s <= 0) return 0;
+  double sum = 0;
+  for (double b : run.busy_s) sum += 1.0 - b / run.step_s;
+  return sum / static_cast<double>(run.busy_s.size());
+}
+
+std::string render_gantt(const PipelineRun& run, int stages, int width) {
+  if (run.step_s <= 0 || width < 1) return "";
+  const double col = run.step_s / width;
+  std::vector<std::string> rows(static_cast<std::size_t>(stages), std::string(static_cast<std::size_t>(width), '.'));
+  const char* digits = "0123456789abcdefghijklmnopqrstuvwxyz";
+  for (const auto& ev : run.events) {
+    int a = static_cast<int>(ev.start_s / col + 0.5), b = static_cast<int>(ev.end_s / col + 0.5);
+    a = std::clamp(a, 0, width - 1);
+    b = std::clamp(b, a + 1, width);
+    auto& row = rows[static_cast<std::size_t>(ev.stage)];
+    for (int c = a; c < b; ++c) row[static_cast<std::size_t>(c)] = ev.op.kind == 'F' ? '-' : '=';
+    row[static_cast<std::size_t>(a)] = ev.op.kind;
+    if (b - a >= 2) row[static_cast<std::size_t>(a + 1)] = digits[ev.op.microbatch % 36];
+  }
+  std::string out;
+  for (int s = 0; s < stages; ++s) out += fmt::format("stage {} |{}|\n", s, rows[static_cast<std::size_t>(s)]);
+  out += fmt::format("         0{:>{}}\n", fmt::format("{:.1f} ms", run.step_s * 1e3), width);
+  return out;
+}
+
+}  // namespace mpt

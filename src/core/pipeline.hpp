@@ -1,0 +1,178 @@
+// Pipeline parallelism: a model cut into stages, microbatch schedules (naive, GPipe,
+// 1F1B / PipeDream-flush) and an executor that runs a schedule for real with one
+// thread per stage, measuring when each stage computes and when it waits.
+//
+//  - Schedules are per-stage lists of operations F(j) / B(j) (forward / backward of
+//    microbatch j). GPipe (Huang et al. 2019): all forwards, then all backwards.
+//    1F1B (PipeDream-flush, Narayanan et al. 2021; Megatron-LM's non-interleaved
+//    schedule): stage s runs min(p − s − 1, m) warm-up forwards, then alternates one
+//    forward and one backward, then drains the remaining backwards (cool-down).
+//  - The executor moves activations forward and gradients backward through a
+//    StageTransport. In one process that is a mailbox (QueueTransport); a c10d
+//    point-to-point transport (Gloo send/recv, one process per stage) implements the
+//    same two calls.
+//  - A synthetic per-layer cost (sleep or spin, in microseconds) makes compute times
+//    stable on a shared machine, so the measured bubble can be compared with the
+//    theory (p − 1)/(m + p − 1).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace mpt {
+
+// ----------------------------------------------------------------------------
+// Schedules
+// ----------------------------------------------------------------------------
+
+/// One unit of work of a stage: forward ('F') or backward ('B') of one microbatch.
+struct PipeOp {
+  char kind = 'F';     ///< 'F' forward, 'B' backward
+  int microbatch = 0;  ///< 0-based microbatch index
+  bool operator==(const PipeOp& o) const { return kind == o.kind && microbatch == o.microbatch; }
+};
+
+/// The schedules mpt knows. Naive = the whole batch as one microbatch (GPipe with m = 1).
+enum class ScheduleKind { Naive, GPipe, OneFOneB };
+
+/// "naive", "gpipe", "1f1b" -> ScheduleKind; throws std::invalid_argument otherwise.
+ScheduleKind parse_schedule(const std::string& name);
+/// The config name of a schedule ("naive", "gpipe", "1f1b").
+std::string schedule_name(ScheduleKind k);
+
+/// Per-stage operation lists for `stages` stages and `microbatches` microbatches
+/// (Naive ignores `microbatches` and uses 1). Result[s] is stage s's program, in order.
+/// Throws std::invalid_argument for stages < 1 or microbatches < 1.
+std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int stages, int microbatches);
+
+/// Per stage: the largest number of microbatches whose forward has run and whose
+/// backward has not (the activations the stage must hold at once).
+std::vector<int> peak_in_flight(const std::vector<std::vector<PipeOp>>& schedule);
+
+/// A stage's program as text, e.g. "F0 F1 B0 F2 B1 B2".
+std::string schedule_string(const std::vector<PipeOp>& ops);
+
+/// Bubble fraction of a balanced pipeline: (p − 1)/(m + p − 1) (GPipe paper, §2.2).
+double bubble_theory(int stages, int microbatches);
+
+// ----------------------------------------------------------------------------
+// Models cut into stages
+// ----------------------------------------------------------------------------
+
+/// The Linear layers of an MLP with layer widths `widths` (w0 → w1 → … → wL), built in
+/// order, as nn.Sequential(Linear(w0,w1), ReLU(), …, Linear(w_{L−1}, w_L)) is in Python,
+/// so the same seed gives the same weights. A ReLU follows every layer but the last.
+/// Throws std::invalid_argument for fewer than 2 widths or a width < 1.
+std::vector<torch::nn::Linear> mlp_layers(const std::vector<int64_t>& widths);
+
+/// Half-open layer ranges [begin, end) of the stages given by `cuts` (a cut c puts
+/// layers < c and layers >= c in different stages). Cuts must be strictly increasing
+/// and within 1 .. layers−1. Throws std::invalid_argument naming the bad cut.
+std::vector<std::pair<int, int>> stage_ranges(int layers, const std::vector<int64_t>& cuts);
+
+/// Cuts that split `layers` layers into `stages` stages as evenly as possible (earlier
+/// stages get the extra layer). Throws std::invalid_argument when stages > layers or < 1.
+std::vector<int64_t> balanced_cuts(int layers, int stages);
+
+/// Runs layers [begin, end) on x: Linear, then ReLU unless the layer is the model's
+/// last (index `total_layers` − 1). x: [batch, w_begin] → [batch, w_end].
+/// When `kept` is given, every tensor produced is appended (for activation accounting).
+torch::Tensor stage_forward(const std::vector<torch::nn::Linear>& layers, int begin, int end, torch::Tensor x,
+                            std::vector<torch::Tensor>* kept = nullptr);
+
+// ----------------------------------------------------------------------------
+// Transport between stages
+// ----------------------------------------------------------------------------
+
+/// Point-to-point messages between stages: activations forward, gradients backward.
+/// Tag: (kind, microbatch) — 'F' for an activation, 'B' for a gradient. Implementations:
+/// QueueTransport (threads in one process); a c10d transport (Gloo/NCCL send/recv,
+/// tag = 2·microbatch + (kind == 'B')) needs only these calls.
+class StageTransport {
+ public:
+  virtual ~StageTransport() = default;
+  /// Sends `t` from stage `src` to stage `dst`. Must not block indefinitely.
+  virtual void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) = 0;
+  /// Receives the message (src → dst, kind, microbatch); blocks until it arrives.
+  /// Throws RuntimeFailure after the timeout or when the transport was aborted.
+  virtual torch::Tensor recv(int src, int dst, char kind, int microbatch) = 0;
+  /// Makes every pending and future recv throw RuntimeFailure with `why` (a stage failed).
+  virtual void abort(const std::string& why) = 0;
+};
+
+/// In-process mailbox: send stores the tensor, recv waits (condition variable) for it.
+class QueueTransport : public StageTransport {
+ public:
+  explicit QueueTransport(double timeout_s) : timeout_s_(timeout_s) {}
+  void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) override;
+  torch::Tensor recv(int src, int dst, char kind, int microbatch) override;
+  void abort(const std::string& why) override;
+
+ private:
+  using Key = std::tuple<int, int, char, int>;
+  double timeout_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<Key, torch::Tensor> box_;
+  std::string aborted_;
+};
+
+// ----------------------------------------------------------------------------
+// Executor
+// ----------------------------------------------------------------------------
+
+/// Synthetic compute cost added per Linear layer, so that timings are stable.
+struct SyntheticCost {
+  double forward_us = 0;        ///< per layer per microbatch forward, microseconds
+  double backward_factor = 2;   ///< backward cost = factor × forward cost
+  std::vector<double> stage_factor;  ///< per-stage multiplier (empty: all 1)
+  bool spin = false;            ///< busy-wait instead of sleeping
+};
+
+/// One executed operation, times in seconds since the step began.
+struct PipeEvent {
+  int stage = 0;
+  PipeOp op;
+  double start_s = 0;  ///< compute began (after the input message arrived)
+  double end_s = 0;    ///< compute and send finished
+  double wait_s = 0;   ///< time blocked in recv before this op
+};
+
+/// What one pipelined training step produced.
+struct PipelineRun {
+  std::vector<PipeEvent> events;       ///< every F and B of every stage, stage-major, in program order
+  std::vector<torch::Tensor> grads;    ///< gradient of every parameter (layer order, weight then bias)
+  double loss = 0;                     ///< Σ_j loss_j / m (the full-batch mean loss)
+  double step_s = 0;                   ///< first start to last end, seconds
+  std::vector<double> busy_s;          ///< per stage: time spent computing
+  std::vector<int> peak_held;          ///< per stage: most microbatches held at once (measured)
+  std::vector<int64_t> bytes_per_microbatch;  ///< per stage: activation bytes one microbatch holds
+};
+
+/// Runs one training step (forward + backward, no optimizer step) of the stages
+/// `ranges` of `layers` with `schedule`, one thread per stage. x: [batch, w0],
+/// y: [batch, wL]; the batch is split into m = microbatches equal chunks and each
+/// microbatch's MSE loss is divided by m, so the gradients equal the full-batch ones.
+/// Gradients are reset first. Throws std::invalid_argument when batch % m != 0,
+/// RuntimeFailure when a stage fails (the others are woken and stop).
+PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
+                         const std::vector<std::vector<PipeOp>>& schedule, int microbatches, const torch::Tensor& x,
+                         const torch::Tensor& y, const SyntheticCost& cost, StageTransport& transport);
+
+/// Measured bubble fraction: mean over stages of 1 − busy/step.
+double measured_bubble(const PipelineRun& run);
+
+/// Text Gantt chart: one row per stage; an op is drawn as F or B, its microbatch
+/// (0-9, then a-z) and '-'/'=' filling its duration; idle time as '.'. At most
+/// `width` columns; one column = step_s / width.
+std::string render_gantt(const PipelineRun& run, int stages, int width = 100);
+
+}  // namespace mpt

@@ -1,0 +1,400 @@
+/*
+ * mpt pipeline — a model cut into stages: exact gradients, microbatch schedules, the bubble.
+ *
+ *  1. exact_split: the lesson's TwoStageNet (Linear(8,16)-ReLU-Linear(16,16)-ReLU |
+ *     Linear(16,16)-ReLU-Linear(16,1), seed 2, batch 8 from randn, MSE). The whole model's
+ *     backward against the split one: stage k's output is detached at the boundary and the
+ *     copy marked as requiring grad; the last stage backpropagates to its boundary, the
+ *     boundary's .grad goes back and the previous stage's backward resumes with it
+ *     (output.backward(grad)). The same operations in the same order, so the max abs
+ *     difference per parameter is exactly 0.0 (checked bitwise, torch::equal). The same for
+ *     the configured cuts and for 3 and 4 balanced stages.
+ *  2. schedules: each stage's program of forwards F(j) and backwards B(j) for p stages and
+ *     m microbatches: GPipe (all F, then all B; Huang et al. 2019) and 1F1B / PipeDream-flush
+ *     (min(p-s-1, m) warm-up forwards, then one F one B, then cool-down; Narayanan et al. 2021).
+ *  3. sweep: each schedule run for real on a deeper MLP, one thread per stage exchanging
+ *     activations and gradients through a transport, with a synthetic per-layer cost.
+ *     Microbatch losses are divided by m, so the accumulated gradients equal the full-batch
+ *     gradient (max abs difference checked); the peak number of microbatches a stage holds
+ *     (GPipe: m, 1F1B: at most p) with its bytes. Measured per stage: when it computes and
+ *     when it waits; the bubble (idle/total) next to the theory (p-1)/(m+p-1), step time,
+ *     a Gantt chart. Timings (and every event) go to `timings`.
+ *
+ *   mpt pipeline
+ *   mpt pipeline --config configs/pipeline_uneven.json     (one stage 3x slower)
+ *   mpt pipeline --config configs/pipeline_split3.json     (the lesson's 3-stage exercise)
+ */
+#include "core/errors.hpp"
+#include "core/pipeline.hpp"
+#include "core/runtime.hpp"
+#include "experiments/experiment.hpp"
+
+namespace mpt {
+
+namespace {
+
+ConfigSpec pipeline_spec() {
+  ConfigSpec s;
+  s.integer("/seed", 2, "seed before building each model and its data (torch.manual_seed)", 0);
+  s.integers("/split/widths", {8, 16, 16, 16, 1}, "layer widths of the exact-split MLP (input, hidden..., output)", 1,
+             4096);
+  s.integers("/split/cuts", {2}, "layer indices where the exact-split model is cut (2: TwoStageNet's two stages)");
+  s.integers("/split/extra_stages", {3, 4}, "also split into this many balanced stages (exact check for K stages)", 1,
+             64);
+  s.integer("/split/batch", 8, "samples (inputs and targets from randn)", 1, 1 << 20);
+  s.integers("/pipeline/widths", {16, 64, 64, 64, 64, 64, 64, 64, 1}, "layer widths of the pipelined MLP", 1, 4096);
+  s.integer("/pipeline/stages", 4, "pipeline stages p (layers split as evenly as possible)", 1, 64);
+  s.integer("/pipeline/batch", 64, "samples per step (split into m microbatches)", 1, 1 << 20);
+  s.integers("/pipeline/microbatches", {1, 2, 4, 8, 16}, "microbatch counts m of the sweep", 1, 4096);
+  s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b"}, {"naive", "gpipe", "1f1b"},
+            "schedules of the sweep (naive: the whole batch as one microbatch)");
+  s.integer("/pipeline/steps", 3, "timed steps per run; the one with the median step time is reported", 1, 100);
+  s.number("/pipeline/timeout_s", 30, "a stage waiting longer than this for a message fails", 0.001);
+  s.number("/cost/forward_us", 500, "synthetic forward cost per layer per microbatch, microseconds", 0, 1e7);
+  s.number("/cost/backward_factor", 2, "backward cost = factor x forward cost", 0, 100);
+  s.choice("/cost/mode", "sleep", {"sleep", "spin"}, "how the synthetic cost is spent (sleep frees the core)");
+  s.integer("/cost/heavy_stage", -1, "stage whose cost is multiplied by heavy_factor (-1: none)", -1, 63);
+  s.number("/cost/heavy_factor", 2, "cost multiplier of the heavy stage", 0, 100);
+  s.integer("/gantt/microbatches", 8, "Gantt charts are drawn for the runs with this m (and for naive)", 1, 4096);
+  s.integer("/gantt/width", 96, "columns of a Gantt chart", 10, 1000);
+  return s;
+}
+
+// Config lists are long long; LibTorch sizes are int64_t (long on Linux).
+std::vector<int64_t> i64(const std::vector<long long>& v) { return {v.begin(), v.end()}; }
+
+constexpr double kMicrobatchTol = 1e-6;  // microbatched vs full-batch gradient: fp32 roundoff
+
+std::vector<std::string> param_names(const std::vector<torch::nn::Linear>& layers) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    names.push_back(fmt::format("L{}.weight", i + 1));
+    names.push_back(fmt::format("L{}.bias", i + 1));
+  }
+  return names;
+}
+
+std::vector<torch::Tensor> grads_of(const std::vector<torch::nn::Linear>& layers) {
+  std::vector<torch::Tensor> g;
+  for (auto& l : layers)
+    for (auto& p : l->parameters()) g.push_back(p.grad().detach().clone());
+  return g;
+}
+
+void reset_grads(const std::vector<torch::nn::Linear>& layers) {
+  for (auto& l : layers)
+    for (auto& p : l->parameters()) p.mutable_grad() = torch::Tensor();
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// ----------------------------------------------------------------------------
+// 1. The exact split
+// ----------------------------------------------------------------------------
+struct SplitCase {
+  std::string name;
+  std::vector<int64_t> cuts;
+};
+
+// Whole-model backward, then the split one on the same modules; per parameter the max
+// abs difference and whether the two gradients are bitwise equal.
+void exact_split(const Config& cfg, const SplitCase& c, Table& t, Report& report) {
+  const auto widths = i64(cfg.integers("/split/widths"));
+  // Model, then inputs, then targets: the order of tests/parity/pipeline_ref.py.
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  auto layers = mlp_layers(widths);
+  const int L = static_cast<int>(layers.size());
+  auto x = torch::randn({cfg.integer("/split/batch"), widths.front()});
+  auto y = torch::randn({cfg.integer("/split/batch"), widths.back()});
+  const auto ranges = stage_ranges(L, c.cuts);
+  const int K = static_cast<int>(ranges.size());
+
+  // Whole model: one graph, one backward.
+  auto loss_whole = torch::mse_loss(stage_forward(layers, 0, L, x), y);
+  loss_whole.backward();
+  const auto whole = grads_of(layers);
+  reset_grads(layers);
+
+  // Split: each stage's input is a fresh leaf (detached copy of the previous output
+  // that requires grad), so each backward stops at the boundary.
+  std::vector<torch::Tensor> inputs(static_cast<std::size_t>(K)), outputs(static_cast<std::size_t>(K));
+  for (int k = 0; k < K; ++k) {
+    const auto& [b, e] = ranges[static_cast<std::size_t>(k)];
+    auto in = k == 0 ? x : outputs[static_cast<std::size_t>(k - 1)].detach().requires_grad_(true);
+    inputs[static_cast<std::size_t>(k)] = in;
+    outputs[static_cast<std::size_t>(k)] = stage_forward(layers, b, e, in);
+  }
+  auto loss_split = torch::mse_loss(outputs.back(), y);
+  loss_split.backward();  // last stage: down to its boundary
+  for (int k = K - 2; k >= 0; --k)  // boundary gradient sent back; the stage resumes with it
+    outputs[static_cast<std::size_t>(k)].backward(inputs[static_cast<std::size_t>(k + 1)].grad());
+  const auto split = grads_of(layers);
+
+  const auto names = param_names(layers);
+  double worst = 0;
+  int unequal = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    const int layer = static_cast<int>(i / 2);
+    int stage = 0;
+    while (layer >= ranges[static_cast<std::size_t>(stage)].second) ++stage;
+    const double d = max_abs_diff(whole[i], split[i]);
+    const bool eq = torch::equal(whole[i], split[i]);
+    worst = std::max(worst, d);
+    unequal += eq ? 0 : 1;
+    t.rows.push_back({{"name", c.name + "." + names[i]},
+                      {"stages", K},
+                      {"stage", stage + 1},
+                      {"shape", fmt::format("{}", fmt::join(whole[i].sizes().vec(), "x"))},
+                      {"grad_abs_sum", whole[i].abs().sum().item<double>()},
+                      {"max_abs_diff", d},
+                      {"bitwise_equal", eq ? "yes" : "no"}});
+  }
+  report.results["split_loss"][c.name] = {{"whole", loss_whole.item<double>()}, {"split", loss_split.item<double>()}};
+  report.check(c.name + ": split == whole gradient, max abs diff", worst, 0.0,
+               fmt::format("{} stages, cuts {}", K, fmt::join(c.cuts, ",")));
+  report.check(c.name + ": parameters whose gradient differs bitwise (torch::equal)", unequal, 0.0);
+  report.check(c.name + ": split loss == whole loss", std::fabs(loss_whole.item<double>() - loss_split.item<double>()),
+               0.0);
+}
+
+// ----------------------------------------------------------------------------
+// 2. Schedules: what each stage runs
+// ----------------------------------------------------------------------------
+Table schedules_table(int p, int m, const std::vector<std::string>& kinds) {
+  Table t{"schedules", fmt::format("Schedules: the program of each stage, p = {} stages, m = {} microbatches", p, m),
+          {text_col("name", "name"), text_col("schedule", "schedule"), int_col("stage", "stage"),
+           int_col("peak_held", "peak held", "mb"), text_col("program", "program (F/B of microbatch j)")}};
+  for (const auto& k : kinds) {
+    const auto kind = parse_schedule(k);
+    const auto sched = make_schedule(kind, p, m);
+    const auto peaks = peak_in_flight(sched);
+    for (int s = 0; s < p; ++s)
+      t.rows.push_back({{"name", fmt::format("{}.s{}", k, s)}, {"schedule", k}, {"stage", s},
+                        {"peak_held", peaks[static_cast<std::size_t>(s)]},
+                        {"program", schedule_string(sched[static_cast<std::size_t>(s)])}});
+  }
+  t.notes.push_back("1f1b: stage s runs min(p-s-1, m) warm-up forwards, then alternates F and B, then drains the B's");
+  t.notes.push_back("peak held: microbatches whose forward ran and backward did not (activations kept at once)");
+  return t;
+}
+
+// ----------------------------------------------------------------------------
+// 3. The sweep, run for real
+// ----------------------------------------------------------------------------
+Report run_pipeline_experiment(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+
+  // --- validate what the schema cannot ---
+  const auto split_widths = cfg.integers("/split/widths");
+  const int split_layers = static_cast<int>(split_widths.size()) - 1;
+  if (split_layers < 1) throw ConfigError("/split/widths: expected at least 2 widths (input and output), got 1");
+  const auto cuts = i64(cfg.integers("/split/cuts"));
+  for (std::size_t i = 0; i < cuts.size(); ++i) {
+    if (cuts[i] < 1 || cuts[i] > split_layers - 1)
+      throw ConfigError(fmt::format("/split/cuts/{}: expected a cut between layers, 1 .. {} (the model has {} layers), "
+                                    "got {}: outside the model", i, split_layers - 1, split_layers, cuts[i]));
+    if (i > 0 && cuts[i] <= cuts[i - 1])
+      throw ConfigError(fmt::format("/split/cuts/{}: expected cuts in strictly increasing order, got {} after {}", i,
+                                    cuts[i], cuts[i - 1]));
+  }
+  const auto extra = cfg.integers("/split/extra_stages");
+  for (std::size_t i = 0; i < extra.size(); ++i)
+    if (extra[i] > split_layers)
+      throw ConfigError(fmt::format("/split/extra_stages/{}: expected at most {} stages (one layer each at least), got "
+                                    "{}: more stages than layers", i, split_layers, extra[i]));
+  const auto widths = i64(cfg.integers("/pipeline/widths"));
+  const int layers_n = static_cast<int>(widths.size()) - 1;
+  if (layers_n < 1) throw ConfigError("/pipeline/widths: expected at least 2 widths (input and output), got 1");
+  const int p = static_cast<int>(cfg.integer("/pipeline/stages"));
+  if (p > layers_n)
+    throw ConfigError(fmt::format("/pipeline/stages: expected at most {} (the model has {} layers, every stage needs "
+                                  "one), got {}: more stages than layers", layers_n, layers_n, p));
+  const int64_t batch = cfg.integer("/pipeline/batch");
+  const auto ms = cfg.integers("/pipeline/microbatches");
+  for (std::size_t i = 0; i < ms.size(); ++i)
+    if (batch % ms[i] != 0)
+      throw ConfigError(fmt::format("/pipeline/microbatches/{}: expected a divisor of /pipeline/batch ({}) so that "
+                                    "microbatches are equal, got {}", i, batch, ms[i]));
+  const int heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
+  if (heavy >= p)
+    throw ConfigError(fmt::format("/cost/heavy_stage: expected -1 or a stage 0 .. {}, got {}", p - 1, heavy));
+
+  // --- 1. exact split ---
+  double t0 = now_seconds();
+  Table split{"exact_split", "Exact split: whole-model gradient vs stage-by-stage backward through detached boundaries",
+              {text_col("name", "name"), int_col("stages", "stages"), int_col("stage", "stage"), text_col("shape", "shape"),
+               sci_col("grad_abs_sum", "sum|g|"), sci_col("max_abs_diff", "max|diff|"),
+               text_col("bitwise_equal", "bitwise")}};
+  std::vector<SplitCase> cases = {{fmt::format("k{}", cuts.size() + 1), cuts}};
+  for (auto k : extra) {
+    SplitCase c{fmt::format("k{}_balanced", k), balanced_cuts(split_layers, static_cast<int>(k))};
+    if (k >= 2) cases.push_back(c);
+  }
+  for (const auto& c : cases) exact_split(cfg, c, split, report);
+  split.notes.push_back("boundary: out.detach().requires_grad_(true) feeds the next stage; its .grad is passed to "
+                        "out.backward(grad)");
+  split.notes.push_back("same kernels in the same order on the same numbers: the difference is exactly 0, not roundoff");
+  report.add(std::move(split));
+  report.timings["exact_split_s"] = now_seconds() - t0;
+
+  // --- 2. schedules ---
+  std::vector<std::string> kinds;
+  for (const auto& k : cfg.strings("/pipeline/schedules"))
+    if (k != "naive") kinds.push_back(k);
+  const int gantt_m = static_cast<int>(cfg.integer("/gantt/microbatches"));
+  if (!kinds.empty()) report.add(schedules_table(p, gantt_m, kinds));
+
+  // --- 3. sweep ---
+  t0 = now_seconds();
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  auto layers = mlp_layers(widths);
+  auto x = torch::randn({batch, widths.front()});
+  auto y = torch::randn({batch, widths.back()});
+  const auto ranges = stage_ranges(layers_n, balanced_cuts(layers_n, p));
+
+  // The reference: the whole batch through the whole model in one graph.
+  auto full_loss = torch::mse_loss(stage_forward(layers, 0, layers_n, x), y);
+  full_loss.backward();
+  const auto full = grads_of(layers);
+  report.results["full_batch_loss"] = full_loss.item<double>();
+
+  SyntheticCost cost;
+  cost.forward_us = cfg.number("/cost/forward_us");
+  cost.backward_factor = cfg.number("/cost/backward_factor");
+  cost.spin = cfg.str("/cost/mode") == "spin";
+  cost.stage_factor.assign(static_cast<std::size_t>(p), 1.0);
+  if (heavy >= 0) cost.stage_factor[static_cast<std::size_t>(heavy)] = cfg.number("/cost/heavy_factor");
+
+  // One untimed warm-up step (thread start-up, first allocations, lazy initialisation).
+  const int n_steps = static_cast<int>(cfg.integer("/pipeline/steps"));
+  {
+    QueueTransport warm(cfg.number("/pipeline/timeout_s"));
+    run_pipeline(layers, ranges, make_schedule(ScheduleKind::GPipe, p, 1), 1, x, y, cost, warm);
+  }
+
+  Table sweep{"sweep", fmt::format("Microbatched step on {} stages ({} layers, batch {}): gradients and memory", p,
+                                   layers_n, batch),
+              {text_col("name", "name"), text_col("schedule", "schedule"), int_col("microbatches", "m"),
+               pct_col("bubble_theory", "bubble theory", 1), float_col("step_model_ms", "step model", "ms"),
+               int_col("peak_held", "peak held", "mb"),
+               text_col("peak_held_per_stage", "per stage"), int_col("peak_bytes", "peak act", "bytes"),
+               sci_col("grad_max_abs_diff", "max|g-g_full|"), sci_col("loss", "loss")}};
+  Table measured{"measured", "Measured (one thread per stage, synthetic cost): bubble = idle / step time, per stage mean",
+                 {text_col("name", "name"), float_col("step_ms", "step", "ms"), float_col("step_model_ms", "model", "ms"),
+                  pct_col("bubble", "bubble", 1),
+                  pct_col("bubble_theory", "theory", 1), float_col("slowest_stage_busy_ms", "slowest busy", "ms"),
+                  float_col("wait_ms", "total wait", "ms")}};
+  std::vector<TextBlock> charts;
+  json events = json::object();
+  std::map<int, std::vector<torch::Tensor>> gpipe_grads;
+  for (const auto& k : cfg.strings("/pipeline/schedules")) {
+    const auto kind = parse_schedule(k);
+    std::vector<long long> mlist = ms;
+    if (kind == ScheduleKind::Naive) mlist = {1};
+    for (auto m64 : mlist) {
+      const int m = static_cast<int>(m64);
+      const auto sched = make_schedule(kind, p, m);
+      // Several identical steps; timings from the median one (the machine may be shared),
+      // numbers checked to be bitwise the same in every step.
+      std::vector<PipelineRun> steps;
+      for (int i = 0; i < n_steps; ++i) {
+        QueueTransport transport(cfg.number("/pipeline/timeout_s"));
+        steps.push_back(run_pipeline(layers, ranges, sched, m, x, y, cost, transport));
+      }
+      std::vector<std::size_t> order(steps.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](auto a, auto b) { return steps[a].step_s < steps[b].step_s; });
+      const PipelineRun& run = steps[order[order.size() / 2]];
+      const std::string name = kind == ScheduleKind::Naive ? "naive" : fmt::format("{}.m{}", k, m);
+
+      double gdiff = 0;
+      for (std::size_t i = 0; i < full.size(); ++i) gdiff = std::max(gdiff, max_abs_diff(full[i], run.grads[i]));
+      report.check(name + ": microbatched == full-batch gradient, max abs diff", gdiff, kMicrobatchTol);
+      double repeat = 0;
+      for (const auto& st : steps)
+        for (std::size_t i = 0; i < full.size(); ++i) repeat = std::max(repeat, max_abs_diff(steps[0].grads[i], st.grads[i]));
+      report.check(name + ": every step gives the same gradient (bitwise)", repeat, 0.0);
+      if (kind == ScheduleKind::GPipe) gpipe_grads[m] = run.grads;
+      if (kind == ScheduleKind::OneFOneB && gpipe_grads.count(m)) {
+        // Each stage accumulates microbatch gradients in the same order (B0, B1, ...) in
+        // both schedules, so the results are bitwise identical.
+        double d = 0;
+        for (std::size_t i = 0; i < full.size(); ++i) d = std::max(d, max_abs_diff(gpipe_grads[m][i], run.grads[i]));
+        report.check(name + ": 1f1b gradient == gpipe gradient (bitwise)", d, 0.0);
+      }
+      // Peak activations: the measured count must equal the schedule's, and obey the bound.
+      const auto expect = peak_in_flight(sched);
+      int mismatch = 0, peak = 0;
+      int64_t peak_bytes = 0;
+      for (int s = 0; s < p; ++s) {
+        mismatch += run.peak_held[static_cast<std::size_t>(s)] != expect[static_cast<std::size_t>(s)];
+        peak = std::max(peak, run.peak_held[static_cast<std::size_t>(s)]);
+        peak_bytes = std::max(peak_bytes, run.peak_held[static_cast<std::size_t>(s)] *
+                                              run.bytes_per_microbatch[static_cast<std::size_t>(s)]);
+      }
+      report.check(name + ": stages whose measured peak differs from the schedule's", mismatch, 0.0);
+      const int bound = kind == ScheduleKind::OneFOneB ? std::min(p, m) : m;
+      report.check(name + fmt::format(": peak microbatches held - bound ({})", bound), std::max(0, peak - bound), 0.0);
+
+      // Time model from the synthetic cost alone: the first microbatch crosses every stage,
+      // then the slowest stage adds one F+B per further microbatch.
+      double sum_us = 0, max_us = 0;
+      for (int s = 0; s < p; ++s) {
+        const auto [b, e] = ranges[static_cast<std::size_t>(s)];
+        const double us = cost.forward_us * cost.stage_factor[static_cast<std::size_t>(s)] * (e - b) *
+                          (1 + cost.backward_factor);
+        sum_us += us;
+        max_us = std::max(max_us, us);
+      }
+      const double model_ms = (sum_us + (m - 1) * max_us) / 1e3;
+      sweep.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"step_model_ms", model_ms},
+                            {"bubble_theory", bubble_theory(p, m)}, {"peak_held", peak},
+                            {"peak_held_per_stage", fmt::format("{}", fmt::join(run.peak_held, ","))},
+                            {"peak_bytes", peak_bytes}, {"grad_max_abs_diff", gdiff}, {"loss", run.loss}});
+      double slowest = 0, wait = 0;
+      for (double b : run.busy_s) slowest = std::max(slowest, b);
+      json ev = json::array();
+      for (const auto& e : run.events) {
+        wait += e.wait_s;
+        ev.push_back({{"stage", e.stage}, {"op", fmt::format("{}{}", e.op.kind, e.op.microbatch)},
+                      {"start_s", e.start_s}, {"end_s", e.end_s}, {"wait_s", e.wait_s}});
+      }
+      events[name] = ev;
+      measured.rows.push_back({{"name", name}, {"step_ms", run.step_s * 1e3}, {"step_model_ms", model_ms}, {"bubble", measured_bubble(run)},
+                               {"bubble_theory", bubble_theory(p, m)}, {"slowest_stage_busy_ms", slowest * 1e3},
+                               {"wait_ms", wait * 1e3}});
+      if (kind == ScheduleKind::Naive || m == gantt_m)
+        charts.push_back({fmt::format("Timeline {} (p = {}, m = {}): F/B + microbatch, '.' idle", name, p, m),
+                          render_gantt(run, p, static_cast<int>(cfg.integer("/gantt/width")))});
+    }
+  }
+  sweep.notes.push_back("each microbatch loss is divided by m once: the sum of microbatch gradients is the mean-loss "
+                        "gradient of the full batch (differences are fp32 roundoff)");
+  sweep.notes.push_back("step model: sum over stages of F+B (synthetic cost) + (m-1) x the slowest stage's F+B");
+  sweep.notes.push_back(fmt::format("peak act: peak held x activation bytes one microbatch keeps on that stage "
+                                    "(largest stage); gpipe holds m, 1f1b at most p = {}", p));
+  measured.notes.push_back(fmt::format("median of {} steps after one warm-up step; theory (p-1)/(m+p-1) assumes equal "
+                                       "stages and free communication", n_steps));
+  if (heavy >= 0)
+    measured.notes.push_back(fmt::format("stage {} costs {}x: the slowest stage sets the pace of every other stage",
+                                         heavy, cfg.number("/cost/heavy_factor")));
+  report.add(std::move(sweep));
+  // Measured values vary run to run: printed, and stored under timings (not results).
+  report.timings["measured"] = table_json(measured);
+  report.timings["events"] = events;
+  std::string text = render_table(measured);
+  report.add(TextBlock{measured.title, text.substr(text.find('\n') + 1)});  // the block prints the title
+  for (auto& c : charts) report.add(std::move(c));
+  report.timings["sweep_s"] = now_seconds() - t0;
+  return report;
+}
+
+}  // namespace
+
+Experiment pipeline_experiment() {
+  return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B schedules, the bubble measured",
+          pipeline_spec, run_pipeline_experiment};
+}
+
+}  // namespace mpt

@@ -1,0 +1,5 @@
+# Parity of `mpt pipeline` with PyTorch-Python: exact split (2, 3, 4 stages) and the
+# microbatched gradients of the sweep (see tests/parity/pipeline_ref.py).
+parity_case(pipeline_default pipeline_ref.py pipeline --set cost.forward_us=50)
+parity_case(pipeline_split3 pipeline_ref.py pipeline --config configs/pipeline_split3.json --set cost.forward_us=50)
+parity_case(pipeline_seed7 pipeline_ref.py pipeline --seed 7 --set cost.forward_us=50 --set "split.widths=[5,32,32,32,32,2]" --set "split.cuts=[1,4]")

@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""PyTorch-Python reference for `mpt pipeline` (run with Debian's python3-torch).
+
+Reads the resolved config from an mpt result file and recomputes, in the same
+construction order (model, then inputs, then targets, after torch.manual_seed):
+  - exact_split: the whole model's gradient and the split one (boundary detached and
+    requiring grad, later stage backpropagates to it, earlier stage resumes with
+    out.backward(boundary.grad)); per parameter sum |g|, max abs difference, bitwise equality;
+  - the sweep's microbatched gradient (loss_j / m, backward per microbatch in order, as every
+    stage of mpt's executor accumulates B0, B1, ...) against the full-batch one, and its loss.
+Prints the reference `results` as JSON; compare.py checks mpt's numbers against it exactly.
+The TwoStageNet of the lesson is widths [8, 16, 16, 16, 1] cut at 2:
+  stage1 = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+  stage2 = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+"""
+import json
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def mlp(widths):
+    return [nn.Linear(widths[i], widths[i + 1]) for i in range(len(widths) - 1)]
+
+
+def stage(layers, b, e, x):
+    for i in range(b, e):
+        x = layers[i](x)
+        if i != len(layers) - 1:
+            x = F.relu(x)
+    return x
+
+
+def balanced_cuts(n, k):
+    cuts, at = [], 0
+    for s in range(k - 1):
+        at += n // k + (1 if s < n % k else 0)
+        cuts.append(at)
+    return cuts
+
+
+def grads(layers):
+    return [p.grad.detach().clone() for l in layers for p in l.parameters()]
+
+
+def reset(layers):
+    for l in layers:
+        for p in l.parameters():
+            p.grad = None
+
+
+def exact_split(cfg, name, cuts, rows, losses):
+    widths = cfg["split"]["widths"]
+    torch.manual_seed(cfg["seed"])
+    layers = mlp(widths)
+    x = torch.randn(cfg["split"]["batch"], widths[0])
+    y = torch.randn(cfg["split"]["batch"], widths[-1])
+    n = len(layers)
+    bounds = [0] + cuts + [n]
+    ranges = list(zip(bounds[:-1], bounds[1:]))
+
+    loss_whole = F.mse_loss(stage(layers, 0, n, x), y)
+    loss_whole.backward()
+    whole = grads(layers)
+    reset(layers)
+
+    inputs, outputs = [], []
+    for k, (b, e) in enumerate(ranges):
+        inp = x if k == 0 else outputs[-1].detach().requires_grad_(True)
+        inputs.append(inp)
+        outputs.append(stage(layers, b, e, inp))
+    loss_split = F.mse_loss(outputs[-1], y)
+    loss_split.backward()
+    for k in range(len(ranges) - 2, -1, -1):
+        outputs[k].backward(inputs[k + 1].grad)
+    split = grads(layers)
+
+    for i, (gw, gs) in enumerate(zip(whole, split)):
+        layer = i // 2
+        st = next(k for k, (b, e) in enumerate(ranges) if layer < e)
+        rows.append({"name": f"{name}.L{layer + 1}.{'weight' if i % 2 == 0 else 'bias'}", "stages": len(ranges),
+                     "stage": st + 1, "shape": "x".join(str(s) for s in gw.shape),
+                     "grad_abs_sum": gw.abs().sum().item(), "max_abs_diff": (gw - gs).abs().max().item(),
+                     "bitwise_equal": "yes" if torch.equal(gw, gs) else "no"})
+    losses[name] = {"whole": loss_whole.item(), "split": loss_split.item()}
+
+
+def sweep(cfg):
+    widths, batch = cfg["pipeline"]["widths"], cfg["pipeline"]["batch"]
+    torch.manual_seed(cfg["seed"])
+    layers = mlp(widths)
+    x = torch.randn(batch, widths[0])
+    y = torch.randn(batch, widths[-1])
+    n = len(layers)
+    full_loss = F.mse_loss(stage(layers, 0, n, x), y)
+    full_loss.backward()
+    full = grads(layers)
+    rows = []
+    for kind in cfg["pipeline"]["schedules"]:
+        for m in ([1] if kind == "naive" else cfg["pipeline"]["microbatches"]):
+            reset(layers)
+            total = 0.0
+            for xj, yj in zip(x.chunk(m), y.chunk(m)):
+                lj = F.mse_loss(stage(layers, 0, n, xj), yj) / m
+                total += lj.item()
+                lj.backward()
+            g = grads(layers)
+            diff = max((a - b).abs().max().item() for a, b in zip(full, g))
+            rows.append({"name": "naive" if kind == "naive" else f"{kind}.m{m}", "schedule": kind, "microbatches": m,
+                         "grad_max_abs_diff": diff, "loss": total})
+    return full_loss.item(), rows
+
+
+def main():
+    cfg = json.load(open(sys.argv[1]))["config"]
+    n = len(cfg["split"]["widths"]) - 1
+    cases = [(f"k{len(cfg['split']['cuts']) + 1}", cfg["split"]["cuts"])]
+    cases += [(f"k{k}_balanced", balanced_cuts(n, k)) for k in cfg["split"]["extra_stages"] if k >= 2]
+    rows, losses = [], {}
+    for name, cuts in cases:
+        exact_split(cfg, name, cuts, rows, losses)
+    full_loss, sweep_rows = sweep(cfg)
+    json.dump({"exact_split": rows, "split_loss": losses, "full_batch_loss": full_loss, "sweep": sweep_rows},
+              sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
