@@ -6,6 +6,7 @@ namespace mpt {
 const std::vector<Experiment>& experiments() {
   static const std::vector<Experiment> all = {
       underflow_experiment(),
+      dataparallel_experiment(),
   };
   return all;
 }
