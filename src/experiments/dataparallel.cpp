@@ -304,8 +304,11 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
   out.compute_s = t_comp / timed;
   out.exposed_s = t_exp / timed;
   out.allreduce_s = reducer.time_allreduce(5);
+  // Samples the sampler could not use: what is left once the shortest shard has no full local batch.
+  int64_t data_steps = perm.size(0);
+  for (int64_t q = 0; q < n; ++q) data_steps = std::min(data_steps, shard_of(perm, q, n).size(0) / b);
   out.used = out.steps * ts.global_batch;
-  out.dropped = perm.size(0) - out.used;
+  out.dropped = perm.size(0) - data_steps * ts.global_batch;
   out.params = flat_params(net);
   return out;
 }
@@ -439,7 +442,7 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
   t.notes.push_back("vs 1-proc: max |param| difference from one process training on the same global batches "
                     "(summation order differs: roundoff)");
   t.notes.push_back("dropped: samples left when the first rank runs out of full local batches (ranks agree each step "
-                    "with an all-reduce MIN of 'I still have data')");
+                    "with an all-reduce MIN of 'I still have data'); /train/max_steps may stop earlier");
   for (int64_t n : cfg.integers("/train/nprocs"))
     if (n > world) t.notes.push_back(fmt::format("N = {} skipped: only {} process(es); run with --nproc {}", n, world, n));
   report.add(std::move(t));
@@ -482,7 +485,7 @@ Report run_dataparallel(const Context& ctx) {
   if (ctx.cfg.boolean("/train/enabled")) run_training(ctx, report, fp16);
   report.timings["training_s"] = now_seconds() - t0;
   fp16.notes.push_back("fp16 max is 65504: the sum of N gradients overflows to inf before the division "
-                       "(DDP divides first for this reason; /ddp/divide = after shows the other order)");
+                       "(DDP divides first for this reason; /ddp/divide picks the order for training's fp32 buckets)");
   fp16.notes.push_back("the Gloo row (with more than one process) sends fp16 buffers through a real all-reduce; "
                        "its per-rank gradient is raised to 1.25*65504/N if needed so the sum overflows");
   for (const auto& row : fp16.rows)
