@@ -279,6 +279,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     }
     const double t1 = now_seconds();
     opt.step();
+    const double t2 = now_seconds();  // the step ends here; what follows is checking
     // Replicas must stay identical: compare a checksum across ranks (max and -min in one all-reduce).
     double c = 0;
     {
@@ -291,7 +292,6 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     auto l = torch::tensor({loss_sum / n}, torch::kFloat64);
     g->allreduce(l);
     out.final_loss = l.item<double>();
-    const double t2 = now_seconds();
     if (s > 0) {  // step 0 is a warm-up
       t_step += t2 - t0;
       t_comp += (t1 - t0) - exposed;
