@@ -25,12 +25,12 @@ TEST_CASE("assign_buckets: reverse order, small first bucket, caps respected", "
   // 4 parameters of 100, 50, 300, 10 floats (400, 200, 1200, 40 bytes).
   std::vector<torch::Tensor> ps = {torch::zeros({100}), torch::zeros({50}), torch::zeros({300}), torch::zeros({10})};
   auto b = dist::assign_buckets(ps, /*first_cap_bytes=*/100, /*cap_bytes=*/1600, /*element_bytes=*/4);
-  REQUIRE(b.size() == 2);
-  CHECK(b[0].params == std::vector<std::size_t>{3});  // last parameter first; 40 + 1200 > 100
+  REQUIRE(b.size() == 3);
+  CHECK(b[0].params == std::vector<std::size_t>{3});     // last parameter first; 40 + 1200 > 100
   CHECK(b[1].params == std::vector<std::size_t>{2, 1});  // 1200 + 200 <= 1600; + 400 > 1600
-  REQUIRE(b.size() == 2);
-  auto c = dist::assign_buckets(ps, 100, 1600, 4);
-  CHECK(c[1].offsets == std::vector<int64_t>{0, 300});
+  CHECK(b[2].params == std::vector<std::size_t>{0});
+  CHECK(b[1].offsets == std::vector<int64_t>{0, 300});
+  CHECK(b[1].bytes == 1400);
   // A parameter larger than the cap gets a bucket of its own; every parameter lands somewhere.
   auto d = dist::assign_buckets(ps, 8, 8, 4);
   CHECK(d.size() == 4);
