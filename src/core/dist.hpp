@@ -148,7 +148,10 @@ class Reducer {
  public:
   /// Broadcasts rank 0's parameters to every rank, builds the buckets and registers
   /// the gradient hooks. `params` must be leaf tensors that require grad.
+  /// The hooks point at this object: it must outlive every backward through `params`.
   Reducer(std::vector<torch::Tensor> params, std::shared_ptr<Group> group, ReducerOptions opts);
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
 
   /// Whether the next backward communicates (false: DDP's no_sync, local accumulation).
   void set_sync(bool on) { sync_ = on; }
