@@ -43,3 +43,11 @@ inline bool cuda_available() {
 #else
 #define MPT_COMPAT_ALLOCATOR_EXTRA
 #endif
+
+// c10d (core/dist.cpp): in LibTorch 1.13 c10d::ProcessGroupGloo derives from c10d::ProcessGroup,
+// in 2.x from c10d::Backend (ProcessGroup became a dispatcher over backends). mpt holds the
+// concrete ProcessGroupGloo and uses only what both versions share — the constructor
+// (store, rank, size, Options::create(timeout)), allreduce/broadcast returning
+// c10::intrusive_ptr<c10d::Work>, TCPStore(host, TCPStoreOptions), PrefixStore, HashStore —
+// so no version switch is needed. ProcessGroupGloo.hpp declares its class only under
+// USE_C10D_GLOO, which dist.cpp defines before including it.

@@ -10,6 +10,7 @@
 
 #include "core/compare.hpp"
 #include "core/compat.hpp"
+#include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/runtime.hpp"
 
@@ -78,6 +79,7 @@ Config resolve_for(const Experiment& exp, const ConfigSpec& spec, const RunOptio
   std::vector<std::string> sets = opts.sets;
   if (opts.seed) sets.push_back("seed=" + std::to_string(*opts.seed));
   if (!opts.device.empty()) sets.push_back("device=\"" + opts.device + "\"");
+  if (opts.nproc) sets.push_back("nproc=" + std::to_string(*opts.nproc));
   return resolve_config(spec, opts.config_file, sets);
 }
 
@@ -121,6 +123,23 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     }
     const std::string out = opts.out.empty() ? "results/" + exp.name + ".json" : opts.out;
 
+    // Multi-process experiments (a /nproc key): under a launcher (mpt --nproc, torchrun,
+    // SLURM) this process is one rank; otherwise spawn /nproc workers of ourselves and wait.
+    int rank = 0, world_size = 1;
+    if (spec.find("/nproc")) {
+      auto launch = dist::launch_from_environment();
+      if (!launch && cfg.integer("/nproc") > 1) {
+        const double grace = spec.find("/dist/timeout_s") ? cfg.number("/dist/timeout_s") + 10.0 : 60.0;
+        return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, grace);
+      }
+      if (launch) {
+        rank = launch->rank;
+        world_size = launch->world_size;
+        if (rank != 0 && !opts.verbose) spdlog::set_level(spdlog::level::warn);
+        spdlog::debug("rank {} of {} (launcher: {})", rank, world_size, launch->launcher);
+      }
+    }
+
     torch::Device device = choose_device(cfg.str("/device"));
     if (cfg.integer("/threads") > 0) torch::set_num_threads(static_cast<int>(cfg.integer("/threads")));
     seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
@@ -128,10 +147,11 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     spdlog::debug("device {} (fp16 compute {}), LibTorch {}", device.str(), env["fp16_compute"].get<std::string>(),
                   compat::torch_version());
 
-    Context ctx{cfg, device, env["fp16_compute"].get<std::string>(), opts.verbose, isatty(2) != 0};
+    Context ctx{cfg, device, env["fp16_compute"].get<std::string>(), opts.verbose, isatty(2) != 0, rank, world_size};
     const double t0 = now_seconds();
     Report report = exp.run(ctx);
     const double wall = now_seconds() - t0;
+    if (rank != 0) return report.all_checks_ok() ? kExitOk : kExitCheckFailed;  // rank 0 prints and writes
 
     if (!opts.quiet) print_report(report);
     auto doc = result_document(exp, cfg, report, env, wall);
@@ -260,6 +280,8 @@ int main_cli(int argc, char** argv) {
     sub->add_flag("--print-config", opts.print_config, "Print the resolved config as JSON and exit");
     sub->add_flag("-q,--quiet", opts.quiet, "No tables; warnings and errors only");
     sub->add_flag("-v,--verbose", opts.verbose, "Debug logging on stderr");
+    sub->add_option("--nproc", opts.nproc,
+                    "Spawn N worker processes on this machine (multi-process experiments; = --set nproc=N)");
     sub->footer(config_help(full_spec(e)));
     sub->callback([&chosen, &e] { chosen = &e; });
   }
@@ -277,6 +299,7 @@ int main_cli(int argc, char** argv) {
     return kExitUsage;
   }
   if (compare_chosen) return run_compare(base_file, new_file, key_tols, cmp, cmp_quiet);
+  opts.argv.assign(argv, argv + argc);
   if (chosen) return run_experiment(*chosen, opts);
   return kExitOk;
 }

@@ -22,6 +22,8 @@ struct RunOptions {
   bool print_config = false;        ///< --print-config
   bool quiet = false;               ///< -q
   bool verbose = false;             ///< -v
+  std::optional<int> nproc;         ///< --nproc N: shorthand for --set nproc=N (experiments with a /nproc key)
+  std::vector<std::string> argv;    ///< the full command line, re-run by spawned workers
 };
 
 /// Resolves the config of `exp` from `opts` (defaults ← file ← --set ← --seed/--device).

@@ -23,6 +23,8 @@ struct Context {
   std::string fp16_mode;  ///< "native" or "emulated" on this device
   bool verbose = false;   ///< -v given
   bool tty = false;       ///< stderr is a terminal (progress lines allowed)
+  int rank = 0;           ///< this process's rank in a multi-process run (core/dist); 0 otherwise
+  int world_size = 1;     ///< processes in the run; only rank 0's report is printed and written
 };
 
 /// One subcommand.
@@ -44,5 +46,6 @@ const Experiment* find_experiment(const std::string& name);
 Experiment underflow_experiment();
 Experiment lossscale_experiment();
 Experiment pipeline_experiment();
+Experiment dataparallel_experiment();
 
 }  // namespace mpt

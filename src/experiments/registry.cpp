@@ -8,6 +8,7 @@ const std::vector<Experiment>& experiments() {
       underflow_experiment(),
       lossscale_experiment(),
       pipeline_experiment(),
+      dataparallel_experiment(),
   };
   return all;
 }

@@ -1,0 +1,423 @@
+// c10d process groups, launch and the DDP-style reducer. See dist.hpp.
+#define USE_C10D_GLOO 1
+#include "core/dist.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "core/compat.hpp"
+#include "core/errors.hpp"
+#include "core/runtime.hpp"
+
+namespace mpt::dist {
+
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1'000'000)
+    throw RuntimeFailure(fmt::format("environment variable {}={:?} is not a non-negative integer", name, v));
+  return static_cast<int>(x);
+}
+
+std::string first_line(const std::string& s) {
+  auto p = s.find('\n');
+  return p == std::string::npos ? s : s.substr(0, p);
+}
+
+// The job's store (one per process), and how long collectives may take.
+c10::intrusive_ptr<c10d::Store> g_store;
+std::chrono::milliseconds g_timeout{30000};
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// Launch
+// ----------------------------------------------------------------------------
+
+std::optional<LaunchInfo> launch_from_environment() {
+  LaunchInfo li;
+  if (env("MPT_RANK")) {
+    li.launcher = "mpt";
+    li.rank = env_int("MPT_RANK", 0);
+    li.world_size = env_int("MPT_WORLD_SIZE", 1);
+    li.local_rank = env_int("MPT_LOCAL_RANK", li.rank);
+  } else if (env("RANK") && env("WORLD_SIZE")) {
+    li.launcher = "torchrun";
+    li.rank = env_int("RANK", 0);
+    li.world_size = env_int("WORLD_SIZE", 1);
+    li.local_rank = env_int("LOCAL_RANK", 0);
+    const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+    li.agent_store = agent && std::string(agent) == "True";
+    li.store_prefix = li.agent_store ? fmt::format("/worker/attempt_{}", env_int("TORCHELASTIC_RESTART_COUNT", 0)) : "";
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    li.launcher = "slurm";
+    li.rank = env_int("SLURM_PROCID", 0);
+    li.world_size = env_int("SLURM_NTASKS", 1);
+    li.local_rank = env_int("SLURM_LOCALID", 0);
+  } else {
+    return std::nullopt;
+  }
+  if (li.world_size < 1 || li.rank >= li.world_size)
+    throw RuntimeFailure(fmt::format("{} environment: rank {} is not in [0, world size {})", li.launcher, li.rank,
+                                     li.world_size));
+  if (const char* a = env("MASTER_ADDR")) li.master_addr = a;
+  li.master_port = env_int("MASTER_PORT", 0);
+  if (li.world_size > 1 && (li.master_port <= 0 || li.master_port > 65535))
+    throw RuntimeFailure(fmt::format("{} environment: MASTER_PORT must be set to a TCP port (1-65535) for {} processes",
+                                     li.launcher, li.world_size));
+  return li;
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw RuntimeFailure(fmt::format("socket(): {}", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw RuntimeFailure(fmt::format("cannot find a free port on 127.0.0.1: {}", std::strerror(errno)));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s) {
+  const int port = free_port();
+  std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
+  for (int r = 0; r < nproc; ++r) {
+    pid_t pid = ::fork();
+    if (pid < 0) throw RuntimeFailure(fmt::format("fork(): {}", std::strerror(errno)));
+    if (pid == 0) {
+      ::setenv("MPT_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("MPT_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("MPT_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv("/proc/self/exe", args.data());
+      std::fprintf(stderr, "mpt: rank %d: exec /proc/self/exe failed: %s\n", r, std::strerror(errno));
+      std::_Exit(kExitRuntime);
+    }
+    pids[static_cast<std::size_t>(r)] = pid;
+  }
+  spdlog::debug("spawned {} workers (MASTER_ADDR=127.0.0.1 MASTER_PORT={})", nproc, port);
+
+  int alive = nproc, first_failed = -1, first_code = 0;
+  std::string first_why;
+  double deadline = 0;
+  while (alive > 0) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < nproc; ++r) {
+        if (pids[static_cast<std::size_t>(r)] != pid) continue;
+        pids[static_cast<std::size_t>(r)] = -1;
+        --alive;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (code != 0 && first_failed < 0) {
+          first_failed = r;
+          first_code = code;
+          first_why = WIFEXITED(status) ? fmt::format("exit code {}", code)
+                                        : fmt::format("killed by signal {} ({})", WTERMSIG(status),
+                                                      strsignal(WTERMSIG(status)));
+          deadline = now_seconds() + grace_s;
+          spdlog::error("rank {} of {} failed: {}; waiting up to {:g} s for the other ranks", r, nproc, first_why,
+                        grace_s);
+        }
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    if (first_failed >= 0 && now_seconds() > deadline) {
+      for (int r = 0; r < nproc; ++r)
+        if (pids[static_cast<std::size_t>(r)] > 0) {
+          spdlog::error("rank {} still running {:g} s after rank {} failed: killing it", r, grace_s, first_failed);
+          ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+        }
+      deadline = now_seconds() + 3600;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (first_failed < 0) return kExitOk;
+  spdlog::error("rank {} of {} failed ({}); the run failed", first_failed, nproc, first_why);
+  return (first_code >= 1 && first_code <= 3) ? first_code : kExitRuntime;
+}
+
+// ----------------------------------------------------------------------------
+// Store and groups
+// ----------------------------------------------------------------------------
+
+void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
+  g_timeout = timeout;
+  if (info.world_size == 1 && info.launcher == "none") {
+    g_store = c10::make_intrusive<c10d::HashStore>();
+    return;
+  }
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(info.master_port);
+  o.isServer = info.rank == 0 && !info.agent_store;
+  o.numWorkers = info.agent_store ? c10::nullopt : c10::optional<std::size_t>(info.world_size);
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  try {
+    c10::intrusive_ptr<c10d::Store> s = c10::make_intrusive<c10d::TCPStore>(info.master_addr, o);
+    if (!info.store_prefix.empty()) s = c10::make_intrusive<c10d::PrefixStore>(info.store_prefix, s);
+    g_store = s;
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("rank {}: cannot {} the TCPStore at {}:{} within {:g} s: {}", info.rank,
+                                     o.isServer ? "host" : "reach", info.master_addr, info.master_port,
+                                     timeout.count() / 1000.0, first_line(e.what())));
+  }
+}
+
+struct Group::Impl {
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  std::string where;  // "rank R of N" for messages
+};
+
+namespace {
+struct WorkImpl {
+  c10::intrusive_ptr<c10d::Work> w;
+  std::string what;
+};
+}  // namespace
+
+void Work::wait() {
+  if (!impl_) return;
+  auto* w = static_cast<WorkImpl*>(impl_.get());
+  try {
+    w->w->wait();
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", w->what, first_line(e.what())));
+  }
+}
+
+std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size, const std::string& prefix,
+                                     std::chrono::milliseconds timeout) {
+  if (!g_store) connect_store(info, timeout);
+  std::shared_ptr<Group> g(new Group());
+  g->rank_ = rank;
+  g->size_ = size;
+  g->impl_ = std::make_unique<Impl>();
+  g->impl_->where = fmt::format("rank {} of {}", rank, size);
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    const bool loopback = info.master_addr == "127.0.0.1" || info.master_addr == "localhost";
+    opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                     : c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->threads = 1;
+    auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, g_store);
+    g->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("rank {} of {}: cannot form the Gloo process group within {:g} s: {}", rank,
+                                     size, timeout.count() / 1000.0, first_line(e.what())));
+  }
+  return g;
+}
+
+Group::~Group() = default;
+
+Work Group::allreduce_async(torch::Tensor t, ReduceOp op) {
+  std::vector<at::Tensor> ts{std::move(t)};
+  c10d::AllreduceOptions o;
+  o.reduceOp = op == ReduceOp::Sum ? c10d::ReduceOp::SUM : op == ReduceOp::Min ? c10d::ReduceOp::MIN : c10d::ReduceOp::MAX;
+  auto impl = std::make_shared<WorkImpl>();
+  impl->what = "all-reduce failed on " + impl_->where;
+  try {
+    impl->w = impl_->pg->allreduce(ts, o);
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", impl->what, first_line(e.what())));
+  }
+  return Work(impl);
+}
+
+void Group::broadcast(torch::Tensor t, int root) {
+  std::vector<at::Tensor> ts{std::move(t)};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  auto impl = std::make_shared<WorkImpl>();
+  impl->what = "broadcast failed on " + impl_->where;
+  try {
+    impl->w = impl_->pg->broadcast(ts, o);
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", impl->what, first_line(e.what())));
+  }
+  Work(impl).wait();
+}
+
+void Group::barrier() {
+  // An all-reduce of one element: bounded by the Gloo timeout like every collective.
+  allreduce(torch::zeros({1}));
+}
+
+// ----------------------------------------------------------------------------
+// Reducer
+// ----------------------------------------------------------------------------
+
+std::vector<Bucket> assign_buckets(const std::vector<torch::Tensor>& params, int64_t first_cap_bytes,
+                                   int64_t cap_bytes, int64_t element_bytes) {
+  std::vector<Bucket> out;
+  Bucket cur;
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const int64_t n = params[k].numel(), b = n * element_bytes;
+    const int64_t cap = out.empty() ? first_cap_bytes : cap_bytes;
+    if (!cur.params.empty() && cur.bytes + b > cap) {
+      out.push_back(std::move(cur));
+      cur = Bucket{};
+    }
+    cur.params.push_back(k);
+    cur.offsets.push_back(cur.numel);
+    cur.numel += n;
+    cur.bytes += b;
+  }
+  if (!cur.params.empty()) out.push_back(std::move(cur));
+  return out;
+}
+
+Reducer::Reducer(std::vector<torch::Tensor> params, std::shared_ptr<Group> group, ReducerOptions opts)
+    : params_(std::move(params)), group_(std::move(group)), opts_(opts) {
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : params_) {
+      auto d = p.detach();
+      if (!d.is_contiguous()) throw std::invalid_argument("Reducer: parameters must be contiguous");
+      group_->broadcast(d, 0);
+    }
+  }
+  const int64_t elt = static_cast<int64_t>(c10::elementSize(opts_.comm_dtype));
+  const auto mb = [](double x) { return static_cast<int64_t>(x * 1024.0 * 1024.0); };
+  buckets_ = assign_buckets(params_, std::max<int64_t>(1, mb(opts_.first_bucket_cap_mb)),
+                            std::max<int64_t>(1, mb(opts_.bucket_cap_mb)), elt);
+  bucket_of_.assign(params_.size(), 0);
+  slot_of_.assign(params_.size(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    for (std::size_t s = 0; s < buckets_[b].params.size(); ++s) {
+      bucket_of_[buckets_[b].params[s]] = b;
+      slot_of_[buckets_[b].params[s]] = s;
+    }
+    flat_.push_back(torch::zeros({buckets_[b].numel}, torch::TensorOptions().dtype(opts_.comm_dtype)));
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    params_[i].register_hook([this, i](torch::Tensor g) { on_grad(i, g); });
+  prepare();
+}
+
+int64_t Reducer::total_bytes() const {
+  int64_t s = 0;
+  for (const auto& b : buckets_) s += b.bytes;
+  return s;
+}
+
+void Reducer::prepare() {
+  pending_.assign(buckets_.size(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = static_cast<int>(buckets_[b].params.size());
+  launched_.assign(buckets_.size(), false);
+  works_.assign(buckets_.size(), Work());
+  filled_.assign(params_.size(), false);
+  next_launch_ = 0;
+}
+
+void Reducer::on_grad(std::size_t i, const torch::Tensor& grad) {
+  if (!sync_) return;
+  torch::NoGradGuard ng;
+  const auto& p = params_[i];
+  const std::size_t b = bucket_of_[i];
+  const Bucket& bk = buckets_[b];
+  // The gradient this backward will leave in .grad (the hook runs before accumulation).
+  auto total = p.grad().defined() ? p.grad() + grad : grad;
+  auto slice = flat_[b].narrow(0, bk.offsets[slot_of_[i]], p.numel());
+  slice.copy_(total.reshape({-1}));
+  if (opts_.divide_before) slice.div_(group_->size());
+  if (!filled_[i]) {
+    filled_[i] = true;
+    --pending_[b];
+  }
+  if (opts_.overlap) {
+    // Launch in bucket order only: every rank must issue its collectives in the same order.
+    while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) launch(next_launch_++);
+  }
+}
+
+void Reducer::launch(std::size_t b) {
+  works_[b] = group_->allreduce_async(flat_[b], ReduceOp::Sum);
+  launched_[b] = true;
+}
+
+double Reducer::finalize() {
+  if (!sync_) return 0.0;
+  const double t0 = now_seconds();
+  torch::NoGradGuard ng;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (launched_[b]) continue;
+    const Bucket& bk = buckets_[b];
+    for (std::size_t s = 0; s < bk.params.size(); ++s) {
+      const std::size_t i = bk.params[s];
+      if (filled_[i]) continue;  // a parameter backward did not reach: its local grad or zeros
+      auto slice = flat_[b].narrow(0, bk.offsets[s], params_[i].numel());
+      if (params_[i].grad().defined()) {
+        slice.copy_(params_[i].grad().reshape({-1}));
+        if (opts_.divide_before) slice.div_(group_->size());
+      } else {
+        slice.zero_();
+      }
+      filled_[i] = true;
+    }
+    launch(b);
+  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    works_[b].wait();
+    if (!opts_.divide_before) flat_[b].div_(group_->size());
+    const Bucket& bk = buckets_[b];
+    for (std::size_t s = 0; s < bk.params.size(); ++s) {
+      auto& p = params_[bk.params[s]];
+      auto v = flat_[b].narrow(0, bk.offsets[s], p.numel()).view(p.sizes()).to(p.scalar_type());
+      if (p.grad().defined())
+        p.mutable_grad().copy_(v);
+      else
+        p.mutable_grad() = v.clone();
+    }
+  }
+  prepare();
+  return now_seconds() - t0;
+}
+
+double Reducer::time_allreduce(int iters) {
+  std::vector<torch::Tensor> scratch;
+  for (const auto& f : flat_) scratch.push_back(f.clone());
+  group_->barrier();
+  const double t0 = now_seconds();
+  for (int it = 0; it < iters; ++it)
+    for (auto& s : scratch) group_->allreduce(s);
+  return (now_seconds() - t0) / std::max(1, iters);
+}
+
+}  // namespace mpt::dist

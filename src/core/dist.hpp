@@ -1,0 +1,186 @@
+// Distributed processes through PyTorch's own engine (c10d): launch, rendezvous,
+// process groups, collectives, and a DDP-style gradient reducer.
+//
+//  - Launch: `mpt <experiment> --nproc N` makes the harness spawn N workers of mpt
+//    itself (/proc/self/exe, same argv) with MPT_RANK / MPT_WORLD_SIZE / MASTER_ADDR /
+//    MASTER_PORT set (127.0.0.1, a free port). The same binary also runs under an
+//    existing launcher: torchrun --no-python (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+//    MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE) or SLURM (SLURM_PROCID, SLURM_NTASKS,
+//    SLURM_LOCALID; MASTER_ADDR/MASTER_PORT from the job script).
+//  - Rendezvous: a c10d::TCPStore hosted by rank 0 (or by the torchrun agent).
+//  - Collectives: c10d::ProcessGroupGloo on CPU (a Gloo TCP device on the master's
+//    interface), every call bounded by a timeout, so no rank waits forever.
+//  - Reducer: gradients bucketed in reverse parameter order (first bucket 1 MB, then
+//    25 MB caps), each bucket flattened and all-reduced (sum), launched from gradient
+//    hooks during backward (overlap) or after it, as torch.nn.parallel.DistributedDataParallel
+//    does (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training").
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace mpt::dist {
+
+// ----------------------------------------------------------------------------
+// Launch
+// ----------------------------------------------------------------------------
+
+/// Where this process sits in a job, as read from its environment.
+struct LaunchInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string launcher = "none";  ///< "none", "mpt" (--nproc), "torchrun", "slurm"
+  bool agent_store = false;       ///< torchrun's agent hosts the TCPStore (TORCHELASTIC_USE_AGENT_STORE=True)
+  std::string store_prefix;       ///< key prefix inside the agent's store ("/worker/attempt_K")
+};
+
+/// Reads the launcher environment: MPT_RANK/MPT_WORLD_SIZE (mpt --nproc), then torchrun's
+/// RANK/WORLD_SIZE/LOCAL_RANK, then SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID. nullopt when
+/// none is set (a plain single process). MASTER_ADDR/MASTER_PORT are required for
+/// world_size > 1. Throws RuntimeFailure for malformed or inconsistent values.
+std::optional<LaunchInfo> launch_from_environment();
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
+int free_port();
+
+/// Spawns `nproc` workers running `argv` again (the executable is /proc/self/exe) with
+/// MPT_RANK=i, MPT_WORLD_SIZE=nproc, MPT_LOCAL_RANK=i, MASTER_ADDR=127.0.0.1 and
+/// MASTER_PORT=<free port>; waits for all. When a worker fails (non-zero exit or a
+/// signal), the others get `grace_s` seconds to end on their own (they notice through
+/// their collective timeouts) and are then killed. Returns 0 when all succeed; else logs
+/// "rank R failed: ..." naming the first failed rank and returns that rank's exit code
+/// if it is 1, 2 or 3, else 3.
+int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s);
+
+// ----------------------------------------------------------------------------
+// Process groups
+// ----------------------------------------------------------------------------
+
+/// A handle on one asynchronous collective (c10d::Work).
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<void> impl) : impl_(std::move(impl)) {}
+  /// Blocks until done; throws RuntimeFailure when the collective failed or timed out.
+  void wait();
+  bool valid() const { return impl_ != nullptr; }
+
+ private:
+  std::shared_ptr<void> impl_;
+};
+
+enum class ReduceOp { Sum, Min, Max };
+
+/// A group of processes that run collectives together (c10d::ProcessGroupGloo).
+/// Every collective is bounded by the group's timeout; a failure or timeout throws
+/// RuntimeFailure ("<op> failed on rank R of N: ...; a peer process failed or timed out").
+class Group {
+ public:
+  /// Connects rank `rank` of `size` through `info`'s store; `prefix` separates groups that
+  /// share the store (e.g. "n2/"). Ranks ≥ size must not call this. Throws RuntimeFailure
+  /// when the master cannot be reached or the peers do not show up within `timeout`.
+  static std::shared_ptr<Group> create(const LaunchInfo& info, int rank, int size, const std::string& prefix,
+                                       std::chrono::milliseconds timeout);
+  ~Group();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  /// In-place all-reduce of a contiguous CPU tensor (any floating dtype Gloo supports, incl. fp16).
+  Work allreduce_async(torch::Tensor t, ReduceOp op = ReduceOp::Sum);
+  void allreduce(torch::Tensor t, ReduceOp op = ReduceOp::Sum) { allreduce_async(std::move(t), op).wait(); }
+  /// In-place broadcast from `root`.
+  void broadcast(torch::Tensor t, int root = 0);
+  void barrier();
+
+ private:
+  Group() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, size_ = 1;
+};
+
+/// The store connection of this job, shared by the groups created from it.
+/// Rank 0 hosts the TCPStore unless a torchrun agent does.
+/// Throws RuntimeFailure (naming address, port and timeout) when the master is unreachable.
+void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout);
+
+// ----------------------------------------------------------------------------
+// DDP-style reducer
+// ----------------------------------------------------------------------------
+
+/// Options of the Reducer (names as in torch.nn.parallel.DistributedDataParallel).
+struct ReducerOptions {
+  double bucket_cap_mb = 25.0;        ///< cap of every bucket but the first (MB = 2^20 bytes)
+  double first_bucket_cap_mb = 1.0;   ///< DDP's smaller first bucket, so communication starts early
+  bool overlap = true;                ///< launch a bucket's all-reduce from the gradient hooks
+  bool divide_before = true;          ///< divide by world size before the sum (DDP) or after it
+  torch::ScalarType comm_dtype = torch::kFloat32;  ///< dtype of the flattened buckets on the wire
+};
+
+/// One bucket: parameter indices (into the parameter list), their sizes and offsets.
+struct Bucket {
+  std::vector<std::size_t> params;
+  std::vector<int64_t> offsets;  ///< element offset of each parameter in the flat buffer
+  int64_t numel = 0;
+  int64_t bytes = 0;
+};
+
+/// Groups parameters into buckets in reverse order (the order backward produces their
+/// gradients): a bucket is closed when adding the next parameter would exceed its cap
+/// (first bucket `first_cap_bytes`, the rest `cap_bytes`); a parameter larger than the cap
+/// gets a bucket of its own. Mirrors DDP's compute_bucket_assignment_by_size.
+std::vector<Bucket> assign_buckets(const std::vector<torch::Tensor>& params, int64_t first_cap_bytes,
+                                   int64_t cap_bytes, int64_t element_bytes);
+
+/// Averages gradients across a Group the way DDP does.
+/// Usage per step: prepare(); forward; backward; finalize(). With sync(false) the hooks
+/// leave gradients to accumulate locally (DDP's no_sync) and finalize() does nothing.
+class Reducer {
+ public:
+  /// Broadcasts rank 0's parameters to every rank, builds the buckets and registers
+  /// the gradient hooks. `params` must be leaf tensors that require grad.
+  /// The hooks point at this object: it must outlive every backward through `params`.
+  Reducer(std::vector<torch::Tensor> params, std::shared_ptr<Group> group, ReducerOptions opts);
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// Whether the next backward communicates (false: DDP's no_sync, local accumulation).
+  void set_sync(bool on) { sync_ = on; }
+  /// Call before each backward that communicates.
+  void prepare();
+  /// Waits for the all-reduces (launching any not yet launched), unflattens into .grad.
+  /// Returns the seconds spent here (the all-reduce time not hidden behind backward).
+  double finalize();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  int64_t total_bytes() const;
+  /// Synchronous all-reduce of every bucket as it would be sent (for bandwidth): returns seconds.
+  double time_allreduce(int iters);
+
+ private:
+  void on_grad(std::size_t param, const torch::Tensor& grad);
+  void launch(std::size_t bucket);
+  std::vector<torch::Tensor> params_;
+  std::shared_ptr<Group> group_;
+  ReducerOptions opts_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_, slot_of_;
+  std::vector<torch::Tensor> flat_;
+  std::vector<int> pending_;
+  std::vector<Work> works_;
+  std::vector<bool> launched_;
+  std::vector<bool> filled_;
+  std::size_t next_launch_ = 0;
+  bool sync_ = true;
+};
+
+}  // namespace mpt::dist

@@ -1,0 +1,506 @@
+/*
+ * mpt dataparallel — data parallelism proven in miniature, then run for real across
+ * processes through PyTorch's own distributed engine (c10d, Gloo on CPU).
+ *
+ *  1. equivalence: Linear(8,16)-ReLU-Linear(16,1), MSE, a batch of 64 from randn. The
+ *     gradient of the mean loss over the whole batch equals the average of the gradients
+ *     of 4 equal shards (each on an identical copy of the model):
+ *         ∇ (1/B) Σ_i l_i = (1/K) Σ_k ∇ (1/b) Σ_{i∈k} l_i      when every shard has b = B/K.
+ *     The table gives the max abs difference per parameter: roundoff (~1e-8).
+ *  2. uneven: 65 samples in 3 shards (22, 22, 21). The naive average (1/K) Σ_k g_k is
+ *     biased (~1e-3); the sample-weighted average Σ_k (n_k/N) g_k is exact again.
+ *  3. training: real processes (`--nproc N`), each reading its shard of Fashion-MNIST
+ *     through a distributed sampler (global batch fixed as N changes), gradients averaged
+ *     by a DDP-style reducer (core/dist): rank 0's parameters broadcast at start, buckets
+ *     in reverse parameter order (first 1 MB, then 25 MB), all-reduce launched from the
+ *     gradient hooks (overlap) or after backward. Checked every step: replicas identical
+ *     (a checksum compared across ranks); at the end: parameters equal a single-process
+ *     run on the same global batches within /check/tolerance.
+ *  4. no_sync: gradient accumulation that communicates on the last micro-step only gives
+ *     the same update as communicating on every micro-step.
+ *  5. fp16: summing fp16 gradients of ~30000 from 4 ranks overflows (> 65504) before the
+ *     division by the world size; dividing first stays finite.
+ *  Timings per N: compute, all-reduce, exposed all-reduce, algbw/busbw (nccl-tests:
+ *  busbw = algbw · 2(N−1)/N), scaling efficiency T_1 / (N · T_N).
+ *
+ * Same seed and construction order as tests/parity/dataparallel_ref.py (model, then
+ * inputs, then targets), so section 1 and 2 agree with PyTorch-Python bit for bit.
+ *
+ *   mpt dataparallel                      # 4 processes on this machine, sweep N = 1, 2, 4
+ *   mpt dataparallel --nproc 2 --set train.nprocs=[1,2]
+ *   torchrun --nproc_per_node 2 --no-python mpt dataparallel
+ */
+#include <cmath>
+
+#include "core/data.hpp"
+#include "core/dist.hpp"
+#include "core/errors.hpp"
+#include "core/runtime.hpp"
+#include "experiments/experiment.hpp"
+
+namespace mpt {
+
+namespace {
+
+using torch::indexing::None;
+using torch::indexing::Slice;
+
+ConfigSpec dataparallel_spec() {
+  ConfigSpec s;
+  s.integer("/seed", 1, "seed before building each model (torch.manual_seed)", 0);
+  s.integer("/nproc", 4, "worker processes spawned on this machine (--nproc N); ignored under torchrun/SLURM", 1,
+            64);
+  s.integer("/equivalence/batch", 64, "samples in the even case", 1, 1 << 20);
+  s.integer("/equivalence/shards", 4, "shards (replicas) in the even case", 1, 1024);
+  s.integer("/equivalence/uneven_samples", 65, "samples in the uneven case (exercise 3)", 1, 1 << 20);
+  s.integer("/equivalence/uneven_shards", 3, "shards in the uneven case (torch.tensor_split sizes)", 1, 1024);
+  s.integer("/equivalence/in_dim", 8, "input features of Linear(in, hidden)-ReLU-Linear(hidden, 1)", 1, 4096);
+  s.integer("/equivalence/hidden", 16, "hidden units", 1, 4096);
+  s.boolean("/train/enabled", true, "run the multi-process training part");
+  s.integers("/train/nprocs", {1, 2, 4}, "group sizes N to train with (each <= the number of processes)", 1, 64);
+  s.integer("/train/samples", 2048, "Fashion-MNIST training samples used (the first ones, then shuffled)", 1, 60000);
+  s.integer("/train/global_batch", 64, "samples per step over all ranks (a multiple of every N)", 1, 60000);
+  s.integer("/train/max_steps", 16, "steps per run (0: until a rank runs out of full batches)", 0);
+  s.integer("/train/hidden", 128, "hidden units of the MLP 784-hidden-10", 1, 8192);
+  s.number("/train/lr", 0.05, "SGD learning rate", 0.0);
+  s.integer("/train/micro_steps", 2, "micro-steps per step in the no_sync comparison", 1, 64);
+  s.integer("/train/nosync_steps", 4, "steps of the no_sync comparison (0: skip it)", 0);
+  s.string("/data/dir", kFashionMnistDir, "folder with Fashion-MNIST's IDX .gz files");
+  Param cap{ParamType::Number, 25.0, "bucket cap in MB (2^20 bytes), DDP's bucket_cap_mb"};
+  cap.exclusive_min = 0.0;
+  s.add("/ddp/bucket_cap_mb", cap);
+  Param first{ParamType::Number, 1.0, "cap of the first bucket in MB (DDP: 1 MB, so communication starts early)"};
+  first.exclusive_min = 0.0;
+  s.add("/ddp/first_bucket_cap_mb", first);
+  s.boolean("/ddp/overlap", true, "launch each bucket's all-reduce from the gradient hooks, during backward");
+  s.choice("/ddp/divide", "before", {"before", "after"}, "divide by the world size before the sum (DDP) or after");
+  s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
+  s.number("/fp16/grad", 30000.0, "gradient value every rank holds in the fp16 demonstration", 0.0, 65504.0);
+  s.integer("/fp16/ranks", 4, "ranks in the in-process fp16 demonstration", 1, 1024);
+  s.integer("/fault/rank", -1, "for testing: this rank exits at /fault/step (-1: none)", -1, 63);
+  s.integer("/fault/step", 2, "for testing: the step at which /fault/rank exits", 0);
+  s.number("/check/tolerance", 1e-5, "max abs difference allowed between data-parallel and single-process parameters",
+           0.0);
+  return s;
+}
+
+// ----------------------------------------------------------------------------
+// 1-2. Equivalence in one process
+// ----------------------------------------------------------------------------
+torch::nn::Sequential small_net(int64_t in_dim, int64_t hidden) {
+  // push_back one by one: the arguments of one call may be evaluated in any order (GCC: right
+  // to left), which would draw the second layer's weights first.
+  torch::nn::Sequential net;
+  net->push_back(torch::nn::Linear(in_dim, hidden));
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::Linear(hidden, 1));
+  return net;
+}
+
+/// Gradients of mean-MSE of `net` on (x, y), by parameter name, on a fresh copy of `net`.
+std::vector<std::pair<std::string, torch::Tensor>> grads_on_copy(const torch::nn::Sequential& net,
+                                                                 const torch::Tensor& x, const torch::Tensor& y) {
+  auto copy = torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone()));
+  auto loss = torch::mse_loss(copy->forward(x), y);
+  loss.backward();
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& kv : copy->named_parameters()) out.emplace_back(kv.key(), kv.value().grad().detach().clone());
+  return out;
+}
+
+struct ShardGrads {
+  std::vector<std::pair<std::string, torch::Tensor>> whole;
+  std::vector<torch::Tensor> naive, weighted;  // per parameter
+  std::vector<int64_t> sizes;
+};
+
+ShardGrads shard_grads(int64_t seed, int64_t in_dim, int64_t hidden, int64_t n, int64_t shards) {
+  seed_all(static_cast<std::uint64_t>(seed));
+  auto net = small_net(in_dim, hidden);
+  auto x = torch::randn({n, in_dim});
+  auto y = torch::randn({n, 1});
+  ShardGrads r;
+  r.whole = grads_on_copy(net, x, y);
+  auto xs = x.tensor_split(shards), ys = y.tensor_split(shards);
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> per;
+  for (std::size_t k = 0; k < xs.size(); ++k) {
+    per.push_back(grads_on_copy(net, xs[k], ys[k]));
+    r.sizes.push_back(xs[k].size(0));
+  }
+  // Sums in shard order, as tests/parity/dataparallel_ref.py does.
+  for (std::size_t p = 0; p < r.whole.size(); ++p) {
+    auto naive = per[0][p].second.clone();
+    auto weighted = per[0][p].second * static_cast<double>(r.sizes[0]);
+    for (std::size_t k = 1; k < per.size(); ++k) {
+      naive += per[k][p].second;
+      weighted += per[k][p].second * static_cast<double>(r.sizes[k]);
+    }
+    r.naive.push_back(naive / static_cast<double>(per.size()));
+    r.weighted.push_back(weighted / static_cast<double>(n));
+  }
+  return r;
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+Table equivalence_table(const Config& cfg, Report& report) {
+  const int64_t n = cfg.integer("/equivalence/batch"), k = cfg.integer("/equivalence/shards");
+  if (k > n) throw ConfigError(fmt::format("/equivalence/shards: expected at most /equivalence/batch ({}), got {}", n, k));
+  ShardGrads g = shard_grads(cfg.integer("/seed"), cfg.integer("/equivalence/in_dim"),
+                             cfg.integer("/equivalence/hidden"), n, k);
+  Table t{"equivalence",
+          fmt::format("Equivalence: whole-batch gradient vs average of {} shard gradients (batch {}, MSE)", k, n),
+          {text_col("name", "parameter"), text_col("shape", "shape"), sci_col("max_abs_grad", "max|g|"),
+           sci_col("max_abs_diff", "max|g - avg|")}};
+  double worst = 0;
+  for (std::size_t p = 0; p < g.whole.size(); ++p) {
+    const auto& w = g.whole[p].second;
+    const double d = max_abs_diff(w, g.naive[p]);
+    worst = std::max(worst, d);
+    std::string shape = w.dim() == 2 ? fmt::format("{}x{}", w.size(0), w.size(1)) : fmt::format("{}", w.size(0));
+    t.rows.push_back({{"name", g.whole[p].first}, {"shape", shape}, {"max_abs_grad", w.abs().max().item<double>()},
+                      {"max_abs_diff", d}});
+  }
+  t.notes.push_back("every shard holds b = B/K samples, so the mean of shard means is the whole-batch mean: "
+                    "the difference is fp32 roundoff, not a discrepancy");
+  report.check("even shards: max |whole-batch grad - shard average|", worst, 1e-6);
+  return t;
+}
+
+Table uneven_table(const Config& cfg, Report& report) {
+  const int64_t n = cfg.integer("/equivalence/uneven_samples"), k = cfg.integer("/equivalence/uneven_shards");
+  if (k > n)
+    throw ConfigError(fmt::format("/equivalence/uneven_shards: expected at most /equivalence/uneven_samples ({}), got {}",
+                                  n, k));
+  ShardGrads g = shard_grads(cfg.integer("/seed"), cfg.integer("/equivalence/in_dim"),
+                             cfg.integer("/equivalence/hidden"), n, k);
+  std::string sizes;
+  for (auto s : g.sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(s);
+  Table t{"uneven",
+          fmt::format("Uneven shards: {} samples in {} shards ({}): naive vs sample-weighted average", n, k, sizes),
+          {text_col("name", "parameter"), sci_col("max_abs_grad", "max|g|"), sci_col("naive_diff", "naive diff"),
+           sci_col("weighted_diff", "weighted diff")}};
+  double worst_naive = 0, worst_weighted = 0;
+  for (std::size_t p = 0; p < g.whole.size(); ++p) {
+    const auto& w = g.whole[p].second;
+    const double dn = max_abs_diff(w, g.naive[p]), dw = max_abs_diff(w, g.weighted[p]);
+    worst_naive = std::max(worst_naive, dn);
+    worst_weighted = std::max(worst_weighted, dw);
+    t.rows.push_back({{"name", g.whole[p].first}, {"max_abs_grad", w.abs().max().item<double>()},
+                      {"naive_diff", dn}, {"weighted_diff", dw}});
+  }
+  t.notes.push_back("naive = (1/K) sum_k g_k, what DDP computes: it divides the summed gradients by the world size, "
+                    "so a rank with fewer samples weighs as much as a full one and the gradient is biased");
+  t.notes.push_back("weighted = sum_k (n_k/N) g_k restores the whole-batch gradient; in DDP: equal shards "
+                    "(drop_last / padding in DistributedSampler), or scale each rank's loss by n_k*K/N before backward");
+  report.results["uneven_shard_sizes"] = g.sizes;
+  report.check("uneven shards: max |whole-batch grad - weighted average|", worst_weighted, 1e-6);
+  // The naive average must be measurably biased when shards differ (else the lesson shows nothing).
+  bool differ = false;
+  for (std::size_t i = 1; i < g.sizes.size(); ++i) differ |= g.sizes[i] != g.sizes[0];
+  if (differ) report.check("uneven shards: naive average is biased (1 = not biased beyond 1e-6)",
+                           worst_naive > 1e-6 ? 0.0 : 1.0, 0.0);
+  return t;
+}
+
+// ----------------------------------------------------------------------------
+// 3-4. Real data-parallel training across processes
+// ----------------------------------------------------------------------------
+torch::nn::Sequential mlp(int64_t hidden) {
+  torch::nn::Sequential net;  // in order (see small_net)
+  net->push_back(torch::nn::Flatten());
+  net->push_back(torch::nn::Linear(784, hidden));
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::Linear(hidden, 10));
+  return net;
+}
+
+torch::Tensor flat_params(const torch::nn::Sequential& net) {
+  std::vector<torch::Tensor> v;
+  for (const auto& p : net->parameters()) v.push_back(p.detach().reshape({-1}));
+  return torch::cat(v);
+}
+
+struct TrainSetup {
+  int64_t seed = 1, global_batch = 64, max_steps = 0, hidden = 128, micro_steps = 1;
+  double lr = 0.05;
+  bool sync_every_micro_step = true;  // false: DDP's no_sync on all but the last micro-step
+  dist::ReducerOptions ropts;
+  int64_t fault_rank = -1, fault_step = 0;
+};
+
+struct TrainOut {
+  int64_t steps = 0, used = 0, dropped = 0, buckets = 0, bytes = 0;
+  double final_loss = 0, replica_dev = 0;
+  torch::Tensor params;  // final parameters, flattened
+  double step_s = 0, compute_s = 0, exposed_s = 0, allreduce_s = 0;  // per step, after a warm-up step
+};
+
+/// Rank r of `g` reads shard r of the permutation (DistributedSampler without padding:
+/// indices r, r+N, r+2N, ...) in local batches of global_batch/N.
+torch::Tensor shard_of(const torch::Tensor& perm, int64_t r, int64_t n) { return perm.index({Slice(r, None, n)}); }
+
+TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared_ptr<dist::Group>& g,
+               const TrainSetup& ts) {
+  const int64_t n = g->size(), r = g->rank(), b = ts.global_batch / n;
+  seed_all(static_cast<std::uint64_t>(ts.seed));
+  auto net = mlp(ts.hidden);
+  dist::Reducer reducer(net->parameters(), g, ts.ropts);  // broadcasts rank 0's parameters
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ts.lr));
+  const torch::Tensor shard = shard_of(perm, r, n);
+  TrainOut out;
+  out.buckets = static_cast<int64_t>(reducer.buckets().size());
+  out.bytes = reducer.total_bytes();
+  double t_step = 0, t_comp = 0, t_exp = 0;
+  for (int64_t s = 0;; ++s) {
+    // Every rank says whether it still has a full local batch; all stop together.
+    const bool mine = (s + 1) * b <= shard.size(0) && (ts.max_steps == 0 || s < ts.max_steps);
+    auto flag = torch::tensor({mine ? 1.0f : 0.0f});
+    g->allreduce(flag, dist::ReduceOp::Min);
+    if (flag.item<float>() == 0.0f) break;
+    if (r == ts.fault_rank && s == ts.fault_step) {
+      spdlog::warn("rank {}: exiting at step {} (/fault/rank, for testing)", r, s);
+      std::fflush(nullptr);
+      std::_Exit(kExitRuntime);
+    }
+    const double t0 = now_seconds();
+    auto idx = shard.index({Slice(s * b, (s + 1) * b)});
+    auto x = data.images.index_select(0, idx), y = data.labels.index_select(0, idx);
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
+    auto xs = x.tensor_split(ts.micro_steps), ys = y.tensor_split(ts.micro_steps);
+    double exposed = 0, loss_sum = 0;
+    for (int64_t m = 0; m < ts.micro_steps; ++m) {
+      const bool last = m + 1 == ts.micro_steps;
+      reducer.set_sync(last || ts.sync_every_micro_step);
+      auto loss = torch::cross_entropy_loss(net->forward(xs[m]), ys[m]) / static_cast<double>(ts.micro_steps);
+      loss.backward();
+      loss_sum += loss.item<double>();
+      exposed += reducer.finalize();
+    }
+    const double t1 = now_seconds();
+    opt.step();
+    const double t2 = now_seconds();  // the step ends here; what follows is checking
+    // Replicas must stay identical: compare a checksum across ranks (max and -min in one all-reduce).
+    double c = 0;
+    {
+      torch::NoGradGuard ng;
+      for (const auto& p : net->parameters()) c += p.to(torch::kFloat64).sum().item<double>();
+    }
+    auto cs = torch::tensor({c, -c}, torch::kFloat64);
+    g->allreduce(cs, dist::ReduceOp::Max);
+    out.replica_dev = std::max(out.replica_dev, cs[0].item<double>() + cs[1].item<double>());
+    auto l = torch::tensor({loss_sum / n}, torch::kFloat64);
+    g->allreduce(l);
+    out.final_loss = l.item<double>();
+    if (s > 0) {  // step 0 is a warm-up
+      t_step += t2 - t0;
+      t_comp += (t1 - t0) - exposed;
+      t_exp += exposed;
+    }
+    out.steps = s + 1;
+  }
+  const double timed = std::max<int64_t>(1, out.steps - 1);
+  out.step_s = t_step / timed;
+  out.compute_s = t_comp / timed;
+  out.exposed_s = t_exp / timed;
+  out.allreduce_s = reducer.time_allreduce(5);
+  // Samples the sampler could not use: what is left once the shortest shard has no full local batch.
+  int64_t data_steps = perm.size(0);
+  for (int64_t q = 0; q < n; ++q) data_steps = std::min(data_steps, shard_of(perm, q, n).size(0) / b);
+  out.used = out.steps * ts.global_batch;
+  out.dropped = perm.size(0) - data_steps * ts.global_batch;
+  out.params = flat_params(net);
+  return out;
+}
+
+/// The same global batches in one process: the concatenation of every rank's local batch.
+torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int64_t n, int64_t steps,
+                             const TrainSetup& ts) {
+  const int64_t b = ts.global_batch / n;
+  seed_all(static_cast<std::uint64_t>(ts.seed));
+  auto net = mlp(ts.hidden);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ts.lr));
+  std::vector<torch::Tensor> shards;
+  for (int64_t r = 0; r < n; ++r) shards.push_back(shard_of(perm, r, n));
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<torch::Tensor> parts;
+    for (const auto& sh : shards) parts.push_back(sh.index({Slice(s * b, (s + 1) * b)}));
+    auto idx = torch::cat(parts);
+    opt.zero_grad();
+    torch::cross_entropy_loss(net->forward(data.images.index_select(0, idx)), data.labels.index_select(0, idx))
+        .backward();
+    opt.step();
+  }
+  return flat_params(net);
+}
+
+TrainSetup train_setup(const Config& cfg) {
+  TrainSetup ts;
+  ts.seed = cfg.integer("/seed");
+  ts.global_batch = cfg.integer("/train/global_batch");
+  ts.max_steps = cfg.integer("/train/max_steps");
+  ts.hidden = cfg.integer("/train/hidden");
+  ts.lr = cfg.number("/train/lr");
+  ts.ropts.bucket_cap_mb = cfg.number("/ddp/bucket_cap_mb");
+  ts.ropts.first_bucket_cap_mb = cfg.number("/ddp/first_bucket_cap_mb");
+  ts.ropts.overlap = cfg.boolean("/ddp/overlap");
+  ts.ropts.divide_before = cfg.str("/ddp/divide") == "before";
+  ts.fault_rank = cfg.integer("/fault/rank");
+  ts.fault_step = cfg.integer("/fault/step");
+  return ts;
+}
+
+/// Sections 3-4: the N sweep, the no_sync comparison and the real fp16 all-reduce rows.
+void run_training(const Context& ctx, Report& report, Table& fp16) {
+  const auto& cfg = ctx.cfg;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.number("/dist/timeout_s") * 1000));
+  const int64_t world = ctx.world_size, rank = ctx.rank, gb = cfg.integer("/train/global_batch");
+  std::vector<int64_t> ns;
+  for (int64_t n : cfg.integers("/train/nprocs")) {
+    if (gb % n != 0)
+      throw ConfigError(fmt::format("/train/global_batch: expected a multiple of every N in /train/nprocs, got {} "
+                                    "(N = {})", gb, n));
+    if (n <= world) ns.push_back(n);
+  }
+  dist::LaunchInfo li = dist::launch_from_environment().value_or(dist::LaunchInfo{});
+  dist::connect_store(li, timeout);
+  auto world_group = dist::Group::create(li, static_cast<int>(rank), static_cast<int>(world), "world/", timeout);
+
+  Dataset data = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/train/samples"));
+  const torch::Tensor perm = shuffled_indices(data.size(), static_cast<std::uint64_t>(cfg.integer("/seed")));
+  const TrainSetup ts = train_setup(cfg);
+
+  Table t{"training",
+          fmt::format("Data-parallel training on Fashion-MNIST (MLP 784-{}-10, global batch {}, SGD lr {:g})",
+                      ts.hidden, gb, ts.lr),
+          {text_col("name", "N"), int_col("buckets", "buckets"), int_col("bytes", "grad", "bytes"),
+           int_col("steps", "steps"), int_col("dropped", "dropped", "samples"), float_col("final_loss", "loss"),
+           sci_col("replica_dev", "replica dev"), sci_col("vs_single", "vs 1-proc")}};
+  Table tm{"timing", "Step time per N (run-dependent: stored under timings)",
+           {text_col("name", "N"), float_col("step_ms", "step", "ms"), float_col("compute_ms", "compute", "ms"),
+            float_col("allreduce_ms", "all-reduce", "ms"), float_col("exposed_ms", "exposed", "ms"),
+            float_col("algbw", "algbw", "GB/s"), float_col("busbw", "busbw", "GB/s"),
+            pct_col("efficiency", "efficiency", 1)}};
+  json timings = json::object();
+  double t1 = 0, worst_dev = 0, worst_match = 0;
+  for (int64_t n : ns) {
+    TrainOut o;
+    if (rank < n) {
+      auto g = dist::Group::create(li, static_cast<int>(rank), static_cast<int>(n), fmt::format("train_n{}/", n),
+                                   timeout);
+      o = train(data, perm, g, ts);
+    }
+    world_group->barrier();
+    if (rank != 0) continue;
+    const double match = (o.params - single_process(data, perm, n, o.steps, ts)).abs().max().item<double>();
+    worst_dev = std::max(worst_dev, o.replica_dev);
+    worst_match = std::max(worst_match, match);
+    t.rows.push_back({{"name", fmt::format("n{}", n)}, {"buckets", o.buckets}, {"bytes", o.bytes},
+                      {"steps", o.steps}, {"dropped", o.dropped}, {"final_loss", o.final_loss},
+                      {"replica_dev", o.replica_dev}, {"vs_single", match}});
+    if (n == 1) t1 = o.step_s;
+    const double algbw = o.allreduce_s > 0 ? o.bytes / o.allreduce_s / 1e9 : 0.0;
+    const double busbw = algbw * 2.0 * (n - 1) / n;
+    const double eff = t1 > 0 ? t1 / (n * o.step_s) : 0.0;
+    json row = {{"name", fmt::format("n{}", n)}, {"step_ms", o.step_s * 1e3}, {"compute_ms", o.compute_s * 1e3},
+                {"allreduce_ms", o.allreduce_s * 1e3}, {"exposed_ms", o.exposed_s * 1e3}, {"algbw", algbw},
+                {"busbw", busbw}, {"efficiency", eff}};
+    tm.rows.push_back(row);
+    timings[fmt::format("n{}", n)] = row;
+  }
+  // 4. no_sync: accumulate micro-steps locally, communicate on the last one only.
+  const int64_t nsteps = cfg.integer("/train/nosync_steps");
+  if (nsteps > 0) {
+    TrainSetup a = ts, b = ts;
+    a.max_steps = b.max_steps = nsteps;
+    a.micro_steps = b.micro_steps = cfg.integer("/train/micro_steps");
+    a.fault_rank = b.fault_rank = -1;
+    b.sync_every_micro_step = false;
+    TrainOut oa = train(data, perm, world_group, a), ob = train(data, perm, world_group, b);
+    const double d = (oa.params - ob.params).abs().max().item<double>();
+    report.results["no_sync"] = {{"world_size", world}, {"micro_steps", a.micro_steps}, {"steps", oa.steps},
+                                 {"max_abs_diff", d}};
+    report.check(fmt::format("no_sync (N={}, {} micro-steps): max |params sync-every - sync-last|", world,
+                             a.micro_steps),
+                 d, cfg.number("/check/tolerance"));
+  }
+  // 5. fp16 gradients through a real Gloo all-reduce among all processes.
+  if (world > 1) {
+    const double gval = std::max(cfg.number("/fp16/grad"), 65504.0 / world * 1.25);
+    auto h = torch::full({1024}, gval, torch::kFloat16);
+    auto sum_first = h.clone();
+    world_group->allreduce(sum_first);
+    sum_first = sum_first / static_cast<double>(world);
+    auto div_first = h / static_cast<double>(world);
+    world_group->allreduce(div_first);
+    fp16.rows.push_back({{"name", fmt::format("gloo_{}_ranks", world)}, {"ranks", world},
+                         {"grad", h[0].item<double>()}, {"sum_then_divide", sum_first[0].item<double>()},
+                         {"divide_then_sum", div_first[0].item<double>()}});
+  }
+  if (rank != 0) return;
+  t.notes.push_back("replica dev: max over steps of (max - min across ranks) of a parameter checksum; 0 = identical");
+  t.notes.push_back("vs 1-proc: max |param| difference from one process training on the same global batches "
+                    "(summation order differs: roundoff)");
+  t.notes.push_back("dropped: samples left when the first rank runs out of full local batches (ranks agree each step "
+                    "with an all-reduce MIN of 'I still have data'); /train/max_steps may stop earlier");
+  for (int64_t n : cfg.integers("/train/nprocs"))
+    if (n > world) t.notes.push_back(fmt::format("N = {} skipped: only {} process(es); run with --nproc {}", n, world, n));
+  report.add(std::move(t));
+  report.check("replicas identical after every step (checksum max - min across ranks)", worst_dev, 0.0);
+  report.check("data-parallel vs single-process parameters (max abs diff)", worst_match,
+               cfg.number("/check/tolerance"));
+  tm.notes.push_back("compute = forward+backward (overlapped all-reduce runs meanwhile); exposed = waiting for the "
+                     "all-reduce after backward; all-reduce = the buckets all-reduced alone (5 iterations)");
+  tm.notes.push_back("algbw = bytes / all-reduce time; busbw = algbw * 2(N-1)/N (nccl-tests); efficiency = T1/(N*TN)");
+  std::string txt = render_table(tm);
+  report.add(TextBlock{tm.title, txt.substr(txt.find('\n') + 1)});  // printed, not stored under results
+  report.timings["per_n"] = timings;
+}
+
+Report run_dataparallel(const Context& ctx) {
+  Report report;
+  double t0 = now_seconds();
+  report.add(equivalence_table(ctx.cfg, report));
+  report.add(uneven_table(ctx.cfg, report));
+  report.timings["equivalence_s"] = now_seconds() - t0;
+
+  // 5. fp16: sum-then-divide overflows where divide-then-sum stays finite (in one process;
+  // run_training adds a row through a real Gloo all-reduce).
+  Table fp16{"fp16", "fp16 gradients: sum then divide by N vs divide then sum",
+             {text_col("name", "case"), int_col("ranks", "ranks"), float_col("grad", "grad per rank"),
+              float_col("sum_then_divide", "sum/N"), float_col("divide_then_sum", "sum(g/N)")}};
+  {
+    const int64_t k = ctx.cfg.integer("/fp16/ranks");
+    auto h = torch::full({1}, ctx.cfg.number("/fp16/grad"), torch::kFloat16);
+    auto sum = h.clone(), sum_div = h / static_cast<double>(k);
+    for (int64_t i = 1; i < k; ++i) {
+      sum = sum + h;  // fp16 + fp16 rounds to fp16: overflows to inf past 65504
+      sum_div = sum_div + h / static_cast<double>(k);
+    }
+    sum = sum / static_cast<double>(k);
+    fp16.rows.push_back({{"name", fmt::format("in_process_{}_ranks", k)}, {"ranks", k}, {"grad", h.item<double>()},
+                         {"sum_then_divide", sum.item<double>()}, {"divide_then_sum", sum_div.item<double>()}});
+  }
+  t0 = now_seconds();
+  if (ctx.cfg.boolean("/train/enabled")) run_training(ctx, report, fp16);
+  report.timings["training_s"] = now_seconds() - t0;
+  fp16.notes.push_back("fp16 max is 65504: the sum of N gradients overflows to inf before the division "
+                       "(DDP divides first for this reason; /ddp/divide picks the order for training's fp32 buckets)");
+  fp16.notes.push_back("the Gloo row (with more than one process) sends fp16 buffers through a real all-reduce; "
+                       "its per-rank gradient is raised to 1.25*65504/N if needed so the sum overflows");
+  for (const auto& row : fp16.rows)
+    report.check(fmt::format("fp16 {}: divide-then-sum finite (1 = not finite)", row["name"].get<std::string>()),
+                 std::isfinite(row["divide_then_sum"].get<double>()) ? 0.0 : 1.0, 0.0);
+  if (ctx.rank == 0) report.add(std::move(fp16));
+  return report;
+}
+
+}  // namespace
+
+Experiment dataparallel_experiment() {
+  return {"dataparallel",
+          "Data parallelism: shard-average equivalence, then real multi-process training with a DDP-style reducer",
+          dataparallel_spec, run_dataparallel};
+}
+
+}  // namespace mpt

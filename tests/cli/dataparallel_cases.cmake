@@ -1,0 +1,34 @@
+# CLI cases of `mpt dataparallel` (see cli_case in tests/CMakeLists.txt). Tiny configs:
+# configs/dataparallel_quick.json trains 6 steps of a 784-32-10 MLP on 512 samples.
+set(DPQ dataparallel --config configs/dataparallel_quick.json)
+
+# One process: the equivalence tables, training with N = 1, no_sync, fp16.
+cli_case(dataparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${DPQ} --nproc 1 --set "train.nprocs=[1]")
+# A real 2-process run over loopback: replicas identical, equal to the single-process run.
+cli_case(dataparallel_two_processes 0 "n2 +[0-9]+ +[0-9]+ +6 +0 " ${DPQ})
+cli_case(dataparallel_no_overlap_divide_after 0 "OK: [0-9]+ of [0-9]+ checks passed" ${DPQ}
+         --set ddp.overlap=false --set ddp.divide=after)
+# 127 samples, global batch 64 over 2 ranks: shards of 64 and 63, so rank 0 has 2 local batches
+# and rank 1 only 1; both stop after 1 step together and 63 samples are dropped.
+cli_case(dataparallel_uneven 0 "n2 +[0-9]+ +[0-9]+ +1 +63 " ${DPQ} --set train.samples=127 --set train.max_steps=0)
+# A rank dies at step 1: the run fails (exit 3) naming rank 1, within the timeout.
+cli_case(dataparallel_killed_rank 3 "rank 1 of 2 failed" ${DPQ} --set fault.rank=1 --set fault.step=1
+         --set dist.timeout_s=5)
+# Bad inputs.
+cli_case(dataparallel_nproc_zero 2 "/nproc: expected an integer >= 1" dataparallel --nproc 0)
+cli_case(dataparallel_bucket_zero 2 "/ddp/bucket_cap_mb: expected a number > 0" dataparallel --set ddp.bucket_cap_mb=0)
+cli_case(dataparallel_batch_not_multiple 2 "/train/global_batch: expected a multiple" ${DPQ} --set train.global_batch=63)
+cli_case(dataparallel_nproc_elsewhere 2 "nproc" underflow --nproc 2)
+
+add_test(NAME cli.dataparallel_torchrun_env
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/dataparallel_env.sh $<TARGET_FILE:mpt> torchrun
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.dataparallel_unreachable_master
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/dataparallel_env.sh $<TARGET_FILE:mpt> unreachable
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.dataparallel_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> dataparallel
+                 --config configs/dataparallel_quick.json
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.dataparallel_torchrun_env cli.dataparallel_unreachable_master cli.dataparallel_deterministic
+                     PROPERTIES TIMEOUT 120)

@@ -1,0 +1,119 @@
+// Unit tests of core/dist: bucket assignment, launcher environments, the Reducer on a
+// one-process group (the multi-process paths run through ctest's CLI cases).
+#include <cstdlib>
+
+#include "catch.hpp"
+#include "core/dist.hpp"
+#include "core/errors.hpp"
+
+using namespace mpt;
+
+namespace {
+struct EnvGuard {  // sets variables for one test and removes them afterwards
+  std::vector<std::string> names;
+  void set(const std::string& k, const std::string& v) {
+    ::setenv(k.c_str(), v.c_str(), 1);
+    names.push_back(k);
+  }
+  ~EnvGuard() {
+    for (const auto& k : names) ::unsetenv(k.c_str());
+  }
+};
+}  // namespace
+
+TEST_CASE("assign_buckets: reverse order, small first bucket, caps respected", "[dist]") {
+  // 4 parameters of 100, 50, 300, 10 floats (400, 200, 1200, 40 bytes).
+  std::vector<torch::Tensor> ps = {torch::zeros({100}), torch::zeros({50}), torch::zeros({300}), torch::zeros({10})};
+  auto b = dist::assign_buckets(ps, /*first_cap_bytes=*/100, /*cap_bytes=*/1600, /*element_bytes=*/4);
+  REQUIRE(b.size() == 3);
+  CHECK(b[0].params == std::vector<std::size_t>{3});     // last parameter first; 40 + 1200 > 100
+  CHECK(b[1].params == std::vector<std::size_t>{2, 1});  // 1200 + 200 <= 1600; + 400 > 1600
+  CHECK(b[2].params == std::vector<std::size_t>{0});
+  CHECK(b[1].offsets == std::vector<int64_t>{0, 300});
+  CHECK(b[1].bytes == 1400);
+  // A parameter larger than the cap gets a bucket of its own; every parameter lands somewhere.
+  auto d = dist::assign_buckets(ps, 8, 8, 4);
+  CHECK(d.size() == 4);
+  int64_t total = 0;
+  for (const auto& x : d) total += x.numel;
+  CHECK(total == 460);
+}
+
+TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]") {
+  SECTION("none") { CHECK_FALSE(dist::launch_from_environment().has_value()); }
+  SECTION("torchrun with the agent store") {
+    EnvGuard e;
+    e.set("RANK", "3");
+    e.set("WORLD_SIZE", "4");
+    e.set("LOCAL_RANK", "1");
+    e.set("MASTER_ADDR", "10.0.0.2");
+    e.set("MASTER_PORT", "29400");
+    e.set("TORCHELASTIC_USE_AGENT_STORE", "True");
+    e.set("TORCHELASTIC_RESTART_COUNT", "2");
+    auto li = dist::launch_from_environment();
+    REQUIRE(li);
+    CHECK(li->launcher == "torchrun");
+    CHECK(li->rank == 3);
+    CHECK(li->world_size == 4);
+    CHECK(li->local_rank == 1);
+    CHECK(li->master_addr == "10.0.0.2");
+    CHECK(li->master_port == 29400);
+    CHECK(li->agent_store);
+    CHECK(li->store_prefix == "/worker/attempt_2");
+  }
+  SECTION("SLURM") {
+    EnvGuard e;
+    e.set("SLURM_PROCID", "1");
+    e.set("SLURM_NTASKS", "2");
+    e.set("SLURM_LOCALID", "0");
+    e.set("MASTER_PORT", "12345");
+    auto li = dist::launch_from_environment();
+    REQUIRE(li);
+    CHECK(li->launcher == "slurm");
+    CHECK(li->rank == 1);
+    CHECK(li->world_size == 2);
+  }
+  SECTION("inconsistent values are errors") {
+    EnvGuard e;
+    e.set("RANK", "2");
+    e.set("WORLD_SIZE", "2");
+    e.set("MASTER_PORT", "1");
+    CHECK_THROWS_AS(dist::launch_from_environment(), RuntimeFailure);
+  }
+  SECTION("a multi-process job needs MASTER_PORT") {
+    EnvGuard e;
+    e.set("RANK", "0");
+    e.set("WORLD_SIZE", "2");
+    CHECK_THROWS_AS(dist::launch_from_environment(), RuntimeFailure);
+  }
+}
+
+TEST_CASE("Reducer on a one-process group leaves the local gradient (also accumulated)", "[dist]") {
+  dist::LaunchInfo li;
+  dist::connect_store(li, std::chrono::milliseconds(5000));
+  auto g = dist::Group::create(li, 0, 1, "unit/", std::chrono::milliseconds(5000));
+  torch::manual_seed(0);
+  torch::nn::Linear lin(5, 3);
+  auto x = torch::randn({4, 5});
+  auto want = [&] {
+    auto c = torch::nn::Linear(5, 3);
+    torch::NoGradGuard ng;
+    for (std::size_t i = 0; i < 2; ++i) c->parameters()[i].copy_(lin->parameters()[i]);
+    return c;
+  }();
+  dist::ReducerOptions o;
+  o.first_bucket_cap_mb = 1e-5;  // several buckets
+  o.bucket_cap_mb = 1e-5;
+  dist::Reducer r(lin->parameters(), g, o);
+  CHECK(r.buckets().size() == 2);
+  // Two micro-steps, the first without communication (no_sync).
+  r.set_sync(false);
+  lin->forward(x).sum().backward();
+  r.set_sync(true);
+  lin->forward(x).pow(2).sum().backward();
+  r.finalize();
+  want->forward(x).sum().backward();
+  want->forward(x).pow(2).sum().backward();
+  CHECK(torch::allclose(lin->weight.grad(), want->weight.grad()));
+  CHECK(torch::allclose(lin->bias.grad(), want->bias.grad()));
+}
