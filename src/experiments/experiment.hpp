@@ -42,5 +42,7 @@ const Experiment* find_experiment(const std::string& name);
 
 // Each experiment file defines one of these.
 Experiment underflow_experiment();
+Experiment checkpoint_experiment();
+Experiment accumulate_experiment();
 
 }  // namespace mpt

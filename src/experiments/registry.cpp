@@ -6,6 +6,8 @@ namespace mpt {
 const std::vector<Experiment>& experiments() {
   static const std::vector<Experiment> all = {
       underflow_experiment(),
+      checkpoint_experiment(),
+      accumulate_experiment(),
   };
   return all;
 }
