@@ -41,7 +41,7 @@ namespace {
 ConfigSpec checkpoint_spec() {
   ConfigSpec s;
   s.integer("/model/depth", 32, "number of blocks n, each Linear(width, width) + ReLU + Dropout", 1, 4096);
-  s.integer("/model/width", 64, "units per block", 1, 1 << 16);
+  s.integer("/model/width", 32, "units per block", 1, 1 << 16);
   s.number("/model/dropout", 0.1, "dropout probability in every block (0 = no dropout)", 0.0, 0.95);
   s.integer("/data/batch", 256, "samples in the batch (inputs and targets from randn)", 1, 1 << 22);
   s.strings("/checkpoint/segments", {"1", "2", "4", "sqrt", "n"}, {},
