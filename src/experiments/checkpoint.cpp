@@ -24,6 +24,7 @@
  *
  *   mpt checkpoint
  *   mpt checkpoint --set model.depth=64 --set data.batch=1024
+ *   mpt checkpoint --set model.precision=fp16      # emulated fp16 activations: still 0
  */
 #include <cmath>
 #include <set>
@@ -31,6 +32,7 @@
 #include "core/checkpoint.hpp"
 #include "core/errors.hpp"
 #include "core/memory.hpp"
+#include "core/precision.hpp"
 #include "core/runtime.hpp"
 #include "experiments/experiment.hpp"
 
@@ -43,6 +45,8 @@ ConfigSpec checkpoint_spec() {
   s.integer("/model/depth", 32, "number of blocks n, each Linear(width, width) + ReLU + Dropout", 1, 4096);
   s.integer("/model/width", 32, "units per block", 1, 1 << 16);
   s.number("/model/dropout", 0.1, "dropout probability in every block (0 = no dropout)", 0.0, 0.95);
+  s.choice("/model/precision", "fp32", {"fp32", "fp16", "bf16"},
+           "emulated compute format: each block's output rounded to it (fp32 math, as core/precision round_to)");
   s.integer("/data/batch", 256, "samples in the batch (inputs and targets from randn)", 1, 1 << 22);
   s.strings("/checkpoint/segments", {"1", "2", "4", "sqrt", "n"}, {},
             "segment counts s to compare with no checkpointing: integers in [1, n], \"sqrt\" (round(sqrt(n))) or \"n\"");
@@ -52,15 +56,21 @@ ConfigSpec checkpoint_spec() {
   return s;
 }
 
-// One block: Linear(w, w) → ReLU → Dropout(p). A module of its own so that
-// checkpoint_sequential splits the net at block boundaries.
+// One block: Linear(w, w) → ReLU → Dropout(p), its output rounded to the emulated
+// compute format. A module of its own so that checkpoint_sequential splits the net at
+// block boundaries.
 struct MlpBlockImpl : torch::nn::Module {
-  MlpBlockImpl(int64_t width, double p)
+  MlpBlockImpl(int64_t width, double p, Format f)
       : lin(register_module("lin", torch::nn::Linear(width, width))),
-        drop(register_module("drop", torch::nn::Dropout(p))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return drop(torch::relu(lin(x))); }
+        drop(register_module("drop", torch::nn::Dropout(p))),
+        format(f) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = drop(torch::relu(lin(x)));
+    return format == Format::FP32 ? h : round_to(h, format);
+  }
   torch::nn::Linear lin;
   torch::nn::Dropout drop;
+  Format format;
 };
 TORCH_MODULE(MlpBlock);
 
@@ -158,7 +168,8 @@ Report run_checkpoint(const Context& ctx) {
   seed_all(seed);
   Setup su;
   su.n = n;
-  for (int64_t i = 0; i < n; ++i) su.net->push_back(MlpBlock(w, p));
+  const Format compute = parse_format(cfg.str("/model/precision"));
+  for (int64_t i = 0; i < n; ++i) su.net->push_back(MlpBlock(w, p, compute));
   su.x = torch::randn({batch, w});
   su.y = torch::randn({batch, w});
   su.net->to(ctx.device);
@@ -180,8 +191,8 @@ Report run_checkpoint(const Context& ctx) {
   double g_scale = 0;  // max |g| over every plain gradient, for relative differences
   for (const auto& g : plain.grads) g_scale = std::max(g_scale, g.abs().max().item<double>());
   Table t{"segments",
-          fmt::format("Checkpointing a {}-block MLP (width {}, batch {}, dropout {:g}): gradients and peak memory",
-                      n, w, batch, p),
+          fmt::format("Checkpointing a {}-block MLP (width {}, batch {}, dropout {:g}, {}): gradients and peak memory",
+                      n, w, batch, p, cfg.str("/model/precision")),
           {text_col("name", "variant"), int_col("segments", "s"), text_col("rng", "rng"),
            sci_col("max_abs_diff", "max|dg|"), sci_col("rel_diff", "rel", "-", 2), int_col("peak_bytes", "peak", "bytes"),
            float_col("peak_ratio", "vs none", "x", 3), int_col("recomputed_blocks", "recomp", "blocks"),

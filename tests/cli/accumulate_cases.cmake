@@ -17,6 +17,7 @@ cli_case(checkpoint_list 0 "checkpoint +Gradient checkpointing" list)
 # Fixed model of 16 blocks: peak bytes strictly decreasing for s = 1, 2, 3, 4 = sqrt(16); gradients bitwise equal.
 result_case(checkpoint_peak_decreasing checkpoint_peak_decreasing
             checkpoint --set model.depth=16 --set model.width=32 --set data.batch=256 --set timing.repeats=1)
+cli_case(checkpoint_fp16 0 "fp16\\): gradients and peak memory" ${CKPT_TINY} --set model.precision=fp16)
 result_case(checkpoint_rng_mismatch checkpoint_rng_mismatch ${CKPT_TINY} --set model.dropout=0.5)
 add_test(NAME cli.checkpoint_deterministic
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${CKPT_TINY}

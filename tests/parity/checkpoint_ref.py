@@ -22,8 +22,18 @@ cfg = doc["config"]
 n, w, batch = cfg["model"]["depth"], cfg["model"]["width"], cfg["data"]["batch"]
 p, seed = cfg["model"]["dropout"], cfg["seed"]
 
+DT = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg["model"].get("precision", "fp32")]
+
+
+class Round(nn.Module):
+    """Emulated compute: the block's output stored in the format, returned as fp32."""
+
+    def forward(self, x):
+        return x if DT is None else x.to(DT).to(torch.float32)
+
+
 torch.manual_seed(seed)
-blocks = [nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Dropout(p)) for _ in range(n)]
+blocks = [nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Dropout(p), Round()) for _ in range(n)]
 net = nn.Sequential(*blocks)
 x0 = torch.randn(batch, w)
 y = torch.randn(batch, w)
