@@ -271,7 +271,12 @@ std::vector<Variant> unequal_case(const Dataset& d, int64_t hidden, int64_t n, i
 std::vector<Variant> tokens_case(int64_t nseq, int64_t len, int64_t k, int64_t dim, int64_t classes, std::uint64_t seed,
                                  torch::Device dev) {
   seed_all(seed);
-  torch::nn::Sequential net(torch::nn::Linear(dim, 32), torch::nn::ReLU(), torch::nn::Linear(32, classes));
+  // Modules pushed one by one: in Sequential(a, b, c) the order in which C++ evaluates the
+  // arguments (and so draws the initial weights) is unspecified (GCC: right to left).
+  torch::nn::Sequential net;
+  net->push_back(torch::nn::Linear(dim, 32));
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::Linear(32, classes));
   auto x = torch::randn({nseq, len, dim});
   auto y = torch::randint(classes, {nseq, len}, torch::kLong);
   auto lengths = torch::randint(1, len + 1, {nseq}, torch::kLong);
