@@ -47,5 +47,7 @@ Experiment underflow_experiment();
 Experiment lossscale_experiment();
 Experiment pipeline_experiment();
 Experiment dataparallel_experiment();
+Experiment checkpoint_experiment();
+Experiment accumulate_experiment();
 
 }  // namespace mpt

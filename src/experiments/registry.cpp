@@ -5,10 +5,8 @@ namespace mpt {
 
 const std::vector<Experiment>& experiments() {
   static const std::vector<Experiment> all = {
-      underflow_experiment(),
-      lossscale_experiment(),
-      pipeline_experiment(),
-      dataparallel_experiment(),
+      underflow_experiment(),    lossscale_experiment(), dataparallel_experiment(),
+      pipeline_experiment(),     accumulate_experiment(), checkpoint_experiment(),
   };
   return all;
 }

@@ -1,0 +1,12 @@
+# Parity of `mpt checkpoint` with torch.utils.checkpoint.checkpoint_sequential (python3-torch):
+# loss, gradient differences (0 with RNG restored, the same non-zero value without) and
+# recomputed blocks (counted by forward hooks in PyTorch) equal bit for bit.
+parity_case(checkpoint_tiny checkpoint_ref.py checkpoint --set model.depth=9 --set model.width=16 --set data.batch=64
+            --set timing.repeats=1 --set checkpoint.sweep=false)
+parity_case(checkpoint_default checkpoint_ref.py checkpoint --set timing.repeats=1 --set checkpoint.sweep=false)
+parity_case(checkpoint_depth16_p05 checkpoint_ref.py checkpoint --seed 3 --set model.depth=16 --set model.dropout=0.5
+            --set "checkpoint.segments=[\"3\",\"8\",\"sqrt\"]" --set timing.repeats=1 --set checkpoint.sweep=false)
+parity_case(checkpoint_fp16 checkpoint_ref.py checkpoint --set model.precision=fp16 --set model.depth=12
+            --set timing.repeats=1 --set checkpoint.sweep=false)
+parity_case(checkpoint_bf16 checkpoint_ref.py checkpoint --set model.precision=bf16 --set model.depth=12
+            --set timing.repeats=1 --set checkpoint.sweep=false)
