@@ -19,6 +19,9 @@
  *               updates lost to rounding (w + Δw == w with Δw ≠ 0), gradients underflowed.
  *               Step time and peak allocator bytes are run-dependent: printed, and stored
  *               under timings.
+ *               Default: ReLU MLP 784-64x2-10, plain SGD at a small learning rate (0.01), so
+ *               that many updates fall below half an ulp of the stored weight — pure bf16
+ *               loses most of them and lags fp32; the master-weight recipes match fp32.
  *
  * Section 1 equals PyTorch-Python bit for bit (tests/parity/lossscale_ref.py).
  *
