@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # lossscale_train.sh MPT: a tiny `mpt lossscale` training run (a few hundred Fashion-MNIST
-# samples). Checks that fp32 and fp16+master+dynamic both reduce the training loss, and that
+# samples). Checks that fp32 and fp16+master+dynamic both reduce the training loss, that pure
+# fp16 loses more than 10x the updates of fp16+master+dynamic (at least 1 %), and that
 # the result file has every per-recipe field, the loss curve and the scale history.
 set -eu
 mpt=$1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$mpt" lossscale -q --out "$tmp/r.json" --set "sweep.scales=[1,65536]" \
   --set train.train_samples=400 --set train.test_samples=200 --set train.steps=60 --set train.batch=32 \
-  --set train.hidden.depth=2 --set train.hidden.width=32 --set train.lr=0.5 --set train.log_every=20 \
+  --set train.hidden.depth=2 --set train.hidden.width=32 --set train.hidden.activation=sigmoid \
+  --set train.lr=0.5 --set train.log_every=20 \
   --set 'train.recipes=["fp32","fp16+master+dynamic","fp16"]' --set train.scaler.growth_interval=10
 /usr/bin/python3 - "$tmp/r.json" <<'PY'
 import json, sys
@@ -31,6 +33,10 @@ for n in ("fp32", "fp16+master+dynamic"):
 dyn = res["history"]["fp16+master+dynamic"]["scale"]
 assert dyn[0] == 65536.0 and max(dyn) > 65536.0, "dynamic scale never grew with growth_interval 10"
 assert rows["fp32"]["grad_underflow"] == 0 and rows["fp32"]["final_scale"] == 1
+# pure fp16 rounds its weights after every update: it loses updates the fp32 master copy keeps
+assert rows["fp16"]["lost_updates"] > 0.01, rows["fp16"]["lost_updates"]
+assert rows["fp16"]["lost_updates"] > 10 * rows["fp16+master+dynamic"]["lost_updates"], \
+    (rows["fp16"]["lost_updates"], rows["fp16+master+dynamic"]["lost_updates"])
 assert "safe_window" in res and "sweep" in res and "loss_curve" in res
-print("ok: fp32 and fp16+master+dynamic learn; every field present")
+print("ok: fp32 and fp16+master+dynamic learn; pure fp16 loses updates; every field present")
 PY
