@@ -66,7 +66,159 @@ def plot_underflow(doc, out, fmt):
     return paths
 
 
-PLOTTERS = {"underflow": plot_underflow}
+def save(fig, out, name, fmt, paths):
+    p = os.path.join(out, f"{name}.{fmt}")
+    fig.tight_layout()
+    fig.savefig(p)
+    plt.close(fig)
+    paths.append(p)
+
+
+def plot_lossscale(doc, out, fmt):
+    res, paths = doc["results"], []
+    sweep = res.get("sweep", [])
+    if sweep:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        xs = [math.log2(r["scale"]) for r in sweep]
+        for key, label, style in [("first_underflow", "layer 1 -> 0", "o-"), ("all_underflow", "all -> 0", "s-"),
+                                  ("first_overflow", "layer 1 -> inf", "o--"), ("all_overflow", "all -> inf", "s--")]:
+            ax.plot(xs, [100 * num(r[key]) for r in sweep], style, label=label)
+        ax.set_xlabel("loss scale (log2)")
+        ax.set_ylabel("gradients (%)")
+        ax.set_title("Static loss scale: fp16 underflow and overflow")
+        ax.legend(fontsize=8)
+        save(fig, out, "lossscale_sweep", fmt, paths)
+    hist = res.get("history", {})
+    if hist:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for name, h in hist.items():
+            ax.plot(range(1, len(h["loss"]) + 1), [num(v) for v in h["loss"]], label=name, lw=1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (cross-entropy, nats)")
+        ax.set_title("Training curves per recipe")
+        ax.legend(fontsize=7)
+        save(fig, out, "lossscale_training", fmt, paths)
+        dyn = [(n, h) for n, h in hist.items() if "scale" in h and len(set(map(str, h["scale"]))) > 1]
+        if dyn:
+            fig, ax = plt.subplots(figsize=(8, 4))
+            for name, h in dyn:
+                ax.plot(range(1, len(h["scale"]) + 1), [math.log2(num(v)) for v in h["scale"]], label=name)
+            ax.set_xlabel("step")
+            ax.set_ylabel("loss scale (log2)")
+            ax.set_title("Dynamic loss scale history (GradScaler)")
+            ax.legend(fontsize=8)
+            save(fig, out, "lossscale_scale_history", fmt, paths)
+    return paths
+
+
+def plot_dataparallel(doc, out, fmt):
+    per_n, paths = doc.get("timings", {}).get("per_n", {}), []
+    if per_n:
+        rows = sorted(per_n.values(), key=lambda r: int(r["name"][1:]))
+        ns = [int(r["name"][1:]) for r in rows]
+        hidden = [r["allreduce_ms"] - r["exposed_ms"] for r in rows]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.bar([str(n) for n in ns], [r["compute_ms"] for r in rows], label="compute (incl. hidden all-reduce)")
+        ax.bar([str(n) for n in ns], [r["exposed_ms"] for r in rows], bottom=[r["compute_ms"] for r in rows],
+               label="exposed all-reduce")
+        ax.set_xlabel("processes N")
+        ax.set_ylabel("step time (ms)")
+        ax.set_title("Data-parallel step time breakdown (run-dependent timings)")
+        ax.legend(fontsize=8)
+        save(fig, out, "dataparallel_step_time", fmt, paths)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(ns, [100 * r["efficiency"] for r in rows], "o-", label="measured")
+        ax.axhline(100, color="k", ls=":", label="ideal")
+        ax.set_xlabel("processes N")
+        ax.set_ylabel("scaling efficiency (%)")
+        ax.set_title("Scaling efficiency against N = 1")
+        ax.legend(fontsize=8)
+        save(fig, out, "dataparallel_efficiency", fmt, paths)
+        del hidden
+    return paths
+
+
+def plot_pipeline(doc, out, fmt):
+    paths = []
+    measured = doc.get("timings", {}).get("measured", [])
+    sweep = doc["results"].get("sweep", [])
+    if sweep:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        meas = {r["name"]: r for r in measured}
+        for sched in sorted({r["schedule"] for r in sweep if r["schedule"] != "naive"}):
+            rs = sorted([r for r in sweep if r["schedule"] == sched], key=lambda r: r["microbatches"])
+            ms = [r["microbatches"] for r in rs]
+            got = [100 * meas[r["name"]]["bubble"] for r in rs if r["name"] in meas]
+            if len(got) == len(rs):
+                ax.plot(ms, got, "o", label=f"{sched} measured")
+        th = sorted({(r["microbatches"], r["bubble_theory"]) for r in sweep})
+        ax.plot([m for m, _ in th], [100 * b for _, b in th], "k-", label="theory (p-1)/(m+p-1)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("microbatches m")
+        ax.set_ylabel("bubble (% of stage time idle)")
+        ax.set_title("Pipeline bubble against microbatches")
+        ax.legend(fontsize=8)
+        save(fig, out, "pipeline_bubble", fmt, paths)
+    events = doc.get("timings", {}).get("events", {})
+    # One timeline per schedule, at the largest m up to 8 (readable labels).
+    picks = {}
+    for k in events:
+        sched, _, m = k.partition(".m")
+        if sched in ("gpipe", "1f1b") and m.isdigit() and int(m) <= 8 and int(m) > int(picks.get(sched, ".m0").split(".m")[-1]):
+            picks[sched] = k
+    for name in sorted(picks.values()):
+        ev = events[name]
+        fig, ax = plt.subplots(figsize=(10, 3))
+        for e in ev:
+            color = "#4477aa" if e["op"].startswith("F") else "#ee6677"
+            ax.barh(e["stage"], (e["end_s"] - e["start_s"]) * 1e3, left=e["start_s"] * 1e3, color=color,
+                    edgecolor="white")
+            ax.text((e["start_s"] + e["end_s"]) / 2 * 1e3, e["stage"], e["op"], ha="center", va="center", fontsize=6)
+        ax.invert_yaxis()
+        ax.set_xlabel("time (ms)")
+        ax.set_ylabel("stage")
+        ax.set_title(f"Pipeline timeline {name} (F forward, B backward; gaps are the bubble)")
+        save(fig, out, f"pipeline_gantt_{name}", fmt, paths)
+    return paths
+
+
+def plot_accumulate(doc, out, fmt):
+    rows, paths = doc["results"].get("memory", []), []
+    if rows:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.plot([r["micro_batch"] for r in rows], [r["peak_bytes"] / 2**20 for r in rows], "o-")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("micro-batch size (samples)")
+        ax.set_ylabel("peak bytes above params + grads (MiB)")
+        ax.set_title("Gradient accumulation: peak memory against micro-batch size")
+        save(fig, out, "accumulate_memory", fmt, paths)
+    return paths
+
+
+def plot_checkpoint(doc, out, fmt):
+    res, paths = doc["results"], []
+    sweep = res.get("sweep", [])
+    if sweep:
+        times = doc.get("timings", {}).get("step_time_s", {})
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        ax.plot([r["segments"] for r in sweep], [r["peak_bytes"] / 2**20 for r in sweep], "o-", label="peak memory")
+        ax.set_xlabel("segments s")
+        ax.set_ylabel("peak bytes during forward+backward (MiB)")
+        ax.set_title("Gradient checkpointing: memory against segments (Chen et al.: optimum near sqrt n)")
+        if times:
+            ax2 = ax.twinx()
+            seg = [r for r in res.get("segments", []) if r["name"] in times]
+            ax2.plot([r["segments"] for r in seg], [times[r["name"]]["vs_none"] for r in seg], "s--", color="#ee6677",
+                     label="step time vs none")
+            ax2.set_ylabel("step time / no checkpointing (x)")
+            ax2.legend(fontsize=8, loc="upper center")
+        ax.legend(fontsize=8, loc="upper right")
+        save(fig, out, "checkpoint_memory_time", fmt, paths)
+    return paths
+
+
+PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
+            "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint}
 
 
 def main():
