@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -14,10 +15,14 @@ namespace mpt {
 
 namespace {
 
+// Rows join by name only when every row has a distinct string "name"; with a repeated
+// name (e.g. a sweep that lists a value twice) they join by position, so no row hides another.
 bool all_named(const json& arr) {
   if (!arr.is_array() || arr.empty()) return false;
+  std::set<std::string> seen;
   for (const auto& e : arr)
-    if (!e.is_object() || !e.contains("name") || !e["name"].is_string()) return false;
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !seen.insert(e["name"].get<std::string>()).second)
+      return false;
   return true;
 }
 
@@ -57,7 +62,7 @@ json checks_by_name(const json& doc) {
   json out = json::object();
   if (doc.contains("checks") && doc["checks"].is_array())
     for (const auto& c : doc["checks"])
-      if (c.contains("name")) out[c["name"].get<std::string>()] = c;
+      if (c.is_object() && c.contains("name") && c["name"].is_string()) out[c["name"].get<std::string>()] = c;
   return out;
 }
 

@@ -297,8 +297,9 @@ json read_json_file(const std::string& path) {
   if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
   try {
     return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 1: ..."
+    // (or out_of_range.406 for a number beyond double's range, e.g. 1e400)
     std::string what = e.what();
     auto pos = what.find("] ");
     throw ConfigError(fmt::format("{}: invalid JSON: {}", path, pos == std::string::npos ? what : what.substr(pos + 2)));
@@ -307,9 +308,13 @@ json read_json_file(const std::string& path) {
 
 std::string to_pointer(const std::string& key) {
   if (key.empty()) throw ConfigError("--set: empty key");
-  if (key[0] == '/') return key;
-  std::string ptr = "/";
-  for (char c : key) ptr += (c == '.') ? '/' : c;
+  std::string ptr = key;
+  if (key[0] != '/') {
+    ptr = "/";
+    for (char c : key) ptr += (c == '.') ? '/' : c;
+  }
+  if (ptr.find("//") != std::string::npos || ptr.back() == '/')
+    throw ConfigError("--set '" + key + "': empty key segment in the path");
   return ptr;
 }
 
@@ -326,12 +331,17 @@ Config resolve_config(const ConfigSpec& spec, const std::string& file, const std
     if (eq == std::string::npos || eq == 0)
       throw ConfigError(fmt::format("{}: expected KEY=VALUE (e.g. model.depth=8)", source));
     const std::string ptr = to_pointer(s.substr(0, eq));
+    try {
+      json::json_pointer check(ptr);  // e.g. a stray '~' is not a valid JSON pointer
+    } catch (const json::exception&) {
+      throw ConfigError(fmt::format("{}: {}: not a valid key path", source, ptr));
+    }
     const std::string text = s.substr(eq + 1);
     json value;
     try {
       value = json::parse(text);
-    } catch (const json::parse_error&) {
-      value = text;  // not JSON: a plain string
+    } catch (const json::exception&) {
+      value = text;  // not JSON (or a number beyond double's range): a plain string
     }
     if (!spec.find(ptr)) {
       // Reuse the object walk for a precise message (unknown key, with a suggestion).

@@ -6,10 +6,13 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <cstring>
 #include <thread>
 
@@ -18,6 +21,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+extern char** environ;
 
 #include "core/compat.hpp"
 #include "core/errors.hpp"
@@ -110,66 +115,105 @@ int free_port() {
 
 int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s) {
   const int port = free_port();
+  // Everything the children need is built before fork(): between fork and exec a child
+  // may only make async-signal-safe calls (no allocation).
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const std::vector<std::string> ours = {"MPT_RANK", "MPT_WORLD_SIZE", "MPT_LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    std::string key = kv.substr(0, kv.find('='));
+    if (std::find(ours.begin(), ours.end(), key) == ours.end()) inherited.push_back(kv);
+  }
+  std::vector<std::vector<std::string>> env_text(static_cast<std::size_t>(nproc));
+  std::vector<std::vector<char*>> envp(static_cast<std::size_t>(nproc));
+  for (int r = 0; r < nproc; ++r) {
+    auto& t = env_text[static_cast<std::size_t>(r)];
+    t = inherited;
+    t.push_back("MPT_RANK=" + std::to_string(r));
+    t.push_back("MPT_WORLD_SIZE=" + std::to_string(nproc));
+    t.push_back("MPT_LOCAL_RANK=" + std::to_string(r));
+    t.push_back("MASTER_ADDR=127.0.0.1");
+    t.push_back("MASTER_PORT=" + std::to_string(port));
+    for (auto& kv : t) envp[static_cast<std::size_t>(r)].push_back(kv.data());
+    envp[static_cast<std::size_t>(r)].push_back(nullptr);
+  }
+  const pid_t parent = ::getpid();
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
   for (int r = 0; r < nproc; ++r) {
     pid_t pid = ::fork();
-    if (pid < 0) throw RuntimeFailure(fmt::format("fork(): {}", std::strerror(errno)));
+    if (pid < 0) {
+      const int err = errno;
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0);
+      throw RuntimeFailure(fmt::format("fork(): {}", std::strerror(err)));
+    }
     if (pid == 0) {
-      ::setenv("MPT_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("MPT_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("MPT_LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv("/proc/self/exe", args.data());
-      std::fprintf(stderr, "mpt: rank %d: exec /proc/self/exe failed: %s\n", r, std::strerror(errno));
-      std::_Exit(kExitRuntime);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);    // no orphaned workers if mpt itself dies
+      if (::getppid() != parent) ::_exit(kExitRuntime);
+      ::execve("/proc/self/exe", args.data(), envp[static_cast<std::size_t>(r)].data());
+      static const char msg[] = "mpt: a worker could not exec /proc/self/exe\n";
+      [[maybe_unused]] auto n = ::write(2, msg, sizeof(msg) - 1);
+      ::_exit(kExitRuntime);
     }
     pids[static_cast<std::size_t>(r)] = pid;
   }
   spdlog::debug("spawned {} workers (MASTER_ADDR=127.0.0.1 MASTER_PORT={})", nproc, port);
 
-  int alive = nproc, first_failed = -1, first_code = 0;
-  std::string first_why;
-  double deadline = 0;
+  struct Failure { int rank; int code; std::string why; bool own; };
+  std::optional<Failure> blamed;
+  std::vector<Failure> window;  // failures seen within the blame window
+  double window_end = 0, deadline = 0;
+  int alive = nproc;
+  auto reap = [&](pid_t pid, int status) {
+    for (int r = 0; r < nproc; ++r) {
+      if (pids[static_cast<std::size_t>(r)] != pid) continue;
+      pids[static_cast<std::size_t>(r)] = -1;
+      --alive;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code == 0 || blamed) return;
+      std::string why = WIFEXITED(status)
+                            ? fmt::format("exit code {}{}", code, code == kExitInjectedFault ? " (injected fault)" : "")
+                            : fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+      if (window.empty()) window_end = now_seconds() + 0.2;
+      window.push_back({r, code, why, code != kExitRuntime});
+    }
+  };
   while (alive > 0) {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
-      for (int r = 0; r < nproc; ++r) {
-        if (pids[static_cast<std::size_t>(r)] != pid) continue;
-        pids[static_cast<std::size_t>(r)] = -1;
-        --alive;
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (code != 0 && first_failed < 0) {
-          first_failed = r;
-          first_code = code;
-          first_why = WIFEXITED(status) ? fmt::format("exit code {}", code)
-                                        : fmt::format("killed by signal {} ({})", WTERMSIG(status),
-                                                      strsignal(WTERMSIG(status)));
-          deadline = now_seconds() + grace_s;
-          spdlog::error("rank {} of {} failed: {}; waiting up to {:g} s for the other ranks", r, nproc, first_why,
-                        grace_s);
-        }
-      }
+      reap(pid, status);
       continue;
     }
     if (pid < 0 && errno != EINTR) break;
-    if (first_failed >= 0 && now_seconds() > deadline) {
+    const double now = now_seconds();
+    if (!blamed && !window.empty() && (now >= window_end || alive == 0)) {
+      auto own = std::find_if(window.begin(), window.end(), [](const Failure& f) { return f.own; });
+      blamed = own != window.end() ? *own : window.front();
+      deadline = now + grace_s;
+      spdlog::error("rank {} of {} failed: {}; waiting up to {:g} s for the other ranks", blamed->rank, nproc,
+                    blamed->why, grace_s);
+    }
+    if (blamed && now > deadline) {
       for (int r = 0; r < nproc; ++r)
         if (pids[static_cast<std::size_t>(r)] > 0) {
-          spdlog::error("rank {} still running {:g} s after rank {} failed: killing it", r, grace_s, first_failed);
+          spdlog::error("rank {} still running {:g} s after rank {} failed: killing it", r, grace_s, blamed->rank);
           ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
         }
-      deadline = now_seconds() + 3600;
+      deadline = now + 3600;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (first_failed < 0) return kExitOk;
-  spdlog::error("rank {} of {} failed ({}); the run failed", first_failed, nproc, first_why);
-  return (first_code >= 1 && first_code <= 3) ? first_code : kExitRuntime;
+  if (!blamed && !window.empty()) {
+    auto own = std::find_if(window.begin(), window.end(), [](const Failure& f) { return f.own; });
+    blamed = own != window.end() ? *own : window.front();
+  }
+  if (!blamed) return kExitOk;
+  spdlog::error("rank {} of {} failed ({}); the run failed", blamed->rank, nproc, blamed->why);
+  return (blamed->code >= 1 && blamed->code <= 3) ? blamed->code : kExitRuntime;
 }
 
 // ----------------------------------------------------------------------------

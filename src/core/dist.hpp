@@ -48,6 +48,10 @@ struct LaunchInfo {
 /// world_size > 1. Throws RuntimeFailure for malformed or inconsistent values.
 std::optional<LaunchInfo> launch_from_environment();
 
+/// Exit code of a worker stopped on purpose by the /fault config keys (tests of failure
+/// handling): distinct from 3, which a rank uses when it stops because a peer failed.
+inline constexpr int kExitInjectedFault = 86;
+
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
 int free_port();
 
@@ -56,8 +60,10 @@ int free_port();
 /// MASTER_PORT=<free port>; waits for all. When a worker fails (non-zero exit or a
 /// signal), the others get `grace_s` seconds to end on their own (they notice through
 /// their collective timeouts) and are then killed. Returns 0 when all succeed; else logs
-/// "rank R failed: ..." naming the first failed rank and returns that rank's exit code
-/// if it is 1, 2 or 3, else 3.
+/// "rank R failed: ..." naming the failed rank and returns its exit code if it is 1, 2 or
+/// 3, else 3. Blame: ranks that fail within 0.2 s of each other are weighed together and a
+/// rank that failed on its own (a signal, or an exit code other than 3) is named before one
+/// that exited 3 because its peer vanished. Workers get SIGKILL if this process dies.
 int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s);
 
 // ----------------------------------------------------------------------------

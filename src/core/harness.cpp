@@ -121,6 +121,7 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
       std::cout << cfg.json_value().dump(2) << "\n";
       return kExitOk;
     }
+    if (opts.out_given && opts.out.empty()) throw ConfigError("--out: expected a file path, got an empty string");
     const std::string out = opts.out.empty() ? "results/" + exp.name + ".json" : opts.out;
 
     // Multi-process experiments (a /nproc key): under a launcher (mpt --nproc, torchrun,
@@ -222,6 +223,9 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
   } catch (const ConfigError& e) {
     spdlog::error("mpt compare: {}", e.what());
     return kExitUsage;
+  } catch (const std::exception& e) {  // e.g. a result file whose fields have unexpected types
+    spdlog::error("mpt compare: not a valid mpt result file: {}", e.what());
+    return kExitUsage;
   }
 }
 
@@ -273,7 +277,8 @@ int main_cli(int argc, char** argv) {
     sub->add_option("--set", opts.sets, "Override one config key: path.to.key=VALUE (VALUE is JSON, else a string); repeatable")
         ->take_all()
         ->allow_extra_args(false);
-    sub->add_option("--out", opts.out, "Result file (default results/" + e.name + ".json)");
+    sub->add_option("--out", opts.out, "Result file (default results/" + e.name + ".json)")
+        ->each([&opts](const std::string&) { opts.out_given = true; });
     sub->add_option("--device", opts.device, "auto | cpu | cuda (auto = CUDA when available)")
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     sub->add_option("--seed", opts.seed, "Seed (overrides the config's /seed)");

@@ -17,6 +17,7 @@ struct RunOptions {
   std::string config_file;          ///< --config
   std::vector<std::string> sets;    ///< --set KEY=VALUE, in order
   std::string out;                  ///< --out (default results/<experiment>.json)
+  bool out_given = false;           ///< --out appeared (an empty value is then an error)
   std::string device;               ///< --device (empty: from config)
   std::optional<long long> seed;    ///< --seed
   bool print_config = false;        ///< --print-config

@@ -179,6 +179,28 @@ std::string render_checks(const std::vector<Check>& checks) {
 
 void write_file_atomic(const std::string& path, const std::string& text) {
   namespace fs = std::filesystem;
+  if (path.empty()) throw std::runtime_error("empty result path");
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+    // A device or pipe (--out /dev/null, /dev/stdout): write into it, never replace it.
+    int fd = ::open(path.c_str(), O_WRONLY);
+    if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    const char* p = text.data();
+    std::size_t left = text.size();
+    while (left > 0) {
+      ssize_t w = ::write(fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        int err = errno;
+        ::close(fd);
+        throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(err)));
+      }
+      p += w;
+      left -= static_cast<std::size_t>(w);
+    }
+    ::close(fd);
+    return;
+  }
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;

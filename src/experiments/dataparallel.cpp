@@ -261,7 +261,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     if (r == ts.fault_rank && s == ts.fault_step) {
       spdlog::warn("rank {}: exiting at step {} (/fault/rank, for testing)", r, s);
       std::fflush(nullptr);
-      std::_Exit(kExitRuntime);
+      std::_Exit(dist::kExitInjectedFault);
     }
     const double t0 = now_seconds();
     auto idx = shard.index({Slice(s * b, (s + 1) * b)});

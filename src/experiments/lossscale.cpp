@@ -81,7 +81,10 @@ ConfigSpec lossscale_spec() {
   s.add("/train/static_scale", positive_number(1024.0, "loss scale of fp16+master+static (> 0)"));
   s.boolean("/train/loss_in_low_precision", false,
             "compute log-softmax and the loss in the low format too (autocast keeps them in fp32)");
-  s.add("/train/scaler/init_scale", positive_number(65536.0, "GradScaler init_scale (> 0)"));
+  // The scale is held in fp32 (as PyTorch's): it must be a finite, normal fp32 value.
+  Param init = positive_number(65536.0, "GradScaler init_scale (> 0, at most fp32's max)");
+  init.max = 3.4028234663852886e38;
+  s.add("/train/scaler/init_scale", init);
   Param growth{ParamType::Number, 2.0, "GradScaler growth_factor (> 1)"};
   growth.exclusive_min = 1.0;
   s.add("/train/scaler/growth_factor", growth);
@@ -91,7 +94,9 @@ ConfigSpec lossscale_spec() {
   s.add("/train/scaler/backoff_factor", backoff);
   s.integer("/train/scaler/growth_interval", 100, "GradScaler growth_interval (PyTorch: 2000)", 1, 1'000'000'000);
   s.integer("/train/scaler/hysteresis", 1, "overflows tolerated before backing off (1 = PyTorch)", 1, 1'000'000);
-  s.add("/train/scaler/min_scale", positive_number(1.0, "floor of the dynamic scale (> 0)"));
+  Param floor = positive_number(1.0, "floor of the dynamic scale (>= fp32's smallest normal, 1.18e-38)");
+  floor.min = 1.1754943508222875e-38;
+  s.add("/train/scaler/min_scale", floor);
   s.choice("/train/scaler/min_scale_policy", "clamp", {"clamp", "error"}, "at the floor: clamp, or stop with an error");
   return s;
 }

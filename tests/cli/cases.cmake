@@ -41,7 +41,10 @@ cli_case(bad_set_type 2 "/data/batch: expected an integer" underflow --set data.
 cli_case(bad_set_empty_list 2 "/model/depth: expected .*non-empty" underflow --set "model.depth=[]")
 cli_case(bad_device 2 "device" underflow --device tpu)
 cli_case(bad_seed 2 "/seed: expected an integer >= 0" underflow --seed -1)
-cli_case(no_cuda 3 "CUDA" underflow --device cuda)
+if(NOT MPT_WITH_CUDA)  # a CUDA build may have a device: then --device cuda runs
+  cli_case(no_cuda 3 "CUDA" underflow --device cuda)
+endif()
+cli_case(bad_set_pointer 2 "not a valid key path" underflow --set "model.dep~th=3")
 add_test(NAME cli.configs_match_defaults
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/configs_match_defaults.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -61,3 +64,13 @@ add_test(NAME cli.plots
          COMMAND bash -c "set -e; if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then echo 'SKIPPED: python3-matplotlib missing'; exit 77; fi; d=$(mktemp -d); /usr/bin/python3 scripts/plot.py $(ls tests/golden/*.json | grep -v config.json) --out-dir $d > $d/list; test -s $d/list; for f in $(cat $d/list); do test -s $f; head -c 8 $f | od -An -c | grep -q 'P   N   G' || { echo \"not a PNG: $f\"; exit 1; }; done; echo ok: $(wc -l < $d/list) plots; rm -rf $d"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.plots PROPERTIES SKIP_RETURN_CODE 77)
+
+# --- found by trying mpt as a new user ---
+add_test(NAME cli.bad_out_empty
+         COMMAND bash -c "$<TARGET_FILE:mpt> underflow --set model.depth=2 --out '' 2>&1 | grep -q -- '--out: expected a file path'; test \${PIPESTATUS[0]} = 2 && echo ok"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+cli_case(bad_set_empty_segment 2 "empty key segment" underflow --set model..depth=4)
+cli_case(bad_set_huge_number 2 "/seed: expected an integer" underflow --set seed=1e400)
+add_test(NAME cli.out_dev_null
+         COMMAND bash -c "$<TARGET_FILE:mpt> underflow -q --set model.depth=2 --out /dev/null && test -c /dev/null && echo ok: /dev/null is still a device"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})

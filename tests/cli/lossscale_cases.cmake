@@ -7,7 +7,7 @@ cli_case(lossscale_sweep_only 0 "2\\^28" lossscale --set train.enabled=false)
 # bad inputs: exit 2 naming the key; missing data: exit 3 naming the package
 cli_case(lossscale_bad_negative_scale 2 "/sweep/scales/1: expected a number > 0, got -4" lossscale --set "sweep.scales=[1,-4]")
 cli_case(lossscale_bad_static_scale 2 "/train/static_scale: expected a number > 0, got -1" lossscale --set train.static_scale=-1)
-cli_case(lossscale_bad_init_scale 2 "/train/scaler/init_scale: expected a number > 0, got 0" lossscale --set train.scaler.init_scale=0)
+cli_case(lossscale_bad_init_scale 2 "/train/scaler/init_scale: expected a number > 0.*got 0" lossscale --set train.scaler.init_scale=0)
 cli_case(lossscale_bad_growth 2 "/train/scaler/growth_factor: expected a number > 1, got 1" lossscale --set train.scaler.growth_factor=1)
 cli_case(lossscale_bad_growth_below 2 "/train/scaler/growth_factor: expected a number > 1, got 0.5" lossscale --set train.scaler.growth_factor=0.5)
 cli_case(lossscale_bad_backoff 2 "/train/scaler/backoff_factor: expected a number > 0 and < 1, got 1" lossscale --set train.scaler.backoff_factor=1)

@@ -15,6 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 out="$tmp/result.json"
 args=()
 has_out=0
+appended=0
 for a in "$@"; do
   a=${a//@OUT@/$out}
   a=${a//@TMP@/$tmp}
@@ -25,6 +26,7 @@ done
 if [ $has_out = 0 ] && [ ${#args[@]} -gt 0 ] && [[ ${args[0]} != -* ]] && [ "${args[0]}" != list ] \
    && [[ " ${args[*]} " != *" --help "* ]] && [[ " ${args[*]} " != *" --print-config "* ]]; then
   args+=(--out "$out")
+  appended=1
 fi
 if [ "$want" != 0 ]; then
   printf 'sentinel\n' > "$out"
@@ -37,6 +39,9 @@ if [ "$regex" != ANY ] && ! cat "$tmp/stdout" "$tmp/stderr" | grep -Eq -- "$rege
   fail "output does not match /$regex/"
 fi
 if [ "$want" = 0 ]; then
+  if [ $appended = 1 ] && [ ! -f "$out" ]; then
+    fail "exit 0 but no result file was written"
+  fi
   if [ $has_out = 0 ] && [ -f "$out" ]; then
     /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["schema_version"]==1, "schema_version"; assert "results" in d and "env" in d and "timings" in d' "$out" \
       || fail "result file is not a valid result document"

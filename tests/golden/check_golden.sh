@@ -6,6 +6,6 @@ set -eu
 mpt=$1 golden=$2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 exp=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["experiment"])' "$golden")
-/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["config"]; c["device"]="cpu"; json.dump(c, open(sys.argv[2],"w"))' "$golden" "$tmp/config.json"
+/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["config"]; c["device"]="cpu"; c["threads"]=1; json.dump(c, open(sys.argv[2],"w"))' "$golden" "$tmp/config.json"
 "$mpt" "$exp" -q --config "$tmp/config.json" --out "$tmp/new.json"
 "$mpt" compare "$golden" "$tmp/new.json"
