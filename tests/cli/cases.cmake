@@ -67,7 +67,7 @@ set_tests_properties(cli.plots PROPERTIES SKIP_RETURN_CODE 77)
 
 # --- found by trying mpt as a new user ---
 add_test(NAME cli.bad_out_empty
-         COMMAND bash -c "$<TARGET_FILE:mpt> underflow --set model.depth=2 --out '' 2>&1 | grep -q -- '--out: expected a file path'; test \${PIPESTATUS[0]} = 2 && echo ok"
+         COMMAND bash -c "out=\$($<TARGET_FILE:mpt> underflow --set model.depth=2 --out '' 2>&1); test \$? = 2 && echo \"\$out\" | grep -q -- '--out: expected a file path' && echo ok"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 cli_case(bad_set_empty_segment 2 "empty key segment" underflow --set model..depth=4)
 cli_case(bad_set_huge_number 2 "/seed: expected an integer" underflow --set seed=1e400)
