@@ -17,6 +17,19 @@ namespace mpt {
 /// Input [batch, in_dim] → output [batch, 1]. Throws std::invalid_argument for sizes < 1.
 torch::nn::Sequential deep_sigmoid_net(int64_t in_dim, int64_t width, int64_t depth);
 
+/// Largest |a − b| over all elements (a, b of one shape), as a double: the equivalence
+/// metric every experiment reports (0.0 means bitwise equal values).
+inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+/// Largest |a[i] − b[i]| over paired tensor lists (e.g. two models' gradients, same order).
+inline double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, max_abs_diff(a[i], b[i]));
+  return d;
+}
+
 /// The Linear layers of a Sequential, in order (for per-layer statistics).
 std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net);
 

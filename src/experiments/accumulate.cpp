@@ -32,6 +32,7 @@
 
 #include "core/data.hpp"
 #include "core/errors.hpp"
+#include "core/models.hpp"
 #include "core/memory.hpp"
 #include "core/runtime.hpp"
 #include "experiments/experiment.hpp"
@@ -120,12 +121,6 @@ std::vector<torch::Tensor> grads_of(const torch::nn::Module& net) {
   std::vector<torch::Tensor> g;
   for (const auto& p : net.parameters()) g.push_back(p.grad().detach().clone());
   return g;
-}
-
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
-  return d;
 }
 
 double max_abs(const std::vector<torch::Tensor>& a) {

@@ -31,6 +31,7 @@
 
 #include "core/checkpoint.hpp"
 #include "core/errors.hpp"
+#include "core/models.hpp"
 #include "core/memory.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
@@ -128,12 +129,6 @@ StepResult step(Setup& su, int64_t segments, bool preserve_rng, torch::Device de
   for (auto& p : su.net->parameters()) r.grads.push_back(p.grad().detach().clone());
   r.grads.push_back(x.grad().detach().clone());
   return r;
-}
-
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
-  return d;
 }
 
 double median_step_time(Setup& su, int64_t segments, torch::Device device, std::uint64_t seed, int64_t repeats) {

@@ -35,6 +35,7 @@
 #include "core/data.hpp"
 #include "core/dist.hpp"
 #include "core/errors.hpp"
+#include "core/models.hpp"
 #include "core/runtime.hpp"
 #include "experiments/experiment.hpp"
 
@@ -140,8 +141,6 @@ ShardGrads shard_grads(int64_t seed, int64_t in_dim, int64_t hidden, int64_t n, 
   }
   return r;
 }
-
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 Table equivalence_table(const Config& cfg, Report& report) {
   const int64_t n = cfg.integer("/equivalence/batch"), k = cfg.integer("/equivalence/shards");

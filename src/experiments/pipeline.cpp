@@ -25,6 +25,7 @@
  *   mpt pipeline --config configs/pipeline_split3.json     (the lesson's 3-stage exercise)
  */
 #include "core/errors.hpp"
+#include "core/models.hpp"
 #include "core/pipeline.hpp"
 #include "core/runtime.hpp"
 #include "experiments/experiment.hpp"
@@ -85,8 +86,6 @@ void reset_grads(const std::vector<torch::nn::Linear>& layers) {
   for (auto& l : layers)
     for (auto& p : l->parameters()) p.mutable_grad() = torch::Tensor();
 }
-
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 // ----------------------------------------------------------------------------
 // 1. The exact split
