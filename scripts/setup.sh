@@ -1,21 +1,45 @@
 #!/usr/bin/env bash
-# Sets up mpt on a Debian 12 machine: installs the Debian packages it needs (only the
-# missing ones; as root, or through sudo), then configures and builds into build/.
-# Re-running it is cheap: nothing is installed twice and the build is incremental.
+# Sets up mpt on a Debian 12 machine: installs what it needs (only what is missing; as root
+# or through sudo), then configures and builds.
 #
-#   scripts/setup.sh            # packages + build
-#   MPT_JOBS=4 scripts/setup.sh # more compile jobs (default 2; LibTorch TUs take ~1.5 GB each)
+#   scripts/setup.sh                # Debian's LibTorch 1.13 (CPU)  -> build/
+#   scripts/setup.sh --torch pip    # PyPI's CUDA LibTorch 2.x     -> build-torch2/
+#   MPT_JOBS=4 scripts/setup.sh     # more compile jobs (default 2; LibTorch TUs take ~1.5 GB each)
+#
+# --torch pip installs the pinned torch wheel (scripts/torch2-requirements.txt) into the
+# project-local virtual environment .venv-torch2/ (pip's cache keeps the wheels for the next
+# run), points CMake at the LibTorch inside it, and builds with its CUDA paths compiled
+# (NCCL, CUDA memory statistics, native fp16/bf16). Linking needs the CUDA toolkit
+# (nvcc, cudart) at /usr/local/cuda or on PATH; nothing here needs a GPU to build.
+# Re-running is cheap: nothing is installed twice and the build is incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+torch=debian
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --torch) torch="${2:-}"; shift 2 || { echo "setup: --torch needs a value: debian or pip" >&2; exit 2; } ;;
+    --torch=*) torch="${1#--torch=}"; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "setup: unknown option '$1' (expected --torch debian|pip)" >&2; exit 2 ;;
+  esac
+done
+case "$torch" in debian|pip) ;; *) echo "setup: --torch: expected debian or pip, got '$torch'" >&2; exit 2 ;; esac
+
 packages=(
   g++ cmake make pkg-config          # toolchain
-  libtorch-dev libgloo-dev           # LibTorch 1.13 (CPU) and Gloo headers for c10d
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
   dataset-fashion-mnist              # real data: /usr/share/datasets/fashion-mnist
-  python3-torch                      # PyTorch-Python reference for parity tests (/usr/bin/python3)
-  python3-matplotlib                 # scripts/plot.py
 )
+if [ "$torch" = debian ]; then
+  packages+=(
+    libtorch-dev libgloo-dev         # LibTorch 1.13 (CPU) and Gloo headers for c10d
+    python3-torch                    # PyTorch-Python reference for parity tests (/usr/bin/python3)
+    python3-matplotlib               # scripts/plot.py
+  )
+else
+  packages+=(python3-venv)           # .venv-torch2 for the torch wheel (its Python is the parity reference)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,6 +55,31 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo > build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
-rm -f build.configure.log
-cmake --build build -j "${MPT_JOBS:-2}"
+if [ "$torch" = debian ]; then
+  build=build
+  cmake_args=()
+else
+  build=build-torch2
+  venv=.venv-torch2
+  req=scripts/torch2-requirements.txt
+  # Reinstall only when the pinned requirements changed (the stamp holds a copy of them).
+  if ! cmp -s "$req" "$venv/.mpt-requirements" 2>/dev/null; then
+    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+    echo "setup: installing $(grep -v '^#' "$req" | xargs) into $venv (pip; several GB the first time)" >&2
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --progress-bar off -r "$req"
+    cp "$req" "$venv/.mpt-requirements"
+  fi
+  tdir="$("$venv/bin/python" -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+  # The torch folder itself first, so that find_library takes its lib/ before any system
+  # LibTorch (Debian's libtorch-dev may be installed too); then its CMake config.
+  cmake_args=("-DCMAKE_PREFIX_PATH=$tdir;$tdir/share/cmake" "-DMPT_REF_PYTHON=$PWD/$venv/bin/python")
+  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+  command -v nvcc >/dev/null || { echo "setup: --torch pip needs the CUDA toolkit (nvcc) to link the CUDA LibTorch; none found on PATH or in /usr/local/cuda" >&2; exit 3; }
+  # No GPU here to detect: name the architectures for Torch's CMake (it only links; mpt has no kernels).
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}"
+fi
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cmake_args[@]}" > "$build.configure.log" 2>&1 ||
+  { cat "$build.configure.log"; exit 1; }
+rm -f "$build.configure.log"
+cmake --build "$build" -j "${MPT_JOBS:-2}"

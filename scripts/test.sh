@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # Sets up if needed, then runs the whole test suite through ctest: Catch2 unit tests,
-# CLI runs on tiny configs, bad-config cases and parity checks against python3-torch.
+# CLI runs on tiny configs, bad-config cases and parity checks against PyTorch-Python.
 #
-#   scripts/test.sh               # everything
-#   scripts/test.sh -R parity     # extra arguments go to ctest
+#   scripts/test.sh                   # Debian's LibTorch 1.13 build (build/), reference /usr/bin/python3
+#   scripts/test.sh --torch pip       # LibTorch 2.x build (build-torch2/), reference .venv-torch2's Python;
+#                                     # CUDA tests run on a GPU, and are reported as skipped without one
+#   scripts/test.sh -R parity         # other arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-ctest --test-dir build -j "${MPT_JOBS:-2}" --output-on-failure --timeout 600 "$@"
+torch=debian
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --torch) torch="${2:-}"; shift 2 || { echo "test: --torch needs a value: debian or pip" >&2; exit 2; } ;;
+    --torch=*) torch="${1#--torch=}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+bash scripts/setup.sh --torch "$torch"
+build=build
+[ "$torch" = pip ] && build=build-torch2
+ctest --test-dir "$build" -j "${MPT_JOBS:-2}" --output-on-failure --timeout 600 "${args[@]}"

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Regenerates tests/golden/<experiment>.json from tests/golden/<experiment>.config.json (small,
-# fixed configs). Run it on purpose when a change of numbers is intended; review the diff.
-#   scripts/update-golden.sh            # all
-#   scripts/update-golden.sh underflow  # only these
+# Regenerates the golden results from tests/golden/<experiment>.config.json (small, fixed
+# configs). Run it on purpose when a change of numbers is intended; review the diff.
+#   scripts/update-golden.sh                    # all, Debian's LibTorch 1.13 -> tests/golden/<exp>.json
+#   scripts/update-golden.sh underflow          # only these
+#   scripts/update-golden.sh --torch pip [...]  # LibTorch 2.x (build-torch2) -> tests/golden/torch2/<exp>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x build/mpt ] || bash scripts/setup.sh
+build=build dir=tests/golden torch=debian
+if [ "${1:-}" = --torch ]; then torch=${2:?--torch needs debian or pip}; shift 2; fi
+if [ "$torch" = pip ]; then build=build-torch2 dir=tests/golden/torch2; fi
+[ -x "$build/mpt" ] || bash scripts/setup.sh --torch "$torch"
+mkdir -p "$dir"
 if [ $# -gt 0 ]; then names=("$@"); else names=(); for f in tests/golden/*.config.json; do n=$(basename "$f" .config.json); names+=("$n"); done; fi
 for e in "${names[@]}"; do
-  build/mpt "$e" -q --device cpu --set threads=1 --config "tests/golden/$e.config.json" --out "tests/golden/$e.json"
-  echo "updated tests/golden/$e.json"
+  "$build/mpt" "$e" -q --device cpu --set threads=1 --config "tests/golden/$e.config.json" --out "$dir/$e.json"
+  echo "updated $dir/$e.json"
 done

@@ -5,6 +5,8 @@
 
 #include "catch.hpp"
 #include "core/amp.hpp"
+#include "core/errors.hpp"
+#include "core/runtime.hpp"
 
 using namespace mpt;
 
@@ -232,4 +234,40 @@ TEST_CASE("emulate_storage rounds forward values and backward gradients", "[amp]
   CHECK(x.grad()[1].item<float>() == 3.0f);
   auto z = torch::ones({2}, torch::requires_grad());
   CHECK(emulate_storage(z, Format::FP32).is_same(z));
+}
+
+TEST_CASE("store_as: native and emulated store the same values and pass gradients back", "[amp]") {
+  auto x = torch::tensor({1.0f + 1.0f / 4096, 3.0e-8f, 70000.0f, -2.5e-6f}).requires_grad_(true);
+  for (Format f : {Format::FP16, Format::BF16}) {
+    auto emu = store_as(x, f, Compute::Emulated);
+    auto nat = store_as(x, f, Compute::Native);
+    CHECK(emu.scalar_type() == torch::kFloat);
+    CHECK(nat.scalar_type() == storage_dtype(f));
+    // Both round to nearest even: the same stored values (inf for 70000 in fp16 included).
+    CHECK(torch::equal(emu, nat.to(torch::kFloat)));
+    // The gradient flows back through the cast: d(sum 3·y)/dx = 3 in the format, cast up to fp32.
+    (nat.to(torch::kFloat) * 3).sum().backward();
+    REQUIRE(x.grad().defined());
+    CHECK(x.grad().scalar_type() == torch::kFloat);
+    CHECK(torch::equal(x.grad(), torch::full({4}, 3.0f)));
+    x.mutable_grad() = torch::Tensor();
+  }
+  // Already in the format: native storing is a no-op (the same tensor).
+  auto h = torch::ones({2}, torch::kBFloat16);
+  CHECK(store_as(h, Format::BF16, Compute::Native).is_same(h));
+  CHECK_THROWS_AS(store_as(x, Format::FP8_E4M3, Compute::Native), std::invalid_argument);
+}
+
+TEST_CASE("resolve_compute: auto follows the device's kernels, native is refused without them", "[amp]") {
+  const torch::Device cpu(torch::kCPU);
+  CHECK(resolve_compute("auto", Format::FP32, cpu) == Compute::Native);
+  CHECK(resolve_compute("emulated", Format::FP16, cpu) == Compute::Emulated);
+  CHECK(resolve_compute("auto", Format::FP8_E5M2, cpu) == Compute::Emulated);
+  CHECK_THROWS_AS(resolve_compute("fast", Format::FP16, cpu), std::invalid_argument);
+  for (Format f : {Format::FP16, Format::BF16}) {
+    const bool has = native_matmul(cpu, storage_dtype(f));
+    CHECK(resolve_compute("auto", f, cpu) == (has ? Compute::Native : Compute::Emulated));
+    if (has) CHECK(resolve_compute("native", f, cpu) == Compute::Native);
+    else CHECK_THROWS_AS(resolve_compute("native", f, cpu), RuntimeFailure);
+  }
 }

@@ -181,4 +181,12 @@ torch::Tensor emulate_storage(const torch::Tensor& x, Format f) {
   return StorageRound::apply(x, static_cast<int64_t>(f));
 }
 
+torch::Tensor store_as(const torch::Tensor& x, Format f, Compute c) {
+  if (c == Compute::Emulated) return emulate_storage(x, f);
+  const auto dtype = storage_dtype(f);
+  if (f == Format::FP8_E4M3 || f == Format::FP8_E5M2)
+    throw std::invalid_argument("store_as: fp8 has no native storage in mpt (use Compute::Emulated)");
+  return x.scalar_type() == dtype ? x : x.to(dtype);
+}
+
 }  // namespace mpt

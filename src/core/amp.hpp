@@ -124,4 +124,11 @@ class GradScaler {
 /// fp16/bf16 storage). For f = FP32 it returns x unchanged. Shapes are preserved.
 torch::Tensor emulate_storage(const torch::Tensor& x, Format f);
 
+/// Stores `x` in format `f` as compute mode `c` does. Emulated: emulate_storage(x, f) — an
+/// fp32 tensor holding f's values, the gradient flowing back rounded to f. Native: x cast to
+/// f's dtype (storage_dtype) — a differentiable cast, so the gradient flows back in f and is
+/// cast to x's dtype at the boundary (what autocast's weight casts do). A no-op when x already
+/// has the target dtype (native) or f is fp32. Shapes are preserved.
+torch::Tensor store_as(const torch::Tensor& x, Format f, Compute c);
+
 }  // namespace mpt

@@ -35,19 +35,44 @@ inline bool cuda_available() {
 
 }  // namespace mpt::compat
 
-// c10::Allocator gained a pure virtual copy_data() in LibTorch 2.3; a subclass must
-// define it there and must not (override) before.
+// c10::Allocator in LibTorch 2.3 gained a pure virtual copy_data() (a subclass must define it
+// there and must not before) and its allocate() lost its const.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
 #define MPT_COMPAT_ALLOCATOR_EXTRA \
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#define MPT_COMPAT_ALLOCATE_CONST
 #else
 #define MPT_COMPAT_ALLOCATOR_EXTRA
+#define MPT_COMPAT_ALLOCATE_CONST const
 #endif
 
+namespace mpt::compat {
+/// Index of the aggregate entry (all pools) in a caching allocator's StatArray: StatType::AGGREGATE,
+/// first in every version; the enum lives in c10::cuda::CUDACachingAllocator in 1.13 and in
+/// c10::CachingAllocator in 2.x.
+inline constexpr std::size_t kAllocatorStatAggregate = 0;
+}  // namespace mpt::compat
+
 // c10d (core/dist.cpp): in LibTorch 1.13 c10d::ProcessGroupGloo derives from c10d::ProcessGroup,
-// in 2.x from c10d::Backend (ProcessGroup became a dispatcher over backends). mpt holds the
-// concrete ProcessGroupGloo and uses only what both versions share — the constructor
-// (store, rank, size, Options::create(timeout)), allreduce/broadcast returning
-// c10::intrusive_ptr<c10d::Work>, TCPStore(host, TCPStoreOptions), PrefixStore, HashStore —
-// so no version switch is needed. ProcessGroupGloo.hpp declares its class only under
-// USE_C10D_GLOO, which dist.cpp defines before including it.
+// in 2.x from c10d::Backend (ProcessGroup became a dispatcher over backends), and so does
+// ProcessGroupNCCL. mpt holds its group through that base (C10dBackend below) and uses only what
+// both versions share — the constructors (store, rank, size, Options), allreduce/broadcast
+// returning c10::intrusive_ptr<c10d::Work>, TCPStore(host, TCPStoreOptions), PrefixStore,
+// HashStore. ProcessGroupGloo.hpp / ProcessGroupNCCL.hpp declare their classes only under
+// USE_C10D_GLOO / USE_C10D_NCCL, which dist.cpp defines before including them; a file that
+// wants C10dBackend defines MPT_COMPAT_C10D before including this header.
+#ifdef MPT_COMPAT_C10D
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+namespace mpt::compat {
+/// The base class of a c10d process-group backend (Gloo, NCCL) in this LibTorch.
+using C10dBackend = c10d::Backend;
+}  // namespace mpt::compat
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+namespace mpt::compat {
+/// The base class of a c10d process-group backend (Gloo, NCCL) in this LibTorch.
+using C10dBackend = c10d::ProcessGroup;
+}  // namespace mpt::compat
+#endif
+#endif

@@ -1,5 +1,6 @@
 // c10d process groups, launch and the DDP-style reducer. See dist.hpp.
 #define USE_C10D_GLOO 1
+#define MPT_COMPAT_C10D 1
 #include "core/dist.hpp"
 
 #include <arpa/inet.h>
@@ -21,6 +22,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef MPT_WITH_CUDA
+// NCCL for CUDA tensors: compiled only against a CUDA LibTorch (set by CMake from what it found).
+#define USE_C10D_NCCL 1
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 extern char** environ;
 
@@ -244,8 +250,8 @@ void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
 }
 
 struct Group::Impl {
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-  std::string where;  // "rank R of N" for messages
+  c10::intrusive_ptr<compat::C10dBackend> pg;  // ProcessGroupGloo or ProcessGroupNCCL
+  std::string where;                           // "rank R of N" for messages
 };
 
 namespace {
@@ -266,13 +272,32 @@ void Work::wait() {
 }
 
 std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size, const std::string& prefix,
-                                     std::chrono::milliseconds timeout) {
+                                     std::chrono::milliseconds timeout, torch::Device device) {
   if (!g_store) connect_store(info, timeout);
   std::shared_ptr<Group> g(new Group());
   g->rank_ = rank;
   g->size_ = size;
+  g->device_ = device;
   g->impl_ = std::make_unique<Impl>();
   g->impl_->where = fmt::format("rank {} of {}", rank, size);
+  if (device.is_cuda()) {
+#ifdef MPT_WITH_CUDA
+    g->backend_ = "nccl";
+    try {
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, g_store);
+      g->impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(fmt::format("rank {} of {}: cannot form the NCCL process group within {:g} s: {}", rank,
+                                       size, timeout.count() / 1000.0, first_line(e.what())));
+    }
+    return g;
+#else
+    throw RuntimeFailure("a process group on " + device.str() + ": this mpt was built against a CPU-only LibTorch (" +
+                         compat::torch_version() + "), so it has no NCCL; use --device cpu (Gloo)");
+#endif
+  }
   try {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     const bool loopback = info.master_addr == "127.0.0.1" || info.master_addr == "localhost";
@@ -319,8 +344,8 @@ void Group::broadcast(torch::Tensor t, int root) {
 }
 
 void Group::barrier() {
-  // An all-reduce of one element: bounded by the Gloo timeout like every collective.
-  allreduce(torch::zeros({1}));
+  // An all-reduce of one element: bounded by the group's timeout like every collective.
+  allreduce(torch::zeros({1}, torch::TensorOptions().device(device_)));
 }
 
 // ----------------------------------------------------------------------------
@@ -368,7 +393,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::shared_ptr<Group> group
       bucket_of_[buckets_[b].params[s]] = b;
       slot_of_[buckets_[b].params[s]] = s;
     }
-    flat_.push_back(torch::zeros({buckets_[b].numel}, torch::TensorOptions().dtype(opts_.comm_dtype)));
+    flat_.push_back(torch::zeros({buckets_[b].numel}, torch::TensorOptions().dtype(opts_.comm_dtype).device(group_->device())));
   }
   for (std::size_t i = 0; i < params_.size(); ++i)
     params_[i].register_hook([this, i](torch::Tensor g) { on_grad(i, g); });
@@ -451,6 +476,7 @@ double Reducer::finalize() {
     }
   }
   prepare();
+  sync_device(group_->device());  // NCCL's wait() only orders the stream; time what the host waits for
   return now_seconds() - t0;
 }
 
@@ -458,9 +484,11 @@ double Reducer::time_allreduce(int iters) {
   std::vector<torch::Tensor> scratch;
   for (const auto& f : flat_) scratch.push_back(f.clone());
   group_->barrier();
+  sync_device(group_->device());
   const double t0 = now_seconds();
   for (int it = 0; it < iters; ++it)
     for (auto& s : scratch) group_->allreduce(s);
+  sync_device(group_->device());
   return (now_seconds() - t0) / std::max(1, iters);
 }
 

@@ -85,22 +85,31 @@ class Work {
 
 enum class ReduceOp { Sum, Min, Max };
 
-/// A group of processes that run collectives together (c10d::ProcessGroupGloo).
+/// A group of processes that run collectives together: c10d::ProcessGroupGloo for CPU tensors,
+/// c10d::ProcessGroupNCCL for CUDA tensors (compiled only against a CUDA LibTorch), as
+/// torch.distributed.init_process_group("gloo" | "nccl") gives.
 /// Every collective is bounded by the group's timeout; a failure or timeout throws
 /// RuntimeFailure ("<op> failed on rank R of N: ...; a peer process failed or timed out").
 class Group {
  public:
   /// Connects rank `rank` of `size` through `info`'s store; `prefix` separates groups that
-  /// share the store (e.g. "n2/"). Ranks ≥ size must not call this. Throws RuntimeFailure
-  /// when the master cannot be reached or the peers do not show up within `timeout`.
+  /// share the store (e.g. "n2/"). Ranks ≥ size must not call this. `device` chooses the
+  /// backend: CPU → Gloo; CUDA → NCCL (one GPU per rank: the caller sets the current CUDA device
+  /// first). Throws RuntimeFailure when the master cannot be reached, the peers do not show up
+  /// within `timeout`, or a CUDA group is asked of a CPU-only build.
   static std::shared_ptr<Group> create(const LaunchInfo& info, int rank, int size, const std::string& prefix,
-                                       std::chrono::milliseconds timeout);
+                                       std::chrono::milliseconds timeout, torch::Device device = torch::kCPU);
   ~Group();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  /// "gloo" or "nccl".
+  const std::string& backend() const { return backend_; }
+  /// Where this group's tensors live (CPU for Gloo, a CUDA device for NCCL).
+  torch::Device device() const { return device_; }
 
-  /// In-place all-reduce of a contiguous CPU tensor (any floating dtype Gloo supports, incl. fp16).
+  /// In-place all-reduce of a contiguous tensor on device() (any floating dtype the backend
+  /// supports, incl. fp16).
   Work allreduce_async(torch::Tensor t, ReduceOp op = ReduceOp::Sum);
   void allreduce(torch::Tensor t, ReduceOp op = ReduceOp::Sum) { allreduce_async(std::move(t), op).wait(); }
   /// In-place broadcast from `root`.
@@ -112,6 +121,8 @@ class Group {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
+  std::string backend_ = "gloo";
+  torch::Device device_ = torch::kCPU;
 };
 
 /// The store connection of this job, shared by the groups created from it.

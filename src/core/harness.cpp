@@ -148,7 +148,9 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     spdlog::debug("device {} (fp16 compute {}), LibTorch {}", device.str(), env["fp16_compute"].get<std::string>(),
                   compat::torch_version());
 
-    Context ctx{cfg, device, env["fp16_compute"].get<std::string>(), opts.verbose, isatty(2) != 0, rank, world_size};
+    // Progress lines only where a person watches: stderr a terminal, not -q, rank 0.
+    const bool tty = isatty(2) != 0 && !opts.quiet && rank == 0;
+    Context ctx{cfg, device, env["fp16_compute"].get<std::string>(), opts.verbose, tty, rank, world_size};
     const double t0 = now_seconds();
     Report report = exp.run(ctx);
     const double wall = now_seconds() - t0;

@@ -34,7 +34,7 @@ void counted_delete(void* ctx) {
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) MPT_COMPAT_ALLOCATE_CONST override {
     c10::DataPtr p = inner_->allocate(n);
     void* data = p.get();
     auto device = p.device();
@@ -65,7 +65,7 @@ int64_t current_bytes(torch::Device device) {
 #ifdef MPT_WITH_CUDA
   if (device.is_cuda()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)].current;
+    return stats.allocated_bytes[compat::kAllocatorStatAggregate].current;
   }
 #endif
   return g_live.load(std::memory_order_relaxed);
@@ -90,7 +90,7 @@ int64_t PeakScope::peak_bytes() const {
   if (device_.is_cuda()) {
     int idx = device_.index() < 0 ? 0 : device_.index();
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(idx);
-    return stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)].peak -
+    return stats.allocated_bytes[compat::kAllocatorStatAggregate].peak -
            start_;
   }
 #endif

@@ -17,6 +17,16 @@ namespace mpt {
 /// The formats mpt knows.
 enum class Format { FP32, FP16, BF16, FP8_E4M3, FP8_E5M2 };
 
+/// How arithmetic in a low-precision format is carried out (design notes §5):
+/// Native   tensors of the format's dtype, LibTorch's kernels for it (where the device has them;
+///          on CPU and CUDA these accumulate in fp32 and round each result once)
+/// Emulated fp32 tensors and fp32 arithmetic; every stored tensor (parameters, each layer's
+///          output, the gradient entering each layer) rounded to the format — fp16 storage with
+///          fp32 math, what CUDA's half kernels and Tensor Cores do.
+enum class Compute { Emulated, Native };
+/// "emulated" | "native".
+inline const char* compute_name(Compute c) { return c == Compute::Native ? "native" : "emulated"; }
+
 /// Facts about a format; the values equal torch.finfo's (bits, eps, max, tiny) and the
 /// smallest subnormal is 2^(emin − mantissa_bits).
 struct FormatInfo {

@@ -38,6 +38,23 @@ std::string fp16_compute(torch::Device device) {
   return native_matmul(device, torch::kHalf) ? "native" : "emulated";
 }
 
+Compute resolve_compute(const std::string& request, Format f, torch::Device device) {
+  if (request != "auto" && request != "native" && request != "emulated")
+    throw std::invalid_argument("compute mode: expected auto, native or emulated, got \"" + request + "\"");
+  if (f == Format::FP32) return Compute::Native;
+  if (f == Format::FP8_E4M3 || f == Format::FP8_E5M2) {
+    if (request == "native") throw RuntimeFailure("native " + format_name(f) + " compute: mpt has no native fp8 path; use emulated");
+    return Compute::Emulated;
+  }
+  if (request == "emulated") return Compute::Emulated;
+  const bool has = native_matmul(device, storage_dtype(f));
+  if (request == "native" && !has)
+    throw RuntimeFailure(fmt::format("native {} compute: LibTorch {} has no {} matrix product on {}; use emulated "
+                                     "(or a LibTorch 2.x build: scripts/setup.sh --torch pip)",
+                                     format_name(f), compat::torch_version(), format_name(f), device.str()));
+  return has ? Compute::Native : Compute::Emulated;
+}
+
 void seed_all(std::uint64_t seed) { torch::manual_seed(seed); }
 
 json environment(torch::Device device) {
@@ -57,6 +74,39 @@ json environment(torch::Device device) {
   };
   return env;
 }
+
+void sync_device(torch::Device device) {
+#ifdef MPT_WITH_CUDA
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#else
+  (void)device;
+#endif
+}
+
+Progress::Progress(bool enabled, std::string label, int64_t total, std::string unit)
+    : enabled_(enabled && total > 0), label_(std::move(label)), unit_(std::move(unit)), total_(total) {}
+
+void Progress::update(int64_t done, const std::string& note) {
+  if (!enabled_) return;
+  const double t = now_seconds();
+  if (done < total_ && last_ >= 0 && t - last_ < 0.1) return;
+  last_ = t;
+  std::string line = fmt::format("{} {}/{} {}", label_, done, total_, unit_);
+  if (!note.empty()) line += "  " + note;
+  std::fprintf(stderr, "\r\033[K%s", line.c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void Progress::finish() {
+  if (drawn_) {
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+  drawn_ = false;
+}
+
+Progress::~Progress() { finish(); }
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "core/precision.hpp"
+
 namespace mpt {
 
 using json = nlohmann::json;
@@ -22,6 +24,14 @@ bool native_matmul(torch::Device device, torch::ScalarType dtype);
 /// "native" or "emulated": how fp16 compute runs on `device` in this build.
 std::string fp16_compute(torch::Device device);
 
+/// Resolves a compute request for format `f` on `device`: "emulated" → Emulated; "native" →
+/// Native, provided the device has native matrix products in f's dtype (native_matmul);
+/// "auto" → Native where it has them, else Emulated. fp32 is always Native (nothing to
+/// emulate); fp8 is always Emulated (mpt has no native fp8 path). Throws RuntimeFailure (exit 3)
+/// when "native" is asked for and the device lacks the kernels (naming LibTorch, device and
+/// format), std::invalid_argument for any other request string.
+Compute resolve_compute(const std::string& request, Format f, torch::Device device);
+
 /// Seeds LibTorch's default generators (CPU, and CUDA when present), as torch.manual_seed.
 void seed_all(std::uint64_t seed);
 
@@ -31,5 +41,32 @@ json environment(torch::Device device);
 
 /// Seconds since an arbitrary epoch (steady clock), for timings.
 double now_seconds();
+
+/// Waits until every kernel queued on `device` has finished (torch.cuda.synchronize); a no-op
+/// on the CPU. Call before reading the clock around GPU work.
+void sync_device(torch::Device device);
+
+/// A one-line progress indicator on stderr ("\r<label> 120/400 steps  loss 0.5321"), redrawn at
+/// most 10 times a second and erased when done, so stdout (the tables) stays clean. Does
+/// nothing unless `enabled` (pass Context::tty: stderr is a terminal, not -q, rank 0).
+class Progress {
+ public:
+  /// `total`: the count update() goes to (> 0); `unit`: what is counted, e.g. "steps".
+  Progress(bool enabled, std::string label, int64_t total, std::string unit);
+  /// Records `done` of total and an optional note (e.g. the current loss); redraws if due.
+  void update(int64_t done, const std::string& note = "");
+  /// Erases the line (also done by the destructor).
+  void finish();
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+ private:
+  bool enabled_;
+  std::string label_, unit_;
+  int64_t total_;
+  double last_ = -1;
+  bool drawn_ = false;
+};
 
 }  // namespace mpt

@@ -22,7 +22,7 @@ struct Context {
   torch::Device device;   ///< chosen device (CPU or CUDA)
   std::string fp16_mode;  ///< "native" or "emulated" on this device
   bool verbose = false;   ///< -v given
-  bool tty = false;       ///< stderr is a terminal (progress lines allowed)
+  bool tty = false;       ///< progress lines allowed: stderr is a terminal, not -q, rank 0 (core Progress)
   int rank = 0;           ///< this process's rank in a multi-process run (core/dist); 0 otherwise
   int world_size = 1;     ///< processes in the run; only rank 0's report is printed and written
 };

@@ -65,6 +65,9 @@ ConfigSpec lossscale_spec() {
   s.integer("/sweep/model/width", 16, "units per hidden layer", 1, 4096);
   s.integer("/sweep/model/input_dim", 4, "input features", 1, 4096);
   s.integer("/sweep/data/batch", 32, "samples (inputs and targets from randn)", 1, 1 << 20);
+  s.choice("/sweep/compute", "cast", {"cast", "auto", "native", "emulated"},
+           "cast: backward in fp32, gradients cast to fp16 (the lesson's table); native/emulated/auto: "
+           "forward and backward in fp16 (native kernels or fp32 math with fp16 storage)");
   // 2. training recipes
   s.boolean("/train/enabled", true, "run the training recipes on Fashion-MNIST");
   s.strings("/train/recipes", kRecipes, kRecipes, "recipes to train");
@@ -79,6 +82,9 @@ ConfigSpec lossscale_spec() {
   s.add("/train/lr", positive_number(0.01, "SGD learning rate (> 0); small, so that many updates fall below half an ulp of bf16/fp16 weights"));
   s.integer("/train/log_every", 50, "loss-curve sampling interval (steps)", 1, 1'000'000);
   s.add("/train/static_scale", positive_number(1024.0, "loss scale of fp16+master+static (> 0)"));
+  s.choice("/train/compute", "auto", {"auto", "native", "emulated"},
+           "low-precision compute: native kernels, emulated (fp32 math, rounded storage), or auto (native where "
+           "the device has the kernels)");
   s.boolean("/train/loss_in_low_precision", false,
             "compute log-softmax and the loss in the low format too (autocast keeps them in fp32)");
   // The scale is held in fp32 (as PyTorch's): it must be a finite, normal fp32 value.
@@ -121,6 +127,14 @@ Frac fractions(const torch::Tensor& g) {
   return {c.underflow / n, c.overflow / n};
 }
 
+// Gradients computed in fp16 (`low`) against the same gradients computed in fp32 (`ref`):
+// underflow = nonzero in fp32, zero in fp16; overflow = finite in fp32, inf/NaN in fp16.
+Frac fractions_vs(const torch::Tensor& low, const torch::Tensor& ref) {
+  const double n = static_cast<double>(low.numel());
+  return {((ref != 0) & (low == 0)).sum().item<double>() / n,
+          (torch::isfinite(ref) & torch::isfinite(low).logical_not()).sum().item<double>() / n};
+}
+
 // ||fp16(gs)·inv − g||₂ / ||g||₂ (inf when anything overflowed).
 double unscaled_error(const torch::Tensor& scaled, float inv, const torch::Tensor& ref) {
   auto back = round_to(scaled, Format::FP16) * inv;
@@ -138,20 +152,53 @@ void sweep_section(const Context& ctx, Report& report) {
   auto net = deep_sigmoid_net(in_dim, cfg.integer("/sweep/model/width"), cfg.integer("/sweep/model/depth"));
   auto x = torch::randn({cfg.integer("/sweep/data/batch"), in_dim});
   auto y = torch::randn({cfg.integer("/sweep/data/batch"), 1});
-  auto first = linear_layers(net).front();
+  auto layers = linear_layers(net);
+  auto first = layers.front();
+  // "cast": the lesson's table (backward in fp32, gradients cast to fp16), on the CPU where it
+  // equals PyTorch-Python bit for bit. Otherwise forward and backward run in fp16 on the
+  // chosen device, natively or emulated, and are compared with the fp32 run.
+  const std::string mode = cfg.str("/sweep/compute");
+  const bool computed = mode != "cast";
+  const Compute compute = computed ? resolve_compute(mode, Format::FP16, ctx.device) : Compute::Emulated;
+  if (computed) {
+    net->to(ctx.device);
+    x = x.to(ctx.device);
+    y = y.to(ctx.device);
+  }
+  auto collect = [&] {
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : net->parameters()) flat.push_back(p.grad().detach().flatten().to(torch::kCPU, torch::kFloat));
+    return std::make_pair(first->weight.grad().detach().to(torch::kCPU, torch::kFloat), torch::cat(flat));
+  };
+  // The same net in fp16: parameters, every layer's output and every activation stored in
+  // fp16, the loss (MSE) in fp32 as autocast computes it; S·loss flows back through fp16.
+  auto fp16_grads_for = [&](double s) {
+    net->zero_grad();
+    auto h = store_as(x, Format::FP16, compute);
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      auto w = store_as(layers[i]->weight, Format::FP16, compute);
+      auto b = store_as(layers[i]->bias, Format::FP16, compute);
+      h = store_as(torch::linear(h, w, b), Format::FP16, compute);
+      if (i + 1 < layers.size()) h = store_as(torch::sigmoid(h), Format::FP16, compute);
+    }
+    auto loss = torch::mse_loss(h.to(torch::kFloat), y);
+    (loss * static_cast<float>(s)).backward();
+    return collect();
+  };
 
   auto grads_for = [&](double s) {
     net->zero_grad();
     auto loss = torch::mse_loss(net->forward(x), y);
     // scaler.scale(loss): loss × S as an fp32 tensor
     (loss * static_cast<float>(s)).backward();
-    std::vector<torch::Tensor> flat;
-    for (const auto& p : net->parameters()) flat.push_back(p.grad().detach().flatten().clone());
-    return std::make_pair(first->weight.grad().detach().clone(), torch::cat(flat));
+    return collect();
   };
   auto [ref_first, ref_all] = grads_for(1.0);
 
-  Table t{"sweep", "Static loss scale: gradients of S*loss cast to fp16 (deep sigmoid net of `mpt underflow`)",
+  Table t{"sweep",
+          computed ? fmt::format("Static loss scale: forward and backward of S*loss in fp16 ({}), against fp32 "
+                                 "(deep sigmoid net of `mpt underflow`)", compute_name(compute))
+                   : std::string("Static loss scale: gradients of S*loss cast to fp16 (deep sigmoid net of `mpt underflow`)"),
           {text_col("name", "scale"), sci_col("scale", "S"), pct_col("first_underflow", "L1 ->0"),
            pct_col("first_overflow", "L1 ->inf"), pct_col("all_underflow", "all ->0"),
            pct_col("all_overflow", "all ->inf"), sci_col("first_error", "L1 err", "-", 3),
@@ -164,11 +211,23 @@ void sweep_section(const Context& ctx, Report& report) {
     auto [gf, ga] = grads_for(s);
     // GradScaler.unscale_: the reciprocal of the fp32 scale, computed in double.
     const float inv = static_cast<float>(1.0 / static_cast<double>(static_cast<float>(s)));
-    Frac f = fractions(gf), a = fractions(ga);
+    Frac f, a;
+    double first_err, all_err;
+    if (computed) {
+      auto [lf, la] = fp16_grads_for(s);
+      f = fractions_vs(lf, gf);
+      a = fractions_vs(la, ga);
+      first_err = unscaled_error(lf, inv, ref_first);
+      all_err = unscaled_error(la, inv, ref_all);
+    } else {
+      f = fractions(gf);
+      a = fractions(ga);
+      first_err = unscaled_error(gf, inv, ref_first);
+      all_err = unscaled_error(ga, inv, ref_all);
+    }
     t.rows.push_back({{"name", scale_name(s)}, {"scale", s}, {"first_underflow", f.underflow},
                       {"first_overflow", f.overflow}, {"all_underflow", a.underflow}, {"all_overflow", a.overflow},
-                      {"first_error", num(unscaled_error(gf, inv, ref_first))},
-                      {"all_error", num(unscaled_error(ga, inv, ref_all))}});
+                      {"first_error", num(first_err)}, {"all_error", num(all_err)}});
     if (f.underflow == 0 && std::isnan(lowest)) lowest = s;
     if (a.overflow == 0) highest = s;
     if (a.overflow > 0 && std::isnan(first_overflow)) first_overflow = s;
@@ -193,8 +252,11 @@ void sweep_section(const Context& ctx, Report& report) {
   else
     t.notes.push_back(fmt::format("safe window: [{}, {}] - no first-layer underflow and no overflow anywhere",
                                   scale_name(lowest), scale_name(highest)));
-  t.notes.push_back("->0: nonzero in fp32, zero in fp16; ->inf: finite in fp32, inf in fp16; "
-                    "err: ||fp16(S*g)/S - g|| / ||g|| (inf once anything overflows)");
+  t.notes.push_back(computed ? "->0: nonzero in the fp32 run, zero in the fp16 run; ->inf: finite in fp32, inf or NaN in "
+                              "fp16; err: ||g16(S)/S - g|| / ||g|| (inf once anything overflows)"
+                            : "->0: nonzero in fp32, zero in fp16; ->inf: finite in fp32, inf in fp16; "
+                              "err: ||fp16(S*g)/S - g|| / ||g|| (inf once anything overflows)");
+  report.results["sweep_compute"] = computed ? compute_name(compute) : "cast";
   report.add(std::move(t));
 }
 
@@ -241,48 +303,64 @@ struct GradCounter {
   long long underflow = 0, total = 0;
 };
 
-// Forward in the recipe's format (emulated storage): the working copy of every parameter,
-// each layer's output and each activation are rounded to `f`; in backward the gradient
-// entering each of them is rounded to `f`. Returns the logits [N, 10] (fp32 tensor holding
-// `f` values). When `counter` is given, counts parameter gradients that underflow in `f`.
-torch::Tensor mlp_forward(const Mlp& m, const torch::Tensor& images, Format f, GradCounter* counter) {
-  auto h = emulate_storage(images.reshape({images.size(0), -1}), f);
+// Counts gradients that underflow in `f`: g is a gradient computed in fp32 math, before it is
+// stored in `f`.
+void count_underflow(GradCounter* counter, const torch::Tensor& g, Format f) {
+  counter->underflow += ((g != 0) & (round_to(g, f) == 0)).sum().item<int64_t>();
+  counter->total += g.numel();
+}
+
+// Forward in the recipe's format: the working copy of every parameter, each layer's output
+// and each activation are stored in `f` (store_as: emulated — fp32 math, rounded storage — or
+// native — tensors of f's dtype); in backward the gradient entering each of them is stored in
+// `f`. Returns the logits [N, 10] in f (an fp32 tensor holding f's values when emulated).
+// When `counter` is given, counts parameter gradients that underflow in `f`, in both modes
+// from the same quantity: the parameter gradient in fp32 math before it is stored.
+torch::Tensor mlp_forward(const Mlp& m, const torch::Tensor& images, Format f, Compute c, GradCounter* counter) {
+  auto h = store_as(images.reshape({images.size(0), -1}), f, c);
   const std::size_t layers = m.params.size() / 2;
   for (std::size_t i = 0; i < layers; ++i) {
-    auto w = emulate_storage(m.params[2 * i], f);
-    auto b = emulate_storage(m.params[2 * i + 1], f);
-    if (counter && f != Format::FP32 && w.requires_grad()) {
-      for (auto* t : {&w, &b})
-        t->register_hook([counter, f](torch::Tensor g) {
-          // g: the gradient computed in fp32 before it is stored in `f`
-          auto nz = g != 0;
-          counter->underflow += (nz & (round_to(g, f) == 0)).sum().item<int64_t>();
-          counter->total += g.numel();
-        });
+    auto w = store_as(m.params[2 * i], f, c);
+    auto b = store_as(m.params[2 * i + 1], f, c);
+    const bool count = counter && f != Format::FP32 && w.requires_grad();
+    if (count && c == Compute::Emulated) {
+      // emulate_storage hands its backward the fp32 gradient before rounding it
+      for (auto* t : {&w, &b}) t->register_hook([counter, f](torch::Tensor g) { count_underflow(counter, g, f); });
     }
-    h = emulate_storage(torch::linear(h, w, b), f);
+    auto z = torch::linear(h, w, b);
+    if (count && c == Compute::Native) {
+      // Native kernels round the parameter gradient inside the matmul; recompute it in fp32
+      // from the same f-valued operands (dW = dzᵀ·h, db = Σ dz) to see what rounding lost.
+      auto input = h.detach();
+      z.register_hook([counter, f, input](torch::Tensor dz) {
+        auto d32 = dz.to(torch::kFloat);
+        count_underflow(counter, d32.t().mm(input.to(torch::kFloat)), f);
+        count_underflow(counter, d32.sum(0), f);
+      });
+    }
+    h = store_as(z, f, c);
     if (i + 1 < layers) {
       if (m.activation == "sigmoid") h = torch::sigmoid(h);
       else if (m.activation == "tanh") h = torch::tanh(h);
       else h = torch::relu(h);
-      h = emulate_storage(h, f);
+      h = store_as(h, f, c);
     }
   }
   return h;
 }
 
 // Cross-entropy; like autocast, log-softmax and the loss run in fp32 unless `low` is set.
-torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& labels, Format f, bool low) {
-  if (!low) return torch::nn::functional::cross_entropy(logits, labels);
-  auto logp = emulate_storage(torch::log_softmax(logits, 1), f);
-  return emulate_storage(torch::nll_loss(logp, labels), f);
+torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& labels, Format f, Compute c, bool low) {
+  if (!low) return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), labels);
+  auto logp = store_as(torch::log_softmax(logits, 1), f, c);
+  return store_as(torch::nll_loss(logp, labels), f, c).to(torch::kFloat);
 }
 
 struct Evaluation {
   double loss, accuracy;
 };
 
-Evaluation evaluate(const Mlp& m, const Dataset& d, Format f, bool low, torch::Device dev) {
+Evaluation evaluate(const Mlp& m, const Dataset& d, Format f, Compute c, bool low, torch::Device dev) {
   torch::NoGradGuard ng;
   double loss = 0, correct = 0;
   const int64_t chunk = 2000;
@@ -290,8 +368,8 @@ Evaluation evaluate(const Mlp& m, const Dataset& d, Format f, bool low, torch::D
     const int64_t n = std::min(chunk, d.size() - i);
     auto x = d.images.narrow(0, i, n).to(dev);
     auto y = d.labels.narrow(0, i, n).to(dev);
-    auto logits = mlp_forward(m, x, f, nullptr);
-    loss += loss_fn(logits, y, f, low).item<double>() * static_cast<double>(n);
+    auto logits = mlp_forward(m, x, f, c, nullptr);
+    loss += loss_fn(logits, y, f, c, low).item<double>() * static_cast<double>(n);
     correct += (logits.argmax(1) == y).sum().item<double>();
   }
   return {loss / static_cast<double>(d.size()), correct / static_cast<double>(d.size())};
@@ -321,7 +399,7 @@ GradScaler::Options scaler_options(const Config& cfg) {
   return o;
 }
 
-RecipeRun train_recipe(const Context& ctx, const Recipe& r, const std::vector<torch::Tensor>& init,
+RecipeRun train_recipe(const Context& ctx, const Recipe& r, Compute c, const std::vector<torch::Tensor>& init,
                        const Dataset& train, const Dataset& test) {
   const auto& cfg = ctx.cfg;
   const int64_t steps = cfg.integer("/train/steps");
@@ -337,7 +415,13 @@ RecipeRun train_recipe(const Context& ctx, const Recipe& r, const std::vector<to
   RecipeRun run;
   PeakScope scope(ctx.device);
   Mlp m{{}, cfg.str("/train/hidden/activation")};
-  for (const auto& p : init) m.params.push_back(round_to(p, stored).to(ctx.device).clone().requires_grad_(true));
+  // Native pure recipes hold their weights as tensors of the format's dtype; emulated ones as
+  // fp32 tensors holding the format's values (the same numbers: both casts round to nearest even).
+  for (const auto& p : init)
+    m.params.push_back((c == Compute::Native && !r.master ? p.to(ctx.device, storage_dtype(stored))
+                                                           : round_to(p, stored).to(ctx.device))
+                           .clone()
+                           .requires_grad_(true));
   GradScaler scaler(scaler_options(cfg));
   torch::Tensor perm;
   int64_t perm_epoch = -1;
@@ -348,9 +432,11 @@ RecipeRun train_recipe(const Context& ctx, const Recipe& r, const std::vector<to
       auto g = p.grad();
       if (!g.defined()) continue;
       // SGD: w − lr·g in fp32 math, stored in the weights' format (one rounding, as
-      // PyTorch's fp16 kernels compute in fp32 and round the result).
-      auto u = g * lr;
-      auto next = round_to(p - u, stored);
+      // PyTorch's fp16 kernels compute in fp32 and round the result) — the same arithmetic
+      // for native and emulated weights.
+      auto u = g.to(torch::kFloat) * lr;
+      auto next32 = p.to(torch::kFloat) - u;
+      auto next = p.scalar_type() == torch::kFloat ? round_to(next32, stored) : next32.to(p.scalar_type());
       auto intended = u != 0;
       run.lost += (intended & (next == p)).sum().item<int64_t>();
       run.updates += intended.sum().item<int64_t>();
@@ -358,6 +444,8 @@ RecipeRun train_recipe(const Context& ctx, const Recipe& r, const std::vector<to
     }
   };
 
+  Progress progress(ctx.tty, fmt::format("lossscale: {} ({})", r.name, r.format == Format::FP32 ? "fp32" : compute_name(c)),
+                    steps, "steps");
   const double t0 = now_seconds();
   for (int64_t step = 0; step < steps; ++step) {
     const int64_t epoch = step / per_epoch;
@@ -370,11 +458,12 @@ RecipeRun train_recipe(const Context& ctx, const Recipe& r, const std::vector<to
     auto y = train.labels.index_select(0, idx).to(ctx.device);
     for (auto& p : m.params) p.mutable_grad() = torch::Tensor();
 
-    auto loss = loss_fn(mlp_forward(m, x, r.format, &run.grads), y, r.format, low);
+    auto loss = loss_fn(mlp_forward(m, x, r.format, c, &run.grads), y, r.format, c, low);
     const float s = r.scaling == Scaling::Static ? static_scale
                     : r.scaling == Scaling::Dynamic ? scaler.get_scale() : 1.0f;
     run.loss.push_back(loss.item<double>());
     run.scale.push_back(s);
+    progress.update(step + 1, fmt::format("loss {:.4f}  scale {:g}", run.loss.back(), s));
     switch (r.scaling) {
       case Scaling::None:
         loss.backward();
@@ -407,11 +496,12 @@ RecipeRun train_recipe(const Context& ctx, const Recipe& r, const std::vector<to
     }
   }
   run.step_s = (now_seconds() - t0) / static_cast<double>(steps);
+  progress.finish();
   run.peak_bytes = scope.peak_bytes();
   run.final_scale = r.scaling == Scaling::Dynamic ? scaler.get_scale()
                     : r.scaling == Scaling::Static ? static_scale : 1.0;
-  Evaluation tr = evaluate(m, train, r.format, low, ctx.device);
-  Evaluation te = evaluate(m, test, r.format, low, ctx.device);
+  Evaluation tr = evaluate(m, train, r.format, c, low, ctx.device);
+  Evaluation te = evaluate(m, test, r.format, c, low, ctx.device);
   run.final_loss = tr.loss;
   run.accuracy = te.accuracy;
   return run;
@@ -445,12 +535,16 @@ void training_section(const Context& ctx, Report& report) {
   const int64_t every = cfg.integer("/train/log_every");
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", every), {int_col("step", "step")}};
   std::vector<RecipeRun> runs;
+  json compute_used = json::object();
   const auto names = cfg.strings("/train/recipes");
   for (const auto& n : names) {
     Recipe r = parse_recipe(n);
-    RecipeRun run = train_recipe(ctx, r, init, train, test);
+    const Compute c = resolve_compute(cfg.str("/train/compute"), r.format, ctx.device);
+    RecipeRun run = train_recipe(ctx, r, c, init, train, test);
+    if (r.format != Format::FP32) compute_used[format_name(r.format)] = compute_name(c);
     t.rows.push_back({{"name", n},
                       {"format", format_name(r.format)},
+                      {"compute", r.format == Format::FP32 ? "fp32" : compute_name(c)},
                       {"master_weights", r.master},
                       {"scaling", r.scaling == Scaling::None ? "none" : r.scaling == Scaling::Static ? "static" : "dynamic"},
                       {"final_train_loss", num(run.final_loss)},
@@ -482,8 +576,11 @@ void training_section(const Context& ctx, Report& report) {
   t.notes.push_back("train loss: cross-entropy over the training subset with the final weights, in the recipe's format");
   t.notes.push_back("lost upd: non-zero updates lr*g that left the stored weight unchanged (w - lr*g == w)");
   t.notes.push_back("grad ->0: parameter gradients (scaled, if the recipe scales) nonzero in fp32 math but 0 once stored");
-  t.notes.push_back("low precision is emulated: fp32 math, every stored tensor rounded (" + ctx.fp16_mode +
-                    " fp16 on this device)");
+  std::vector<std::string> modes;
+  for (const auto& [fmt_name, mode] : compute_used.items()) modes.push_back(fmt_name + " " + mode.get<std::string>());
+  if (!modes.empty())
+    t.notes.push_back(fmt::format("compute: {} (native: the format's own kernels; emulated: fp32 math, every "
+                                  "stored tensor rounded)", fmt::join(modes, ", ")));
   report.add(std::move(t));
   report.add(std::move(curve));
   std::string text = render_table(cost);
@@ -491,7 +588,7 @@ void training_section(const Context& ctx, Report& report) {
   report.add(TextBlock{cost.title, text});
   report.results["history"] = history;
   report.timings["recipes"] = timings;
-  report.env["lossscale_compute"] = "emulated (fp32 math, rounded storage) for fp16 and bf16";
+  report.env["lossscale_compute"] = compute_used;
 }
 
 Report run_lossscale(const Context& ctx) {
