@@ -11,7 +11,7 @@ set -u
 mpt=$1
 timeout_s=3
 tmp=$(mktemp -d /tmp/mpt-hang.XXXXXX)
-cleanup() { pkill -KILL -f -- "$tmp" 2>/dev/null; rm -rf "$tmp"; }
+cleanup() { for p in $(pgrep -f -- "$tmp"); do kill -KILL "$p" 2>/dev/null; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- stderr:"; cat "$tmp/err"; exit 1; }
 start=$(date +%s%N)
