@@ -261,7 +261,7 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
         if (s >= 0 && s < nproc && pids[static_cast<std::size_t>(s)] > 0) {
           hung = true;
           return {s, kExitRuntime,
-                  fmt::format("did not answer: rank {} timed out waiting for it, and it is still running (hung)",
+                  fmt::format("did not answer: rank {} gave up waiting for it, and it is still running (hung)",
                               f.rank),
                   true, {}};
         }
