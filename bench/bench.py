@@ -24,7 +24,7 @@ Benchmarks (--only NAME, repeatable; default: all):
                and mpt's peak bytes (counting allocator) checkpointed / plain; gradients
                checked equal first (tests/parity/checkpoint_ref.py + compare.py)
 
-    scripts/bench.sh                       # everything: about 5-10 minutes on 2 cores
+    scripts/bench.sh                       # everything: 11 minutes on the shared 2-core VM
     scripts/bench.sh --quick               # smaller runs, one timed round, no warm-up
     scripts/bench.sh --only mlp --rounds 9 --out /tmp/b.json
 
