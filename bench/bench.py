@@ -1,12 +1,35 @@
 #!/usr/bin/env python3
-"""mpt against the same work in PyTorch-Python, side by side, in one run.
+"""mpt against the same work in PyTorch-Python (Debian's python3-torch: the same LibTorch
+1.13.1, so what differs is the front end), side by side, in one run (issue 8).
 
-For each pair: run mpt once, run the PyTorch-Python twin on mpt's resolved config and check
-that both computed the same numbers (tests/parity/compare.py); then time both alternately,
-`--rounds` times after one warm-up, and report the median wall time, peak RSS (from wait4's
-rusage of each child) and the ratio mpt/Python per round. Timings are reported, never asserted.
+Every benchmark first runs mpt once and its PyTorch-Python twin once and checks that both
+computed the same numbers; only then does it time them, alternately (mpt, Python, mpt,
+Python, ...) for --rounds rounds after one warm-up round, and report the median of each and
+the median of the per-round ratios mpt/Python. Absolute times drift on a shared machine;
+ratios measured side by side drift much less. Timings are reported, never asserted.
 
-    scripts/bench.sh [--rounds 7] [--only underflow]
+Benchmarks (--only NAME, repeatable; default: all):
+  underflow    whole process: `mpt underflow` (defaults, and the depth-sweep config) vs
+               tests/parity/underflow_ref.py: wall time and peak RSS (wait4 rusage)
+  mlp          inner loop: the lossscale MLP (784-64x2-10, batch 128, SGD) trained by
+               `mpt lossscale` (recipes fp32, bf16, fp16, fp16+master+dynamic) vs
+               bench/mlp_train.py (the same loop op for op): step time per recipe; loss of
+               every step checked equal first. Also emulated fp16 (and bf16) step / fp32 step
+               within each (issue 3's target: fp16 <= 2x fp32)
+  ddp          inner loop: `mpt dataparallel --nproc 2` (N = 2, Gloo) vs torch's
+               DistributedDataParallel (bench/dataparallel_ddp.py), same model, batches and
+               buckets: step time; the final loss checked equal (to roundoff) first
+  checkpoint   inner loop: `mpt checkpoint` vs torch.utils.checkpoint.checkpoint_sequential
+               (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
+               and mpt's peak bytes (counting allocator) checkpointed / plain; gradients
+               checked equal first (tests/parity/checkpoint_ref.py + compare.py)
+
+    scripts/bench.sh                       # everything: 11 minutes on the shared 2-core VM
+    scripts/bench.sh --quick               # smaller runs, one timed round, no warm-up
+    scripts/bench.sh --only mlp --rounds 9 --out /tmp/b.json
+
+Writes bench/results/<UTC date>.json (gitignored) unless --out says otherwise; stdout has
+the table only, context and progress go to stderr.
 """
 import argparse
 import datetime
@@ -21,74 +44,295 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REF_PY = "/usr/bin/python3"  # Debian's interpreter, the one with python3-torch
-MPT = os.path.join(ROOT, "build", "mpt")
-
-# name -> (mpt arguments, reference script under tests/parity)
-PAIRS = {
-    "underflow": (["underflow"], "underflow_ref.py"),
-    "underflow_depth_sweep": (["underflow", "--config", "configs/underflow_depth_sweep.json"], "underflow_ref.py"),
-}
+BENCH = os.path.join(ROOT, "bench")
+PARITY = os.path.join(ROOT, "tests", "parity")
+SCHEMA_VERSION = 2
+ALL = ["underflow", "mlp", "ddp", "checkpoint"]
 
 
-def timed(cmd):
-    """Runs cmd; returns (wall seconds, peak RSS in bytes). Raises on non-zero exit."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.read().decode()[-500:]}")
-    return wall, ru.ru_maxrss * 1024
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+class Mismatch(Exception):
+    """mpt and the Python twin did not compute the same numbers: nothing is timed."""
+
+
+def run(cmd, stdout=subprocess.DEVNULL):
+    """Runs cmd in the repository root; returns (wall seconds, peak RSS bytes, stdout text).
+    Raises RuntimeError on a non-zero exit."""
+    with tempfile.TemporaryFile(mode="w+") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=err, text=True)
+        out = p.stdout.read() if stdout == subprocess.PIPE else ""
+        _, status, ru = os.wait4(p.pid, 0)  # wait4: the child's own peak RSS
+        wall = time.perf_counter() - t0
+        p.returncode = code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} exited {code}: {err.read()[-800:]}")
+    return wall, ru.ru_maxrss * 1024, out
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.mpt = args.mpt
+        self.tmp = tempfile.mkdtemp(prefix="mpt-bench-")
+        self.rows = []
+        self.threads = ["--set", f"threads={args.threads}"]
+
+    def mpt_cmd(self, name, *a):
+        out = os.path.join(self.tmp, name + ".json")
+        return [self.mpt, *a, *self.threads, "-q", "--device", "cpu", "--out", out], out
+
+    def rounds(self, one_round):
+        """Warm-up (unless --quick), then --rounds calls of one_round(); returns their results."""
+        if not self.args.quick:
+            one_round()
+        return [one_round() for _ in range(self.args.rounds)]
+
+    def add(self, name, group, metric, unit, mpt, py, ratios=None, target=None, note="", **extra):
+        """One row: medians of mpt's and Python's samples and of the per-round ratios mpt/Python."""
+        row = {"name": name, "group": group, "metric": metric, "unit": unit,
+               "mpt": median(mpt), "python": median(py),
+               "ratio": median(ratios) if ratios else None,
+               "rounds": len(mpt), "mpt_samples": mpt, "python_samples": py}
+        if target is not None:
+            row["target"] = target
+        if note:
+            row["note"] = note
+        row.update(extra)
+        self.rows.append(row)
+
+    # ------------------------------------------------------------------------------------
+    # underflow: whole processes (wall time, peak RSS)
+    # ------------------------------------------------------------------------------------
+    def underflow(self):
+        pairs = {"underflow": ["underflow"],
+                 "underflow_depth_sweep": ["underflow", "--config", "configs/underflow_depth_sweep.json"]}
+        for name, a in pairs.items():
+            cmd, out = self.mpt_cmd(name, *a)
+            run(cmd)
+            ref = [REF_PY, os.path.join(PARITY, "underflow_ref.py"), out]
+            _, _, ref_json = run(ref, stdout=subprocess.PIPE)
+            ref_out = os.path.join(self.tmp, name + ".ref.json")
+            with open(ref_out, "w") as f:
+                f.write(ref_json)
+            same = subprocess.run([REF_PY, os.path.join(PARITY, "compare.py"), out, ref_out], cwd=ROOT,
+                                  capture_output=True, text=True)
+            if same.returncode != 0:
+                raise Mismatch(f"{name}: results differ:\n{same.stdout[-1500:]}")
+
+            def one():
+                a_ = run(cmd)
+                b_ = run(ref)
+                return a_, b_
+            res = self.rounds(one)
+            self.add(name, "underflow", "wall", "s", [r[0][0] for r in res], [r[1][0] for r in res],
+                     [r[0][0] / r[1][0] for r in res], target="<= 0.67",
+                     mpt_rss_bytes=max(r[0][1] for r in res), python_rss_bytes=max(r[1][1] for r in res))
+
+    # ------------------------------------------------------------------------------------
+    # mlp: the lossscale training loop, per recipe
+    # ------------------------------------------------------------------------------------
+    def mlp(self):
+        steps = 30 if self.args.quick else 200
+        samples = 2048 if self.args.quick else 10000
+        recipes = ["fp32", "bf16", "fp16", "fp16+master+dynamic"]
+        twin = ["fp32", "bf16", "fp16"]
+        cmd, out = self.mpt_cmd("mlp", "lossscale", "--set", "train.recipes=" + json.dumps(recipes),
+                                "--set", "train.batch=128", "--set", f"train.steps={steps}",
+                                "--set", "sweep.scales=[1]", "--set", f"train.train_samples={samples}",
+                                "--set", "train.test_samples=100")
+        py = [REF_PY, os.path.join(BENCH, "mlp_train.py"), out, *twin]
+
+        def one():
+            run(cmd)
+            m = load(out)
+            _, _, text = run(py, stdout=subprocess.PIPE)
+            return m, json.loads(text)
+        m, p = one()  # the check run
+        rows = {r["name"]: r for r in m["results"]["recipes"]}
+        for r in twin:
+            a, b = m["results"]["history"][r]["loss"], p[r]["loss"]
+            diff = max(abs(float(x) - float(y)) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
+            if diff != 0.0 or rows[r]["lost_update_count"] != p[r]["lost_update_count"]:
+                raise Mismatch(f"mlp {r}: loss curves differ by {diff:g} or lost updates "
+                               f"{rows[r]['lost_update_count']} != {p[r]['lost_update_count']}")
+            log(f"mlp {r}: {steps} losses and {p[r]['lost_update_count']} lost updates equal (bit for bit)")
+        res = self.rounds(one)
+        mt = {r: [x[0]["timings"]["recipes"][r]["step_time_s"] * 1e3 for x in res] for r in recipes}
+        pt = {r: [x[1][r]["step_time_s"] * 1e3 for x in res] for r in twin}
+        for r in twin:
+            self.add(f"mlp_{r}", "mlp", "step", "ms", mt[r], pt[r], [a / b for a, b in zip(mt[r], pt[r])],
+                     target="<= 0.67", note=f"784-64x2-10, batch 128, {steps} steps")
+        for r in ["bf16", "fp16", "fp16+master+dynamic"]:
+            mr = [a / b for a, b in zip(mt[r], mt["fp32"])]
+            pr = [a / b for a, b in zip(pt[r], pt["fp32"])] if r in pt else []
+            self.add(f"{r}_vs_fp32", "mlp", "step/fp32 step", "x", mr, pr,
+                     [a / b for a, b in zip(mr, pr)] if pr else None,
+                     target="<= 2 (mpt)" if r.startswith("fp16") else None,
+                     note="emulated: fp32 math, rounded storage, counting hooks")
+
+    # ------------------------------------------------------------------------------------
+    # ddp: N = 2 over Gloo, mpt's reducer vs torch DDP
+    # ------------------------------------------------------------------------------------
+    def ddp(self):
+        n, steps = 2, (12 if self.args.quick else 60)
+        samples = 2048 if self.args.quick else 60000
+        cmd, out = self.mpt_cmd("ddp", "dataparallel", "--nproc", str(n), "--set", f"train.nprocs=[{n}]",
+                                "--set", f"train.max_steps={steps}", "--set", f"train.samples={samples}",
+                                "--set", "train.nosync_steps=0")
+        py = [REF_PY, os.path.join(BENCH, "dataparallel_ddp.py"), out, str(n), str(steps)]
+
+        def one():
+            run(cmd)
+            m = load(out)
+            _, _, text = run(py, stdout=subprocess.PIPE)
+            return m, json.loads(text)
+        m, p = one()
+        row = next(r for r in m["results"]["training"] if r["name"] == f"n{n}")
+        if row["steps"] != steps:
+            raise Mismatch(f"ddp: mpt ran {row['steps']} steps, not {steps}")
+        rel = abs(row["final_loss"] - p["final_loss"]) / abs(p["final_loss"])
+        if rel > 1e-5:
+            raise Mismatch(f"ddp: final loss mpt {row['final_loss']!r} vs DDP {p['final_loss']!r} (rel {rel:.2g})")
+        log(f"ddp: final loss after {steps} steps: relative difference {rel:.1g} (mpt {row['final_loss']:.9g}, "
+            f"DDP {p['final_loss']:.9g}; allowed 1e-5: summation orders may differ)")
+        res = self.rounds(one)
+        mt = [x[0]["timings"]["per_n"][f"n{n}"]["step_ms"] for x in res]
+        pt = [x[1]["step_ms"] for x in res]
+        self.add(f"ddp_n{n}", "ddp", "step", "ms", mt, pt, [a / b for a, b in zip(mt, pt)], target="<= 1.0",
+                 note=f"784-128-10, global batch 64, Gloo, {steps} steps, 1 thread per rank")
+
+    # ------------------------------------------------------------------------------------
+    # checkpoint: plain vs sqrt(n) segments
+    # ------------------------------------------------------------------------------------
+    def checkpoint(self):
+        repeats = 5 if self.args.quick else 21
+        cmd, out = self.mpt_cmd("checkpoint", "checkpoint", "--set", "checkpoint.sweep=false",
+                                "--set", "checkpoint.no_rng_row=false", "--set", 'checkpoint.segments=["sqrt"]',
+                                "--set", f"timing.repeats={repeats}")
+        run(cmd)
+        ref_out = os.path.join(self.tmp, "checkpoint.ref.json")
+        _, _, ref_json = run([REF_PY, os.path.join(PARITY, "checkpoint_ref.py"), out], stdout=subprocess.PIPE)
+        with open(ref_out, "w") as f:
+            f.write(ref_json)
+        same = subprocess.run([REF_PY, os.path.join(PARITY, "compare.py"), out, ref_out], cwd=ROOT,
+                              capture_output=True, text=True)
+        if same.returncode != 0:
+            raise Mismatch(f"checkpoint: results differ:\n{same.stdout[-1500:]}")
+        log("checkpoint: loss, gradient differences and recomputed blocks equal torch.utils.checkpoint's")
+        py = [REF_PY, os.path.join(BENCH, "checkpoint_time.py"), out]
+
+        def one():
+            run(cmd)
+            m = load(out)
+            _, _, text = run(py, stdout=subprocess.PIPE)
+            return m, json.loads(text)
+        res = self.rounds(one)
+        m0 = res[-1][0]
+        ck = next(k for k in m0["timings"]["step_time_s"] if k != "none")
+        seg = {r["name"]: r for r in m0["results"]["segments"]}
+        mp = [x[0]["timings"]["step_time_s"]["none"]["step_s"] * 1e3 for x in res]
+        pp = [x[1]["step_time_s"]["none"]["step_s"] * 1e3 for x in res]
+        mc = [x[0]["timings"]["step_time_s"][ck]["step_s"] * 1e3 for x in res]
+        pc = [x[1]["step_time_s"][ck]["step_s"] * 1e3 for x in res]
+        cfg = m0["config"]
+        note = f"{cfg['model']['depth']} blocks of {cfg['model']['width']}, batch {cfg['data']['batch']}"
+        self.add("ckpt_plain", "checkpoint", "step", "ms", mp, pp, [a / b for a, b in zip(mp, pp)], note=note)
+        self.add(f"ckpt_{ck.split()[0]}", "checkpoint", "step", "ms", mc, pc, [a / b for a, b in zip(mc, pc)],
+                 note=f"{ck}; " + note)
+        mr, pr = [a / b for a, b in zip(mc, mp)], [a / b for a, b in zip(pc, pp)]
+        self.add("ckpt_vs_plain", "checkpoint", "step/plain step", "x", mr, pr, [a / b for a, b in zip(mr, pr)],
+                 note=f"{ck}: {seg[ck]['recomputed_blocks']} of {cfg['model']['depth']} blocks run twice")
+        self.add("ckpt_peak_vs_plain", "checkpoint", "peak bytes/plain", "x", [seg[ck]["peak_ratio"]], [], None,
+                 note=f"mpt's counting allocator: {seg[ck]['peak_bytes']} vs {seg['none']['peak_bytes']} bytes; "
+                      "deterministic, no Python figure", mpt_peak_bytes=seg[ck]["peak_bytes"],
+                 mpt_plain_peak_bytes=seg["none"]["peak_bytes"])
+
+
+def fmt(v, width):
+    if v is None:
+        return f"{'-':>{width}}"
+    for prec in (3, 2, 1, 0):
+        s = f"{v:{width}.{prec}f}"
+        if len(s) <= width:
+            return s
+    return f"{v:{width}.3g}"
+
+
+def table(rows, rounds, quick):
+    lines = [f"# mpt vs PyTorch-Python (same LibTorch), medians of {rounds} alternating round(s)"
+             f"{' (--quick)' if quick else ''}; equal results checked before timing",
+             f"# {'name':<28} {'metric':<16} {'unit':>4} {'mpt':>9} {'python':>9} {'mpt/py':>7} {'target':>10}"]
+    for r in rows:
+        lines.append(f"  {r['name']:<28} {r['metric']:<16} {r['unit']:>4} {fmt(r['mpt'], 9)} {fmt(r['python'], 9)} "
+                     f"{fmt(r['ratio'], 7)} {r.get('target', '-'):>10}")
+    return "\n".join(lines)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--only", action="append", help="run only these pairs")
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds after the warm-up (default 5; --quick: 1)")
+    ap.add_argument("--quick", action="store_true", help="smaller runs, 1 round, no warm-up (a smoke test)")
+    ap.add_argument("--only", action="append", default=[], help=f"benchmarks to run ({', '.join(ALL)}); repeatable")
+    ap.add_argument("--threads", type=int, default=1, help="LibTorch threads per process, both sides (default 1)")
+    ap.add_argument("--mpt", default=os.path.join(ROOT, "build", "mpt"))
+    ap.add_argument("--out", help="result file (default bench/results/<UTC date>.json)")
     args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="mpt-bench-")
-    rows = []
-    for name, (mpt_args, ref) in PAIRS.items():
-        if args.only and name not in args.only:
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 5
+    only = [x for o in args.only for x in o.split(",") if x] or ALL
+    for o in only:
+        if o not in ALL:
+            ap.error(f"--only {o}: unknown benchmark (one of {', '.join(ALL)})")
+    b = Bench(args)
+    version = subprocess.run([args.mpt, "--version"], capture_output=True, text=True).stdout.strip()
+    torch_version = subprocess.run([REF_PY, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                                   text=True).stdout.strip()
+    context = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "host": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine(),
+               "mpt": version, "python": platform.python_version(), "python_torch": torch_version,
+               "threads": args.threads, "rounds": args.rounds, "quick": args.quick,
+               "loadavg_start": os.getloadavg()}
+    log(f"# context: {json.dumps(context)}")
+    t0 = time.perf_counter()
+    failed = []
+    for name in ALL:
+        if name not in only:
             continue
-        out = os.path.join(tmp, name + ".json")
-        ref_out = os.path.join(tmp, name + ".ref.json")
-        mpt_cmd = [MPT] + mpt_args + ["-q", "--device", "cpu", "--out", out]
-        subprocess.run(mpt_cmd, cwd=ROOT, check=True)
-        ref_cmd = [REF_PY, os.path.join(ROOT, "tests", "parity", ref), out]
-        with open(ref_out, "w") as f:
-            subprocess.run(ref_cmd, cwd=ROOT, check=True, stdout=f)
-        same = subprocess.run([REF_PY, os.path.join(ROOT, "tests", "parity", "compare.py"), out, ref_out],
-                              cwd=ROOT, capture_output=True, text=True)
-        if same.returncode != 0:
-            print(f"{name}: results differ, not timing:\n{same.stdout}", file=sys.stderr)
-            sys.exit(1)
-        ref_cmd_quiet = ref_cmd  # stdout goes to /dev/null in timed()
-        timed(mpt_cmd), timed(ref_cmd_quiet)  # warm-up (page cache, first-touch)
-        m_t, p_t, ratios, m_rss, p_rss = [], [], [], [], []
-        for _ in range(args.rounds):
-            a, ra = timed(mpt_cmd)
-            b, rb = timed(ref_cmd_quiet)
-            m_t.append(a), p_t.append(b), ratios.append(a / b), m_rss.append(ra), p_rss.append(rb)
-        rows.append({"name": name, "mpt_s": statistics.median(m_t), "python_s": statistics.median(p_t),
-                     "ratio": statistics.median(ratios), "mpt_rss_bytes": max(m_rss), "python_rss_bytes": max(p_rss),
-                     "rounds": args.rounds})
-    print(f"# mpt vs PyTorch-Python (same LibTorch), median of {args.rounds} alternating rounds; same results checked first")
-    print(f"# {'name':>24} {'mpt':>9} {'python':>9} {'mpt/py':>7} {'mpt RSS':>9} {'py RSS':>9}")
-    print(f"# {'-':>24} {'s':>9} {'s':>9} {'-':>7} {'MiB':>9} {'MiB':>9}")
-    for r in rows:
-        print(f"  {r['name']:>24} {r['mpt_s']:9.3f} {r['python_s']:9.3f} {r['ratio']:7.3f} "
-              f"{r['mpt_rss_bytes'] / 2**20:9.1f} {r['python_rss_bytes'] / 2**20:9.1f}")
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat() + ".json")
-    env = {"host": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine(),
-           "python": platform.python_version()}
+        log(f"== {name}")
+        try:
+            getattr(b, name)()
+        except Mismatch as e:
+            log(f"{name}: NOT TIMED: {e}")
+            failed.append(name)
+    context["loadavg_end"] = os.getloadavg()
+    context["elapsed_s"] = time.perf_counter() - t0
+    print(table(b.rows, args.rounds, args.quick))
+    print(f"# {'FAILED: results differ in ' + ', '.join(failed) if failed else 'OK: equal results in every benchmark'}")
+    path = args.out or os.path.join(ROOT, "bench", "results",
+                                    datetime.datetime.now(datetime.timezone.utc).date().isoformat() + ".json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    doc = {"schema_version": SCHEMA_VERSION, "context": context, "benchmarks": only, "mismatches": failed,
+           "rows": b.rows}
     with open(path + ".tmp", "w") as f:
-        json.dump({"schema_version": 1, "env": env, "rows": rows}, f, indent=2)
+        json.dump(doc, f, indent=2)
     os.replace(path + ".tmp", path)
-    print(f"wrote {path}", file=sys.stderr)
+    log(f"wrote {path}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,17 +1,24 @@
 #!/usr/bin/python3
 """PyTorch-Python DistributedDataParallel on Gloo: the same model, batch and N as an
-`mpt dataparallel` run, for the side-by-side speed comparison (bench/dataparallel.sh).
+`mpt dataparallel` run, for the side-by-side speed comparison (bench/bench.py, benchmark ddp).
 
     dataparallel_ddp.py MPT_RESULT.json N STEPS
 
-Spawns N processes (torch.multiprocessing, Gloo, 127.0.0.1), trains the MLP 784-hidden-10
-with SGD on Fashion-MNIST-shaped random inputs (step time does not depend on pixel values),
-local batch global_batch/N, DDP defaults (bucket_cap_mb 25, gradient_as_bucket_view off).
-Prints {"step_ms": mean over steps after the first} from rank 0 as JSON.
+Spawns N processes (torch.multiprocessing, Gloo, 127.0.0.1) and trains the MLP 784-hidden-10
+with SGD on the same Fashion-MNIST batches as mpt: the first /train/samples images, shuffled
+with torch.randperm seeded as mpt's shuffled_indices, rank r reading indices r, r+N, ... in
+local batches of global_batch/N; the model built from the same seed (DDP broadcasts rank
+0's parameters, as mpt's reducer does); DDP with the config's bucket_cap_mb. Step time as
+mpt measures it (batch selection, forward, backward with the all-reduce, optimizer step),
+averaged over the steps after the first.
+Prints {"step_ms", "final_loss" (the last step's loss averaged over ranks, as mpt's
+training table), "steps"} from rank 0 as JSON.
 """
+import gzip
 import json
 import os
 import socket
+import struct
 import sys
 import time
 
@@ -22,27 +29,45 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def read_idx(path):
+    raw = gzip.open(path).read()
+    magic, count = struct.unpack(">II", raw[:8])
+    dims = [count] + [struct.unpack(">I", raw[8 + 4 * i:12 + 4 * i])[0] for i in range((magic & 0xFF) - 1)]
+    off = 4 + 4 * len(dims)
+    return torch.frombuffer(bytearray(raw[off:]), dtype=torch.uint8).reshape(dims)
+
+
 def worker(rank, n, port, cfg, steps, q):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(cfg["threads"] or torch.get_num_threads())  # as mpt: /threads, 0 = default
     dist.init_process_group("gloo", rank=rank, world_size=n)
-    torch.manual_seed(cfg["seed"])
     t = cfg["train"]
+    d = cfg["data"]["dir"]
+    images = read_idx(os.path.join(d, "train-images-idx3-ubyte.gz"))[:t["samples"]]
+    labels = read_idx(os.path.join(d, "train-labels-idx1-ubyte.gz"))[:t["samples"]].long()
+    images = ((images.float() / 255.0 - 0.2860) / 0.3530).unsqueeze(1).contiguous()
+    perm = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(cfg["seed"]))
+    shard = perm[rank::n]
+    torch.manual_seed(cfg["seed"])
     net = nn.Sequential(nn.Flatten(), nn.Linear(784, t["hidden"]), nn.ReLU(), nn.Linear(t["hidden"], 10))
     ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=cfg["ddp"]["bucket_cap_mb"])
     opt = torch.optim.SGD(ddp.parameters(), lr=t["lr"])
     b = t["global_batch"] // n
-    x, y = torch.randn(b, 1, 28, 28), torch.randint(0, 10, (b,))
-    total = 0.0
+    total, loss = 0.0, None
     for s in range(steps):
         t0 = time.perf_counter()
+        idx = shard[s * b:(s + 1) * b]
+        x, y = images.index_select(0, idx), labels.index_select(0, idx)
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(ddp(x), y).backward()
+        loss = F.cross_entropy(ddp(x), y)
+        loss.backward()
         opt.step()
         if s > 0:
             total += time.perf_counter() - t0
+    final = torch.tensor([loss.item()], dtype=torch.float64)
+    dist.all_reduce(final)
     if rank == 0:
-        q.put(total / (steps - 1))
+        q.put((total / max(1, steps - 1), final.item() / n))
     dist.destroy_process_group()
 
 
@@ -56,7 +81,8 @@ def main():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     mp.spawn(worker, args=(n, port, cfg, steps, q), nprocs=n, join=True)
-    print(json.dumps({"step_ms": q.get() * 1e3, "n": n, "steps": steps}))
+    step_s, final_loss = q.get()
+    print(json.dumps({"step_ms": step_s * 1e3, "final_loss": final_loss, "n": n, "steps": steps}))
 
 
 if __name__ == "__main__":

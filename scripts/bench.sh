@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Benchmarks: mpt against the same work in PyTorch-Python, measured side by side.
-# Needs a built mpt (scripts/setup.sh). Arguments go to bench/bench.py (--rounds N, --only NAME).
+# Benchmarks: mpt against the same work in PyTorch-Python (Debian's python3-torch), measured
+# side by side in one run, equal results checked before timing (docs/performance.md).
+# Needs a built mpt (scripts/setup.sh). Arguments go to bench/bench.py:
+#   scripts/bench.sh                          # every benchmark, 5 alternating rounds after a warm-up
+#   scripts/bench.sh --quick                  # smaller runs, 1 round (a smoke test)
+#   scripts/bench.sh --only mlp --only ddp    # choose: underflow, mlp, ddp, checkpoint
+#   scripts/bench.sh --rounds 9 --out FILE    # default FILE: bench/results/<UTC date>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/mpt ] || bash scripts/setup.sh

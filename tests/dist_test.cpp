@@ -61,6 +61,21 @@ TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]"
     CHECK(li->agent_store);
     CHECK(li->store_prefix == "/worker/attempt_2");
   }
+  SECTION("mpt --nproc: the launcher hosts the store") {
+    EnvGuard e;
+    e.set("MPT_RANK", "1");
+    e.set("MPT_WORLD_SIZE", "2");
+    e.set("MASTER_PORT", "29401");
+    auto plain = dist::launch_from_environment();
+    REQUIRE(plain);
+    CHECK(plain->launcher == "mpt");
+    CHECK_FALSE(plain->agent_store);
+    e.set("MPT_AGENT_STORE", "1");
+    auto li = dist::launch_from_environment();
+    REQUIRE(li);
+    CHECK(li->agent_store);
+    CHECK(li->store_prefix.empty());
+  }
   SECTION("SLURM") {
     EnvGuard e;
     e.set("SLURM_PROCID", "1");

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <optional>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -62,6 +63,39 @@ std::string first_line(const std::string& s) {
 c10::intrusive_ptr<c10d::Store> g_store;
 std::chrono::milliseconds g_timeout{30000};
 
+// Key (in the job's store, no group prefix) under which rank R lists the ranks that did not
+// answer when its collective failed: the launcher reads it to name a hung rank.
+// How long the launcher waits, after its peers named a hung rank, for those peers to exit
+// before it kills whatever is left (they exit right after their own report).
+constexpr double kHungGraceSeconds = 10.0;
+
+std::string unresponsive_key(int rank) { return fmt::format("mpt/unresponsive/{}", rank); }
+
+std::vector<int> parse_ranks(const std::string& s) {
+  std::vector<int> out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    try {
+      out.push_back(std::stoi(s.substr(i, j - i)));
+    } catch (const std::exception&) {
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
+void store_set(c10d::Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string join_ranks(const std::vector<int>& v, const char* sep) {
+  std::string s;
+  for (int r : v) s += (s.empty() ? "" : sep) + std::to_string(r);
+  return s;
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------
@@ -75,6 +109,8 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.rank = env_int("MPT_RANK", 0);
     li.world_size = env_int("MPT_WORLD_SIZE", 1);
     li.local_rank = env_int("MPT_LOCAL_RANK", li.rank);
+    const char* agent = env("MPT_AGENT_STORE");
+    li.agent_store = agent && std::string(agent) == "1";
   } else if (env("RANK") && env("WORLD_SIZE")) {
     li.launcher = "torchrun";
     li.rank = env_int("RANK", 0);
@@ -120,13 +156,31 @@ int free_port() {
 }
 
 int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s) {
-  const int port = free_port();
+  // The launcher hosts the job's TCPStore (as torchrun's agent does): it outlives any worker,
+  // so ranks can still leave their diagnosis there when rank 0 is the one that failed, and
+  // the launcher reads which rank the others found unresponsive.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  {
+    c10d::TCPStoreOptions o;
+    o.port = 0;  // any free port; getPort() tells which
+    o.isServer = true;
+    o.numWorkers = c10::nullopt;
+    o.waitWorkers = false;
+    o.timeout = std::chrono::milliseconds(5000);
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(fmt::format("cannot host a TCPStore on 127.0.0.1: {}", first_line(e.what())));
+    }
+  }
+  const int port = store->getPort();
   // Everything the children need is built before fork(): between fork and exec a child
   // may only make async-signal-safe calls (no allocation).
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const std::vector<std::string> ours = {"MPT_RANK", "MPT_WORLD_SIZE", "MPT_LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  const std::vector<std::string> ours = {"MPT_RANK",    "MPT_WORLD_SIZE", "MPT_LOCAL_RANK",
+                                         "MASTER_ADDR", "MASTER_PORT",    "MPT_AGENT_STORE"};
   std::vector<std::string> inherited;
   for (char** e = environ; *e; ++e) {
     std::string kv(*e);
@@ -143,10 +197,12 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
     t.push_back("MPT_LOCAL_RANK=" + std::to_string(r));
     t.push_back("MASTER_ADDR=127.0.0.1");
     t.push_back("MASTER_PORT=" + std::to_string(port));
+    t.push_back("MPT_AGENT_STORE=1");
     for (auto& kv : t) envp[static_cast<std::size_t>(r)].push_back(kv.data());
     envp[static_cast<std::size_t>(r)].push_back(nullptr);
   }
   const pid_t parent = ::getpid();
+  const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 65536));
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
   for (int r = 0; r < nproc; ++r) {
     pid_t pid = ::fork();
@@ -159,6 +215,7 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);    // no orphaned workers if mpt itself dies
       if (::getppid() != parent) ::_exit(kExitRuntime);
+      for (int fd = 3; fd < max_fd; ++fd) ::close(fd);  // not the store's listening socket
       ::execve("/proc/self/exe", args.data(), envp[static_cast<std::size_t>(r)].data());
       static const char msg[] = "mpt: a worker could not exec /proc/self/exe\n";
       [[maybe_unused]] auto n = ::write(2, msg, sizeof(msg) - 1);
@@ -166,12 +223,25 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
     }
     pids[static_cast<std::size_t>(r)] = pid;
   }
-  spdlog::debug("spawned {} workers (MASTER_ADDR=127.0.0.1 MASTER_PORT={})", nproc, port);
+  spdlog::debug("spawned {} workers (MASTER_ADDR=127.0.0.1 MASTER_PORT={}, store hosted here)", nproc, port);
 
-  struct Failure { int rank; int code; std::string why; bool own; };
+  // Ranks the worker `r` found unresponsive when its collective failed (empty: none said).
+  auto unresponsive_by = [&](int r) -> std::vector<int> {
+    try {
+      const std::string key = unresponsive_key(r);
+      if (!store->check({key})) return {};
+      auto v = store->get(key);
+      return parse_ranks(std::string(v.begin(), v.end()));
+    } catch (const std::exception&) {
+      return {};
+    }
+  };
+
+  struct Failure { int rank; int code; std::string why; bool own; std::vector<int> unresponsive; };
   std::optional<Failure> blamed;
-  std::vector<Failure> window;  // failures seen within the blame window
-  double window_end = 0, deadline = 0;
+  bool hung = false;               // the blamed rank is alive but did not answer its peers
+  std::vector<Failure> window;     // failures seen within the blame window
+  double window_end = 0, deadline = 0, wait_s = grace_s;
   int alive = nproc;
   auto reap = [&](pid_t pid, int status) {
     for (int r = 0; r < nproc; ++r) {
@@ -184,8 +254,24 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
                             ? fmt::format("exit code {}{}", code, code == kExitInjectedFault ? " (injected fault)" : "")
                             : fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
       if (window.empty()) window_end = now_seconds() + 0.2;
-      window.push_back({r, code, why, code != kExitRuntime});
+      window.push_back({r, code, why, code != kExitRuntime, code == kExitRuntime ? unresponsive_by(r) : std::vector<int>{}});
     }
+  };
+  // Whom to blame for the failures in the window: a rank that failed on its own; else a rank
+  // that its peers found unresponsive and that is still running (hung); else the first.
+  auto choose = [&]() -> Failure {
+    auto own = std::find_if(window.begin(), window.end(), [](const Failure& f) { return f.own; });
+    if (own != window.end()) return *own;
+    for (const auto& f : window)
+      for (int s : f.unresponsive)
+        if (s >= 0 && s < nproc && pids[static_cast<std::size_t>(s)] > 0) {
+          hung = true;
+          return {s, kExitRuntime,
+                  fmt::format("did not answer: rank {} gave up waiting for it, and it is still running (hung)",
+                              f.rank),
+                  true, {}};
+        }
+    return window.front();
   };
   while (alive > 0) {
     int status = 0;
@@ -197,26 +283,33 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
     if (pid < 0 && errno != EINTR) break;
     const double now = now_seconds();
     if (!blamed && !window.empty() && (now >= window_end || alive == 0)) {
-      auto own = std::find_if(window.begin(), window.end(), [](const Failure& f) { return f.own; });
-      blamed = own != window.end() ? *own : window.front();
-      deadline = now + grace_s;
+      blamed = choose();
+      // A hung rank never ends on its own: once the other ranks are gone (they exit right
+      // after their timeout), or after a short grace, it is killed.
+      wait_s = hung ? std::min(grace_s, kHungGraceSeconds) : grace_s;
+      deadline = now + wait_s;
       spdlog::error("rank {} of {} failed: {}; waiting up to {:g} s for the other ranks", blamed->rank, nproc,
-                    blamed->why, grace_s);
+                    blamed->why, wait_s);
     }
-    if (blamed && now > deadline) {
+    bool only_hung_left = hung && alive > 0;
+    if (hung)
+      for (int r = 0; r < nproc; ++r)
+        if (pids[static_cast<std::size_t>(r)] > 0 && r != blamed->rank) only_hung_left = false;
+    if (blamed && (now > deadline || only_hung_left)) {
       for (int r = 0; r < nproc; ++r)
         if (pids[static_cast<std::size_t>(r)] > 0) {
-          spdlog::error("rank {} still running {:g} s after rank {} failed: killing it", r, grace_s, blamed->rank);
+          if (r == blamed->rank)
+            spdlog::error("rank {} still running after the other ranks stopped: killing it", r);
+          else
+            spdlog::error("rank {} still running {:g} s after rank {} failed: killing it", r, wait_s, blamed->rank);
           ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
         }
       deadline = now + 3600;
+      hung = false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (!blamed && !window.empty()) {
-    auto own = std::find_if(window.begin(), window.end(), [](const Failure& f) { return f.own; });
-    blamed = own != window.end() ? *own : window.front();
-  }
+  if (!blamed && !window.empty()) blamed = choose();
   if (!blamed) return kExitOk;
   spdlog::error("rank {} of {} failed ({}); the run failed", blamed->rank, nproc, blamed->why);
   return (blamed->code >= 1 && blamed->code <= 3) ? blamed->code : kExitRuntime;
@@ -249,17 +342,78 @@ void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
   }
 }
 
-struct Group::Impl {
-  c10::intrusive_ptr<compat::C10dBackend> pg;  // ProcessGroupGloo or ProcessGroupNCCL
-  std::string where;                           // "rank R of N" for messages
+namespace {
+
+// What a rank does when one of its collectives fails: find out which peers did not answer.
+// Every rank whose collective fails posts "failed/<rank>" in the group's store and waits a
+// short window for the others to do the same (their collectives fail too, within about the
+// same timeout). A peer that posts nothing within the window is dead or alive but silent
+// (hung): it is named in the error message, and listed under unresponsive_key() of this
+// rank for the launcher. Costs nothing while collectives succeed.
+struct Monitor {
+  c10::intrusive_ptr<c10d::Store> store;  // the group's (prefixed) store
+  int rank = 0, size = 1, global_rank = 0;
+  double window_s = 1.0;
+  std::mutex mu;
+  std::optional<std::string> verdict;
+
+  /// "; rank R did not answer (...)", or an empty string when every peer reported; computed once.
+  std::string diagnose() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (verdict) return *verdict;
+    verdict = std::string();
+    try {
+      store_set(*store, fmt::format("failed/{}", rank), "1");
+      std::vector<int> missing;
+      const double end = now_seconds() + window_s;
+      for (;;) {
+        missing.clear();
+        for (int r = 0; r < size; ++r)
+          if (r != rank && !store->check({fmt::format("failed/{}", r)})) missing.push_back(r);
+        if (missing.empty() || now_seconds() >= end) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (missing.empty()) return *verdict;
+      std::vector<int> global;
+      for (int r : missing) {
+        const std::string key = fmt::format("global/{}", r);
+        int g = r;
+        if (store->check({key})) {
+          auto v = store->get(key);
+          auto parsed = parse_ranks(std::string(v.begin(), v.end()));
+          if (!parsed.empty()) g = parsed.front();
+        }
+        global.push_back(g);
+      }
+      if (g_store) store_set(*g_store, unresponsive_key(global_rank), join_ranks(global, ","));
+      *verdict = fmt::format("; rank {} did not answer (no failure report from {} within {:g} s after this "
+                             "rank's: hung or dead)",
+                             join_ranks(global, ", "), global.size() == 1 ? "it" : "them", window_s);
+    } catch (const std::exception& e) {
+      *verdict = fmt::format("; cannot tell which rank (the store did not answer: {})", first_line(e.what()));
+    }
+    return *verdict;
+  }
 };
 
-namespace {
 struct WorkImpl {
   c10::intrusive_ptr<c10d::Work> w;
   std::string what;
+  std::shared_ptr<Monitor> monitor;
 };
+
+[[noreturn]] void collective_failed(const std::string& what, const std::exception& e, Monitor& m) {
+  const std::string cause = first_line(e.what());  // before diagnose() waits
+  throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out{}", what, cause, m.diagnose()));
+}
+
 }  // namespace
+
+struct Group::Impl {
+  c10::intrusive_ptr<compat::C10dBackend> pg;  // ProcessGroupGloo or ProcessGroupNCCL
+  std::string where;                           // "rank R of N" for messages
+  std::shared_ptr<Monitor> monitor;
+};
 
 void Work::wait() {
   if (!impl_) return;
@@ -267,7 +421,7 @@ void Work::wait() {
   try {
     w->w->wait();
   } catch (const std::exception& e) {
-    throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", w->what, first_line(e.what())));
+    collective_failed(w->what, e, *w->monitor);
   }
 }
 
@@ -280,35 +434,47 @@ std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size,
   g->device_ = device;
   g->impl_ = std::make_unique<Impl>();
   g->impl_->where = fmt::format("rank {} of {}", rank, size);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, g_store);
   if (device.is_cuda()) {
 #ifdef MPT_WITH_CUDA
     g->backend_ = "nccl";
     try {
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;
-      auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, g_store);
       g->impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
     } catch (const std::exception& e) {
       throw RuntimeFailure(fmt::format("rank {} of {}: cannot form the NCCL process group within {:g} s: {}", rank,
                                        size, timeout.count() / 1000.0, first_line(e.what())));
     }
-    return g;
 #else
     throw RuntimeFailure("a process group on " + device.str() + ": this mpt was built against a CPU-only LibTorch (" +
                          compat::torch_version() + "), so it has no NCCL; use --device cpu (Gloo)");
 #endif
+  } else {
+    try {
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      const bool loopback = info.master_addr == "127.0.0.1" || info.master_addr == "localhost";
+      opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                       : c10d::ProcessGroupGloo::createDefaultDevice());
+      opts->threads = 1;
+      g->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(fmt::format("rank {} of {}: cannot form the Gloo process group within {:g} s: {}", rank,
+                                       size, timeout.count() / 1000.0, first_line(e.what())));
+    }
   }
   try {
-    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    const bool loopback = info.master_addr == "127.0.0.1" || info.master_addr == "localhost";
-    opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                     : c10d::ProcessGroupGloo::createDefaultDevice());
-    opts->threads = 1;
-    auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, g_store);
-    g->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    auto m = std::make_shared<Monitor>();
+    m->store = c10::make_intrusive<c10d::PrefixStore>("mpt_monitor/", store);
+    m->rank = rank;
+    m->size = size;
+    m->global_rank = info.rank;
+    m->window_s = std::min(5.0, std::max(1.0, 0.25 * static_cast<double>(timeout.count()) / 1000.0));
+    store_set(*m->store, fmt::format("global/{}", rank), std::to_string(info.rank));
+    g->impl_->monitor = m;
   } catch (const std::exception& e) {
-    throw RuntimeFailure(fmt::format("rank {} of {}: cannot form the Gloo process group within {:g} s: {}", rank,
-                                     size, timeout.count() / 1000.0, first_line(e.what())));
+    throw RuntimeFailure(fmt::format("rank {} of {}: cannot register with the store: {}", rank, size,
+                                     first_line(e.what())));
   }
   return g;
 }
@@ -321,10 +487,11 @@ Work Group::allreduce_async(torch::Tensor t, ReduceOp op) {
   o.reduceOp = op == ReduceOp::Sum ? c10d::ReduceOp::SUM : op == ReduceOp::Min ? c10d::ReduceOp::MIN : c10d::ReduceOp::MAX;
   auto impl = std::make_shared<WorkImpl>();
   impl->what = "all-reduce failed on " + impl_->where;
+  impl->monitor = impl_->monitor;
   try {
     impl->w = impl_->pg->allreduce(ts, o);
   } catch (const std::exception& e) {
-    throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", impl->what, first_line(e.what())));
+    collective_failed(impl->what, e, *impl_->monitor);
   }
   return Work(impl);
 }
@@ -335,10 +502,11 @@ void Group::broadcast(torch::Tensor t, int root) {
   o.rootRank = root;
   auto impl = std::make_shared<WorkImpl>();
   impl->what = "broadcast failed on " + impl_->where;
+  impl->monitor = impl_->monitor;
   try {
     impl->w = impl_->pg->broadcast(ts, o);
   } catch (const std::exception& e) {
-    throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", impl->what, first_line(e.what())));
+    collective_failed(impl->what, e, *impl_->monitor);
   }
   Work(impl).wait();
 }

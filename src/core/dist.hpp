@@ -56,14 +56,18 @@ inline constexpr int kExitInjectedFault = 86;
 int free_port();
 
 /// Spawns `nproc` workers running `argv` again (the executable is /proc/self/exe) with
-/// MPT_RANK=i, MPT_WORLD_SIZE=nproc, MPT_LOCAL_RANK=i, MASTER_ADDR=127.0.0.1 and
-/// MASTER_PORT=<free port>; waits for all. When a worker fails (non-zero exit or a
-/// signal), the others get `grace_s` seconds to end on their own (they notice through
-/// their collective timeouts) and are then killed. Returns 0 when all succeed; else logs
-/// "rank R failed: ..." naming the failed rank and returns its exit code if it is 1, 2 or
-/// 3, else 3. Blame: ranks that fail within 0.2 s of each other are weighed together and a
-/// rank that failed on its own (a signal, or an exit code other than 3) is named before one
-/// that exited 3 because its peer vanished. Workers get SIGKILL if this process dies.
+/// MPT_RANK=i, MPT_WORLD_SIZE=nproc, MPT_LOCAL_RANK=i, MASTER_ADDR=127.0.0.1,
+/// MASTER_PORT=<port> and MPT_AGENT_STORE=1: this process hosts the job's TCPStore (as
+/// torchrun's agent does), so the store outlives any worker. Waits for all. When a worker
+/// fails (non-zero exit or a signal), the others get `grace_s` seconds to end on their own
+/// (they notice through their collective timeouts) and are then killed. Returns 0 when all
+/// succeed; else logs "rank R of N failed: ..." naming the failed rank and returns its exit
+/// code if it is 1, 2 or 3, else 3. Blame: ranks that fail within 0.2 s of each other are
+/// weighed together; a rank that failed on its own (a signal, or an exit code other than 3)
+/// is named first; else a rank that the failed ranks reported as not answering (see Group)
+/// and that is still running: it is hung, and is killed as soon as the other ranks have
+/// exited (at most min(grace_s, 10 s) later); else the first failure. Workers get SIGKILL
+/// if this process dies.
 int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s);
 
 // ----------------------------------------------------------------------------
@@ -89,7 +93,11 @@ enum class ReduceOp { Sum, Min, Max };
 /// c10d::ProcessGroupNCCL for CUDA tensors (compiled only against a CUDA LibTorch), as
 /// torch.distributed.init_process_group("gloo" | "nccl") gives.
 /// Every collective is bounded by the group's timeout; a failure or timeout throws
-/// RuntimeFailure ("<op> failed on rank R of N: ...; a peer process failed or timed out").
+/// RuntimeFailure ("<op> failed on rank R of N: ...; a peer process failed or timed out;
+/// rank Q did not answer (...)"). To name Q, a rank whose collective fails posts a report in
+/// the group's store and waits a short window (timeout/4, between 1 and 5 s) for its peers'
+/// reports; peers that send none are dead or hung. They are also posted under
+/// "mpt/unresponsive/<rank>" in the job's store, where spawn_local reads them.
 class Group {
  public:
   /// Connects rank `rank` of `size` through `info`'s store; `prefix` separates groups that

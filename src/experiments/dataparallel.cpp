@@ -31,6 +31,7 @@
  *   torchrun --nproc_per_node 2 --no-python mpt dataparallel
  */
 #include <cmath>
+#include <thread>
 
 #include "core/data.hpp"
 #include "core/dist.hpp"
@@ -78,8 +79,10 @@ ConfigSpec dataparallel_spec() {
   s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
   s.number("/fp16/grad", 30000.0, "gradient value every rank holds in the fp16 demonstration", 0.0, 65504.0);
   s.integer("/fp16/ranks", 4, "ranks in the in-process fp16 demonstration", 1, 1024);
-  s.integer("/fault/rank", -1, "for testing: this rank exits at /fault/step (-1: none)", -1, 63);
-  s.integer("/fault/step", 2, "for testing: the step at which /fault/rank exits", 0);
+  s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step (-1: none)", -1, 63);
+  s.integer("/fault/step", 2, "for testing: the step at which /fault/rank fails", 0);
+  s.choice("/fault/mode", "exit", {"exit", "hang"},
+           "for testing: how /fault/rank fails: exit (the process ends) or hang (alive but silent: sleeps forever)");
   s.number("/check/tolerance", 1e-5, "max abs difference allowed between data-parallel and single-process parameters",
            0.0);
   return s;
@@ -226,6 +229,7 @@ struct TrainSetup {
   bool sync_every_micro_step = true;  // false: DDP's no_sync on all but the last micro-step
   dist::ReducerOptions ropts;
   int64_t fault_rank = -1, fault_step = 0;
+  bool fault_hang = false;  // /fault/mode = hang: sleep forever instead of exiting
 };
 
 struct TrainOut {
@@ -258,9 +262,10 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     g->allreduce(flag, dist::ReduceOp::Min);
     if (flag.item<float>() == 0.0f) break;
     if (r == ts.fault_rank && s == ts.fault_step) {
-      spdlog::warn("rank {}: exiting at step {} (/fault/rank, for testing)", r, s);
+      spdlog::warn("rank {}: {} at step {} (/fault/rank, for testing)", r, ts.fault_hang ? "hanging" : "exiting", s);
       std::fflush(nullptr);
-      std::_Exit(dist::kExitInjectedFault);
+      if (!ts.fault_hang) std::_Exit(dist::kExitInjectedFault);
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // alive, but never answers again
     }
     const double t0 = now_seconds();
     auto idx = shard.index({Slice(s * b, (s + 1) * b)});
@@ -346,6 +351,7 @@ TrainSetup train_setup(const Config& cfg) {
   ts.ropts.divide_before = cfg.str("/ddp/divide") == "before";
   ts.fault_rank = cfg.integer("/fault/rank");
   ts.fault_step = cfg.integer("/fault/step");
+  ts.fault_hang = cfg.str("/fault/mode") == "hang";
   return ts;
 }
 

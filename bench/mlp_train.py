@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""PyTorch-Python twin of the training loop of `mpt lossscale` (section 2, the recipes), for
+the side-by-side speed comparison (bench/bench.py, benchmarks mlp_*).
+
+    mlp_train.py MPT_RESULT.json [RECIPE ...]
+
+Reads the resolved config from an mpt lossscale result file and trains the same MLP
+(784 -> width x depth -> 10, nn.Linear initialisation from the same seed) on the same
+Fashion-MNIST batches (torch.randperm with a generator seeded as mpt's shuffled_indices)
+with plain SGD, op for op as src/experiments/lossscale.cpp does it:
+  - emulated storage: fp32 math, every stored tensor rounded to the recipe's format
+    (parameters, each layer's output and activation in forward, the gradient entering
+    each of them in backward: a torch.autograd.Function like core/amp's StorageRound);
+  - gradient-underflow counting hooks (low-precision recipes) and the lost-update count
+    of the SGD update, which mpt also computes inside its timed loop.
+Recipes: fp32, fp16, bf16, fp16+master, bf16+master (no loss scaling). Default: the
+recipes of the config that are among those.
+
+Prints JSON: per recipe the loss of every step, the lost-update and underflow counts and
+step_time_s = (time of the whole training loop) / steps, measured exactly like mpt's.
+"""
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SUPPORTED = ["fp32", "fp16", "bf16", "fp16+master", "bf16+master"]
+DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def read_idx(path):
+    raw = gzip.open(path).read()
+    magic, count = struct.unpack(">II", raw[:8])
+    dims = [count] + [struct.unpack(">I", raw[8 + 4 * i:12 + 4 * i])[0] for i in range((magic & 0xFF) - 1)]
+    off = 4 + 4 * len(dims)
+    return torch.frombuffer(bytearray(raw[off:]), dtype=torch.uint8).reshape(dims)
+
+
+def load(d, split, n):
+    prefix = "train" if split == "train" else "t10k"
+    images = read_idx(os.path.join(d, f"{prefix}-images-idx3-ubyte.gz"))[:n]
+    labels = read_idx(os.path.join(d, f"{prefix}-labels-idx1-ubyte.gz"))[:n].long()
+    return ((images.float() / 255.0 - 0.2860) / 0.3530).unsqueeze(1).contiguous(), labels
+
+
+def round_to(x, fmt):
+    x = x.float()
+    return x if DTYPE[fmt] is None else x.to(DTYPE[fmt]).float()
+
+
+class StorageRound(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, fmt):
+        ctx.fmt = fmt
+        return round_to(x, fmt)
+
+    @staticmethod
+    def backward(ctx, g):
+        return round_to(g, ctx.fmt), None
+
+
+def emulate(x, fmt):
+    return x if fmt == "fp32" else StorageRound.apply(x, fmt)
+
+
+def train(cfg, recipe, init, images, labels):
+    t = cfg["train"]
+    fmt = recipe.split("+")[0]
+    master = "+master" in recipe
+    stored = "fp32" if master else fmt
+    steps, batch = t["steps"], min(t["batch"], images.shape[0])
+    per_epoch = images.shape[0] // batch
+    lr = torch.tensor(t["lr"], dtype=torch.float32).item()  # mpt holds lr as a float
+    seed, act = cfg["seed"], t["hidden"]["activation"]
+    params = [round_to(p, stored).clone().requires_grad_(True) for p in init]
+    counts = {"underflow": 0, "total": 0, "lost": 0, "updates": 0}
+    losses = []
+
+    def hook(g):
+        nz = g != 0
+        counts["underflow"] += (nz & (round_to(g, fmt) == 0)).sum().item()
+        counts["total"] += g.numel()
+
+    def forward(x):
+        h = emulate(x.reshape(x.shape[0], -1), fmt)
+        layers = len(params) // 2
+        for i in range(layers):
+            w, b = emulate(params[2 * i], fmt), emulate(params[2 * i + 1], fmt)
+            if fmt != "fp32":
+                w.register_hook(hook)
+                b.register_hook(hook)
+            h = emulate(F.linear(h, w, b), fmt)
+            if i + 1 < layers:
+                h = torch.sigmoid(h) if act == "sigmoid" else torch.tanh(h) if act == "tanh" else torch.relu(h)
+                h = emulate(h, fmt)
+        return h
+
+    perm, perm_epoch = None, -1
+    t0 = time.perf_counter()
+    for step in range(steps):
+        epoch = step // per_epoch
+        if epoch != perm_epoch:
+            g = torch.Generator().manual_seed(seed + 1000003 * (epoch + 1))
+            perm, perm_epoch = torch.randperm(images.shape[0], generator=g), epoch
+        idx = perm.narrow(0, (step % per_epoch) * batch, batch)
+        x, y = images.index_select(0, idx), labels.index_select(0, idx)
+        for p in params:
+            p.grad = None
+        loss = F.cross_entropy(forward(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                if p.grad is None:
+                    continue
+                u = p.grad * lr
+                nxt = round_to(p - u, stored)
+                intended = u != 0
+                counts["lost"] += (intended & (nxt == p)).sum().item()
+                counts["updates"] += intended.sum().item()
+                p.copy_(nxt)
+    step_s = (time.perf_counter() - t0) / steps
+    return {"loss": losses, "lost_update_count": counts["lost"], "grad_underflow_count": counts["underflow"],
+            "step_time_s": step_s}
+
+
+def main():
+    cfg = json.load(open(sys.argv[1]))["config"]
+    recipes = sys.argv[2:] or [r for r in cfg["train"]["recipes"] if r in SUPPORTED]
+    for r in recipes:
+        if r not in SUPPORTED:
+            sys.exit(f"mlp_train.py: recipe {r!r} not supported (supported: {', '.join(SUPPORTED)})")
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg["threads"])
+    t = cfg["train"]
+    images, labels = load(t["data_dir"], "train", t["train_samples"])
+    torch.manual_seed(cfg["seed"])
+    init, d = [], 28 * 28
+    for i in range(t["hidden"]["depth"] + 1):
+        out = 10 if i == t["hidden"]["depth"] else t["hidden"]["width"]
+        lin = nn.Linear(d, out)
+        init += [lin.weight.detach().clone(), lin.bias.detach().clone()]
+        d = out
+    print(json.dumps({r: train(cfg, r, init, images, labels) for r in recipes}))
+
+
+if __name__ == "__main__":
+    main()

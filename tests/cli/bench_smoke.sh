@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The benchmark entry point in its quickest form (one benchmark, one round, small runs):
+# checks that it runs, that mpt and PyTorch-Python computed the same numbers, and that the
+# result file is valid JSON with the expected keys. Timings are never asserted.
+#   bench_smoke.sh MPT
+set -u
+mpt=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then echo "SKIPPED: /usr/bin/python3 has no torch"; exit 77; fi
+/usr/bin/python3 bench/bench.py --quick --only mlp --mpt "$mpt" --out "$tmp/b.json" > "$tmp/out" 2> "$tmp/err"
+code=$?
+cat "$tmp/out"
+[ $code = 0 ] || { echo "FAIL: bench.py exited $code"; cat "$tmp/err"; exit 1; }
+grep -q "^# OK: equal results" "$tmp/out" || { echo "FAIL: no OK footer"; exit 1; }
+/usr/bin/python3 - "$tmp/b.json" <<'PY' || exit 1
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+assert d["schema_version"] == 2, d["schema_version"]
+for k in ("date", "host", "cpus", "mpt", "python_torch", "threads", "rounds", "quick", "loadavg_start"):
+    assert k in d["context"], f"context lacks {k}"
+assert d["mismatches"] == [], d["mismatches"]
+rows = {r["name"]: r for r in d["rows"]}
+for name in ("mlp_fp32", "mlp_bf16", "mlp_fp16", "fp16_vs_fp32", "bf16_vs_fp32", "fp16+master+dynamic_vs_fp32"):
+    assert name in rows, f"no row {name}: {sorted(rows)}"
+for name in ("mlp_fp32", "mlp_bf16", "mlp_fp16", "fp16_vs_fp32"):
+    r = rows[name]
+    for k in ("mpt", "python", "ratio"):
+        assert isinstance(r[k], float) and math.isfinite(r[k]) and r[k] > 0, f"{name}.{k} = {r[k]!r}"
+    assert r["rounds"] == 1 and len(r["mpt_samples"]) == 1, r
+print("ok:", len(rows), "rows")
+PY
