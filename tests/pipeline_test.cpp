@@ -238,8 +238,8 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
       }
     }
   // The group size must be the stage count.
-  CHECK_THROWS_AS(run_pipeline_process(groups[0], copies[0], stage_ranges(4, {2}), make_schedule(ScheduleKind::GPipe, 2, 1),
-                                       1, x, y, SyntheticCost{}),
+  CHECK_THROWS_AS(run_pipeline_process(groups[0], copies[0], stage_ranges(4, {2}),
+                                       make_schedule(ScheduleKind::GPipe, 2, 1), 1, x, y, SyntheticCost{}),
                   std::invalid_argument);
 }
 
@@ -274,7 +274,8 @@ TEST_CASE("process-group transport: a silent peer times out naming it, abort wak
   // Stage 1 never sends: stage 0's recv fails after the group's timeout (1 s), naming stage 1.
   // (Last: a Gloo timeout closes every connection of the group.)
   const double start = now_seconds();
-  CHECK_THROWS_WITH(t0.recv(1, 0, 'B', 3), Catch::Contains("stage 0: no gradient for microbatch 3 from stage 1 (rank 1)"));
+  CHECK_THROWS_WITH(t0.recv(1, 0, 'B', 3),
+                    Catch::Contains("stage 0: no gradient for microbatch 3 from stage 1 (rank 1)"));
   const double took = now_seconds() - start;
   CHECK(took > 0.9);  // it waited for the timeout...
   CHECK(took < 5.0);  // ...and not much longer

@@ -454,7 +454,8 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
                                  const std::vector<torch::nn::Linear>& layers,
                                  const std::vector<std::pair<int, int>>& ranges,
                                  const std::vector<std::vector<PipeOp>>& schedule, int m, const torch::Tensor& x,
-                                 const torch::Tensor& y, const SyntheticCost& cost, const ProcessPipelineOptions& opts) {
+                                 const torch::Tensor& y, const SyntheticCost& cost,
+                                 const ProcessPipelineOptions& opts) {
   const int p = static_cast<int>(ranges.size());
   if (static_cast<int>(schedule.size()) != p)
     throw std::invalid_argument("run_pipeline_process: one program per stage needed");
@@ -501,9 +502,8 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
   // Layout: per stage s, [peak held, bytes per microbatch, (start, end, wait) per op], then
   // the m microbatch losses (last stage).
   std::vector<int64_t> offset(static_cast<std::size_t>(p) + 1, 0);
-  for (int s = 0; s < p; ++s)
-    offset[static_cast<std::size_t>(s) + 1] =
-        offset[static_cast<std::size_t>(s)] + 2 + 3 * static_cast<int64_t>(schedule[static_cast<std::size_t>(s)].size());
+  for (std::size_t s = 0; s < schedule.size(); ++s)
+    offset[s + 1] = offset[s] + 2 + 3 * static_cast<int64_t>(schedule[s].size());
   auto stats = torch::zeros({offset.back() + m}, torch::kFloat64);
   {
     auto a = stats.accessor<double, 1>();

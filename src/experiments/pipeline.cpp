@@ -174,6 +174,26 @@ void exact_split(const Config& cfg, const SplitCase& c, Table& t, Report& report
                0.0);
 }
 
+// All split cases (the configured cuts, then each of /split/extra_stages balanced) in one table.
+Table exact_split_table(const Config& cfg, Report& report) {
+  const int split_layers = static_cast<int>(cfg.integers("/split/widths").size()) - 1;
+  const auto cuts = i64(cfg.integers("/split/cuts"));
+  Table split{"exact_split", "Exact split: whole-model gradient vs stage-by-stage backward through detached boundaries",
+              {text_col("name", "name"), int_col("stages", "stages"), int_col("stage", "stage"), text_col("shape", "shape"),
+               sci_col("grad_abs_sum", "sum|g|"), sci_col("max_abs_diff", "max|diff|"),
+               text_col("bitwise_equal", "bitwise")}};
+  std::vector<SplitCase> cases = {{fmt::format("k{}", cuts.size() + 1), cuts}};
+  for (auto k : cfg.integers("/split/extra_stages")) {
+    SplitCase c{fmt::format("k{}_balanced", k), balanced_cuts(split_layers, static_cast<int>(k))};
+    if (k >= 2) cases.push_back(c);
+  }
+  for (const auto& c : cases) exact_split(cfg, c, split, report);
+  split.notes.push_back("boundary: out.detach().requires_grad_(true) feeds the next stage; its .grad is passed to "
+                        "out.backward(grad)");
+  split.notes.push_back("same kernels in the same order on the same numbers: the difference is exactly 0, not roundoff");
+  return split;
+}
+
 // ----------------------------------------------------------------------------
 // 2. Schedules: what each stage runs
 // ----------------------------------------------------------------------------
@@ -257,10 +277,6 @@ Report run_pipeline_experiment(const Context& ctx) {
   const auto& cfg = ctx.cfg;
   Report report;
   validate_pipeline(cfg, ctx.world_size);
-  const auto split_widths = cfg.integers("/split/widths");
-  const int split_layers = static_cast<int>(split_widths.size()) - 1;
-  const auto cuts = i64(cfg.integers("/split/cuts"));
-  const auto extra = cfg.integers("/split/extra_stages");
   const auto widths = i64(cfg.integers("/pipeline/widths"));
   const int layers_n = static_cast<int>(widths.size()) - 1;
   const int p = static_cast<int>(cfg.integer("/pipeline/stages"));
@@ -282,22 +298,7 @@ Report run_pipeline_experiment(const Context& ctx) {
 
   // --- 1. exact split (in one process: rank 0) ---
   double t0 = now_seconds();
-  if (lead) {
-    Table split{"exact_split", "Exact split: whole-model gradient vs stage-by-stage backward through detached boundaries",
-                {text_col("name", "name"), int_col("stages", "stages"), int_col("stage", "stage"), text_col("shape", "shape"),
-                 sci_col("grad_abs_sum", "sum|g|"), sci_col("max_abs_diff", "max|diff|"),
-                 text_col("bitwise_equal", "bitwise")}};
-    std::vector<SplitCase> cases = {{fmt::format("k{}", cuts.size() + 1), cuts}};
-    for (auto k : extra) {
-      SplitCase c{fmt::format("k{}_balanced", k), balanced_cuts(split_layers, static_cast<int>(k))};
-      if (k >= 2) cases.push_back(c);
-    }
-    for (const auto& c : cases) exact_split(cfg, c, split, report);
-    split.notes.push_back("boundary: out.detach().requires_grad_(true) feeds the next stage; its .grad is passed to "
-                          "out.backward(grad)");
-    split.notes.push_back("same kernels in the same order on the same numbers: the difference is exactly 0, not roundoff");
-    report.add(std::move(split));
-  }
+  if (lead) report.add(exact_split_table(cfg, report));
   report.timings["exact_split_s"] = now_seconds() - t0;
 
   // --- 2. schedules ---
