@@ -39,10 +39,11 @@ cli_case(pipeline_processes_3 0 "gpipe\\.m4: microbatched == full-batch gradient
 cli_case(pipeline_processes_3_title 0 "Measured \\(one process per stage"
          ${PIPE_PROC} --nproc 3 --set pipeline.stages=3 --set "pipeline.schedules=[\"1f1b\"]")
 cli_case(pipeline_processes_config 0 "naive: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
-         pipeline --config configs/pipeline_processes.json ${PIPE_FAST} --set pipeline.steps=1)
+         pipeline --config configs/pipeline_processes.json ${PIPE_FAST} --set pipeline.steps=1
+         --set "pipeline.schedules=[\"naive\",\"1f1b\"]")
 add_test(NAME cli.pipeline_processes_deterministic
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${PIPE_PROC} --nproc 2
-                 --set pipeline.stages=2
+                 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"1f1b\"]"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 add_test(NAME cli.pipeline_processes_torchrun_env
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/pipeline_env.sh $<TARGET_FILE:mpt>
