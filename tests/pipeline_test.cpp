@@ -1,6 +1,9 @@
 // Pipeline schedules, stage splitting and the executor (core/pipeline).
+#include <thread>
+
 #include "catch.hpp"
 
+#include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/pipeline.hpp"
 #include "core/runtime.hpp"
@@ -162,4 +165,118 @@ TEST_CASE("a failing stage makes the others stop with its name, no hang", "[pipe
   CHECK_THROWS_AS(run_pipeline(bad, stage_ranges(2, {1}), make_schedule(ScheduleKind::GPipe, 2, 2), 2,
                                torch::randn({4, 4}), torch::randn({4, 1}), SyntheticCost{}, tr3),
                   RuntimeFailure);
+}
+
+// ----------------------------------------------------------------------------
+// One process per stage: ranks of a Gloo group played by threads of this process
+// (an in-process HashStore for the rendezvous), as c10d's own ProcessGroupGloo tests do.
+// The multi-process runs themselves go through ctest's CLI cases (tests/cli).
+// ----------------------------------------------------------------------------
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Creates ranks 0 .. n-1 of a group (each constructor waits for the others: one thread each).
+std::vector<std::shared_ptr<dist::Group>> thread_groups(int n, const std::string& prefix,
+                                                        std::chrono::milliseconds timeout) {
+  dist::connect_store(dist::LaunchInfo{}, timeout);  // one process, no launcher: a HashStore
+  std::vector<std::shared_ptr<dist::Group>> groups(static_cast<std::size_t>(n));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] { groups[static_cast<std::size_t>(r)] = dist::Group::create({}, r, n, prefix, timeout); });
+  for (auto& t : ts) t.join();
+  return groups;
+}
+
+}  // namespace
+
+TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's gradients bitwise", "[pipeline][dist]") {
+  const int p = 3;
+  const std::vector<int64_t> widths = {6, 12, 12, 12, 1};
+  // Every rank builds its own copy of the model from the same seed, as separate processes do.
+  std::vector<std::vector<torch::nn::Linear>> copies;
+  for (int r = 0; r <= p; ++r) {
+    seed_all(11);
+    copies.push_back(mlp_layers(widths));
+  }
+  const auto x = torch::randn({8, 6});
+  const auto y = torch::randn({8, 1});
+  const auto full = full_batch_grads(copies[p], x, y);
+  const auto ranges = stage_ranges(4, balanced_cuts(4, p));
+  auto groups = thread_groups(p, "ut_pipe/", 10000ms);
+  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    for (int m : {1, 4}) {
+      const auto sched = make_schedule(kind, p, m);
+      std::vector<PipelineRun> runs(static_cast<std::size_t>(p));
+      std::vector<std::string> errors(static_cast<std::size_t>(p));
+      std::vector<std::thread> ts;
+      for (int r = 0; r < p; ++r)
+        ts.emplace_back([&, r] {
+          try {
+            runs[static_cast<std::size_t>(r)] = run_pipeline_process(
+                groups[static_cast<std::size_t>(r)], copies[static_cast<std::size_t>(r)], ranges, sched, m, x, y,
+                SyntheticCost{});
+          } catch (const std::exception& e) {
+            errors[static_cast<std::size_t>(r)] = e.what();
+          }
+        });
+      for (auto& t : ts) t.join();
+      INFO(schedule_name(kind) << " m=" << m);
+      for (const auto& e : errors) REQUIRE(e.empty());
+      QueueTransport tr(10);
+      const auto threaded = run_pipeline(copies[p], ranges, sched, m, x, y, SyntheticCost{}, tr);
+      for (const auto& run : runs) {  // every rank ends with the whole step's result
+        CHECK(max_diff(threaded.grads, run.grads) == 0.0);
+        CHECK(max_diff(full, run.grads) < 1e-6);
+        CHECK(run.loss == threaded.loss);
+        CHECK(run.peak_held == peak_in_flight(sched));
+        CHECK(run.bytes_per_microbatch == threaded.bytes_per_microbatch);
+        REQUIRE(run.events.size() == static_cast<std::size_t>(p * 2 * m));
+        CHECK(run.events.front().stage == 0);
+        CHECK(run.events.back().stage == p - 1);
+        CHECK(run.step_s > 0);
+      }
+    }
+  // The group size must be the stage count.
+  CHECK_THROWS_AS(run_pipeline_process(groups[0], copies[0], stage_ranges(4, {2}),
+                                       make_schedule(ScheduleKind::GPipe, 2, 1), 1, x, y, SyntheticCost{}),
+                  std::invalid_argument);
+}
+
+TEST_CASE("process-group transport: a silent peer times out naming it, abort wakes a recv, shapes are checked",
+          "[pipeline][dist]") {
+  auto groups = thread_groups(2, "ut_pipe_fail/", 1000ms);
+  ProcessGroupTransport t0(groups[0], {{4, 3}});
+  ProcessGroupTransport t1(groups[1], {{4, 3}});
+  CHECK(ProcessGroupTransport::tag('F', 3) == 6);
+  CHECK(ProcessGroupTransport::tag('B', 3) == 7);
+  // A message crosses both ways.
+  auto a = torch::arange(12, torch::kFloat32).reshape({4, 3});
+  t0.send(0, 1, 'F', 2, a);
+  CHECK(torch::equal(t1.recv(0, 1, 'F', 2), a));
+  t1.send(1, 0, 'B', 2, a * 2);
+  CHECK(torch::equal(t0.recv(1, 0, 'B', 2), a * 2));
+  t0.flush();
+  t1.flush();
+  // Wrong shape, or a stage that is not this rank's neighbour: a programming error.
+  CHECK_THROWS_AS(t0.send(0, 1, 'F', 0, torch::zeros({4, 2})), std::invalid_argument);
+  CHECK_THROWS_AS(t0.send(1, 0, 'B', 0, a), std::invalid_argument);
+  // abort() from another thread ends a pending recv at once with the reason.
+  std::thread waker([&] {
+    std::this_thread::sleep_for(100ms);
+    t1.abort("stage 0 failed: boom");
+  });
+  const double start2 = now_seconds();
+  CHECK_THROWS_WITH(t1.recv(0, 1, 'F', 5), Catch::Contains("stage 0 failed: boom"));
+  waker.join();
+  CHECK(now_seconds() - start2 < 0.9);
+  CHECK_THROWS_WITH(t1.recv(0, 1, 'F', 6), Catch::Contains("stage 0 failed: boom"));  // and every later one
+  // Stage 1 never sends: stage 0's recv fails after the group's timeout (1 s), naming stage 1.
+  // (Last: a Gloo timeout closes every connection of the group.)
+  const double start = now_seconds();
+  CHECK_THROWS_WITH(t0.recv(1, 0, 'B', 3),
+                    Catch::Contains("stage 0: no gradient for microbatch 3 from stage 1 (rank 1)"));
+  const double took = now_seconds() - start;
+  CHECK(took > 0.9);  // it waited for the timeout...
+  CHECK(took < 5.0);  // ...and not much longer
 }

@@ -418,10 +418,22 @@ struct Group::Impl {
 void Work::wait() {
   if (!impl_) return;
   auto* w = static_cast<WorkImpl*>(impl_.get());
+  bool done = false;
   try {
-    w->w->wait();
+    done = w->w->wait();
   } catch (const std::exception& e) {
     collective_failed(w->what, e, *w->monitor);
+  }
+  // Gloo's send/recv return false when abort() ended the wait.
+  if (!done) throw RuntimeFailure(w->what + ": aborted");
+}
+
+void Work::abort() {
+  if (!impl_) return;
+  try {
+    static_cast<WorkImpl*>(impl_.get())->w->abort();
+  } catch (const std::exception&) {
+    // c10d's base Work has no abort; a collective then simply runs into its timeout.
   }
 }
 
@@ -509,6 +521,30 @@ void Group::broadcast(torch::Tensor t, int root) {
     collective_failed(impl->what, e, *impl_->monitor);
   }
   Work(impl).wait();
+}
+
+Work Group::send_async(torch::Tensor t, int dst, int tag) {
+  std::vector<at::Tensor> ts{std::move(t)};
+  auto impl = std::make_shared<WorkImpl>();
+  impl->what = fmt::format("send to rank {} (tag {}) failed on {}", dst, tag, impl_->where);
+  try {
+    impl->w = impl_->pg->send(ts, dst, tag);
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", impl->what, first_line(e.what())));
+  }
+  return Work(impl);
+}
+
+Work Group::recv_async(torch::Tensor t, int src, int tag) {
+  std::vector<at::Tensor> ts{std::move(t)};
+  auto impl = std::make_shared<WorkImpl>();
+  impl->what = fmt::format("recv from rank {} (tag {}) failed on {}", src, tag, impl_->where);
+  try {
+    impl->w = impl_->pg->recv(ts, src, tag);
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", impl->what, first_line(e.what())));
+  }
+  return Work(impl);
 }
 
 void Group::barrier() {

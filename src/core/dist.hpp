@@ -10,6 +10,7 @@
 //  - Rendezvous: a c10d::TCPStore hosted by rank 0 (or by the torchrun agent).
 //  - Collectives: c10d::ProcessGroupGloo on CPU (a Gloo TCP device on the master's
 //    interface), every call bounded by a timeout, so no rank waits forever.
+//  - Point to point: send/recv between two ranks (pipeline stages), same timeout.
 //  - Reducer: gradients bucketed in reverse parameter order (first bucket 1 MB, then
 //    25 MB caps), each bucket flattened and all-reduced (sum), launched from gradient
 //    hooks during backward (overlap) or after it, as torch.nn.parallel.DistributedDataParallel
@@ -81,6 +82,9 @@ class Work {
   explicit Work(std::shared_ptr<void> impl) : impl_(std::move(impl)) {}
   /// Blocks until done; throws RuntimeFailure when the collective failed or timed out.
   void wait();
+  /// Makes a pending wait() of a send/recv return early (c10d Work::abort; Gloo aborts the
+  /// UnboundBuffer's waitRecv/waitSend). wait() then throws RuntimeFailure. No-op when empty.
+  void abort();
   bool valid() const { return impl_ != nullptr; }
 
  private:
@@ -123,6 +127,19 @@ class Group {
   /// In-place broadcast from `root`.
   void broadcast(torch::Tensor t, int root = 0);
   void barrier();
+
+  /// Point-to-point send of a contiguous CPU tensor to rank `dst` (c10d ProcessGroupGloo::send,
+  /// the call under torch.distributed.isend). Returns at once; the Work keeps the tensor alive
+  /// until the receiver has it, so keep the Work and wait() on it before reusing or dropping
+  /// the tensor. Gloo moves the data only once `dst` has posted the matching recv (same tag),
+  /// so a send is never complete before its recv. `tag` >= 0 tells apart messages between
+  /// the same pair of ranks. Throws RuntimeFailure when the send cannot be posted.
+  Work send_async(torch::Tensor t, int dst, int tag);
+  /// Point-to-point receive into the contiguous CPU tensor `t` (same shape and dtype as the
+  /// sender's) from rank `src` with `tag` (ProcessGroupGloo::recv, torch.distributed.irecv).
+  /// wait() blocks at most the group's timeout and throws RuntimeFailure when it expires or
+  /// the connection to `src` breaks (the peer process died).
+  Work recv_async(torch::Tensor t, int src, int tag);
 
  private:
   Group() = default;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -127,10 +128,16 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     // Multi-process experiments (a /nproc key): under a launcher (mpt --nproc, torchrun,
     // SLURM) this process is one rank; otherwise spawn /nproc workers of ourselves and wait.
     int rank = 0, world_size = 1;
+    std::optional<dist::LaunchInfo> launch;
+    if (spec.find("/nproc")) launch = dist::launch_from_environment();
+    const int planned = launch ? launch->world_size : spec.find("/nproc") ? static_cast<int>(cfg.integer("/nproc")) : 1;
+    if (exp.validate) exp.validate(cfg, planned);  // before any worker exists
     if (spec.find("/nproc")) {
-      auto launch = dist::launch_from_environment();
       if (!launch && cfg.integer("/nproc") > 1) {
-        const double grace = spec.find("/dist/timeout_s") ? cfg.number("/dist/timeout_s") + 10.0 : 60.0;
+        // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
+        double grace = 60.0;
+        for (const char* key : {"/dist/timeout_s", "/pipeline/timeout_s"})
+          if (spec.find(key)) grace = cfg.number(key) + 10.0;
         return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, grace);
       }
       if (launch) {

@@ -4,11 +4,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include <spdlog/spdlog.h>
+
+#include "core/dist.hpp"
 #include "core/errors.hpp"
 
 namespace mpt {
@@ -184,7 +189,92 @@ void QueueTransport::abort(const std::string& why) {
 }
 
 // ----------------------------------------------------------------------------
-// Executor
+// Transport between processes (c10d point to point)
+// ----------------------------------------------------------------------------
+
+ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<dist::Group> group,
+                                             std::vector<std::vector<int64_t>> boundary_shapes)
+    : group_(std::move(group)), shapes_(std::move(boundary_shapes)) {
+  if (!group_) throw std::invalid_argument("ProcessGroupTransport: no process group");
+  if (static_cast<int>(shapes_.size()) != group_->size() - 1)
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport: {} stages need {} boundary shapes, got {}",
+                                            group_->size(), group_->size() - 1, shapes_.size()));
+}
+
+ProcessGroupTransport::~ProcessGroupTransport() {
+  // Only after a failure are sends still pending: nobody will receive them.
+  for (auto& p : sends_) p.work->abort();
+}
+
+namespace {
+const char* message_name(char kind) { return kind == 'F' ? "activation" : "gradient"; }
+}  // namespace
+
+void ProcessGroupTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) {
+  const int me = group_->rank();
+  if (src != me || (dst != src + 1 && dst != src - 1) || dst < 0 || dst >= group_->size())
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: cannot send from stage {} to stage {} "
+                                            "(only to a neighbour of this rank's stage)", me, src, dst));
+  const auto& shape = shapes_[static_cast<std::size_t>(std::min(src, dst))];
+  if (t.sizes().vec() != shape)
+    throw std::invalid_argument(fmt::format("stage {}: the {} of microbatch {} for stage {} has shape [{}], the "
+                                            "boundary's is [{}]", src, message_name(kind), microbatch, dst,
+                                            fmt::join(t.sizes().vec(), ", "), fmt::join(shape, ", ")));
+  // Not copied: the activation (a detached output kept for backward) and the input gradient
+  // are not written again, and the Work keeps them alive until the receiver has them.
+  auto buf = t.detach().to(torch::kFloat32).contiguous();
+  sends_.push_back({std::make_shared<dist::Work>(group_->send_async(buf, dst, tag(kind, microbatch))), dst, kind,
+                    microbatch});
+}
+
+torch::Tensor ProcessGroupTransport::recv(int src, int dst, char kind, int microbatch) {
+  const int me = group_->rank();
+  const int from = kind == 'F' ? dst - 1 : dst + 1;
+  if (dst != me || src != from || src < 0 || src >= group_->size())
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: cannot receive {} {} from stage {} "
+                                            "at stage {}", me, kind, microbatch, src, dst));
+  auto t = torch::empty(shapes_[static_cast<std::size_t>(std::min(src, dst))], torch::kFloat32);
+  std::shared_ptr<dist::Work> work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.empty()) throw RuntimeFailure(aborted_);
+    work = std::make_shared<dist::Work>(group_->recv_async(t, src, tag(kind, microbatch)));
+    recv_ = work;
+  }
+  try {
+    work->wait();
+  } catch (const RuntimeFailure& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    recv_.reset();
+    if (!aborted_.empty()) throw RuntimeFailure(aborted_);
+    throw RuntimeFailure(fmt::format("stage {}: no {} for microbatch {} from stage {} (rank {}): {}", dst,
+                                     message_name(kind), microbatch, src, src, e.what()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  recv_.reset();
+  return t;
+}
+
+void ProcessGroupTransport::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_.empty()) aborted_ = why;
+  if (recv_) recv_->abort();
+}
+
+void ProcessGroupTransport::flush() {
+  for (const auto& p : sends_) {
+    try {
+      p.work->wait();
+    } catch (const RuntimeFailure& e) {
+      throw RuntimeFailure(fmt::format("stage {}: the {} of microbatch {} did not reach stage {} (rank {}): {}",
+                                       group_->rank(), message_name(p.kind), p.microbatch, p.dst, p.dst, e.what()));
+    }
+  }
+  sends_.clear();
+}
+
+// ----------------------------------------------------------------------------
+// Executor: one stage
 // ----------------------------------------------------------------------------
 
 namespace {
@@ -202,7 +292,121 @@ void synthetic_wait(double us, bool spin) {
   }
 }
 
+/// Gradients of every parameter, layer order (weight, bias), cloned.
+std::vector<torch::Tensor> param_grads(const std::vector<torch::nn::Linear>& layers) {
+  std::vector<torch::Tensor> g;
+  for (auto& l : layers)
+    for (auto& prm : l->parameters()) g.push_back(prm.grad().detach().clone());
+  return g;
+}
+
+void reset_grads(const std::vector<torch::nn::Linear>& layers) {
+  for (auto& l : layers)
+    for (auto& prm : l->parameters()) prm.mutable_grad() = torch::Tensor();
+}
+
+/// Every stage's part of a step -> one PipelineRun: times shifted so that the first
+/// operation starts at 0, busy time per stage, loss = Σ_j loss_j / m in microbatch order.
+PipelineRun assemble_run(const std::vector<StageRun>& parts, std::vector<torch::Tensor> grads) {
+  PipelineRun run;
+  double first_start = 1e300, last_end = 0;
+  for (const auto& part : parts) {
+    double busy = 0;
+    for (const auto& ev : part.events) {
+      busy += ev.end_s - ev.start_s;
+      first_start = std::min(first_start, ev.start_s);
+      last_end = std::max(last_end, ev.end_s);
+      run.events.push_back(ev);
+    }
+    run.busy_s.push_back(busy);
+    run.peak_held.push_back(part.peak_held);
+    run.bytes_per_microbatch.push_back(part.bytes_per_microbatch);
+  }
+  if (run.events.empty()) first_start = 0;
+  for (auto& ev : run.events) {
+    ev.start_s -= first_start;
+    ev.end_s -= first_start;
+  }
+  run.step_s = last_end - first_start;
+  if (!parts.empty())
+    for (double l : parts.back().losses) run.loss += l;
+  run.grads = std::move(grads);
+  return run;
+}
+
 }  // namespace
+
+StageRun run_stage(int s, const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
+                   const std::vector<PipeOp>& ops, int m, const std::vector<torch::Tensor>& xs,
+                   const std::vector<torch::Tensor>& ys, const SyntheticCost& cost, StageTransport& transport,
+                   Clock::time_point t0, const std::function<void(int)>& after_op) {
+  const int p = static_cast<int>(ranges.size());
+  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
+  const auto [begin, end] = ranges[static_cast<std::size_t>(s)];
+  const double factor = cost.stage_factor.empty() ? 1.0 : cost.stage_factor[static_cast<std::size_t>(s)];
+  const double fwd_us = cost.forward_us * factor * (end - begin);
+  const double bwd_us = fwd_us * cost.backward_factor;
+  const bool first = s == 0, last = s == p - 1;
+  StageRun out;
+  if (last) out.losses.assign(static_cast<std::size_t>(m), 0.0);
+  struct Held { torch::Tensor input, output; };
+  std::map<int, Held> held;  // microbatch -> activations kept for its backward
+  int done = 0;
+  for (const auto& op : ops) {
+    PipeEvent ev;
+    ev.stage = s;
+    ev.op = op;
+    const auto wait0 = Clock::now();
+    if (op.kind == 'F') {
+      torch::Tensor in = first ? xs[static_cast<std::size_t>(op.microbatch)]
+                               : transport.recv(s - 1, s, 'F', op.microbatch);
+      const auto c0 = Clock::now();
+      ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
+      ev.start_s = since(c0);
+      // The boundary: a leaf that requires grad, so backward stops here and its .grad
+      // is what the previous stage needs.
+      if (!first) in = in.detach().requires_grad_(true);
+      std::vector<torch::Tensor> kept;
+      torch::Tensor o = stage_forward(layers, begin, end, in, &kept);
+      synthetic_wait(fwd_us, cost.spin);
+      int64_t bytes = first ? 0 : in.nbytes();
+      for (auto& k : kept) bytes += static_cast<int64_t>(k.nbytes());
+      out.bytes_per_microbatch = bytes;
+      if (last) {
+        // Mean loss over the whole batch: each microbatch's loss is divided by m once.
+        o = torch::mse_loss(o, ys[static_cast<std::size_t>(op.microbatch)]) / m;
+        out.losses[static_cast<std::size_t>(op.microbatch)] = o.item<double>();
+      } else {
+        transport.send(s, s + 1, 'F', op.microbatch, o.detach());
+      }
+      held[op.microbatch] = Held{in, o};
+      out.peak_held = std::max(out.peak_held, static_cast<int>(held.size()));
+    } else {
+      torch::Tensor g = last ? torch::Tensor() : transport.recv(s + 1, s, 'B', op.microbatch);
+      const auto c0 = Clock::now();
+      ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
+      ev.start_s = since(c0);
+      auto it = held.find(op.microbatch);
+      if (it == held.end())
+        throw std::logic_error(fmt::format("stage {}: backward of microbatch {} before its forward", s, op.microbatch));
+      if (last)
+        it->second.output.backward();
+      else
+        it->second.output.backward(g);
+      synthetic_wait(bwd_us, cost.spin);
+      if (!first) transport.send(s, s - 1, 'B', op.microbatch, it->second.input.grad());
+      held.erase(it);  // activations of this microbatch are released
+    }
+    ev.end_s = since(Clock::now());
+    out.events.push_back(ev);
+    if (after_op) after_op(++done);
+  }
+  return out;
+}
+
+// ----------------------------------------------------------------------------
+// Executor: one thread per stage
+// ----------------------------------------------------------------------------
 
 PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
                          const std::vector<std::vector<PipeOp>>& schedule, int m, const torch::Tensor& x,
@@ -211,87 +415,19 @@ PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std
   if (static_cast<int>(schedule.size()) != p) throw std::invalid_argument("run_pipeline: one program per stage needed");
   if (m < 1 || x.size(0) % m != 0)
     throw std::invalid_argument(fmt::format("run_pipeline: batch {} is not divisible into {} microbatches", x.size(0), m));
-  for (auto& l : layers)
-    for (auto& prm : l->parameters()) prm.mutable_grad() = torch::Tensor();
+  reset_grads(layers);
 
   const auto xs = x.chunk(m, 0);
   const auto ys = y.chunk(m, 0);
-  PipelineRun run;
-  run.busy_s.assign(static_cast<std::size_t>(p), 0.0);
-  run.peak_held.assign(static_cast<std::size_t>(p), 0);
-  run.bytes_per_microbatch.assign(static_cast<std::size_t>(p), 0);
-  std::vector<std::vector<PipeEvent>> events(static_cast<std::size_t>(p));
-  std::vector<double> losses(static_cast<std::size_t>(m), 0.0);
+  std::vector<StageRun> parts(static_cast<std::size_t>(p));
   std::vector<std::string> errors(static_cast<std::size_t>(p));
-
   const auto t0 = Clock::now();
-  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
-
-  auto stage_main = [&](int s) {
-    const auto [begin, end] = ranges[static_cast<std::size_t>(s)];
-    const double factor = cost.stage_factor.empty() ? 1.0 : cost.stage_factor[static_cast<std::size_t>(s)];
-    const double fwd_us = cost.forward_us * factor * (end - begin);
-    const double bwd_us = fwd_us * cost.backward_factor;
-    const bool first = s == 0, last = s == p - 1;
-    struct Held { torch::Tensor input, output; };
-    std::map<int, Held> held;  // microbatch -> activations kept for its backward
-    int peak = 0;
-    for (const auto& op : schedule[static_cast<std::size_t>(s)]) {
-      PipeEvent ev;
-      ev.stage = s;
-      ev.op = op;
-      const auto wait0 = Clock::now();
-      if (op.kind == 'F') {
-        torch::Tensor in = first ? xs[static_cast<std::size_t>(op.microbatch)]
-                                 : transport.recv(s - 1, s, 'F', op.microbatch);
-        const auto c0 = Clock::now();
-        ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
-        ev.start_s = since(c0);
-        // The boundary: a leaf that requires grad, so backward stops here and its .grad
-        // is what the previous stage needs.
-        if (!first) in = in.detach().requires_grad_(true);
-        std::vector<torch::Tensor> kept;
-        torch::Tensor out = stage_forward(layers, begin, end, in, &kept);
-        synthetic_wait(fwd_us, cost.spin);
-        int64_t bytes = first ? 0 : in.nbytes();
-        for (auto& k : kept) bytes += static_cast<int64_t>(k.nbytes());
-        run.bytes_per_microbatch[static_cast<std::size_t>(s)] = bytes;
-        if (last) {
-          // Mean loss over the whole batch: each microbatch's loss is divided by m once.
-          out = torch::mse_loss(out, ys[static_cast<std::size_t>(op.microbatch)]) / m;
-          losses[static_cast<std::size_t>(op.microbatch)] = out.item<double>();
-        } else {
-          transport.send(s, s + 1, 'F', op.microbatch, out.detach());
-        }
-        held[op.microbatch] = Held{in, out};
-        peak = std::max(peak, static_cast<int>(held.size()));
-      } else {
-        torch::Tensor g = last ? torch::Tensor() : transport.recv(s + 1, s, 'B', op.microbatch);
-        const auto c0 = Clock::now();
-        ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
-        ev.start_s = since(c0);
-        auto it = held.find(op.microbatch);
-        if (it == held.end())
-          throw std::logic_error(fmt::format("stage {}: backward of microbatch {} before its forward", s, op.microbatch));
-        if (last)
-          it->second.output.backward();
-        else
-          it->second.output.backward(g);
-        synthetic_wait(bwd_us, cost.spin);
-        if (!first) transport.send(s, s - 1, 'B', op.microbatch, it->second.input.grad());
-        held.erase(it);  // activations of this microbatch are released
-      }
-      ev.end_s = since(Clock::now());
-      events[static_cast<std::size_t>(s)].push_back(ev);
-    }
-    run.peak_held[static_cast<std::size_t>(s)] = peak;
-  };
-
   std::vector<std::thread> threads;
   for (int s = 0; s < p; ++s) {
     threads.emplace_back([&, s] {
       try {
-        stage_main(s);
+        parts[static_cast<std::size_t>(s)] = run_stage(s, layers, ranges, schedule[static_cast<std::size_t>(s)], m,
+                                                       xs, ys, cost, transport, t0);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(s)] = e.what();
         transport.abort(fmt::format("stage {} failed: {}", s, e.what()));
@@ -307,24 +443,129 @@ PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std
     }
   for (int s = 0; s < p; ++s)
     if (!errors[static_cast<std::size_t>(s)].empty()) throw RuntimeFailure(errors[static_cast<std::size_t>(s)]);
+  return assemble_run(parts, param_grads(layers));
+}
 
-  double first_start = 1e300, last_end = 0;
-  for (int s = 0; s < p; ++s)
-    for (const auto& ev : events[static_cast<std::size_t>(s)]) {
-      run.busy_s[static_cast<std::size_t>(s)] += ev.end_s - ev.start_s;
-      first_start = std::min(first_start, ev.start_s);
-      last_end = std::max(last_end, ev.end_s);
-      run.events.push_back(ev);
+// ----------------------------------------------------------------------------
+// Executor: one process per stage
+// ----------------------------------------------------------------------------
+
+PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
+                                 const std::vector<torch::nn::Linear>& layers,
+                                 const std::vector<std::pair<int, int>>& ranges,
+                                 const std::vector<std::vector<PipeOp>>& schedule, int m, const torch::Tensor& x,
+                                 const torch::Tensor& y, const SyntheticCost& cost,
+                                 const ProcessPipelineOptions& opts) {
+  const int p = static_cast<int>(ranges.size());
+  if (static_cast<int>(schedule.size()) != p)
+    throw std::invalid_argument("run_pipeline_process: one program per stage needed");
+  if (!group || group->size() != p)
+    throw std::invalid_argument(fmt::format("run_pipeline_process: {} stages need a group of {} processes, got {}", p,
+                                            p, group ? group->size() : 0));
+  if (m < 1 || x.size(0) % m != 0)
+    throw std::invalid_argument(
+        fmt::format("run_pipeline_process: batch {} is not divisible into {} microbatches", x.size(0), m));
+  reset_grads(layers);
+  const int r = group->rank();
+  const auto xs = x.chunk(m, 0);
+  const auto ys = y.chunk(m, 0);
+  // Boundary b carries [batch/m, out features of stage b's last layer], both directions.
+  std::vector<std::vector<int64_t>> shapes;
+  for (int b = 0; b + 1 < p; ++b)
+    shapes.push_back({x.size(0) / m, layers[static_cast<std::size_t>(ranges[static_cast<std::size_t>(b)].second - 1)]
+                                         ->weight.size(0)});
+
+  // --- this rank's stage ---
+  StageRun mine;
+  {
+    ProcessGroupTransport transport(group, shapes);
+    std::function<void(int)> fault;
+    if (opts.exit_rank == r)
+      fault = [&](int done) {
+        if (done < opts.exit_after_ops) return;
+        spdlog::warn("rank {}: exiting after {} operation(s) of the step (/fault/rank, for testing)", r, done);
+        std::fflush(nullptr);
+        std::_Exit(dist::kExitInjectedFault);
+      };
+    group->barrier();  // every stage starts together; the step's clock starts here
+    const auto t0 = Clock::now();
+    try {
+      mine = run_stage(r, layers, ranges, schedule[static_cast<std::size_t>(r)], m, xs, ys, cost, transport, t0,
+                       fault);
+      transport.flush();
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(fmt::format("stage {} (rank {} of {}) failed: {}", r, r, p, e.what()));
     }
-  for (auto& ev : run.events) {
-    ev.start_s -= first_start;
-    ev.end_s -= first_start;
   }
-  run.step_s = last_end - first_start;
-  for (double l : losses) run.loss += l;
+
+  // --- every stage's part to every rank: sums where each value has one contributor ---
+  // Layout: per stage s, [peak held, bytes per microbatch, (start, end, wait) per op], then
+  // the m microbatch losses (last stage).
+  std::vector<int64_t> offset(static_cast<std::size_t>(p) + 1, 0);
+  for (std::size_t s = 0; s < schedule.size(); ++s)
+    offset[s + 1] = offset[s] + 2 + 3 * static_cast<int64_t>(schedule[s].size());
+  auto stats = torch::zeros({offset.back() + m}, torch::kFloat64);
+  {
+    auto a = stats.accessor<double, 1>();
+    int64_t at = offset[static_cast<std::size_t>(r)];
+    a[at++] = mine.peak_held;
+    a[at++] = static_cast<double>(mine.bytes_per_microbatch);
+    for (const auto& ev : mine.events) {
+      a[at++] = ev.start_s;
+      a[at++] = ev.end_s;
+      a[at++] = ev.wait_s;
+    }
+    for (std::size_t j = 0; j < mine.losses.size(); ++j) a[offset.back() + static_cast<int64_t>(j)] = mine.losses[j];
+  }
+  std::vector<torch::Tensor> params;
   for (auto& l : layers)
-    for (auto& prm : l->parameters()) run.grads.push_back(prm.grad().detach().clone());
-  return run;
+    for (auto& prm : l->parameters()) params.push_back(prm);
+  int64_t numel = 0;
+  for (auto& prm : params) numel += prm.numel();
+  auto flat = torch::zeros({numel}, torch::kFloat32);
+  {
+    torch::NoGradGuard ng;
+    const auto [begin, end] = ranges[static_cast<std::size_t>(r)];
+    int64_t at = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const int layer = static_cast<int>(i / 2);  // weight, bias per layer
+      if (layer >= begin && layer < end) flat.narrow(0, at, params[i].numel()).copy_(params[i].grad().reshape({-1}));
+      at += params[i].numel();
+    }
+  }
+  try {
+    group->allreduce(stats);
+    group->allreduce(flat);
+  } catch (const RuntimeFailure& e) {
+    throw RuntimeFailure(fmt::format("stage {} (rank {} of {}): gathering the step's results failed: {}", r, r, p,
+                                     e.what()));
+  }
+
+  std::vector<StageRun> parts(static_cast<std::size_t>(p));
+  auto a = stats.accessor<double, 1>();
+  for (int s = 0; s < p; ++s) {
+    auto& part = parts[static_cast<std::size_t>(s)];
+    int64_t at = offset[static_cast<std::size_t>(s)];
+    part.peak_held = static_cast<int>(a[at++]);
+    part.bytes_per_microbatch = static_cast<int64_t>(a[at++]);
+    for (const auto& op : schedule[static_cast<std::size_t>(s)]) {
+      PipeEvent ev;
+      ev.stage = s;
+      ev.op = op;
+      ev.start_s = a[at++];
+      ev.end_s = a[at++];
+      ev.wait_s = a[at++];
+      part.events.push_back(ev);
+    }
+  }
+  for (int j = 0; j < m; ++j) parts.back().losses.push_back(a[offset.back() + j]);
+  std::vector<torch::Tensor> grads;
+  int64_t at = 0;
+  for (auto& prm : params) {
+    grads.push_back(flat.narrow(0, at, prm.numel()).view(prm.sizes()).clone());
+    at += prm.numel();
+  }
+  return assemble_run(parts, std::move(grads));
 }
 
 double measured_bubble(const PipelineRun& run) {

@@ -8,15 +8,20 @@
 //    schedule): stage s runs min(p − s − 1, m) warm-up forwards, then alternates one
 //    forward and one backward, then drains the remaining backwards (cool-down).
 //  - The executor moves activations forward and gradients backward through a
-//    StageTransport. In one process that is a mailbox (QueueTransport); a c10d
-//    point-to-point transport (Gloo send/recv, one process per stage) implements the
-//    same two calls.
+//    StageTransport. In one process that is a mailbox (QueueTransport, one thread per
+//    stage: run_pipeline); across processes it is c10d point-to-point send/recv over a
+//    Gloo process group (ProcessGroupTransport, one process per stage:
+//    run_pipeline_process), as torch.distributed.pipelining and Megatron-LM's
+//    p2p_communication do. Both executors run the same per-stage code (run_stage).
 //  - A synthetic per-layer cost (sleep or spin, in microseconds) makes compute times
 //    stable on a shared machine, so the measured bubble can be compared with the
 //    theory (p − 1)/(m + p − 1).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <functional>
+#include <memory>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -28,6 +33,11 @@
 #include <torch/torch.h>
 
 namespace mpt {
+
+namespace dist {
+class Group;
+class Work;
+}  // namespace dist
 
 // ----------------------------------------------------------------------------
 // Schedules
@@ -94,8 +104,8 @@ torch::Tensor stage_forward(const std::vector<torch::nn::Linear>& layers, int be
 
 /// Point-to-point messages between stages: activations forward, gradients backward.
 /// Tag: (kind, microbatch) — 'F' for an activation, 'B' for a gradient. Implementations:
-/// QueueTransport (threads in one process); a c10d transport (Gloo/NCCL send/recv,
-/// tag = 2·microbatch + (kind == 'B')) needs only these calls.
+/// QueueTransport (threads in one process); ProcessGroupTransport (one process per stage,
+/// c10d send/recv, tag = 2·microbatch + (kind == 'B')).
 class StageTransport {
  public:
   virtual ~StageTransport() = default;
@@ -125,6 +135,67 @@ class QueueTransport : public StageTransport {
   std::string aborted_;
 };
 
+/// Stage-to-stage messages between processes over a c10d process group (Gloo on CPU):
+/// stage s is rank s of `group`, and each process is one stage. An activation goes forward
+/// with ProcessGroupGloo::send/recv, a gradient comes back the same way, as
+/// torch.distributed.pipelining (PipelineStage's isend/irecv) and Megatron-LM
+/// (core/pipeline_parallel/p2p_communication.py) move them.
+///
+///  - Tag = 2·microbatch + (kind == 'B'): forward and backward messages of every microbatch
+///    are told apart between the same two ranks. A step ends with flush() and a collective,
+///    so tags can be reused by the next step.
+///  - Shapes are known from the model, not sent (Megatron's fixed tensor_shape): the tensor
+///    crossing boundary b (stage b → b+1 forward, b+1 → b backward) has shape
+///    `boundary_shapes[b]` ([microbatch rows, width at the cut]) and dtype float32.
+///  - send() posts the send and returns (Gloo moves the data once the receiver posts its
+///    recv): a blocking send would deadlock 1F1B, where both neighbours send before they
+///    receive. flush() waits for every posted send.
+///  - Every recv and flush is bounded by the group's timeout. A peer process that dies
+///    closes its connections, and the pending recv fails at once with a RuntimeFailure
+///    naming the peer stage (= rank); a silent peer fails it after the timeout.
+class ProcessGroupTransport : public StageTransport {
+ public:
+  /// `group`: the stages' process group (size = stages, this process = stage group->rank()).
+  /// `boundary_shapes[b]`: shape of the message across boundary b, b = 0 .. stages − 2.
+  /// Throws std::invalid_argument when there are not stages − 1 shapes.
+  ProcessGroupTransport(std::shared_ptr<dist::Group> group, std::vector<std::vector<int64_t>> boundary_shapes);
+  /// Aborts sends still in flight (after a failure) so that nothing waits on them.
+  ~ProcessGroupTransport() override;
+
+  /// Posts a send of `t` (float32, boundary_shapes of the crossed boundary) from this
+  /// process's stage `src` to its neighbour `dst` = src ± 1 and returns without waiting.
+  /// Throws std::invalid_argument when src is not this rank, dst is no neighbour of it, or
+  /// the shape differs from the boundary's; RuntimeFailure when Gloo cannot post the send.
+  void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) override;
+  /// Receives the activation ('F', from src = dst − 1) or gradient ('B', from src = dst + 1)
+  /// of `microbatch` into a new float32 tensor of the boundary's shape. Blocks at most the
+  /// group's timeout. Throws RuntimeFailure "stage D: no activation|gradient for microbatch
+  /// J from stage S (rank S): ..." when the peer died, timed out or abort() was called.
+  torch::Tensor recv(int src, int dst, char kind, int microbatch) override;
+  /// Makes the pending and every later recv throw RuntimeFailure with `why`.
+  void abort(const std::string& why) override;
+  /// Waits until every posted send has been received. Throws RuntimeFailure naming the
+  /// receiving stage when one fails (the peer died) or the group's timeout passes.
+  void flush();
+
+  /// The tag of a message: 2·microbatch + (kind == 'B').
+  static int tag(char kind, int microbatch) { return 2 * microbatch + (kind == 'B' ? 1 : 0); }
+
+ private:
+  struct Pending {
+    std::shared_ptr<dist::Work> work;  // keeps the tensor alive until received
+    int dst = 0;
+    char kind = 'F';
+    int microbatch = 0;
+  };
+  std::shared_ptr<dist::Group> group_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<Pending> sends_;
+  std::mutex mu_;                               // guards recv_ and aborted_ (abort may come from another thread)
+  std::shared_ptr<dist::Work> recv_;            // the recv being waited on, for abort()
+  std::string aborted_;
+};
+
 // ----------------------------------------------------------------------------
 // Executor
 // ----------------------------------------------------------------------------
@@ -146,6 +217,28 @@ struct PipeEvent {
   double wait_s = 0;   ///< time blocked in recv before this op
 };
 
+/// What one stage did in one step (the part of a PipelineRun one stage knows).
+struct StageRun {
+  std::vector<PipeEvent> events;  ///< the stage's operations in program order, seconds since the caller's t0
+  std::vector<double> losses;     ///< last stage only: loss_j / m of every microbatch j (others: empty)
+  int peak_held = 0;              ///< most microbatches held at once
+  int64_t bytes_per_microbatch = 0;  ///< activation bytes one microbatch holds on this stage
+};
+
+/// Runs stage `stage`'s program `ops` of one training step: for F(j), the input (microbatch
+/// j of `xs` on stage 0, else received from stage − 1) through layers ranges[stage], the
+/// output sent to stage + 1 (last stage: the loss mse(out, ys[j]) / m); for B(j), the
+/// gradient received from stage + 1 (last stage: from the loss) back through the stage,
+/// the input's gradient sent to stage − 1. Parameter gradients accumulate in the layers'
+/// .grad. Times are seconds since `t0` (steady clock). `after_op`, when set, is called with
+/// the number of operations done after each one (fault injection in tests). Throws what
+/// the transport throws (RuntimeFailure) and std::logic_error for a B before its F.
+StageRun run_stage(int stage, const std::vector<torch::nn::Linear>& layers,
+                   const std::vector<std::pair<int, int>>& ranges, const std::vector<PipeOp>& ops, int microbatches,
+                   const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys,
+                   const SyntheticCost& cost, StageTransport& transport, std::chrono::steady_clock::time_point t0,
+                   const std::function<void(int)>& after_op = {});
+
 /// What one pipelined training step produced.
 struct PipelineRun {
   std::vector<PipeEvent> events;       ///< every F and B of every stage, stage-major, in program order
@@ -166,6 +259,33 @@ struct PipelineRun {
 PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
                          const std::vector<std::vector<PipeOp>>& schedule, int microbatches, const torch::Tensor& x,
                          const torch::Tensor& y, const SyntheticCost& cost, StageTransport& transport);
+
+/// Options of the multi-process executor.
+struct ProcessPipelineOptions {
+  /// For testing failure handling: this rank exits (code dist::kExitInjectedFault, no
+  /// clean-up, like a crash) after `exit_after_ops` operations of the step. −1: never.
+  int exit_rank = -1;
+  int exit_after_ops = 1;
+};
+
+/// The same training step as run_pipeline, with one process per stage: this process is
+/// stage group->rank() of group->size() = ranges.size() stages and runs only its own
+/// program schedule[rank] (make_schedule, as the threaded run), exchanging tensors with
+/// its neighbours through a ProcessGroupTransport. Every rank builds the same `layers`,
+/// x, y (same seed) and calls this together. The step starts after a barrier (each rank's
+/// clock starts when it leaves it: the skew is the barrier's, microseconds on one host);
+/// at the end the per-stage events, peaks, losses and parameter gradients are combined on
+/// every rank by two all-reduces (sums in which every value has one non-zero contributor,
+/// hence exact), so the returned PipelineRun has the same content as run_pipeline's.
+/// Gradients are reset first. Throws std::invalid_argument when batch % m != 0 or the
+/// group size differs from the stage count; RuntimeFailure "stage S (rank S of P) failed:
+/// ..." when this stage fails, a peer dies or a message does not come within the timeout.
+PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
+                                 const std::vector<torch::nn::Linear>& layers,
+                                 const std::vector<std::pair<int, int>>& ranges,
+                                 const std::vector<std::vector<PipeOp>>& schedule, int microbatches,
+                                 const torch::Tensor& x, const torch::Tensor& y, const SyntheticCost& cost,
+                                 const ProcessPipelineOptions& opts = {});
 
 /// Measured bubble fraction: mean over stages of 1 − busy/step.
 double measured_bubble(const PipelineRun& run);

@@ -34,6 +34,11 @@ struct Experiment {
   std::function<ConfigSpec()> spec;        ///< schema with the built-in defaults
   std::function<Report(const Context&)> run;  ///< computes the report; throws ConfigError
                                               ///< (exit 2) or RuntimeFailure (exit 3)
+  /// Optional: checks across keys that the schema cannot express, given the number of
+  /// processes the run will have (--nproc, or the launcher's world size; 1 otherwise).
+  /// The harness calls it before any worker is spawned, so a bad config fails once, with
+  /// exit 2, instead of in every worker. Throws ConfigError naming the JSON pointer.
+  std::function<void(const Config&, int world_size)> validate;
 };
 
 /// Every experiment, in the order `mpt list` shows them (src/experiments/registry.cpp).

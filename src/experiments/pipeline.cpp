@@ -20,10 +20,18 @@
  *     when it waits; the bubble (idle/total) next to the theory (p-1)/(m+p-1), step time,
  *     a Gantt chart. Timings (and every event) go to `timings`.
  *
+ *  4. executor = "processes": the same sweep with one process per stage (rank r owns stage r),
+ *     activations and gradients sent between processes with c10d send/recv (Gloo); rank 0
+ *     gathers every stage's events and gradients and builds the same rows, and checks the
+ *     gradients against the full batch and against the threaded executor (bitwise).
+ *
  *   mpt pipeline
  *   mpt pipeline --config configs/pipeline_uneven.json     (one stage 3x slower)
  *   mpt pipeline --config configs/pipeline_split3.json     (the lesson's 3-stage exercise)
+ *   mpt pipeline --config configs/pipeline_processes.json  (4 processes, one per stage)
+ *   torchrun --nproc_per_node 4 --no-python mpt pipeline --set executor=processes
  */
+#include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/models.hpp"
 #include "core/pipeline.hpp"
@@ -50,7 +58,17 @@ ConfigSpec pipeline_spec() {
   s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b"}, {"naive", "gpipe", "1f1b"},
             "schedules of the sweep (naive: the whole batch as one microbatch)");
   s.integer("/pipeline/steps", 3, "timed steps per run; the one with the median step time is reported", 1, 100);
-  s.number("/pipeline/timeout_s", 30, "a stage waiting longer than this for a message fails", 0.001);
+  s.number("/pipeline/timeout_s", 30,
+           "a stage waiting longer than this for a message fails (processes: also the rendezvous and collectives)",
+           0.001);
+  s.choice("/executor", "threads", {"threads", "processes"},
+           "run the sweep with one thread per stage, or one process per stage (c10d send/recv over Gloo)");
+  s.integer("/nproc", 1, "processes spawned on this machine (--nproc N): 1 for threads, /pipeline/stages for "
+            "processes; ignored under torchrun/SLURM", 1, 64);
+  s.integer("/fault/rank", -1, "for testing (processes): this rank exits in the middle of step /fault/step (-1: none)",
+            -1, 63);
+  s.integer("/fault/step", 1, "for testing: the step (0 = the warm-up step, then every timed step in sweep order) in "
+            "which /fault/rank exits, after its first operation", 0);
   s.number("/cost/forward_us", 500, "synthetic forward cost per layer per microbatch, microseconds", 0, 1e7);
   s.number("/cost/backward_factor", 2, "backward cost = factor x forward cost", 0, 100);
   s.choice("/cost/mode", "sleep", {"sleep", "spin"}, "how the synthetic cost is spent (sleep frees the core)");
@@ -156,6 +174,26 @@ void exact_split(const Config& cfg, const SplitCase& c, Table& t, Report& report
                0.0);
 }
 
+// All split cases (the configured cuts, then each of /split/extra_stages balanced) in one table.
+Table exact_split_table(const Config& cfg, Report& report) {
+  const int split_layers = static_cast<int>(cfg.integers("/split/widths").size()) - 1;
+  const auto cuts = i64(cfg.integers("/split/cuts"));
+  Table split{"exact_split", "Exact split: whole-model gradient vs stage-by-stage backward through detached boundaries",
+              {text_col("name", "name"), int_col("stages", "stages"), int_col("stage", "stage"), text_col("shape", "shape"),
+               sci_col("grad_abs_sum", "sum|g|"), sci_col("max_abs_diff", "max|diff|"),
+               text_col("bitwise_equal", "bitwise")}};
+  std::vector<SplitCase> cases = {{fmt::format("k{}", cuts.size() + 1), cuts}};
+  for (auto k : cfg.integers("/split/extra_stages")) {
+    SplitCase c{fmt::format("k{}_balanced", k), balanced_cuts(split_layers, static_cast<int>(k))};
+    if (k >= 2) cases.push_back(c);
+  }
+  for (const auto& c : cases) exact_split(cfg, c, split, report);
+  split.notes.push_back("boundary: out.detach().requires_grad_(true) feeds the next stage; its .grad is passed to "
+                        "out.backward(grad)");
+  split.notes.push_back("same kernels in the same order on the same numbers: the difference is exactly 0, not roundoff");
+  return split;
+}
+
 // ----------------------------------------------------------------------------
 // 2. Schedules: what each stage runs
 // ----------------------------------------------------------------------------
@@ -178,13 +216,9 @@ Table schedules_table(int p, int m, const std::vector<std::string>& kinds) {
 }
 
 // ----------------------------------------------------------------------------
-// 3. The sweep, run for real
+// Checks the schema cannot express (run before any worker process is spawned)
 // ----------------------------------------------------------------------------
-Report run_pipeline_experiment(const Context& ctx) {
-  const auto& cfg = ctx.cfg;
-  Report report;
-
-  // --- validate what the schema cannot ---
+void validate_pipeline(const Config& cfg, int world_size) {
   const auto split_widths = cfg.integers("/split/widths");
   const int split_layers = static_cast<int>(split_widths.size()) - 1;
   if (split_layers < 1) throw ConfigError("/split/widths: expected at least 2 widths (input and output), got 1");
@@ -219,22 +253,52 @@ Report run_pipeline_experiment(const Context& ctx) {
   if (heavy >= p)
     throw ConfigError(fmt::format("/cost/heavy_stage: expected -1 or a stage 0 .. {}, got {}", p - 1, heavy));
 
-  // --- 1. exact split ---
-  double t0 = now_seconds();
-  Table split{"exact_split", "Exact split: whole-model gradient vs stage-by-stage backward through detached boundaries",
-              {text_col("name", "name"), int_col("stages", "stages"), int_col("stage", "stage"), text_col("shape", "shape"),
-               sci_col("grad_abs_sum", "sum|g|"), sci_col("max_abs_diff", "max|diff|"),
-               text_col("bitwise_equal", "bitwise")}};
-  std::vector<SplitCase> cases = {{fmt::format("k{}", cuts.size() + 1), cuts}};
-  for (auto k : extra) {
-    SplitCase c{fmt::format("k{}_balanced", k), balanced_cuts(split_layers, static_cast<int>(k))};
-    if (k >= 2) cases.push_back(c);
+  if (cfg.str("/executor") == "processes") {
+    if (world_size != p)
+      throw ConfigError(fmt::format("/nproc: expected {} processes with /executor = \"processes\" (one per stage, "
+                                    "/pipeline/stages = {}), got {}; run with --nproc {} (or {} ranks under "
+                                    "torchrun/SLURM)", p, p, world_size, p, p));
+  } else if (world_size != 1) {
+    throw ConfigError(fmt::format("/nproc: expected 1 with /executor = \"threads\" (every stage is a thread of one "
+                                  "process), got {}; set executor=processes for one process per stage", world_size));
   }
-  for (const auto& c : cases) exact_split(cfg, c, split, report);
-  split.notes.push_back("boundary: out.detach().requires_grad_(true) feeds the next stage; its .grad is passed to "
-                        "out.backward(grad)");
-  split.notes.push_back("same kernels in the same order on the same numbers: the difference is exactly 0, not roundoff");
-  report.add(std::move(split));
+  const int fault = static_cast<int>(cfg.integer("/fault/rank"));
+  if (fault >= 0 && cfg.str("/executor") != "processes")
+    throw ConfigError(fmt::format("/fault/rank: expected -1 with /executor = \"threads\" (a fault stops a stage "
+                                  "process), got {}", fault));
+  if (fault >= world_size)
+    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
+}
+
+// ----------------------------------------------------------------------------
+// 3. The sweep, run for real
+// ----------------------------------------------------------------------------
+Report run_pipeline_experiment(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  validate_pipeline(cfg, ctx.world_size);
+  const auto widths = i64(cfg.integers("/pipeline/widths"));
+  const int layers_n = static_cast<int>(widths.size()) - 1;
+  const int p = static_cast<int>(cfg.integer("/pipeline/stages"));
+  const int64_t batch = cfg.integer("/pipeline/batch");
+  const auto ms = cfg.integers("/pipeline/microbatches");
+  const int heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
+  const double timeout_s = cfg.number("/pipeline/timeout_s");
+
+  // --- processes: this process is stage `rank` of p; rank 0 reports ---
+  const bool processes = cfg.str("/executor") == "processes";
+  const bool lead = ctx.rank == 0;
+  std::shared_ptr<dist::Group> group;
+  if (processes) {
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    const dist::LaunchInfo li = dist::launch_from_environment().value_or(dist::LaunchInfo{});
+    dist::connect_store(li, timeout);
+    group = dist::Group::create(li, ctx.rank, ctx.world_size, "pipeline/", timeout);
+  }
+
+  // --- 1. exact split (in one process: rank 0) ---
+  double t0 = now_seconds();
+  if (lead) report.add(exact_split_table(cfg, report));
   report.timings["exact_split_s"] = now_seconds() - t0;
 
   // --- 2. schedules ---
@@ -242,7 +306,7 @@ Report run_pipeline_experiment(const Context& ctx) {
   for (const auto& k : cfg.strings("/pipeline/schedules"))
     if (k != "naive") kinds.push_back(k);
   const int gantt_m = static_cast<int>(cfg.integer("/gantt/microbatches"));
-  if (!kinds.empty()) report.add(schedules_table(p, gantt_m, kinds));
+  if (!kinds.empty() && lead) report.add(schedules_table(p, gantt_m, kinds));
 
   // --- 3. sweep ---
   t0 = now_seconds();
@@ -265,12 +329,23 @@ Report run_pipeline_experiment(const Context& ctx) {
   cost.stage_factor.assign(static_cast<std::size_t>(p), 1.0);
   if (heavy >= 0) cost.stage_factor[static_cast<std::size_t>(heavy)] = cfg.number("/cost/heavy_factor");
 
-  // One untimed warm-up step (thread start-up, first allocations, lazy initialisation).
+  // One training step with the chosen executor. Steps are counted (0 = the warm-up) so that
+  // /fault/step can stop a stage process in the middle of one.
+  int step_index = 0;
+  ProcessPipelineOptions popts;
+  auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m) {
+    if (!processes) {
+      QueueTransport transport(timeout_s);
+      ++step_index;
+      return run_pipeline(layers, ranges, sched, m, x, y, cost, transport);
+    }
+    popts.exit_rank = step_index++ == cfg.integer("/fault/step") ? static_cast<int>(cfg.integer("/fault/rank")) : -1;
+    return run_pipeline_process(group, layers, ranges, sched, m, x, y, cost, popts);
+  };
+
+  // One untimed warm-up step (thread or process start-up, first allocations, lazy initialisation).
   const int n_steps = static_cast<int>(cfg.integer("/pipeline/steps"));
-  {
-    QueueTransport warm(cfg.number("/pipeline/timeout_s"));
-    run_pipeline(layers, ranges, make_schedule(ScheduleKind::GPipe, p, 1), 1, x, y, cost, warm);
-  }
+  one_step(make_schedule(ScheduleKind::GPipe, p, 1), 1);
 
   Table sweep{"sweep", fmt::format("Microbatched step on {} stages ({} layers, batch {}): gradients and memory", p,
                                    layers_n, batch),
@@ -279,7 +354,8 @@ Report run_pipeline_experiment(const Context& ctx) {
                int_col("peak_held", "peak held", "mb"),
                text_col("peak_held_per_stage", "per stage"), int_col("peak_bytes", "peak act", "bytes"),
                sci_col("grad_max_abs_diff", "max|g-g_full|"), sci_col("loss", "loss")}};
-  Table measured{"measured", "Measured (one thread per stage, synthetic cost): bubble = idle / step time, per stage mean",
+  Table measured{"measured", fmt::format("Measured (one {} per stage, synthetic cost): bubble = idle / step time, per "
+                                         "stage mean", processes ? "process" : "thread"),
                  {text_col("name", "name"), float_col("step_ms", "step", "ms"), float_col("step_model_ms", "model", "ms"),
                   pct_col("bubble", "bubble", 1),
                   pct_col("bubble_theory", "theory", 1), float_col("slowest_stage_busy_ms", "slowest busy", "ms"),
@@ -287,6 +363,7 @@ Report run_pipeline_experiment(const Context& ctx) {
   std::vector<TextBlock> charts;
   json events = json::object();
   std::map<int, std::vector<torch::Tensor>> gpipe_grads;
+  std::vector<std::tuple<std::string, ScheduleKind, int, std::vector<torch::Tensor>>> process_grads;
   for (const auto& k : cfg.strings("/pipeline/schedules")) {
     const auto kind = parse_schedule(k);
     std::vector<long long> mlist = ms;
@@ -297,10 +374,7 @@ Report run_pipeline_experiment(const Context& ctx) {
       // Several identical steps; timings from the median one (the machine may be shared),
       // numbers checked to be bitwise the same in every step.
       std::vector<PipelineRun> steps;
-      for (int i = 0; i < n_steps; ++i) {
-        QueueTransport transport(cfg.number("/pipeline/timeout_s"));
-        steps.push_back(run_pipeline(layers, ranges, sched, m, x, y, cost, transport));
-      }
+      for (int i = 0; i < n_steps; ++i) steps.push_back(one_step(sched, m));
       std::vector<std::size_t> order(steps.size());
       for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::sort(order.begin(), order.end(), [&](auto a, auto b) { return steps[a].step_s < steps[b].step_s; });
@@ -314,6 +388,7 @@ Report run_pipeline_experiment(const Context& ctx) {
       for (const auto& st : steps)
         for (std::size_t i = 0; i < full.size(); ++i) repeat = std::max(repeat, max_abs_diff(steps[0].grads[i], st.grads[i]));
       report.check(name + ": every step gives the same gradient (bitwise)", repeat, 0.0);
+      if (processes) process_grads.emplace_back(name, kind, m, run.grads);
       if (kind == ScheduleKind::GPipe) gpipe_grads[m] = run.grads;
       if (kind == ScheduleKind::OneFOneB && gpipe_grads.count(m)) {
         // Each stage accumulates microbatch gradients in the same order (B0, B1, ...) in
@@ -368,6 +443,26 @@ Report run_pipeline_experiment(const Context& ctx) {
                           render_gantt(run, p, static_cast<int>(cfg.integer("/gantt/width")))});
     }
   }
+  if (processes && lead) {
+    // The same steps with one thread per stage (no synthetic cost: only the gradients
+    // matter here): the two executors run the same stage code in the same order.
+    SyntheticCost no_cost;
+    for (const auto& [name, kind, m, grads] : process_grads) {
+      QueueTransport transport(timeout_s);
+      const auto threaded = run_pipeline(layers, ranges, make_schedule(kind, p, m), m, x, y, no_cost, transport);
+      double d = 0;
+      for (std::size_t i = 0; i < grads.size(); ++i) d = std::max(d, max_abs_diff(threaded.grads[i], grads[i]));
+      report.check(name + ": processes gradient == threads gradient (bitwise)", d, 0.0,
+                   fmt::format("{} processes, c10d send/recv over Gloo", p));
+    }
+  }
+  if (!lead) {
+    report.timings["sweep_s"] = now_seconds() - t0;
+    return report;  // rank 0 prints and writes
+  }
+  if (processes)
+    sweep.notes.push_back(fmt::format("executor: {} processes, one per stage; activations and gradients sent with "
+                                      "c10d send/recv (Gloo), tag = 2*microbatch + (backward)", p));
   sweep.notes.push_back("each microbatch loss is divided by m once: the sum of microbatch gradients is the mean-loss "
                         "gradient of the full batch (differences are fp32 roundoff)");
   sweep.notes.push_back("step model: sum over stages of F+B (synthetic cost) + (m-1) x the slowest stage's F+B");
@@ -393,7 +488,7 @@ Report run_pipeline_experiment(const Context& ctx) {
 
 Experiment pipeline_experiment() {
   return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B schedules, the bubble measured",
-          pipeline_spec, run_pipeline_experiment};
+          pipeline_spec, run_pipeline_experiment, validate_pipeline};
 }
 
 }  // namespace mpt

@@ -26,3 +26,45 @@ cli_case(pipeline_bad_not_divisible 2 "/pipeline/microbatches/1: expected a divi
          pipeline --set "pipeline.microbatches=[1,3]")
 cli_case(pipeline_bad_heavy_stage 2 "/cost/heavy_stage: expected -1 or a stage 0 \\.\\. 3, got 4" pipeline --set cost.heavy_stage=4)
 cli_case(pipeline_bad_schedule 2 "/pipeline/schedules/0: expected one of .*got \"gpip\"" pipeline --set "pipeline.schedules=[\"gpip\"]")
+
+# --- one process per stage (/executor = processes): c10d send/recv over Gloo on loopback ---
+# Tiny runs (1 timed step, m in {1, 2, 4}): a few seconds each, most of it process start-up.
+# Exit 0 means every check passed; the regex makes sure the checks specific to processes ran.
+set(PIPE_PROC pipeline --set executor=processes --set cost.forward_us=50 --set "pipeline.microbatches=[1,2,4]"
+    --set pipeline.steps=1 --set "split.extra_stages=[3]" --set pipeline.timeout_s=20)
+cli_case(pipeline_processes_2 0 "1f1b\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
+         ${PIPE_PROC} --nproc 2 --set pipeline.stages=2)
+cli_case(pipeline_processes_3 0 "gpipe\\.m4: microbatched == full-batch gradient, max abs diff .* OK"
+         ${PIPE_PROC} --nproc 3 --set pipeline.stages=3)
+cli_case(pipeline_processes_3_title 0 "Measured \\(one process per stage"
+         ${PIPE_PROC} --nproc 3 --set pipeline.stages=3 --set "pipeline.schedules=[\"1f1b\"]")
+cli_case(pipeline_processes_config 0 "naive: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
+         pipeline --config configs/pipeline_processes.json ${PIPE_FAST} --set pipeline.steps=1
+         --set "pipeline.schedules=[\"naive\",\"1f1b\"]")
+add_test(NAME cli.pipeline_processes_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${PIPE_PROC} --nproc 2
+                 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"1f1b\"]"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.pipeline_processes_torchrun_env
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/pipeline_env.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.pipeline_processes_2 cli.pipeline_processes_3 cli.pipeline_processes_3_title
+                     cli.pipeline_processes_config cli.pipeline_processes_deterministic
+                     cli.pipeline_processes_torchrun_env PROPERTIES TIMEOUT 120)
+# A stage process dies in the middle of step 3 (gpipe.m2, after its F0): its neighbours' recv
+# fails (connection closed, at the latest the 5 s timeout), every rank exits, mpt names rank 1
+# and exits 3. Stage 0 sent F0 and F1 and waits for B0 from the dead stage: it names it.
+cli_case(pipeline_processes_dead_stage 3 "rank 1 of 3 failed: exit code 86 \\(injected fault\\)"
+         ${PIPE_PROC} --nproc 3 --set pipeline.stages=3 --set fault.rank=1 --set fault.step=3
+         --set pipeline.timeout_s=5)
+cli_case(pipeline_processes_dead_stage_peer 3 "stage 0: no gradient for microbatch 0 from stage 1 \\(rank 1\\)"
+         ${PIPE_PROC} --nproc 3 --set pipeline.stages=3 --set fault.rank=1 --set fault.step=3
+         --set pipeline.timeout_s=5)
+set_tests_properties(cli.pipeline_processes_dead_stage cli.pipeline_processes_dead_stage_peer PROPERTIES TIMEOUT 30)
+# Bad input: the process count must be the stage count (exit 2 before any worker starts).
+cli_case(pipeline_bad_nproc_stages 2 "/nproc: expected 4 processes with /executor = \"processes\" .*got 2"
+         pipeline --set executor=processes --nproc 2)
+cli_case(pipeline_bad_nproc_threads 2 "/nproc: expected 1 with /executor = \"threads\" .*got 3" pipeline --nproc 3)
+cli_case(pipeline_bad_fault_rank 2 "/fault/rank: expected -1 or a rank 0 \\.\\. 1, got 2"
+         pipeline --set executor=processes --set pipeline.stages=2 --nproc 2 --set fault.rank=2)
+cli_case(pipeline_bad_executor 2 "/executor: expected one of .*got \"procs\"" pipeline --set executor=procs)
