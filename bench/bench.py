@@ -153,7 +153,9 @@ class Bench:
         cmd, out = self.mpt_cmd("mlp", "lossscale", "--set", "train.recipes=" + json.dumps(recipes),
                                 "--set", "train.batch=128", "--set", f"train.steps={steps}",
                                 "--set", "sweep.scales=[1]", "--set", f"train.train_samples={samples}",
-                                "--set", "train.test_samples=100")
+                                "--set", "train.test_samples=100",
+                                # the twin emulates low precision op for op: compare like with like
+                                "--set", "train.compute=emulated")
         py = [REF_PY, os.path.join(BENCH, "mlp_train.py"), out, *twin]
 
         def one():

@@ -402,9 +402,12 @@ struct WorkImpl {
   std::shared_ptr<Monitor> monitor;
 };
 
-[[noreturn]] void collective_failed(const std::string& what, const std::exception& e, Monitor& m) {
+// `m` may be null: point-to-point work (send/recv) names its peer in `what` already, and a
+// collective diagnosis would wrongly name healthy ranks that are still waiting elsewhere.
+[[noreturn]] void collective_failed(const std::string& what, const std::exception& e, Monitor* m) {
   const std::string cause = first_line(e.what());  // before diagnose() waits
-  throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out{}", what, cause, m.diagnose()));
+  throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out{}", what, cause,
+                                   m ? m->diagnose() : std::string()));
 }
 
 }  // namespace
@@ -422,7 +425,7 @@ void Work::wait() {
   try {
     done = w->w->wait();
   } catch (const std::exception& e) {
-    collective_failed(w->what, e, *w->monitor);
+    collective_failed(w->what, e, w->monitor.get());
   }
   // Gloo's send/recv return false when abort() ended the wait.
   if (!done) throw RuntimeFailure(w->what + ": aborted");
@@ -503,7 +506,7 @@ Work Group::allreduce_async(torch::Tensor t, ReduceOp op) {
   try {
     impl->w = impl_->pg->allreduce(ts, o);
   } catch (const std::exception& e) {
-    collective_failed(impl->what, e, *impl_->monitor);
+    collective_failed(impl->what, e, impl_->monitor.get());
   }
   return Work(impl);
 }
@@ -518,7 +521,7 @@ void Group::broadcast(torch::Tensor t, int root) {
   try {
     impl->w = impl_->pg->broadcast(ts, o);
   } catch (const std::exception& e) {
-    collective_failed(impl->what, e, *impl_->monitor);
+    collective_failed(impl->what, e, impl_->monitor.get());
   }
   Work(impl).wait();
 }

@@ -75,6 +75,15 @@ json environment(torch::Device device) {
   return env;
 }
 
+torch::Device cuda_device_for_rank(int local_rank) {
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  if (local_rank < 0 || local_rank >= count)
+    throw RuntimeFailure(fmt::format("local rank {} has no GPU of its own: this machine has {} CUDA device(s) and NCCL "
+                                     "needs one per process; run fewer processes per machine or use --device cpu (Gloo)",
+                                     local_rank, count));
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
 void sync_device(torch::Device device) {
 #ifdef MPT_WITH_CUDA
   if (device.is_cuda()) torch::cuda::synchronize(device.index());

@@ -42,6 +42,11 @@ json environment(torch::Device device);
 /// Seconds since an arbitrary epoch (steady clock), for timings.
 double now_seconds();
 
+/// The GPU of the process with local rank `local_rank` on this machine: cuda:<local_rank>, one
+/// GPU per process as NCCL requires (torchrun's LOCAL_RANK convention). Throws RuntimeFailure
+/// when the machine has fewer CUDA devices than local ranks (naming both), or in a CPU-only build.
+torch::Device cuda_device_for_rank(int local_rank);
+
 /// Waits until every kernel queued on `device` has finished (torch.cuda.synchronize); a no-op
 /// on the CPU. Call before reading the clock around GPU work.
 void sync_device(torch::Device device);

@@ -219,7 +219,7 @@ torch::nn::Sequential mlp(int64_t hidden) {
 
 torch::Tensor flat_params(const torch::nn::Sequential& net) {
   std::vector<torch::Tensor> v;
-  for (const auto& p : net->parameters()) v.push_back(p.detach().reshape({-1}));
+  for (const auto& p : net->parameters()) v.push_back(p.detach().reshape({-1}).to(torch::kCPU));
   return torch::cat(v);
 }
 
@@ -230,6 +230,7 @@ struct TrainSetup {
   dist::ReducerOptions ropts;
   int64_t fault_rank = -1, fault_step = 0;
   bool fault_hang = false;  // /fault/mode = hang: sleep forever instead of exiting
+  torch::Device device = torch::kCPU;  // this rank's device: CPU (Gloo) or its own GPU (NCCL)
 };
 
 struct TrainOut {
@@ -248,6 +249,8 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
   const int64_t n = g->size(), r = g->rank(), b = ts.global_batch / n;
   seed_all(static_cast<std::uint64_t>(ts.seed));
   auto net = mlp(ts.hidden);
+  net->to(ts.device);
+  const auto on_device = torch::TensorOptions().device(ts.device);
   dist::Reducer reducer(net->parameters(), g, ts.ropts);  // broadcasts rank 0's parameters
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ts.lr));
   const torch::Tensor shard = shard_of(perm, r, n);
@@ -258,7 +261,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
   for (int64_t s = 0;; ++s) {
     // Every rank says whether it still has a full local batch; all stop together.
     const bool mine = (s + 1) * b <= shard.size(0) && (ts.max_steps == 0 || s < ts.max_steps);
-    auto flag = torch::tensor({mine ? 1.0f : 0.0f});
+    auto flag = torch::tensor({mine ? 1.0f : 0.0f}, on_device);
     g->allreduce(flag, dist::ReduceOp::Min);
     if (flag.item<float>() == 0.0f) break;
     if (r == ts.fault_rank && s == ts.fault_step) {
@@ -269,7 +272,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     }
     const double t0 = now_seconds();
     auto idx = shard.index({Slice(s * b, (s + 1) * b)});
-    auto x = data.images.index_select(0, idx), y = data.labels.index_select(0, idx);
+    auto x = data.images.index_select(0, idx).to(ts.device), y = data.labels.index_select(0, idx).to(ts.device);
     for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
     auto xs = x.tensor_split(ts.micro_steps), ys = y.tensor_split(ts.micro_steps);
     double exposed = 0, loss_sum = 0;
@@ -281,8 +284,9 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
       loss_sum += loss.item<double>();
       exposed += reducer.finalize();
     }
-    const double t1 = now_seconds();
+    const double t1 = now_seconds();  // finalize() waited for the device
     opt.step();
+    sync_device(ts.device);
     const double t2 = now_seconds();  // the step ends here; what follows is checking
     // Replicas must stay identical: compare a checksum across ranks (max and -min in one all-reduce).
     double c = 0;
@@ -290,10 +294,10 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
       torch::NoGradGuard ng;
       for (const auto& p : net->parameters()) c += p.to(torch::kFloat64).sum().item<double>();
     }
-    auto cs = torch::tensor({c, -c}, torch::kFloat64);
+    auto cs = torch::tensor({c, -c}, on_device.dtype(torch::kFloat64));
     g->allreduce(cs, dist::ReduceOp::Max);
     out.replica_dev = std::max(out.replica_dev, cs[0].item<double>() + cs[1].item<double>());
-    auto l = torch::tensor({loss_sum / n}, torch::kFloat64);
+    auto l = torch::tensor({loss_sum / n}, on_device.dtype(torch::kFloat64));
     g->allreduce(l);
     out.final_loss = l.item<double>();
     if (s > 0) {  // step 0 is a warm-up
@@ -323,6 +327,7 @@ torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int
   const int64_t b = ts.global_batch / n;
   seed_all(static_cast<std::uint64_t>(ts.seed));
   auto net = mlp(ts.hidden);
+  net->to(ts.device);  // the same device as the ranks: the same kernels
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ts.lr));
   std::vector<torch::Tensor> shards;
   for (int64_t r = 0; r < n; ++r) shards.push_back(shard_of(perm, r, n));
@@ -331,7 +336,8 @@ torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int
     for (const auto& sh : shards) parts.push_back(sh.index({Slice(s * b, (s + 1) * b)}));
     auto idx = torch::cat(parts);
     opt.zero_grad();
-    torch::cross_entropy_loss(net->forward(data.images.index_select(0, idx)), data.labels.index_select(0, idx))
+    torch::cross_entropy_loss(net->forward(data.images.index_select(0, idx).to(ts.device)),
+                              data.labels.index_select(0, idx).to(ts.device))
         .backward();
     opt.step();
   }
@@ -373,7 +379,10 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
 
   Dataset data = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/train/samples"));
   const torch::Tensor perm = shuffled_indices(data.size(), static_cast<std::uint64_t>(cfg.integer("/seed")));
-  const TrainSetup ts = train_setup(cfg);
+  TrainSetup ts = train_setup(cfg);
+  // On CUDA every rank takes its own GPU (local rank), and training runs over NCCL, as DDP
+  // does; the world group (flags, barriers, the fp16 demonstration) stays on Gloo.
+  if (ctx.device.is_cuda()) ts.device = cuda_device_for_rank(li.local_rank);
 
   Table t{"training",
           fmt::format("Data-parallel training on Fashion-MNIST (MLP 784-{}-10, global batch {}, SGD lr {:g})",
@@ -392,7 +401,7 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
     TrainOut o;
     if (rank < n) {
       auto g = dist::Group::create(li, static_cast<int>(rank), static_cast<int>(n), fmt::format("train_n{}/", n),
-                                   timeout);
+                                   timeout, ts.device);
       o = train(data, perm, g, ts);
     }
     world_group->barrier();
@@ -420,6 +429,7 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
     a.max_steps = b.max_steps = nsteps;
     a.micro_steps = b.micro_steps = cfg.integer("/train/micro_steps");
     a.fault_rank = b.fault_rank = -1;
+    a.device = b.device = world_group->device();  // the world group is Gloo: CPU tensors
     b.sync_every_micro_step = false;
     TrainOut oa = train(data, perm, world_group, a), ob = train(data, perm, world_group, b);
     const double d = (oa.params - ob.params).abs().max().item<double>();

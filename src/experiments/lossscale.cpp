@@ -168,7 +168,9 @@ void sweep_section(const Context& ctx, Report& report) {
   auto collect = [&] {
     std::vector<torch::Tensor> flat;
     for (const auto& p : net->parameters()) flat.push_back(p.grad().detach().flatten().to(torch::kCPU, torch::kFloat));
-    return std::make_pair(first->weight.grad().detach().to(torch::kCPU, torch::kFloat), torch::cat(flat));
+    // .clone(): .to() returns the gradient itself when it is already a CPU fp32 tensor, and the
+    // next zero_grad() would zero it in place.
+    return std::make_pair(first->weight.grad().detach().to(torch::kCPU, torch::kFloat).clone(), torch::cat(flat));
   };
   // The same net in fp16: parameters, every layer's output and every activation stored in
   // fp16, the loss (MSE) in fp32 as autocast computes it; S·loss flows back through fp16.
