@@ -43,7 +43,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REF_PY = "/usr/bin/python3"  # Debian's interpreter, the one with python3-torch
+# The PyTorch-Python side must run the same LibTorch as mpt: Debian's interpreter (python3-torch)
+# for the Debian build, the virtual environment's for the LibTorch 2.x build (MPT_REF_PYTHON).
+REF_PY = os.environ.get("MPT_REF_PYTHON", "/usr/bin/python3")
 BENCH = os.path.join(ROOT, "bench")
 PARITY = os.path.join(ROOT, "tests", "parity")
 SCHEMA_VERSION = 2

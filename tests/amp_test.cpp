@@ -271,3 +271,26 @@ TEST_CASE("resolve_compute: auto follows the device's kernels, native is refused
     else CHECK_THROWS_AS(resolve_compute("native", f, cpu), RuntimeFailure);
   }
 }
+
+TEST_CASE("activation_as: emulated sigmoid/tanh equal the native kernels, backward included", "[amp]") {
+  torch::manual_seed(3);
+  auto x = torch::randn({64, 32}) * 4;
+  auto g = torch::randn({64, 32}) * 1e-3;
+  const torch::Device cpu(torch::kCPU);
+  for (Format f : {Format::BF16, Format::FP16}) {
+    if (!native_matmul(cpu, storage_dtype(f))) continue;  // Debian's 1.13: no CPU fp16 kernels
+    for (std::string kind : {"sigmoid", "tanh", "relu"}) {
+      auto xe = round_to(x, f).requires_grad_(true);
+      auto ye = activation_as(xe, kind, f, Compute::Emulated);
+      ye.backward(g);
+      auto xn = x.to(storage_dtype(f)).requires_grad_(true);
+      auto yn = activation_as(xn, kind, f, Compute::Native);
+      yn.backward(g.to(storage_dtype(f)));
+      INFO(format_name(f) << " " << kind);
+      CHECK(torch::equal(ye, yn.to(torch::kFloat)));
+      // the stored gradient: the emulated one rounded as it would be stored
+      CHECK(torch::equal(round_to(xe.grad(), f), xn.grad().to(torch::kFloat)));
+    }
+  }
+  CHECK_THROWS_AS(activation_as(x, "gelu", Format::FP16, Compute::Emulated), std::invalid_argument);
+}

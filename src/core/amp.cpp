@@ -181,6 +181,45 @@ torch::Tensor emulate_storage(const torch::Tensor& x, Format f) {
   return StorageRound::apply(x, static_cast<int64_t>(f));
 }
 
+namespace {
+
+// sigmoid / tanh whose output is stored in `fmt` and whose backward reads that stored output,
+// as a native kernel's saved half tensor is: grad_in = round(g · (1 − y) · y) for sigmoid,
+// round(g · (1 − y²)) for tanh, in fp32 with g the incoming gradient rounded to `fmt` — the
+// formulas and operand order of ATen's sigmoid_backward / tanh_backward kernels.
+struct StoredActivation : torch::autograd::Function<StoredActivation> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t kind,
+                               int64_t fmt) {
+    auto y = round_to(kind == 0 ? torch::sigmoid(x) : torch::tanh(x), static_cast<Format>(fmt));
+    ctx->save_for_backward({y});
+    ctx->saved_data["kind"] = kind;
+    ctx->saved_data["fmt"] = fmt;
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const auto f = static_cast<Format>(ctx->saved_data["fmt"].toInt());
+    const auto y = ctx->get_saved_variables()[0];
+    const auto g = round_to(grad[0], f);
+    auto gi = ctx->saved_data["kind"].toInt() == 0 ? g * (1 - y) * y : g * (1 - y * y);
+    return {round_to(gi, f), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor activation_as(const torch::Tensor& x, const std::string& kind, Format f, Compute c) {
+  if (kind != "sigmoid" && kind != "tanh" && kind != "relu")
+    throw std::invalid_argument("activation_as: expected sigmoid, tanh or relu, got \"" + kind + "\"");
+  if (c == Compute::Native || f == Format::FP32) {
+    auto h = store_as(x, f, c);
+    return kind == "sigmoid" ? torch::sigmoid(h) : kind == "tanh" ? torch::tanh(h) : torch::relu(h);
+  }
+  // relu's backward needs only the sign of its input, which rounding keeps
+  if (kind == "relu") return emulate_storage(torch::relu(x), f);
+  return StoredActivation::apply(x, kind == "sigmoid" ? 0 : 1, static_cast<int64_t>(f));
+}
+
 torch::Tensor store_as(const torch::Tensor& x, Format f, Compute c) {
   if (c == Compute::Emulated) return emulate_storage(x, f);
   const auto dtype = storage_dtype(f);

@@ -131,4 +131,12 @@ torch::Tensor emulate_storage(const torch::Tensor& x, Format f);
 /// has the target dtype (native) or f is fp32. Shapes are preserved.
 torch::Tensor store_as(const torch::Tensor& x, Format f, Compute c);
 
+/// An activation ("sigmoid", "tanh" or "relu") of `x` stored in format `f` as compute mode `c`
+/// does it. Native: the activation of x in f's dtype (x cast first if needed). Emulated: fp32
+/// math, the output rounded to f — and, as with native kernels, whose saved output for backward
+/// is the stored (rounded) one, backward reads the rounded output too: grad_in = round(g·(1−y)·y)
+/// for sigmoid, round(g·(1−y²)) for tanh (ATen's sigmoid_backward / tanh_backward), g the incoming
+/// gradient rounded to f. Shapes are preserved. Throws std::invalid_argument for another kind.
+torch::Tensor activation_as(const torch::Tensor& x, const std::string& kind, Format f, Compute c);
+
 }  // namespace mpt

@@ -181,7 +181,7 @@ void sweep_section(const Context& ctx, Report& report) {
       auto w = store_as(layers[i]->weight, Format::FP16, compute);
       auto b = store_as(layers[i]->bias, Format::FP16, compute);
       h = store_as(torch::linear(h, w, b), Format::FP16, compute);
-      if (i + 1 < layers.size()) h = store_as(torch::sigmoid(h), Format::FP16, compute);
+      if (i + 1 < layers.size()) h = activation_as(h, "sigmoid", Format::FP16, compute);
     }
     auto loss = torch::mse_loss(h.to(torch::kFloat), y);
     (loss * static_cast<float>(s)).backward();
@@ -341,12 +341,7 @@ torch::Tensor mlp_forward(const Mlp& m, const torch::Tensor& images, Format f, C
       });
     }
     h = store_as(z, f, c);
-    if (i + 1 < layers) {
-      if (m.activation == "sigmoid") h = torch::sigmoid(h);
-      else if (m.activation == "tanh") h = torch::tanh(h);
-      else h = torch::relu(h);
-      h = store_as(h, f, c);
-    }
+    if (i + 1 < layers) h = activation_as(h, m.activation, f, c);
   }
   return h;
 }

@@ -2,11 +2,12 @@
 # The benchmark entry point in its quickest form (one benchmark, one round, small runs):
 # checks that it runs, that mpt and PyTorch-Python computed the same numbers, and that the
 # result file is valid JSON with the expected keys. Timings are never asserted.
-#   bench_smoke.sh MPT
+#   bench_smoke.sh MPT [REF_PYTHON]   (REF_PYTHON: the Python with the same LibTorch as MPT)
 set -u
 mpt=$1
+export MPT_REF_PYTHON=${2:-/usr/bin/python3}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then echo "SKIPPED: /usr/bin/python3 has no torch"; exit 77; fi
+if ! "$MPT_REF_PYTHON" -c 'import torch' 2>/dev/null; then echo "SKIPPED: $MPT_REF_PYTHON has no torch"; exit 77; fi
 /usr/bin/python3 bench/bench.py --quick --only mlp --mpt "$mpt" --out "$tmp/b.json" > "$tmp/out" 2> "$tmp/err"
 code=$?
 cat "$tmp/out"
