@@ -10,7 +10,8 @@ can move a result across a rounding boundary of FORMAT. The script runs `mpt los
 (--set /train/compute=native, =emulated; for fp16 also the sweep with /sweep/compute) on a small
 config and compares:
   - the static loss-scale sweep (fp16): underflow/overflow fractions to 1e-3 absolute (a few of
-    the ~5000 gradient elements may sit on a rounding boundary), unscaled errors to 5 %;
+    the ~5000 gradient elements may sit on a rounding boundary), unscaled errors to 5 % — asserted
+    on CUDA only: on the CPU, ATen's Half sigmoid_backward rounds twice (see below);
   - the training recipes: final train loss to 2 % relative, test accuracy to 2 points, skipped
     steps to 2, and both modes at the same final loss scale within a factor 2.
 Exits 77 (ctest: skipped, with the reason printed) when this LibTorch has no native kernels for
@@ -59,6 +60,11 @@ def num(v):
 nat, emu = run("native"), run("emulated")
 bad = []
 compared = 0
+# The one known difference (docs/gpu.md): on the CPU, ATen's sigmoid_backward for Half computes in
+# half arithmetic (g·(1−y) rounded to fp16, then ·y rounded again), where emulation and the CUDA
+# kernels compute in fp32 and round once. The deep sigmoid sweep magnifies it through 12 layers, so
+# on the CPU the fp16 sweep is printed but not asserted; on CUDA it must agree.
+assert_sweep = not (fmt == "fp16" and device == "cpu")
 if fmt == "fp16":
     assert nat["results"]["sweep_compute"] == "native" and emu["results"]["sweep_compute"] == "emulated"
     a, b = rows(nat, "sweep"), rows(emu, "sweep")
@@ -68,13 +74,15 @@ if fmt == "fp16":
             d = abs(num(a[name][k]) - num(b[name][k]))
             compared += 1
             print(f"sweep {name:>5} {k:<16} native {num(a[name][k]):.6f} emulated {num(b[name][k]):.6f}")
-            if d > 1e-3:
+            if d > 1e-3 and assert_sweep:
                 bad.append(f"sweep {name} {k}: native {a[name][k]} emulated {b[name][k]}")
         for k in ("first_error", "all_error"):
             x, y = num(a[name][k]), num(b[name][k])
             compared += 1
-            if x != y and not (abs(x - y) <= 0.05 * max(abs(x), abs(y))):
+            if x != y and not (abs(x - y) <= 0.05 * max(abs(x), abs(y))) and assert_sweep:
                 bad.append(f"sweep {name} {k}: native {x} emulated {y}")
+    if not assert_sweep:
+        print("sweep: not asserted on the CPU (ATen's Half sigmoid_backward rounds twice there; see docs/gpu.md)")
 a, b = rows(nat, "recipes"), rows(emu, "recipes")
 for name in recipes:
     ra, rb = a[name], b[name]
