@@ -64,7 +64,7 @@ run() {  # run NAME ARGS...
 run underflow underflow
 run lossscale lossscale --set /train/data_dir="\"$data\"" --set /train/compute='"native"' --set /sweep/compute='"native"'
 run lossscale-emulated lossscale --set /train/data_dir="\"$data\"" --set /train/compute='"emulated"' --set /train/steps=200
-run dataparallel dataparallel --config configs/dataparallel_quick.json --set /train/data_dir="\"$data\""
+run dataparallel dataparallel --config configs/dataparallel_quick.json --set /data/dir="\"$data\""
 run pipeline pipeline
 run accumulate accumulate
 run checkpoint checkpoint

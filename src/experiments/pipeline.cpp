@@ -285,6 +285,12 @@ Report run_pipeline_experiment(const Context& ctx) {
   const int heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
   const double timeout_s = cfg.number("/pipeline/timeout_s");
 
+  // Stages run on the CPU (Gloo send/recv); CUDA stages over NCCL are not implemented yet, and
+  // the result says so rather than letting --device cuda suggest otherwise.
+  report.env["pipeline_device"] = "cpu";
+  if (ctx.device.is_cuda() && ctx.rank == 0)
+    spdlog::warn("pipeline: stages run on the CPU (Gloo); CUDA stages over NCCL are not implemented yet");
+
   // --- processes: this process is stage `rank` of p; rank 0 reports ---
   const bool processes = cfg.str("/executor") == "processes";
   const bool lead = ctx.rank == 0;
