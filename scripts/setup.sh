@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --torch) torch="${2:-}"; shift 2 || { echo "setup: --torch needs a value: debian or pip" >&2; exit 2; } ;;
     --torch=*) torch="${1#--torch=}"; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown option '$1' (expected --torch debian|pip)" >&2; exit 2 ;;
   esac
 done

@@ -43,6 +43,7 @@ std::string json_kind(const json& v) {
 }
 
 std::string shown(const json& v) {
+  if (v.is_null()) return "";  // json_kind already says "null"
   std::string s = v.dump();
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;

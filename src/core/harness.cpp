@@ -134,6 +134,7 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     if (exp.validate) exp.validate(cfg, planned);  // before any worker exists
     if (spec.find("/nproc")) {
       if (!launch && cfg.integer("/nproc") > 1) {
+        choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
         // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
         double grace = 60.0;
         for (const char* key : {"/dist/timeout_s", "/pipeline/timeout_s"})

@@ -159,7 +159,12 @@ void sweep_section(const Context& ctx, Report& report) {
   // chosen device, natively or emulated, and are compared with the fp32 run.
   const std::string mode = cfg.str("/sweep/compute");
   const bool computed = mode != "cast";
-  const Compute compute = computed ? resolve_compute(mode, Format::FP16, ctx.device) : Compute::Emulated;
+  Compute compute = Compute::Emulated;
+  try {
+    if (computed) compute = resolve_compute(mode, Format::FP16, ctx.device);
+  } catch (const RuntimeFailure& e) {
+    throw RuntimeFailure(std::string("/sweep/compute: ") + e.what());
+  }
   if (computed) {
     net->to(ctx.device);
     x = x.to(ctx.device);
@@ -230,7 +235,9 @@ void sweep_section(const Context& ctx, Report& report) {
     t.rows.push_back({{"name", scale_name(s)}, {"scale", s}, {"first_underflow", f.underflow},
                       {"first_overflow", f.overflow}, {"all_underflow", a.underflow}, {"all_overflow", a.overflow},
                       {"first_error", num(first_err)}, {"all_error", num(all_err)}});
-    if (f.underflow == 0 && std::isnan(lowest)) lowest = s;
+    // the first layer is clean only when nothing underflows *and* nothing overflows there (a
+    // first layer all inf has no zeros, but that is no fix)
+    if (f.underflow == 0 && f.overflow == 0 && std::isnan(lowest)) lowest = s;
     if (a.overflow == 0) highest = s;
     if (a.overflow > 0 && std::isnan(first_overflow)) first_overflow = s;
     // Before any cast, scaling by a power of two is exact in fp32: (S·g)·(1/S) == g, as long as
@@ -536,7 +543,12 @@ void training_section(const Context& ctx, Report& report) {
   const auto names = cfg.strings("/train/recipes");
   for (const auto& n : names) {
     Recipe r = parse_recipe(n);
-    const Compute c = resolve_compute(cfg.str("/train/compute"), r.format, ctx.device);
+    Compute c;
+    try {
+      c = resolve_compute(cfg.str("/train/compute"), r.format, ctx.device);
+    } catch (const RuntimeFailure& e) {
+      throw RuntimeFailure(std::string("/train/compute: ") + e.what());
+    }
     RecipeRun run = train_recipe(ctx, r, c, init, train, test);
     if (r.format != Format::FP32) compute_used[format_name(r.format)] = compute_name(c);
     t.rows.push_back({{"name", n},

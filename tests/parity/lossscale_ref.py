@@ -68,7 +68,7 @@ def main():
         rows.append({"name": name(s), "scale": s, "first_underflow": fu, "first_overflow": fo,
                      "all_underflow": au, "all_overflow": ao,
                      "first_error": error(gf, inv, ref_first), "all_error": error(ga, inv, ref_all)})
-        if fu == 0 and lowest is None:
+        if fu == 0 and fo == 0 and lowest is None:  # a first layer all inf is no fix
             lowest = s
         if ao == 0:
             highest = s
