@@ -227,7 +227,14 @@ def main():
     ap.add_argument("--out-dir", default="plots")
     ap.add_argument("--format", default="png", choices=["png", "svg"])
     args = ap.parse_args()
-    os.makedirs(args.out_dir, exist_ok=True)
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+        probe = os.path.join(args.out_dir, ".plot-write-test")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        print(f"plot: --out-dir {args.out_dir}: cannot write there: {e.strerror}", file=sys.stderr)
+        sys.exit(2)
     status = 0
     for f in args.results:
         try:
@@ -240,8 +247,12 @@ def main():
         if exp not in PLOTTERS:
             print(f"plot: {f}: no plots for experiment {exp!r}", file=sys.stderr)
             continue
-        for p in PLOTTERS[exp](doc, args.out_dir, args.format):
-            print(p)
+        try:
+            for p in PLOTTERS[exp](doc, args.out_dir, args.format):
+                print(p)
+        except OSError as e:
+            print(f"plot: {f}: cannot write a plot to {args.out_dir}: {e.strerror}", file=sys.stderr)
+            status = 2
     sys.exit(status)
 
 

@@ -69,7 +69,14 @@ def main():
     ap.add_argument("--mpt", default=os.path.join(ROOT, "build", "mpt"))
     args = ap.parse_args()
     grid = parse_grid(args.grid)
-    os.makedirs(args.out_dir, exist_ok=True)
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+        probe = os.path.join(args.out_dir, ".sweep-write-test")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        print(f"sweep: --out-dir {args.out_dir}: cannot write there: {e.strerror}", file=sys.stderr)
+        sys.exit(2)
     keys = [k for k, _ in grid]
     rows, failed = [], 0
     for point in itertools.product(*[v for _, v in grid]) if grid else [()]:

@@ -204,6 +204,10 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
   const auto full = full_batch_grads(copies[p], x, y);
   const auto ranges = stage_ranges(4, balanced_cuts(4, p));
   auto groups = thread_groups(p, "ut_pipe/", 10000ms);
+  // Gradients on the same group (tags tell them apart), or on a group of their own (what the
+  // experiment does: NCCL needs one stream per direction).
+  auto backward_groups = thread_groups(p, "ut_pipe_bwd/", 10000ms);
+  for (bool own_backward_group : {false, true})
   for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
     for (int m : {1, 4}) {
       const auto sched = make_schedule(kind, p, m);
@@ -213,15 +217,17 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
       for (int r = 0; r < p; ++r)
         ts.emplace_back([&, r] {
           try {
+            ProcessPipelineOptions opts;
+            if (own_backward_group) opts.backward_group = backward_groups[static_cast<std::size_t>(r)];
             runs[static_cast<std::size_t>(r)] = run_pipeline_process(
                 groups[static_cast<std::size_t>(r)], copies[static_cast<std::size_t>(r)], ranges, sched, m, x, y,
-                SyntheticCost{});
+                SyntheticCost{}, opts);
           } catch (const std::exception& e) {
             errors[static_cast<std::size_t>(r)] = e.what();
           }
         });
       for (auto& t : ts) t.join();
-      INFO(schedule_name(kind) << " m=" << m);
+      INFO(schedule_name(kind) << " m=" << m << " own backward group: " << own_backward_group);
       for (const auto& e : errors) REQUIRE(e.empty());
       QueueTransport tr(10);
       const auto threaded = run_pipeline(copies[p], ranges, sched, m, x, y, SyntheticCost{}, tr);
@@ -241,6 +247,8 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
   CHECK_THROWS_AS(run_pipeline_process(groups[0], copies[0], stage_ranges(4, {2}),
                                        make_schedule(ScheduleKind::GPipe, 2, 1), 1, x, y, SyntheticCost{}),
                   std::invalid_argument);
+  // The backward group must be the same ranks: rank 1's group is not rank 0's.
+  CHECK_THROWS_AS(ProcessGroupTransport(groups[0], {{4, 12}, {4, 12}}, backward_groups[1]), std::invalid_argument);
 }
 
 TEST_CASE("process-group transport: a silent peer times out naming it, abort wakes a recv, shapes are checked",

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -49,6 +50,12 @@ std::string shown(const json& v) {
   return s;
 }
 
+// "a string \"abc\"", "an integer 7", "null": what a value is, then the value itself.
+std::string got(const json& v) {
+  const std::string s = shown(v);
+  return s.empty() ? json_kind(v) : json_kind(v) + " " + s;
+}
+
 std::string bounds_text(const Param& p) {
   std::string s;
   auto num = [](double d) { return fmt::format("{:g}", d); };
@@ -78,10 +85,10 @@ void check_scalar(const Param& p, ParamType scalar, const json& v, const std::st
   const std::string expected = fmt::format("expected {}{}", what, bounds_text(p));
   switch (scalar) {
     case ParamType::Bool:
-      if (!v.is_boolean()) fail(source, ptr, fmt::format("expected a boolean (true/false), got {} {}", json_kind(v), shown(v)));
+      if (!v.is_boolean()) fail(source, ptr, fmt::format("expected a boolean (true/false), got {}", got(v)));
       return;
     case ParamType::String:
-      if (!v.is_string()) fail(source, ptr, fmt::format("expected a string, got {} {}", json_kind(v), shown(v)));
+      if (!v.is_string()) fail(source, ptr, fmt::format("expected a string, got {}", got(v)));
       if (!p.choices.empty() &&
           std::find(p.choices.begin(), p.choices.end(), v.get<std::string>()) == p.choices.end()) {
         std::string list;
@@ -94,7 +101,7 @@ void check_scalar(const Param& p, ParamType scalar, const json& v, const std::st
     case ParamType::Int:
     case ParamType::Number: {
       bool ok = scalar == ParamType::Int ? is_integral(v) : v.is_number();
-      if (!ok) fail(source, ptr, fmt::format("{}, got {} {}", expected, json_kind(v), shown(v)));
+      if (!ok) fail(source, ptr, fmt::format("{}, got {}", expected, got(v)));
       double d = v.get<double>();
       if (!std::isfinite(d) || (p.min && d < *p.min) || (p.max && d > *p.max) ||
           (p.exclusive_min && d <= *p.exclusive_min) || (p.exclusive_max && d >= *p.exclusive_max))
@@ -200,7 +207,7 @@ void ConfigSpec::validate_value(const std::string& ptr, const json& v, const std
   const Param* p = find(ptr);
   if (!p) throw std::logic_error("validate_value: no such parameter " + ptr);
   if (is_list(p->type)) {
-    if (!v.is_array()) fail(source, ptr, fmt::format("expected {}, got {} {}", type_name(p->type), json_kind(v), shown(v)));
+    if (!v.is_array()) fail(source, ptr, fmt::format("expected {}, got {}", type_name(p->type), got(v)));
     if (v.empty()) fail(source, ptr, fmt::format("expected {} (non-empty), got []", type_name(p->type)));
     for (std::size_t i = 0; i < v.size(); ++i)
       check_scalar(*p, element_type(p->type), v[i], source, ptr + "/" + std::to_string(i),
@@ -229,7 +236,7 @@ void ConfigSpec::validate_object(const json& obj, const std::string& pointer, co
       validate_value(child, it.value(), source);
     } else if (is_object_prefix(child)) {
       if (!it.value().is_object())
-        fail(source, child, fmt::format("expected an object, got {} {}", json_kind(it.value()), shown(it.value())));
+        fail(source, child, fmt::format("expected an object, got {}", got(it.value())));
       validate_object(it.value(), child, source);
     } else {
       auto keys = child_keys(pointer);
@@ -290,6 +297,61 @@ std::vector<std::string> Config::strings(const std::string& ptr) const {
 // Loading and merging
 // ---------------------------------------------------------------------------
 
+namespace {
+
+// json::parse, and the JSON pointer of the first key that appears twice in one object
+// ("" when none): nlohmann keeps the last value of a repeated key without a word.
+json parse_rejecting_duplicates(const std::string& text, std::string* duplicate) {
+  struct Frame {
+    bool object = false;
+    std::set<std::string> keys;
+    std::string key;  // object: the current key
+    long index = -1;  // array: the current element
+  };
+  std::vector<Frame> stack;
+  auto escape = [](std::string k) {  // RFC 6901: '~' -> "~0", '/' -> "~1"
+    std::string out;
+    for (char c : k) out += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
+    return out;
+  };
+  auto element_starts = [&] {
+    if (!stack.empty() && !stack.back().object) ++stack.back().index;
+  };
+  json::parser_callback_t cb = [&](int, json::parse_event_t ev, json& parsed) {
+    switch (ev) {
+      case json::parse_event_t::object_start:
+        element_starts();
+        stack.push_back(Frame{true, {}, {}, -1});
+        break;
+      case json::parse_event_t::array_start:
+        element_starts();
+        stack.push_back(Frame{false, {}, {}, -1});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!stack.empty()) stack.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        auto& top = stack.back();
+        top.key = parsed.get<std::string>();
+        if (!top.keys.insert(top.key).second && duplicate->empty()) {
+          std::string ptr;
+          for (const auto& f : stack) ptr += "/" + (f.object ? escape(f.key) : std::to_string(f.index));
+          *duplicate = ptr;
+        }
+        break;
+      }
+      case json::parse_event_t::value:
+        element_starts();
+        break;
+    }
+    return true;
+  };
+  return json::parse(text, cb);
+}
+
+}  // namespace
+
 json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open the config file ({})", path, std::strerror(errno)));
@@ -297,7 +359,12 @@ json read_json_file(const std::string& path) {
   ss << in.rdbuf();
   if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
   try {
-    return json::parse(ss.str());
+    std::string duplicate;
+    json doc = parse_rejecting_duplicates(ss.str(), &duplicate);
+    if (!duplicate.empty())
+      throw ConfigError(fmt::format("{}: {}: duplicate key: expected each key once per object (JSON would silently "
+                                    "keep only the last value)", path, duplicate));
+    return doc;
   } catch (const json::exception& e) {
     // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 1: ..."
     // (or out_of_range.406 for a number beyond double's range, e.g. 1e400)
@@ -339,11 +406,15 @@ Config resolve_config(const ConfigSpec& spec, const std::string& file, const std
     }
     const std::string text = s.substr(eq + 1);
     json value;
+    std::string duplicate;
     try {
-      value = json::parse(text);
+      value = parse_rejecting_duplicates(text, &duplicate);
     } catch (const json::exception&) {
       value = text;  // not JSON (or a number beyond double's range): a plain string
     }
+    if (!duplicate.empty())
+      throw ConfigError(fmt::format("{}: {}{}: duplicate key: expected each key once per object", source, ptr,
+                                    duplicate));
     if (!spec.find(ptr)) {
       // Reuse the object walk for a precise message (unknown key, with a suggestion).
       json probe = json::object();

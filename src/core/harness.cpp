@@ -1,6 +1,7 @@
 // Command line and the run of one experiment. See harness.hpp.
 #include "core/harness.hpp"
 
+#include <cmath>
 #include <unistd.h>
 
 #include <iostream>
@@ -78,7 +79,7 @@ ConfigSpec full_spec(const Experiment& exp) {
 
 Config resolve_for(const Experiment& exp, const ConfigSpec& spec, const RunOptions& opts) {
   std::vector<std::string> sets = opts.sets;
-  if (opts.seed) sets.push_back("seed=" + std::to_string(*opts.seed));
+  if (opts.seed) sets.push_back("seed=" + *opts.seed);
   if (!opts.device.empty()) sets.push_back("device=\"" + opts.device + "\"");
   if (opts.nproc) sets.push_back("nproc=" + std::to_string(*opts.nproc));
   return resolve_config(spec, opts.config_file, sets);
@@ -198,6 +199,11 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
                 CompareOptions opt, bool quiet) {
   setup_logging(false, false);
   try {
+    // Checked here rather than by CLI11 (which lets "nan" through): NaN, infinity and negative
+    // numbers are no tolerance.
+    for (const auto& [flag, v] : {std::pair<const char*, double>{"--rtol", opt.rtol}, {"--atol", opt.atol}})
+      if (!(v >= 0) || !std::isfinite(v))
+        throw ConfigError(fmt::format("{} {:g}: expected a finite number >= 0 (tolerances must be finite)", flag, v));
     for (const auto& k : key_tols) {
       auto eq = k.rfind('=');
       if (eq == std::string::npos || eq == 0) throw ConfigError("--tol '" + k + "': expected PATTERN=RTOL[,ATOL]");
@@ -211,7 +217,8 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
       } catch (const std::exception&) {
         throw ConfigError("--tol '" + k + "': RTOL and ATOL must be numbers");
       }
-      if (kt.rtol < 0 || kt.atol < 0) throw ConfigError("--tol '" + k + "': tolerances must be >= 0");
+      if (!(kt.rtol >= 0) || !(kt.atol >= 0) || !std::isfinite(kt.rtol) || !std::isfinite(kt.atol))
+        throw ConfigError("--tol '" + k + "': tolerances must be finite numbers >= 0");
       opt.per_key.push_back(kt);
     }
     json a = read_json_file(base_file), b = read_json_file(new_file);
@@ -270,8 +277,8 @@ int main_cli(int argc, char** argv) {
   auto* compare = app.add_subcommand("compare", "Compare two result files (exit 0 within tolerance, 1 not, 2 unreadable)");
   compare->add_option("base", base_file, "Base result file")->required();
   compare->add_option("new", new_file, "New result file")->required();
-  compare->add_option("--rtol", cmp.rtol, "Relative tolerance (default 0: exact)")->check(CLI::NonNegativeNumber);
-  compare->add_option("--atol", cmp.atol, "Absolute tolerance (default 0: exact)")->check(CLI::NonNegativeNumber);
+  compare->add_option("--rtol", cmp.rtol, "Relative tolerance >= 0 (default 0: exact)");
+  compare->add_option("--atol", cmp.atol, "Absolute tolerance >= 0 (default 0: exact)");
   compare->add_option("--tol", key_tols, "Per-key tolerance PATTERN=RTOL[,ATOL], PATTERN a glob on paths such as "
                                          "/results/gradients/*/mean_abs; repeatable, first match wins");
   compare->add_flag("--timings", cmp.timings, "Also report the relative change of timings (never fails)");

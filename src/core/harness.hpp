@@ -19,7 +19,7 @@ struct RunOptions {
   std::string out;                  ///< --out (default results/<experiment>.json)
   bool out_given = false;           ///< --out appeared (an empty value is then an error)
   std::string device;               ///< --device (empty: from config)
-  std::optional<long long> seed;    ///< --seed
+  std::optional<std::string> seed;  ///< --seed, as typed: checked by the config schema like --set seed=N
   bool print_config = false;        ///< --print-config
   bool quiet = false;               ///< -q
   bool verbose = false;             ///< -v

@@ -15,6 +15,7 @@
 
 #include "core/dist.hpp"
 #include "core/errors.hpp"
+#include "core/runtime.hpp"
 
 namespace mpt {
 
@@ -193,9 +194,18 @@ void QueueTransport::abort(const std::string& why) {
 // ----------------------------------------------------------------------------
 
 ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<dist::Group> group,
-                                             std::vector<std::vector<int64_t>> boundary_shapes)
-    : group_(std::move(group)), shapes_(std::move(boundary_shapes)) {
+                                             std::vector<std::vector<int64_t>> boundary_shapes,
+                                             std::shared_ptr<dist::Group> backward_group)
+    : group_(std::move(group)), backward_group_(std::move(backward_group)), shapes_(std::move(boundary_shapes)) {
   if (!group_) throw std::invalid_argument("ProcessGroupTransport: no process group");
+  if (!backward_group_) backward_group_ = group_;
+  if (backward_group_->size() != group_->size() || backward_group_->rank() != group_->rank() ||
+      backward_group_->device() != group_->device())
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport: the backward group (rank {} of {} on {}) is not "
+                                            "the forward group's ranks and device (rank {} of {} on {})",
+                                            backward_group_->rank(), backward_group_->size(),
+                                            backward_group_->device().str(), group_->rank(), group_->size(),
+                                            group_->device().str()));
   if (static_cast<int>(shapes_.size()) != group_->size() - 1)
     throw std::invalid_argument(fmt::format("ProcessGroupTransport: {} stages need {} boundary shapes, got {}",
                                             group_->size(), group_->size() - 1, shapes_.size()));
@@ -222,8 +232,9 @@ void ProcessGroupTransport::send(int src, int dst, char kind, int microbatch, co
                                             fmt::join(t.sizes().vec(), ", "), fmt::join(shape, ", ")));
   // Not copied: the activation (a detached output kept for backward) and the input gradient
   // are not written again, and the Work keeps them alive until the receiver has them.
-  auto buf = t.detach().to(torch::kFloat32).contiguous();
-  sends_.push_back({std::make_shared<dist::Work>(group_->send_async(buf, dst, tag(kind, microbatch))), dst, kind,
+  auto buf = t.detach().to(group_->device(), torch::kFloat32).contiguous();
+  auto& g = kind == 'F' ? group_ : backward_group_;
+  sends_.push_back({std::make_shared<dist::Work>(g->send_async(buf, dst, tag(kind, microbatch))), dst, kind,
                     microbatch});
 }
 
@@ -233,16 +244,21 @@ torch::Tensor ProcessGroupTransport::recv(int src, int dst, char kind, int micro
   if (dst != me || src != from || src < 0 || src >= group_->size())
     throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: cannot receive {} {} from stage {} "
                                             "at stage {}", me, kind, microbatch, src, dst));
-  auto t = torch::empty(shapes_[static_cast<std::size_t>(std::min(src, dst))], torch::kFloat32);
+  auto t = torch::empty(shapes_[static_cast<std::size_t>(std::min(src, dst))],
+                        torch::TensorOptions().dtype(torch::kFloat32).device(group_->device()));
+  auto& g = kind == 'F' ? group_ : backward_group_;
   std::shared_ptr<dist::Work> work;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_.empty()) throw RuntimeFailure(aborted_);
-    work = std::make_shared<dist::Work>(group_->recv_async(t, src, tag(kind, microbatch)));
+    work = std::make_shared<dist::Work>(g->recv_async(t, src, tag(kind, microbatch)));
     recv_ = work;
   }
   try {
     work->wait();
+    // NCCL's wait only orders the current stream after the recv; the host waits here so
+    // that the stage's measured wait is the time until the data is there.
+    sync_device(t.device());
   } catch (const RuntimeFailure& e) {
     std::lock_guard<std::mutex> lock(mu_);
     recv_.reset();
@@ -347,6 +363,8 @@ StageRun run_stage(int s, const std::vector<torch::nn::Linear>& layers, const st
   const double fwd_us = cost.forward_us * factor * (end - begin);
   const double bwd_us = fwd_us * cost.backward_factor;
   const bool first = s == 0, last = s == p - 1;
+  // On CUDA an op's end is when its kernels are done (sync_device), not when they were queued.
+  const torch::Device device = layers[static_cast<std::size_t>(begin)]->weight.device();
   StageRun out;
   if (last) out.losses.assign(static_cast<std::size_t>(m), 0.0);
   struct Held { torch::Tensor input, output; };
@@ -397,6 +415,7 @@ StageRun run_stage(int s, const std::vector<torch::nn::Linear>& layers, const st
       if (!first) transport.send(s, s - 1, 'B', op.microbatch, it->second.input.grad());
       held.erase(it);  // activations of this microbatch are released
     }
+    sync_device(device);
     ev.end_s = since(Clock::now());
     out.events.push_back(ev);
     if (after_op) after_op(++done);
@@ -465,6 +484,10 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
   if (m < 1 || x.size(0) % m != 0)
     throw std::invalid_argument(
         fmt::format("run_pipeline_process: batch {} is not divisible into {} microbatches", x.size(0), m));
+  if (x.device() != group->device() || layers.front()->weight.device() != group->device())
+    throw std::invalid_argument(fmt::format("run_pipeline_process: the model and batch must be on the group's device "
+                                            "({}), got {} and {}", group->device().str(),
+                                            layers.front()->weight.device().str(), x.device().str()));
   reset_grads(layers);
   const int r = group->rank();
   const auto xs = x.chunk(m, 0);
@@ -478,7 +501,7 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
   // --- this rank's stage ---
   StageRun mine;
   {
-    ProcessGroupTransport transport(group, shapes);
+    ProcessGroupTransport transport(group, shapes, opts.backward_group);
     std::function<void(int)> fault;
     if (opts.exit_rank == r)
       fault = [&](int done) {
@@ -522,7 +545,7 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
     for (auto& prm : l->parameters()) params.push_back(prm);
   int64_t numel = 0;
   for (auto& prm : params) numel += prm.numel();
-  auto flat = torch::zeros({numel}, torch::kFloat32);
+  auto flat = torch::zeros({numel}, torch::TensorOptions().dtype(torch::kFloat32).device(group->device()));
   {
     torch::NoGradGuard ng;
     const auto [begin, end] = ranges[static_cast<std::size_t>(r)];
@@ -534,8 +557,11 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
     }
   }
   try {
+    // On the group's device (NCCL reduces CUDA tensors only); float64 sums stay exact.
+    stats = stats.to(group->device());
     group->allreduce(stats);
     group->allreduce(flat);
+    stats = stats.cpu();
   } catch (const RuntimeFailure& e) {
     throw RuntimeFailure(fmt::format("stage {} (rank {} of {}): gathering the step's results failed: {}", r, r, p,
                                      e.what()));

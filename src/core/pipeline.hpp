@@ -10,8 +10,8 @@
 //  - The executor moves activations forward and gradients backward through a
 //    StageTransport. In one process that is a mailbox (QueueTransport, one thread per
 //    stage: run_pipeline); across processes it is c10d point-to-point send/recv over a
-//    Gloo process group (ProcessGroupTransport, one process per stage:
-//    run_pipeline_process), as torch.distributed.pipelining and Megatron-LM's
+//    Gloo (CPU) or NCCL (CUDA) process group (ProcessGroupTransport, one process per
+//    stage: run_pipeline_process), as torch.distributed.pipelining and Megatron-LM's
 //    p2p_communication do. Both executors run the same per-stage code (run_stage).
 //  - A synthetic per-layer cost (sleep or spin, in microseconds) makes compute times
 //    stable on a shared machine, so the measured bubble can be compared with the
@@ -135,7 +135,7 @@ class QueueTransport : public StageTransport {
   std::string aborted_;
 };
 
-/// Stage-to-stage messages between processes over a c10d process group (Gloo on CPU):
+/// Stage-to-stage messages between processes over c10d process groups (Gloo on CPU, NCCL on CUDA):
 /// stage s is rank s of `group`, and each process is one stage. An activation goes forward
 /// with ProcessGroupGloo::send/recv, a gradient comes back the same way, as
 /// torch.distributed.pipelining (PipelineStage's isend/irecv) and Megatron-LM
@@ -155,21 +155,31 @@ class QueueTransport : public StageTransport {
 ///    naming the peer stage (= rank); a silent peer fails it after the timeout.
 class ProcessGroupTransport : public StageTransport {
  public:
-  /// `group`: the stages' process group (size = stages, this process = stage group->rank()).
-  /// `boundary_shapes[b]`: shape of the message across boundary b, b = 0 .. stages − 2.
-  /// Throws std::invalid_argument when there are not stages − 1 shapes.
-  ProcessGroupTransport(std::shared_ptr<dist::Group> group, std::vector<std::vector<int64_t>> boundary_shapes);
+  /// `group`: the stages' process group (size = stages, this process = stage group->rank());
+  /// it carries the activations. `boundary_shapes[b]`: shape of the message across boundary
+  /// b, b = 0 .. stages − 2. `backward_group` (same ranks; null: `group`) carries the
+  /// gradients. With NCCL it must be a second group: ProcessGroupNCCL runs the send and the
+  /// recv between two ranks on one stream in posting order, so in 1F1B's steady state (each
+  /// neighbour sends before it receives) one group would deadlock; with a group per
+  /// direction each stream carries one direction only (torch.distributed.pipelining batches
+  /// the send with the next recv instead, batch_isend_irecv). Tensors live on the group's
+  /// device (CPU for Gloo, the rank's GPU for NCCL). Throws std::invalid_argument when there
+  /// are not stages − 1 shapes or the two groups differ in size or device.
+  ProcessGroupTransport(std::shared_ptr<dist::Group> group, std::vector<std::vector<int64_t>> boundary_shapes,
+                        std::shared_ptr<dist::Group> backward_group = nullptr);
   /// Aborts sends still in flight (after a failure) so that nothing waits on them.
   ~ProcessGroupTransport() override;
 
-  /// Posts a send of `t` (float32, boundary_shapes of the crossed boundary) from this
+  /// Posts a send of `t` (float32 on the group's device, the crossed boundary's shape) from this
   /// process's stage `src` to its neighbour `dst` = src ± 1 and returns without waiting.
   /// Throws std::invalid_argument when src is not this rank, dst is no neighbour of it, or
   /// the shape differs from the boundary's; RuntimeFailure when Gloo cannot post the send.
   void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) override;
   /// Receives the activation ('F', from src = dst − 1) or gradient ('B', from src = dst + 1)
-  /// of `microbatch` into a new float32 tensor of the boundary's shape. Blocks at most the
-  /// group's timeout. Throws RuntimeFailure "stage D: no activation|gradient for microbatch
+  /// of `microbatch` into a new float32 tensor of the boundary's shape on the group's device.
+  /// Returns once the data is there (on CUDA: after synchronising the device, so that the
+  /// caller's wait time is the real one). Blocks at most the group's timeout (NCCL: its
+  /// watchdog). Throws RuntimeFailure "stage D: no activation|gradient for microbatch
   /// J from stage S (rank S): ..." when the peer died, timed out or abort() was called.
   torch::Tensor recv(int src, int dst, char kind, int microbatch) override;
   /// Makes the pending and every later recv throw RuntimeFailure with `why`.
@@ -188,7 +198,8 @@ class ProcessGroupTransport : public StageTransport {
     char kind = 'F';
     int microbatch = 0;
   };
-  std::shared_ptr<dist::Group> group_;
+  std::shared_ptr<dist::Group> group_;           // activations (and rank, size, device)
+  std::shared_ptr<dist::Group> backward_group_;  // gradients (may be group_)
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<Pending> sends_;
   std::mutex mu_;                               // guards recv_ and aborted_ (abort may come from another thread)
@@ -266,10 +277,14 @@ struct ProcessPipelineOptions {
   /// clean-up, like a crash) after `exit_after_ops` operations of the step. −1: never.
   int exit_rank = -1;
   int exit_after_ops = 1;
+  /// A second group of the same ranks that carries the gradients (null: the main group
+  /// carries both directions). Needed with NCCL: see ProcessGroupTransport.
+  std::shared_ptr<dist::Group> backward_group;
 };
 
 /// The same training step as run_pipeline, with one process per stage: this process is
-/// stage group->rank() of group->size() = ranges.size() stages and runs only its own
+/// stage group->rank() of group->size() = ranges.size() stages (its layers, x and y on the
+/// group's device: CPU with Gloo, this rank's GPU with NCCL) and runs only its own
 /// program schedule[rank] (make_schedule, as the threaded run), exchanging tensors with
 /// its neighbours through a ProcessGroupTransport. Every rank builds the same `layers`,
 /// x, y (same seed) and calls this together. The step starts after a barrier (each rank's

@@ -6,6 +6,9 @@
 #include <chrono>
 
 #include "core/compat.hpp"
+#ifdef MPT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include "core/errors.hpp"
 
 namespace mpt {
@@ -82,6 +85,14 @@ torch::Device cuda_device_for_rank(int local_rank) {
                                      "needs one per process; run fewer processes per machine or use --device cpu (Gloo)",
                                      local_rank, count));
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+void use_device(torch::Device device) {
+#ifdef MPT_WITH_CUDA
+  if (device.is_cuda() && device.has_index()) c10::cuda::set_device(device.index());
+#else
+  (void)device;
+#endif
 }
 
 void sync_device(torch::Device device) {

@@ -47,6 +47,10 @@ double now_seconds();
 /// when the machine has fewer CUDA devices than local ranks (naming both), or in a CPU-only build.
 torch::Device cuda_device_for_rank(int local_rank);
 
+/// Makes `device` the current CUDA device of this process (torch.cuda.set_device), so that
+/// NCCL and allocations without an explicit device use it; a no-op for the CPU.
+void use_device(torch::Device device);
+
 /// Waits until every kernel queued on `device` has finished (torch.cuda.synchronize); a no-op
 /// on the CPU. Call before reading the clock around GPU work.
 void sync_device(torch::Device device);

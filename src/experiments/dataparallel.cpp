@@ -382,7 +382,10 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
   TrainSetup ts = train_setup(cfg);
   // On CUDA every rank takes its own GPU (local rank), and training runs over NCCL, as DDP
   // does; the world group (flags, barriers, the fp16 demonstration) stays on Gloo.
-  if (ctx.device.is_cuda()) ts.device = cuda_device_for_rank(li.local_rank);
+  if (ctx.device.is_cuda()) {
+    ts.device = cuda_device_for_rank(li.local_rank);
+    use_device(ts.device);
+  }
 
   Table t{"training",
           fmt::format("Data-parallel training on Fashion-MNIST (MLP 784-{}-10, global batch {}, SGD lr {:g})",

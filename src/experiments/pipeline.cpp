@@ -21,9 +21,10 @@
  *     a Gantt chart. Timings (and every event) go to `timings`.
  *
  *  4. executor = "processes": the same sweep with one process per stage (rank r owns stage r),
- *     activations and gradients sent between processes with c10d send/recv (Gloo); rank 0
- *     gathers every stage's events and gradients and builds the same rows, and checks the
- *     gradients against the full batch and against the threaded executor (bitwise).
+ *     activations and gradients sent between processes with c10d send/recv (Gloo on CPU, NCCL
+ *     on CUDA, one GPU per rank); rank 0 gathers every stage's events and gradients and builds
+ *     the same rows, and checks the gradients against the full batch and against the threaded
+ *     executor (bitwise).
  *
  *   mpt pipeline
  *   mpt pipeline --config configs/pipeline_uneven.json     (one stage 3x slower)
@@ -62,7 +63,8 @@ ConfigSpec pipeline_spec() {
            "a stage waiting longer than this for a message fails (processes: also the rendezvous and collectives)",
            0.001);
   s.choice("/executor", "threads", {"threads", "processes"},
-           "run the sweep with one thread per stage, or one process per stage (c10d send/recv over Gloo)");
+           "run the sweep with one thread per stage, or one process per stage (c10d send/recv: Gloo on CPU, NCCL on "
+           "CUDA)");
   s.integer("/nproc", 1, "processes spawned on this machine (--nproc N): 1 for threads, /pipeline/stages for "
             "processes; ignored under torchrun/SLURM", 1, 64);
   s.integer("/fault/rank", -1, "for testing (processes): this rank exits in the middle of step /fault/step (-1: none)",
@@ -115,14 +117,16 @@ struct SplitCase {
 
 // Whole-model backward, then the split one on the same modules; per parameter the max
 // abs difference and whether the two gradients are bitwise equal.
-void exact_split(const Config& cfg, const SplitCase& c, Table& t, Report& report) {
+void exact_split(const Config& cfg, const SplitCase& c, torch::Device device, Table& t, Report& report) {
   const auto widths = i64(cfg.integers("/split/widths"));
-  // Model, then inputs, then targets: the order of tests/parity/pipeline_ref.py.
+  // Model, then inputs, then targets: the order of tests/parity/pipeline_ref.py. Drawn on
+  // the CPU (the same numbers as Python's), then moved to `device`.
   seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
   auto layers = mlp_layers(widths);
+  for (auto& l : layers) l->to(device);
   const int L = static_cast<int>(layers.size());
-  auto x = torch::randn({cfg.integer("/split/batch"), widths.front()});
-  auto y = torch::randn({cfg.integer("/split/batch"), widths.back()});
+  auto x = torch::randn({cfg.integer("/split/batch"), widths.front()}).to(device);
+  auto y = torch::randn({cfg.integer("/split/batch"), widths.back()}).to(device);
   const auto ranges = stage_ranges(L, c.cuts);
   const int K = static_cast<int>(ranges.size());
 
@@ -175,7 +179,7 @@ void exact_split(const Config& cfg, const SplitCase& c, Table& t, Report& report
 }
 
 // All split cases (the configured cuts, then each of /split/extra_stages balanced) in one table.
-Table exact_split_table(const Config& cfg, Report& report) {
+Table exact_split_table(const Config& cfg, torch::Device device, Report& report) {
   const int split_layers = static_cast<int>(cfg.integers("/split/widths").size()) - 1;
   const auto cuts = i64(cfg.integers("/split/cuts"));
   Table split{"exact_split", "Exact split: whole-model gradient vs stage-by-stage backward through detached boundaries",
@@ -187,7 +191,7 @@ Table exact_split_table(const Config& cfg, Report& report) {
     SplitCase c{fmt::format("k{}_balanced", k), balanced_cuts(split_layers, static_cast<int>(k))};
     if (k >= 2) cases.push_back(c);
   }
-  for (const auto& c : cases) exact_split(cfg, c, split, report);
+  for (const auto& c : cases) exact_split(cfg, c, device, split, report);
   split.notes.push_back("boundary: out.detach().requires_grad_(true) feeds the next stage; its .grad is passed to "
                         "out.backward(grad)");
   split.notes.push_back("same kernels in the same order on the same numbers: the difference is exactly 0, not roundoff");
@@ -285,26 +289,33 @@ Report run_pipeline_experiment(const Context& ctx) {
   const int heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
   const double timeout_s = cfg.number("/pipeline/timeout_s");
 
-  // Stages run on the CPU (Gloo send/recv); CUDA stages over NCCL are not implemented yet, and
-  // the result says so rather than letting --device cuda suggest otherwise.
-  report.env["pipeline_device"] = "cpu";
-  if (ctx.device.is_cuda() && ctx.rank == 0)
-    spdlog::warn("pipeline: stages run on the CPU (Gloo); CUDA stages over NCCL are not implemented yet");
-
   // --- processes: this process is stage `rank` of p; rank 0 reports ---
+  // Where the stages run: the chosen device (threads: every stage on it); with one process per
+  // stage on CUDA each rank takes its own GPU (local rank) and the stages talk over NCCL, as
+  // Megatron-LM's pipeline ranks do; on the CPU over Gloo.
   const bool processes = cfg.str("/executor") == "processes";
   const bool lead = ctx.rank == 0;
   std::shared_ptr<dist::Group> group;
+  ProcessPipelineOptions popts;
+  torch::Device device = ctx.device;
   if (processes) {
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     const dist::LaunchInfo li = dist::launch_from_environment().value_or(dist::LaunchInfo{});
+    if (device.is_cuda()) {
+      device = cuda_device_for_rank(li.local_rank);
+      use_device(device);
+    }
     dist::connect_store(li, timeout);
-    group = dist::Group::create(li, ctx.rank, ctx.world_size, "pipeline/", timeout);
+    group = dist::Group::create(li, ctx.rank, ctx.world_size, "pipeline/", timeout, device);
+    // Gradients on a group of their own: one stream per direction (see ProcessGroupTransport).
+    popts.backward_group = dist::Group::create(li, ctx.rank, ctx.world_size, "pipeline_bwd/", timeout, device);
   }
+  report.env["pipeline_device"] = device.is_cuda() ? "cuda" : "cpu";
+  report.env["pipeline_transport"] = processes ? group->backend() : "in-process queue";
 
   // --- 1. exact split (in one process: rank 0) ---
   double t0 = now_seconds();
-  if (lead) report.add(exact_split_table(cfg, report));
+  if (lead) report.add(exact_split_table(cfg, device, report));
   report.timings["exact_split_s"] = now_seconds() - t0;
 
   // --- 2. schedules ---
@@ -318,8 +329,9 @@ Report run_pipeline_experiment(const Context& ctx) {
   t0 = now_seconds();
   seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
   auto layers = mlp_layers(widths);
-  auto x = torch::randn({batch, widths.front()});
-  auto y = torch::randn({batch, widths.back()});
+  for (auto& l : layers) l->to(device);
+  auto x = torch::randn({batch, widths.front()}).to(device);
+  auto y = torch::randn({batch, widths.back()}).to(device);
   const auto ranges = stage_ranges(layers_n, balanced_cuts(layers_n, p));
 
   // The reference: the whole batch through the whole model in one graph.
@@ -338,7 +350,6 @@ Report run_pipeline_experiment(const Context& ctx) {
   // One training step with the chosen executor. Steps are counted (0 = the warm-up) so that
   // /fault/step can stop a stage process in the middle of one.
   int step_index = 0;
-  ProcessPipelineOptions popts;
   auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m) {
     if (!processes) {
       QueueTransport transport(timeout_s);
@@ -459,7 +470,7 @@ Report run_pipeline_experiment(const Context& ctx) {
       double d = 0;
       for (std::size_t i = 0; i < grads.size(); ++i) d = std::max(d, max_abs_diff(threaded.grads[i], grads[i]));
       report.check(name + ": processes gradient == threads gradient (bitwise)", d, 0.0,
-                   fmt::format("{} processes, c10d send/recv over Gloo", p));
+                   fmt::format("{} processes, c10d send/recv over {}", p, group->backend()));
     }
   }
   if (!lead) {
@@ -468,7 +479,8 @@ Report run_pipeline_experiment(const Context& ctx) {
   }
   if (processes)
     sweep.notes.push_back(fmt::format("executor: {} processes, one per stage; activations and gradients sent with "
-                                      "c10d send/recv (Gloo), tag = 2*microbatch + (backward)", p));
+                                      "c10d send/recv ({}; gradients on a second group), tag = 2*microbatch + "
+                                      "(backward)", p, group->backend()));
   sweep.notes.push_back("each microbatch loss is divided by m once: the sum of microbatch gradients is the mean-loss "
                         "gradient of the full batch (differences are fp32 roundoff)");
   sweep.notes.push_back("step model: sum over stages of F+B (synthetic cost) + (m-1) x the slowest stage's F+B");

@@ -41,6 +41,12 @@ cli_case(bad_set_type 2 "/data/batch: expected an integer" underflow --set data.
 cli_case(bad_set_empty_list 2 "/model/depth: expected .*non-empty" underflow --set "model.depth=[]")
 cli_case(bad_device 2 "device" underflow --device tpu)
 cli_case(bad_seed 2 "/seed: expected an integer >= 0" underflow --seed -1)
+cli_case(bad_seed_huge 2 "--set 'seed=99999999999999999999': /seed: expected an integer >= 0, got a number 1e\\+20" underflow
+         --seed 99999999999999999999)
+cli_case(bad_duplicate_key 2 "duplicate_key.json: /model/depth: duplicate key" underflow --config ${B}/duplicate_key.json)
+cli_case(bad_set_duplicate_key 2 "/model/width: duplicate key" underflow
+         --set "model={\"width\": 8, \"width\": 9}")
+cli_case(bad_set_null 2 "/model/depth: expected an integer \\(or a list of them\\) .*, got null$" underflow --set model.depth=null)
 if(NOT MPT_WITH_CUDA)  # a CUDA build may have a device: then --device cuda runs
   cli_case(no_cuda 3 "CUDA" underflow --device cuda)
 endif()
@@ -64,6 +70,10 @@ add_test(NAME cli.plots
          COMMAND bash -c "set -e; if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then echo 'SKIPPED: python3-matplotlib missing'; exit 77; fi; d=$(mktemp -d); /usr/bin/python3 scripts/plot.py $(ls tests/golden/*.json | grep -v config.json) --out-dir $d > $d/list; test -s $d/list; for f in $(cat $d/list); do test -s $f; head -c 8 $f | od -An -c | grep -q 'P   N   G' || { echo \"not a PNG: $f\"; exit 1; }; done; echo ok: $(wc -l < $d/list) plots; rm -rf $d"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.plots PROPERTIES SKIP_RETURN_CODE 77)
+# An output folder that cannot be written: exit 2 and one line naming it, not a traceback.
+add_test(NAME cli.scripts_unwritable_out_dir
+         COMMAND bash -c "for s in 'sweep.py underflow --mpt $<TARGET_FILE:mpt>' 'plot.py tests/golden/underflow.json'; do out=\$(/usr/bin/python3 scripts/\$s --out-dir /proc/mpt-nowhere 2>&1); rc=\$?; echo \"\$out\"; test \$rc = 2 || exit 1; echo \"\$out\" | grep -q 'out-dir /proc/mpt-nowhere: cannot write there' || exit 1; ! echo \"\$out\" | grep -q Traceback || exit 1; done; echo ok"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 
 # --- found by trying mpt as a new user ---
 add_test(NAME cli.bad_out_empty

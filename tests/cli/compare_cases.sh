@@ -34,4 +34,9 @@ head -c 100 "$tmp/a.json" > "$tmp/trunc.json"
 [ $rc = 2 ] && grep -q "trunc.json: invalid JSON" "$tmp/err" || fail "truncated: exit $rc $(cat "$tmp/err")"
 "$mpt" compare "$tmp/a.json" "$tmp/missing.json" 2>/dev/null; [ $? = 2 ] || fail "missing file should exit 2"
 "$mpt" compare "$tmp/a.json" "$tmp/b.json" --tol 'x=abc' 2>/dev/null; [ $? = 2 ] || fail "bad --tol should exit 2"
+for bad in "--rtol nan" "--atol inf" "--rtol -1" "--tol x=nan" "--tol x=1e-8,inf"; do
+  # shellcheck disable=SC2086
+  "$mpt" compare "$tmp/a.json" "$tmp/b.json" $bad 2> "$tmp/err"; rc=$?
+  [ $rc = 2 ] && grep -q "finite" "$tmp/err" || fail "$bad: exit $rc (expected 2 naming finite tolerances) $(cat "$tmp/err")"
+done
 echo "ok: mpt compare cases"

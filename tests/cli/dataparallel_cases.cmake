@@ -21,10 +21,10 @@ cli_case(dataparallel_batch_not_multiple 2 "/train/global_batch: expected a mult
 cli_case(dataparallel_nproc_elsewhere 2 "nproc" underflow --nproc 2)
 
 add_test(NAME cli.dataparallel_torchrun_env
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/dataparallel_env.sh $<TARGET_FILE:mpt> torchrun
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> dataparallel
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 add_test(NAME cli.dataparallel_unreachable_master
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/dataparallel_env.sh $<TARGET_FILE:mpt> unreachable
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> unreachable
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 add_test(NAME cli.dataparallel_deterministic
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> dataparallel

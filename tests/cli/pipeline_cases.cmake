@@ -46,7 +46,7 @@ add_test(NAME cli.pipeline_processes_deterministic
                  --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"1f1b\"]"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 add_test(NAME cli.pipeline_processes_torchrun_env
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/pipeline_env.sh $<TARGET_FILE:mpt>
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> pipeline
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.pipeline_processes_2 cli.pipeline_processes_3 cli.pipeline_processes_3_title
                      cli.pipeline_processes_config cli.pipeline_processes_deterministic

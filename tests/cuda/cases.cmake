@@ -15,8 +15,15 @@ cuda_case(lossscale_native ${_mpt} lossscale --device cuda -q --out ${_out}/loss
           --set /train/train_samples=2000 --set /train/test_samples=500)
 cuda_case(native_vs_emulated_fp16 ${MPT_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/numerics/native_vs_emulated.py
           ${_mpt} fp16 ${_out} cuda)
+# One GPU: NCCL with a single rank; two GPUs or more: N = 2 (skipped with fewer GPUs, by name).
+cuda_case(dataparallel_1gpu ${_mpt} dataparallel --device cuda -q --out ${_out}/dataparallel_1gpu.json
+          --config configs/dataparallel_quick.json --nproc 1 --set "train.nprocs=[1]")
 cuda_case(dataparallel ${_mpt} dataparallel --device cuda -q --out ${_out}/dataparallel.json
           --config configs/dataparallel_quick.json)
+# Threads: every stage on the one GPU. Processes: one GPU per stage, activations and gradients over NCCL.
 cuda_case(pipeline ${_mpt} pipeline --device cuda -q --out ${_out}/pipeline.json)
+cuda_case(pipeline_processes_nccl ${_mpt} pipeline --device cuda -q --out ${_out}/pipeline_processes.json
+          --set executor=processes --set pipeline.stages=2 --nproc 2 --set cost.forward_us=100
+          --set "pipeline.microbatches=[1,2,4,8]")
 cuda_case(accumulate ${_mpt} accumulate --device cuda -q --out ${_out}/accumulate.json)
 cuda_case(checkpoint ${_mpt} checkpoint --device cuda -q --out ${_out}/checkpoint.json)

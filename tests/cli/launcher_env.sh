@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Launcher-environment cases of the multi-process experiments (cases cli_case cannot express):
+#   launcher_env.sh MPT dataparallel   two ranks of `mpt dataparallel` started by hand with torchrun's
+#                                      variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+#   launcher_env.sh MPT pipeline       the same for `mpt pipeline`, one process per stage
+#   launcher_env.sh MPT unreachable    rank 1 of 2 with a master nobody listens on: a clear error
+#                                      (exit 3) within the timeout, not a hang
+# With two ranks: both exit 0, rank 0 prints and writes the result, rank 1 writes nothing and
+# prints nothing on stdout, and rank 0's output has the row that only the 2-rank run produces.
+set -u
+mpt=$1 mode=$2
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+dataparallel=(dataparallel --config configs/dataparallel_quick.json --set train.nosync_steps=0 --set dist.timeout_s=10)
+pipeline=(pipeline --set executor=processes --set pipeline.stages=2 --set cost.forward_us=50
+          --set "pipeline.microbatches=[1,4]" --set pipeline.steps=1 --set pipeline.timeout_s=20)
+
+two_ranks() {  # two_ranks REGEX MPT_ARGS...: both ranks run; REGEX must match rank 0's stdout
+  local regex=$1; shift
+  local pids=() r c0 c1
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      "$mpt" "$@" --out "$tmp/r$r.json" > "$tmp/out$r" 2> "$tmp/err$r" &
+    pids[$r]=$!
+  done
+  wait "${pids[0]}"; c0=$?; wait "${pids[1]}"; c1=$?
+  cat "$tmp/out0" "$tmp/err0" "$tmp/err1"
+  [ $c0 = 0 ] && [ $c1 = 0 ] || { echo "FAIL: exit codes $c0 $c1"; exit 1; }
+  [ -f "$tmp/r0.json" ] || { echo "FAIL: rank 0 wrote no result"; exit 1; }
+  [ ! -f "$tmp/r1.json" ] || { echo "FAIL: rank 1 wrote a result"; exit 1; }
+  [ ! -s "$tmp/out1" ] || { echo "FAIL: rank 1 printed on stdout"; exit 1; }
+  grep -Eq "$regex" "$tmp/out0" || { echo "FAIL: rank 0's output has no match for: $regex"; exit 1; }
+  echo "ok: torchrun-style launch of 2 ranks ($1)"
+}
+
+case $mode in
+  dataparallel) two_ranks '^ +n2 ' "${dataparallel[@]}" ;;
+  pipeline) two_ranks '1f1b\.m4: processes gradient == threads gradient \(bitwise\) +0 <= 0 +OK' "${pipeline[@]}" ;;
+  unreachable)
+    start=$(date +%s)
+    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      "$mpt" "${dataparallel[@]}" --set dist.timeout_s=3 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
+    code=$?; took=$(( $(date +%s) - start ))
+    cat "$tmp/err"
+    [ $code = 3 ] || { echo "FAIL: exit code $code, expected 3"; exit 1; }
+    grep -q "cannot reach the TCPStore at 127.0.0.1:$port within 3 s" "$tmp/err" || { echo "FAIL: message"; exit 1; }
+    [ $took -le 20 ] || { echo "FAIL: took $took s for a 3 s timeout"; exit 1; }
+    echo "ok: unreachable master reported in $took s" ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
