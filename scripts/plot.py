@@ -12,6 +12,9 @@ import math
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from outdir import writable_out_dir  # noqa: E402
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -227,14 +230,7 @@ def main():
     ap.add_argument("--out-dir", default="plots")
     ap.add_argument("--format", default="png", choices=["png", "svg"])
     args = ap.parse_args()
-    try:
-        os.makedirs(args.out_dir, exist_ok=True)
-        probe = os.path.join(args.out_dir, ".plot-write-test")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        print(f"plot: --out-dir {args.out_dir}: cannot write there: {e.strerror}", file=sys.stderr)
-        sys.exit(2)
+    writable_out_dir("plot", args.out_dir)
     status = 0
     for f in args.results:
         try:

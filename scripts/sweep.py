@@ -21,6 +21,9 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from outdir import writable_out_dir  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -69,14 +72,7 @@ def main():
     ap.add_argument("--mpt", default=os.path.join(ROOT, "build", "mpt"))
     args = ap.parse_args()
     grid = parse_grid(args.grid)
-    try:
-        os.makedirs(args.out_dir, exist_ok=True)
-        probe = os.path.join(args.out_dir, ".sweep-write-test")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        print(f"sweep: --out-dir {args.out_dir}: cannot write there: {e.strerror}", file=sys.stderr)
-        sys.exit(2)
+    writable_out_dir("sweep", args.out_dir)
     keys = [k for k, _ in grid]
     rows, failed = [], 0
     for point in itertools.product(*[v for _, v in grid]) if grid else [()]:
