@@ -1,5 +1,7 @@
 // Pipeline schedules, stage splitting and the executor (core/pipeline).
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "catch.hpp"
 
@@ -84,6 +86,85 @@ TEST_CASE("1F1B never holds more than p microbatches; every schedule runs each F
   CHECK(parse_schedule("1f1b") == ScheduleKind::OneFOneB);
 }
 
+namespace {
+
+/// Executes per-stage programs as independent workers would: a stage runs its next op once
+/// its input exists (F of virtual stage c needs F of c − 1; B needs the F of its own
+/// (microbatch, chunk) and the B of c + 1). Returns true when every program runs to the end
+/// (no deadlock), false when the stages wait on each other forever.
+bool runs_without_deadlock(const std::vector<std::vector<PipeOp>>& sched, int chunks) {
+  const int p = static_cast<int>(sched.size());
+  const int last = p * chunks - 1;
+  std::set<std::tuple<char, int, int>> done;  // (kind, microbatch, virtual stage)
+  std::vector<std::size_t> pc(sched.size(), 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < p; ++s) {
+      auto& i = pc[static_cast<std::size_t>(s)];
+      const auto& prog = sched[static_cast<std::size_t>(s)];
+      while (i < prog.size()) {
+        const auto& op = prog[i];
+        const int c = op.chunk * p + s;
+        const bool ready = op.kind == 'F' ? (c == 0 || done.count({'F', op.microbatch, c - 1}))
+                                          : (done.count({'F', op.microbatch, c}) &&
+                                             (c == last || done.count({'B', op.microbatch, c + 1})));
+        if (!ready) break;
+        done.insert({op.kind, op.microbatch, c});
+        ++i;
+        progress = true;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < sched.size(); ++s)
+    if (pc[s] != sched[s].size()) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("interleaved 1F1B (Megatron-LM): chunks in groups of p, warm-up 2(p-s-1)+(v-1)p, no deadlock",
+          "[pipeline]") {
+  // p = 4, m = 8, v = 2: stage 0 runs microbatches 0-3 through chunk 0, then 0-3 through chunk 1,
+  // then 4-7; 2*3 + 1*4 = 10 warm-up forwards, then F/B pairs, backwards through the chunks reversed.
+  const auto s = make_schedule(ScheduleKind::Interleaved1F1B, 4, 8, 2);
+  CHECK(schedule_string(s[0]).substr(0, 69) ==
+        "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 F4.0 F5.0 F6.0 B0.1 F7.0 B1.1");
+  CHECK(schedule_string(s[3]).substr(0, 29) == "F0.0 F1.0 F2.0 F3.0 F0.1 B0.1");  // 2*0 + 4 warm-up
+  CHECK(peak_in_flight(s) == std::vector<int>{11, 9, 7, 5});
+  for (int p = 2; p <= 5; ++p)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = p; m <= 3 * p; m += p) {
+        INFO("p=" << p << " v=" << v << " m=" << m);
+        const auto sched = make_schedule(ScheduleKind::Interleaved1F1B, p, m, v);
+        CHECK(runs_without_deadlock(sched, v));
+        const auto peaks = peak_in_flight(sched);
+        for (int st = 0; st < p; ++st) {
+          const auto& prog = sched[static_cast<std::size_t>(st)];
+          REQUIRE(prog.size() == static_cast<std::size_t>(2 * m * v));
+          // Each (microbatch, chunk) forward and backward once; every chunk's microbatches in order.
+          std::set<std::tuple<char, int, int>> seen;
+          std::vector<int> next_f(static_cast<std::size_t>(v), 0), next_b(static_cast<std::size_t>(v), 0);
+          for (const auto& op : prog) {
+            CHECK(seen.insert({op.kind, op.microbatch, op.chunk}).second);
+            auto& next = op.kind == 'F' ? next_f : next_b;
+            CHECK(op.microbatch == next[static_cast<std::size_t>(op.chunk)]++);
+          }
+          const int bound = m == p ? m * v : std::min(m * v, 2 * (p - st - 1) + (v - 1) * p + 1);
+          CHECK(peaks[static_cast<std::size_t>(st)] == bound);
+        }
+      }
+  // GPipe and 1F1B also pass the deadlock check; a program in the wrong order does not.
+  CHECK(runs_without_deadlock(make_schedule(ScheduleKind::OneFOneB, 4, 8), 1));
+  CHECK_FALSE(runs_without_deadlock({{{'B', 0, 0}, {'F', 0, 0}}, {{'F', 0, 0}, {'B', 0, 0}}}, 1));
+  CHECK(bubble_theory(4, 8, 2) == Approx(3.0 / 19.0));
+  CHECK(parse_schedule("interleaved-1f1b") == ScheduleKind::Interleaved1F1B);
+  CHECK_THROWS_WITH(make_schedule(ScheduleKind::Interleaved1F1B, 4, 6, 2), Catch::Contains("multiple of the stages"));
+  CHECK_THROWS_AS(make_schedule(ScheduleKind::Interleaved1F1B, 4, 8, 1), std::invalid_argument);
+  CHECK_THROWS_AS(make_schedule(ScheduleKind::Interleaved1F1B, 1, 8, 2), std::invalid_argument);
+  CHECK_THROWS_AS(make_schedule(ScheduleKind::OneFOneB, 4, 8, 2), std::invalid_argument);
+}
+
 TEST_CASE("stage ranges and balanced cuts", "[pipeline]") {
   CHECK(stage_ranges(4, {2}) == std::vector<std::pair<int, int>>{{0, 2}, {2, 4}});
   CHECK(stage_ranges(4, {1, 3}) == std::vector<std::pair<int, int>>{{0, 1}, {1, 3}, {3, 4}});
@@ -117,6 +198,29 @@ TEST_CASE("executor: microbatched gradients equal the full-batch gradient for ev
       if (kind == ScheduleKind::GPipe && m == 4) gpipe4 = run.grads;
       if (kind == ScheduleKind::OneFOneB && m == 4) CHECK(max_diff(gpipe4, run.grads) == 0.0);
     }
+  // Interleaved on a 6-layer model, 2 stages x 3 chunks and 3 stages x 2 chunks: the full-batch
+  // gradient, and (m = 4) GPipe's bit for bit (every layer adds its microbatches in the same order).
+  {
+    seed_all(4);
+    const auto deep = mlp_layers({6, 12, 12, 12, 12, 12, 1});
+    const auto x12 = torch::randn({12, 6});  // divisible into m = 4 and m = 6
+    const auto y12 = torch::randn({12, 1});
+    const auto full6 = full_batch_grads(deep, x12, y12);
+    QueueTransport trg(10);
+    const auto gpipe = run_pipeline(deep, stage_ranges(6, balanced_cuts(6, 2)), make_schedule(ScheduleKind::GPipe, 2, 4),
+                                    4, x12, y12, SyntheticCost{}, trg);
+    for (auto [p, v] : {std::pair{2, 3}, std::pair{3, 2}}) {
+      INFO("interleaved p=" << p << " v=" << v);
+      const auto sched = make_schedule(ScheduleKind::Interleaved1F1B, p, p * 2, v);
+      QueueTransport tri2(10);
+      const auto run = run_pipeline(deep, stage_ranges(6, balanced_cuts(6, p * v)), sched, p * 2, x12, y12,
+                                    SyntheticCost{}, tri2);
+      CHECK(max_diff(full6, run.grads) < 1e-6);
+      CHECK(run.events.size() == static_cast<std::size_t>(p * 2 * (p * 2) * v));  // p stages x 2mv ops
+      CHECK(run.peak_held == peak_in_flight(sched));
+      if (p * 2 == 4) CHECK(max_diff(gpipe.grads, run.grads) == 0.0);
+    }
+  }
   // m = 1 is the whole model on the whole batch, stage by stage: bitwise equal.
   QueueTransport tr(10);
   const auto one = run_pipeline(layers, ranges, make_schedule(ScheduleKind::GPipe, 3, 1), 1, x, y, SyntheticCost{}, tr);
@@ -150,6 +254,19 @@ TEST_CASE("executor: measured bubble within 0.05 of (p-1)/(m+p-1) with a synthet
     CHECK(chart.find("stage 3 |") != std::string::npos);
     CHECK(chart.find("F0") != std::string::npos);
   }
+  // Interleaved, v = 2 chunks of one layer on 8 layers: (p-1)/(v*m+p-1) = 3/11 at m = 4
+  // (against 3/7 for 1F1B with the same work per stage).
+  const auto deep = mlp_layers({8, 8, 8, 8, 8, 8, 8, 8, 8});
+  const auto chunks = stage_ranges(8, balanced_cuts(8, 8));
+  std::vector<PipelineRun> steps;
+  for (int i = 0; i < 3; ++i) {
+    QueueTransport tr(10);
+    steps.push_back(run_pipeline(deep, chunks, make_schedule(ScheduleKind::Interleaved1F1B, 4, 4, 2), 4, x, y, cost, tr));
+  }
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.step_s < b.step_s; });
+  INFO("interleaved-1f1b: measured " << measured_bubble(steps[1]) << ", theory " << bubble_theory(4, 4, 2));
+  CHECK(std::fabs(measured_bubble(steps[1]) - bubble_theory(4, 4, 2)) < 0.05);
+  CHECK(render_gantt(steps[1], 4, 60).find('f') != std::string::npos);  // odd chunks in lower case
 }
 
 TEST_CASE("a failing stage makes the others stop with its name, no hang", "[pipeline]") {
@@ -249,6 +366,50 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
                   std::invalid_argument);
   // The backward group must be the same ranks: rank 1's group is not rank 0's.
   CHECK_THROWS_AS(ProcessGroupTransport(groups[0], {{4, 12}, {4, 12}}, backward_groups[1]), std::invalid_argument);
+}
+
+TEST_CASE("one process per stage, interleaved 1F1B: stage 1 sends forward to stage 0 (wrap-around), gradients as "
+          "threads give them", "[pipeline][dist]") {
+  const int p = 2, v = 2, m = 4;
+  std::vector<std::vector<torch::nn::Linear>> copies;
+  for (int r = 0; r <= p; ++r) {
+    seed_all(12);
+    copies.push_back(mlp_layers({6, 12, 12, 12, 1}));
+  }
+  const auto x = torch::randn({8, 6});
+  const auto y = torch::randn({8, 1});
+  const auto ranges = stage_ranges(4, balanced_cuts(4, p * v));
+  const auto sched = make_schedule(ScheduleKind::Interleaved1F1B, p, m, v);
+  auto groups = thread_groups(p, "ut_pipe_il/", 10000ms);
+  auto backward_groups = thread_groups(p, "ut_pipe_il_bwd/", 10000ms);
+  std::vector<PipelineRun> runs(static_cast<std::size_t>(p));
+  std::vector<std::string> errors(static_cast<std::size_t>(p));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < p; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        ProcessPipelineOptions opts;
+        opts.backward_group = backward_groups[static_cast<std::size_t>(r)];
+        runs[static_cast<std::size_t>(r)] = run_pipeline_process(groups[static_cast<std::size_t>(r)],
+                                                                 copies[static_cast<std::size_t>(r)], ranges, sched, m,
+                                                                 x, y, SyntheticCost{}, opts);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (const auto& e : errors) REQUIRE(e.empty());
+  QueueTransport tr(10);
+  const auto threaded = run_pipeline(copies[p], ranges, sched, m, x, y, SyntheticCost{}, tr);
+  for (const auto& run : runs) {
+    CHECK(max_diff(threaded.grads, run.grads) == 0.0);
+    CHECK(run.loss == threaded.loss);
+    CHECK(run.peak_held == peak_in_flight(sched));
+    CHECK(run.peak_bytes == threaded.peak_bytes);
+  }
+  // A boundary the model does not have (3 boundaries: 0 .. 2) is refused.
+  ProcessGroupTransport t0(groups[0], {{4, 12}, {4, 12}, {4, 12}});
+  CHECK_THROWS_WITH(t0.send(0, 1, 'F', 0, torch::zeros({4, 12}), 3), Catch::Contains("does not join"));
 }
 
 TEST_CASE("process-group transport: a silent peer times out naming it, abort wakes a recv, shapes are checked",

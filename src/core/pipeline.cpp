@@ -27,7 +27,8 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "naive") return ScheduleKind::Naive;
   if (name == "gpipe") return ScheduleKind::GPipe;
   if (name == "1f1b") return ScheduleKind::OneFOneB;
-  throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe or 1f1b)");
+  if (name == "interleaved-1f1b") return ScheduleKind::Interleaved1F1B;
+  throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe, 1f1b or interleaved-1f1b)");
 }
 
 std::string schedule_name(ScheduleKind k) {
@@ -35,18 +36,51 @@ std::string schedule_name(ScheduleKind k) {
     case ScheduleKind::Naive: return "naive";
     case ScheduleKind::GPipe: return "gpipe";
     case ScheduleKind::OneFOneB: return "1f1b";
+    case ScheduleKind::Interleaved1F1B: return "interleaved-1f1b";
   }
   return "?";
 }
 
-std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int p, int m) {
+std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int p, int m, int v) {
   if (p < 1) throw std::invalid_argument("make_schedule: stages must be >= 1");
   if (m < 1) throw std::invalid_argument("make_schedule: microbatches must be >= 1");
+  if (kind == ScheduleKind::Interleaved1F1B) {
+    if (p < 2) throw std::invalid_argument("make_schedule: interleaved-1f1b needs >= 2 stages");
+    if (v < 2)
+      throw std::invalid_argument(fmt::format("make_schedule: interleaved-1f1b needs >= 2 model chunks per stage, "
+                                              "got {}", v));
+    if (m % p != 0)
+      throw std::invalid_argument(fmt::format("make_schedule: interleaved-1f1b needs the microbatches to be a "
+                                              "multiple of the stages (microbatches go through the chunks in groups "
+                                              "of p = {}), got m = {}", p, m));
+  } else if (v != 1) {
+    throw std::invalid_argument(fmt::format("make_schedule: {} runs one model chunk per stage, got {}",
+                                            schedule_name(kind), v));
+  }
   if (kind == ScheduleKind::Naive) m = 1;
   std::vector<std::vector<PipeOp>> out(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) {
     auto& ops = out[static_cast<std::size_t>(s)];
-    if (kind != ScheduleKind::OneFOneB) {
+    if (kind == ScheduleKind::Interleaved1F1B) {
+      // Megatron-LM core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving:
+      // the k-th forward (backward) of a stage runs chunk (k mod pv)/p (reversed for backwards)
+      // of microbatch ⌊k/pv⌋·p + k mod p.
+      const int total = m * v;
+      const int warmup = m == p ? total : std::min(2 * (p - s - 1) + (v - 1) * p, total);
+      auto op = [&](char kind_, int k) {
+        const int in_group = k % (p * v);
+        int chunk = in_group / p;
+        if (kind_ == 'B') chunk = v - 1 - chunk;
+        return PipeOp{kind_, k / (p * v) * p + in_group % p, chunk};
+      };
+      int f = 0, b = 0;
+      for (; f < warmup; ++f) ops.push_back(op('F', f));
+      while (f < total) {
+        ops.push_back(op('F', f++));
+        ops.push_back(op('B', b++));
+      }
+      while (b < total) ops.push_back(op('B', b++));
+    } else if (kind != ScheduleKind::OneFOneB) {
       // GPipe: every forward, then every backward (in microbatch order, as
       // Megatron's "all-forward all-backward" and torch.distributed.pipelining do).
       for (int j = 0; j < m; ++j) ops.push_back({'F', j});
@@ -81,15 +115,18 @@ std::vector<int> peak_in_flight(const std::vector<std::vector<PipeOp>>& schedule
 }
 
 std::string schedule_string(const std::vector<PipeOp>& ops) {
+  const bool chunked = std::any_of(ops.begin(), ops.end(), [](const PipeOp& op) { return op.chunk != 0; });
   std::string s;
   for (const auto& op : ops) {
     if (!s.empty()) s += ' ';
-    s += fmt::format("{}{}", op.kind, op.microbatch);
+    s += chunked ? fmt::format("{}{}.{}", op.kind, op.microbatch, op.chunk) : fmt::format("{}{}", op.kind, op.microbatch);
   }
   return s;
 }
 
-double bubble_theory(int p, int m) { return static_cast<double>(p - 1) / static_cast<double>(m + p - 1); }
+double bubble_theory(int p, int m, int v) {
+  return static_cast<double>(p - 1) / static_cast<double>(v * m + p - 1);
+}
 
 // ----------------------------------------------------------------------------
 // Models cut into stages
@@ -155,17 +192,17 @@ torch::Tensor stage_forward(const std::vector<torch::nn::Linear>& layers, int be
 // Transport
 // ----------------------------------------------------------------------------
 
-void QueueTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) {
+void QueueTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    box_[Key{src, dst, kind, microbatch}] = t;
+    box_[Key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary}] = t;
   }
   cv_.notify_all();
 }
 
-torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch) {
+torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, int boundary) {
   std::unique_lock<std::mutex> lock(mu_);
-  const Key key{src, dst, kind, microbatch};
+  const Key key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
   while (true) {
     if (!aborted_.empty()) throw RuntimeFailure(aborted_);
@@ -206,9 +243,10 @@ ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<dist::Group> group,
                                             backward_group_->rank(), backward_group_->size(),
                                             backward_group_->device().str(), group_->rank(), group_->size(),
                                             group_->device().str()));
-  if (static_cast<int>(shapes_.size()) != group_->size() - 1)
-    throw std::invalid_argument(fmt::format("ProcessGroupTransport: {} stages need {} boundary shapes, got {}",
-                                            group_->size(), group_->size() - 1, shapes_.size()));
+  const int p = group_->size();
+  if (static_cast<int>(shapes_.size()) < p - 1 || (static_cast<int>(shapes_.size()) + 1) % p != 0)
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport: {} stages need p*v - 1 boundary shapes ({} with "
+                                            "one chunk per stage), got {}", p, p - 1, shapes_.size()));
 }
 
 ProcessGroupTransport::~ProcessGroupTransport() {
@@ -220,12 +258,27 @@ namespace {
 const char* message_name(char kind) { return kind == 'F' ? "activation" : "gradient"; }
 }  // namespace
 
-void ProcessGroupTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) {
+std::pair<int, int> ProcessGroupTransport::boundary_of(int src, int dst, int boundary) const {
+  const int p = group_->size();
+  const int b = boundary < 0 ? std::min(src, dst) : boundary;
+  // Boundary b joins the stages of virtual stages b and b + 1: b mod p and (b + 1) mod p.
+  const bool joins = b >= 0 && b < static_cast<int>(shapes_.size()) &&
+                     std::min(src, dst) == std::min(b % p, (b + 1) % p) &&
+                     std::max(src, dst) == std::max(b % p, (b + 1) % p) && src != dst;
+  if (!joins)
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: boundary {} does not join stages {} "
+                                            "and {} ({} stages, {} boundaries)", group_->rank(), b, src, dst, p,
+                                            shapes_.size()));
+  return {b, b / p};
+}
+
+void ProcessGroupTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary) {
   const int me = group_->rank();
-  if (src != me || (dst != src + 1 && dst != src - 1) || dst < 0 || dst >= group_->size())
+  if (src != me)
     throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: cannot send from stage {} to stage {} "
-                                            "(only to a neighbour of this rank's stage)", me, src, dst));
-  const auto& shape = shapes_[static_cast<std::size_t>(std::min(src, dst))];
+                                            "(only from this rank's stage)", me, src, dst));
+  const auto [b, lap] = boundary_of(src, dst, boundary);
+  const auto& shape = shapes_[static_cast<std::size_t>(b)];
   if (t.sizes().vec() != shape)
     throw std::invalid_argument(fmt::format("stage {}: the {} of microbatch {} for stage {} has shape [{}], the "
                                             "boundary's is [{}]", src, message_name(kind), microbatch, dst,
@@ -234,24 +287,29 @@ void ProcessGroupTransport::send(int src, int dst, char kind, int microbatch, co
   // are not written again, and the Work keeps them alive until the receiver has them.
   auto buf = t.detach().to(group_->device(), torch::kFloat32).contiguous();
   auto& g = kind == 'F' ? group_ : backward_group_;
-  sends_.push_back({std::make_shared<dist::Work>(g->send_async(buf, dst, tag(kind, microbatch))), dst, kind,
+  sends_.push_back({std::make_shared<dist::Work>(g->send_async(buf, dst, tag(kind, microbatch, lap))), dst, kind,
                     microbatch});
 }
 
-torch::Tensor ProcessGroupTransport::recv(int src, int dst, char kind, int microbatch) {
+torch::Tensor ProcessGroupTransport::recv(int src, int dst, char kind, int microbatch, int boundary) {
   const int me = group_->rank();
-  const int from = kind == 'F' ? dst - 1 : dst + 1;
-  if (dst != me || src != from || src < 0 || src >= group_->size())
+  if (dst != me)
     throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: cannot receive {} {} from stage {} "
                                             "at stage {}", me, kind, microbatch, src, dst));
-  auto t = torch::empty(shapes_[static_cast<std::size_t>(std::min(src, dst))],
+  const auto [b, lap] = boundary_of(src, dst, boundary);
+  // Forward messages come from the stage of virtual stage b, gradients from that of b + 1.
+  const int p = group_->size();
+  if (src != (kind == 'F' ? b % p : (b + 1) % p))
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: {} {} across boundary {} does not come "
+                                            "from stage {}", me, kind, microbatch, b, src));
+  auto t = torch::empty(shapes_[static_cast<std::size_t>(b)],
                         torch::TensorOptions().dtype(torch::kFloat32).device(group_->device()));
   auto& g = kind == 'F' ? group_ : backward_group_;
   std::shared_ptr<dist::Work> work;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_.empty()) throw RuntimeFailure(aborted_);
-    work = std::make_shared<dist::Work>(g->recv_async(t, src, tag(kind, microbatch)));
+    work = std::make_shared<dist::Work>(g->recv_async(t, src, tag(kind, microbatch, lap)));
     recv_ = work;
   }
   try {
@@ -337,6 +395,7 @@ PipelineRun assemble_run(const std::vector<StageRun>& parts, std::vector<torch::
     run.busy_s.push_back(busy);
     run.peak_held.push_back(part.peak_held);
     run.bytes_per_microbatch.push_back(part.bytes_per_microbatch);
+    run.peak_bytes.push_back(part.peak_bytes);
   }
   if (run.events.empty()) first_start = 0;
   for (auto& ev : run.events) {
@@ -352,32 +411,42 @@ PipelineRun assemble_run(const std::vector<StageRun>& parts, std::vector<torch::
 
 }  // namespace
 
-StageRun run_stage(int s, const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
-                   const std::vector<PipeOp>& ops, int m, const std::vector<torch::Tensor>& xs,
-                   const std::vector<torch::Tensor>& ys, const SyntheticCost& cost, StageTransport& transport,
-                   Clock::time_point t0, const std::function<void(int)>& after_op) {
-  const int p = static_cast<int>(ranges.size());
+StageRun run_stage(int s, int p, const std::vector<torch::nn::Linear>& layers,
+                   const std::vector<std::pair<int, int>>& ranges, const std::vector<PipeOp>& ops, int m,
+                   const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys, const SyntheticCost& cost,
+                   StageTransport& transport, Clock::time_point t0, const std::function<void(int)>& after_op) {
+  const int virtual_stages = static_cast<int>(ranges.size());  // p · v
   auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
-  const auto [begin, end] = ranges[static_cast<std::size_t>(s)];
   const double factor = cost.stage_factor.empty() ? 1.0 : cost.stage_factor[static_cast<std::size_t>(s)];
-  const double fwd_us = cost.forward_us * factor * (end - begin);
-  const double bwd_us = fwd_us * cost.backward_factor;
-  const bool first = s == 0, last = s == p - 1;
   // On CUDA an op's end is when its kernels are done (sync_device), not when they were queued.
-  const torch::Device device = layers[static_cast<std::size_t>(begin)]->weight.device();
+  const torch::Device device = layers[static_cast<std::size_t>(ranges[static_cast<std::size_t>(s)].first)]->weight.device();
   StageRun out;
-  if (last) out.losses.assign(static_cast<std::size_t>(m), 0.0);
-  struct Held { torch::Tensor input, output; };
-  std::map<int, Held> held;  // microbatch -> activations kept for its backward
+  const bool has_last = (virtual_stages - 1) % p == s;
+  if (has_last) out.losses.assign(static_cast<std::size_t>(m), 0.0);
+  struct Held {
+    torch::Tensor input, output;
+    int64_t bytes = 0;
+  };
+  std::map<std::pair<int, int>, Held> held;  // (chunk, microbatch) -> activations kept for its backward
+  int64_t held_bytes = 0;
   int done = 0;
   for (const auto& op : ops) {
+    const int c = op.chunk * p + s;  // the virtual stage this op runs
+    if (op.chunk < 0 || c >= virtual_stages)
+      throw std::logic_error(fmt::format("stage {}: chunk {} is outside the model ({} virtual stages)", s, op.chunk,
+                                         virtual_stages));
+    const auto [begin, end] = ranges[static_cast<std::size_t>(c)];
+    const double fwd_us = cost.forward_us * factor * (end - begin);
+    const double bwd_us = fwd_us * cost.backward_factor;
+    const bool first = c == 0, last = c == virtual_stages - 1;
+    const int prev = (s + p - 1) % p, next = (s + 1) % p;  // the stages of virtual stages c − 1 and c + 1
     PipeEvent ev;
     ev.stage = s;
     ev.op = op;
     const auto wait0 = Clock::now();
     if (op.kind == 'F') {
       torch::Tensor in = first ? xs[static_cast<std::size_t>(op.microbatch)]
-                               : transport.recv(s - 1, s, 'F', op.microbatch);
+                               : transport.recv(prev, s, 'F', op.microbatch, c - 1);
       const auto c0 = Clock::now();
       ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
       ev.start_s = since(c0);
@@ -395,24 +464,28 @@ StageRun run_stage(int s, const std::vector<torch::nn::Linear>& layers, const st
         o = torch::mse_loss(o, ys[static_cast<std::size_t>(op.microbatch)]) / m;
         out.losses[static_cast<std::size_t>(op.microbatch)] = o.item<double>();
       } else {
-        transport.send(s, s + 1, 'F', op.microbatch, o.detach());
+        transport.send(s, next, 'F', op.microbatch, o.detach(), c);
       }
-      held[op.microbatch] = Held{in, o};
+      held[{op.chunk, op.microbatch}] = Held{in, o, bytes};
+      held_bytes += bytes;
       out.peak_held = std::max(out.peak_held, static_cast<int>(held.size()));
+      out.peak_bytes = std::max(out.peak_bytes, held_bytes);
     } else {
-      torch::Tensor g = last ? torch::Tensor() : transport.recv(s + 1, s, 'B', op.microbatch);
+      torch::Tensor g = last ? torch::Tensor() : transport.recv(next, s, 'B', op.microbatch, c);
       const auto c0 = Clock::now();
       ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
       ev.start_s = since(c0);
-      auto it = held.find(op.microbatch);
+      auto it = held.find({op.chunk, op.microbatch});
       if (it == held.end())
-        throw std::logic_error(fmt::format("stage {}: backward of microbatch {} before its forward", s, op.microbatch));
+        throw std::logic_error(fmt::format("stage {}: backward of microbatch {} (chunk {}) before its forward", s,
+                                           op.microbatch, op.chunk));
       if (last)
         it->second.output.backward();
       else
         it->second.output.backward(g);
       synthetic_wait(bwd_us, cost.spin);
-      if (!first) transport.send(s, s - 1, 'B', op.microbatch, it->second.input.grad());
+      if (!first) transport.send(s, prev, 'B', op.microbatch, it->second.input.grad(), c - 1);
+      held_bytes -= it->second.bytes;
       held.erase(it);  // activations of this microbatch are released
     }
     sync_device(device);
@@ -430,8 +503,10 @@ StageRun run_stage(int s, const std::vector<torch::nn::Linear>& layers, const st
 PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
                          const std::vector<std::vector<PipeOp>>& schedule, int m, const torch::Tensor& x,
                          const torch::Tensor& y, const SyntheticCost& cost, StageTransport& transport) {
-  const int p = static_cast<int>(ranges.size());
-  if (static_cast<int>(schedule.size()) != p) throw std::invalid_argument("run_pipeline: one program per stage needed");
+  const int p = static_cast<int>(schedule.size());
+  if (p < 1 || ranges.size() % schedule.size() != 0)
+    throw std::invalid_argument(fmt::format("run_pipeline: {} stage programs for {} virtual stages (expected a "
+                                            "multiple: v chunks per stage)", p, ranges.size()));
   if (m < 1 || x.size(0) % m != 0)
     throw std::invalid_argument(fmt::format("run_pipeline: batch {} is not divisible into {} microbatches", x.size(0), m));
   reset_grads(layers);
@@ -445,8 +520,8 @@ PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std
   for (int s = 0; s < p; ++s) {
     threads.emplace_back([&, s] {
       try {
-        parts[static_cast<std::size_t>(s)] = run_stage(s, layers, ranges, schedule[static_cast<std::size_t>(s)], m,
-                                                       xs, ys, cost, transport, t0);
+        parts[static_cast<std::size_t>(s)] = run_stage(s, p, layers, ranges, schedule[static_cast<std::size_t>(s)],
+                                                       m, xs, ys, cost, transport, t0);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(s)] = e.what();
         transport.abort(fmt::format("stage {} failed: {}", s, e.what()));
@@ -475,9 +550,10 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
                                  const std::vector<std::vector<PipeOp>>& schedule, int m, const torch::Tensor& x,
                                  const torch::Tensor& y, const SyntheticCost& cost,
                                  const ProcessPipelineOptions& opts) {
-  const int p = static_cast<int>(ranges.size());
-  if (static_cast<int>(schedule.size()) != p)
-    throw std::invalid_argument("run_pipeline_process: one program per stage needed");
+  const int p = static_cast<int>(schedule.size());
+  if (p < 1 || ranges.size() % schedule.size() != 0)
+    throw std::invalid_argument(fmt::format("run_pipeline_process: {} stage programs for {} virtual stages (expected "
+                                            "a multiple: v chunks per stage)", p, ranges.size()));
   if (!group || group->size() != p)
     throw std::invalid_argument(fmt::format("run_pipeline_process: {} stages need a group of {} processes, got {}", p,
                                             p, group ? group->size() : 0));
@@ -492,9 +568,9 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
   const int r = group->rank();
   const auto xs = x.chunk(m, 0);
   const auto ys = y.chunk(m, 0);
-  // Boundary b carries [batch/m, out features of stage b's last layer], both directions.
+  // Boundary b carries [batch/m, out features of virtual stage b's last layer], both directions.
   std::vector<std::vector<int64_t>> shapes;
-  for (int b = 0; b + 1 < p; ++b)
+  for (int b = 0; b + 1 < static_cast<int>(ranges.size()); ++b)
     shapes.push_back({x.size(0) / m, layers[static_cast<std::size_t>(ranges[static_cast<std::size_t>(b)].second - 1)]
                                          ->weight.size(0)});
 
@@ -513,7 +589,7 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
     group->barrier();  // every stage starts together; the step's clock starts here
     const auto t0 = Clock::now();
     try {
-      mine = run_stage(r, layers, ranges, schedule[static_cast<std::size_t>(r)], m, xs, ys, cost, transport, t0,
+      mine = run_stage(r, p, layers, ranges, schedule[static_cast<std::size_t>(r)], m, xs, ys, cost, transport, t0,
                        fault);
       transport.flush();
     } catch (const std::exception& e) {
@@ -522,17 +598,18 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
   }
 
   // --- every stage's part to every rank: sums where each value has one contributor ---
-  // Layout: per stage s, [peak held, bytes per microbatch, (start, end, wait) per op], then
-  // the m microbatch losses (last stage).
+  // Layout: per stage s, [peak held, bytes per microbatch, peak bytes, (start, end, wait) per
+  // op], then the m microbatch losses (last stage).
   std::vector<int64_t> offset(static_cast<std::size_t>(p) + 1, 0);
   for (std::size_t s = 0; s < schedule.size(); ++s)
-    offset[s + 1] = offset[s] + 2 + 3 * static_cast<int64_t>(schedule[s].size());
+    offset[s + 1] = offset[s] + 3 + 3 * static_cast<int64_t>(schedule[s].size());
   auto stats = torch::zeros({offset.back() + m}, torch::kFloat64);
   {
     auto a = stats.accessor<double, 1>();
     int64_t at = offset[static_cast<std::size_t>(r)];
     a[at++] = mine.peak_held;
     a[at++] = static_cast<double>(mine.bytes_per_microbatch);
+    a[at++] = static_cast<double>(mine.peak_bytes);
     for (const auto& ev : mine.events) {
       a[at++] = ev.start_s;
       a[at++] = ev.end_s;
@@ -548,11 +625,15 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
   auto flat = torch::zeros({numel}, torch::TensorOptions().dtype(torch::kFloat32).device(group->device()));
   {
     torch::NoGradGuard ng;
-    const auto [begin, end] = ranges[static_cast<std::size_t>(r)];
+    auto mine_has = [&](int layer) {  // this rank's chunks: virtual stages r, r + p, ...
+      for (std::size_t c = static_cast<std::size_t>(r); c < ranges.size(); c += static_cast<std::size_t>(p))
+        if (layer >= ranges[c].first && layer < ranges[c].second) return true;
+      return false;
+    };
     int64_t at = 0;
     for (std::size_t i = 0; i < params.size(); ++i) {
       const int layer = static_cast<int>(i / 2);  // weight, bias per layer
-      if (layer >= begin && layer < end) flat.narrow(0, at, params[i].numel()).copy_(params[i].grad().reshape({-1}));
+      if (mine_has(layer)) flat.narrow(0, at, params[i].numel()).copy_(params[i].grad().reshape({-1}));
       at += params[i].numel();
     }
   }
@@ -574,6 +655,7 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
     int64_t at = offset[static_cast<std::size_t>(s)];
     part.peak_held = static_cast<int>(a[at++]);
     part.bytes_per_microbatch = static_cast<int64_t>(a[at++]);
+    part.peak_bytes = static_cast<int64_t>(a[at++]);
     for (const auto& op : schedule[static_cast<std::size_t>(s)]) {
       PipeEvent ev;
       ev.stage = s;
@@ -612,7 +694,8 @@ std::string render_gantt(const PipelineRun& run, int stages, int width) {
     b = std::clamp(b, a + 1, width);
     auto& row = rows[static_cast<std::size_t>(ev.stage)];
     for (int c = a; c < b; ++c) row[static_cast<std::size_t>(c)] = ev.op.kind == 'F' ? '-' : '=';
-    row[static_cast<std::size_t>(a)] = ev.op.kind;
+    // Odd model chunks (interleaved 1F1B) in lower case: F/B chunk 0, 2, ...; f/b chunk 1, 3, ...
+    row[static_cast<std::size_t>(a)] = ev.op.chunk % 2 == 1 ? static_cast<char>(ev.op.kind - 'A' + 'a') : ev.op.kind;
     if (b - a >= 2) row[static_cast<std::size_t>(a + 1)] = digits[ev.op.microbatch % 36];
   }
   std::string out;

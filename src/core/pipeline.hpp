@@ -43,35 +43,53 @@ class Work;
 // Schedules
 // ----------------------------------------------------------------------------
 
-/// One unit of work of a stage: forward ('F') or backward ('B') of one microbatch.
+/// One unit of work of a stage: forward ('F') or backward ('B') of one microbatch through
+/// one of the stage's model chunks (interleaved 1F1B; otherwise always chunk 0).
 struct PipeOp {
   char kind = 'F';     ///< 'F' forward, 'B' backward
   int microbatch = 0;  ///< 0-based microbatch index
-  bool operator==(const PipeOp& o) const { return kind == o.kind && microbatch == o.microbatch; }
+  int chunk = 0;       ///< the stage's model chunk k: virtual stage k·p + s (0 unless interleaved)
+  bool operator==(const PipeOp& o) const {
+    return kind == o.kind && microbatch == o.microbatch && chunk == o.chunk;
+  }
 };
 
 /// The schedules mpt knows. Naive = the whole batch as one microbatch (GPipe with m = 1).
-enum class ScheduleKind { Naive, GPipe, OneFOneB };
+/// Interleaved1F1B: Megatron-LM's interleaved schedule (Narayanan et al. 2021, §2.2), v
+/// model chunks per stage.
+enum class ScheduleKind { Naive, GPipe, OneFOneB, Interleaved1F1B };
 
-/// "naive", "gpipe", "1f1b" -> ScheduleKind; throws std::invalid_argument otherwise.
+/// "naive", "gpipe", "1f1b", "interleaved-1f1b" -> ScheduleKind; throws std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& name);
-/// The config name of a schedule ("naive", "gpipe", "1f1b").
+/// The config name of a schedule ("naive", "gpipe", "1f1b", "interleaved-1f1b").
 std::string schedule_name(ScheduleKind k);
 
 /// Per-stage operation lists for `stages` stages and `microbatches` microbatches
 /// (Naive ignores `microbatches` and uses 1). Result[s] is stage s's program, in order.
-/// Throws std::invalid_argument for stages < 1 or microbatches < 1.
-std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int stages, int microbatches);
+/// Interleaved1F1B with v = `chunks` model chunks per stage (the model cut into p·v
+/// virtual stages, stage s owning s, s + p, …): Megatron-LM's
+/// forward_backward_pipelining_with_interleaving — forward k runs chunk (k mod pv) / p
+/// of microbatch ⌊k / pv⌋·p + k mod p, backwards take the chunks in reverse; stage s
+/// warms up with min(2(p − s − 1) + (v − 1)p, mv) forwards (all of them when m = p), then
+/// alternates one forward and one backward, then drains the backwards.
+/// Throws std::invalid_argument for stages < 1, microbatches < 1, chunks ≠ 1 for the other
+/// schedules, and for Interleaved1F1B chunks < 2 or microbatches not a multiple of stages
+/// (Megatron's requirement: microbatches go through the chunks in groups of p).
+std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int stages, int microbatches, int chunks = 1);
 
-/// Per stage: the largest number of microbatches whose forward has run and whose
-/// backward has not (the activations the stage must hold at once).
+/// Per stage: the largest number of (microbatch, chunk) pairs whose forward has run and
+/// whose backward has not (the activations the stage must hold at once; with one chunk
+/// per stage, microbatches).
 std::vector<int> peak_in_flight(const std::vector<std::vector<PipeOp>>& schedule);
 
-/// A stage's program as text, e.g. "F0 F1 B0 F2 B1 B2".
+/// A stage's program as text, e.g. "F0 F1 B0 F2 B1 B2"; with chunks "F0.0 F1.0 F0.1 …"
+/// (microbatch.chunk).
 std::string schedule_string(const std::vector<PipeOp>& ops);
 
-/// Bubble fraction of a balanced pipeline: (p − 1)/(m + p − 1) (GPipe paper, §2.2).
-double bubble_theory(int stages, int microbatches);
+/// Bubble fraction of a balanced pipeline: (p − 1)/(m + p − 1) (GPipe paper, §2.2); with v
+/// model chunks per stage (interleaved 1F1B) (p − 1)/(v·m + p − 1): the fill and drain
+/// take p − 1 chunk times instead of p − 1 stage times (Narayanan et al. 2021, §2.2).
+double bubble_theory(int stages, int microbatches, int chunks = 1);
 
 // ----------------------------------------------------------------------------
 // Models cut into stages
@@ -103,17 +121,19 @@ torch::Tensor stage_forward(const std::vector<torch::nn::Linear>& layers, int be
 // ----------------------------------------------------------------------------
 
 /// Point-to-point messages between stages: activations forward, gradients backward.
-/// Tag: (kind, microbatch) — 'F' for an activation, 'B' for a gradient. Implementations:
-/// QueueTransport (threads in one process); ProcessGroupTransport (one process per stage,
-/// c10d send/recv, tag = 2·microbatch + (kind == 'B')).
+/// A message is named by (kind, microbatch, boundary) — 'F' for an activation, 'B' for a
+/// gradient; `boundary` b is the cut between virtual stages b and b + 1 it crosses (−1:
+/// min(src, dst), the only boundary between two stages when each has one chunk).
+/// Implementations: QueueTransport (threads in one process); ProcessGroupTransport (one
+/// process per stage, c10d send/recv).
 class StageTransport {
  public:
   virtual ~StageTransport() = default;
   /// Sends `t` from stage `src` to stage `dst`. Must not block indefinitely.
-  virtual void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) = 0;
-  /// Receives the message (src → dst, kind, microbatch); blocks until it arrives.
+  virtual void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary = -1) = 0;
+  /// Receives the message (src → dst, kind, microbatch, boundary); blocks until it arrives.
   /// Throws RuntimeFailure after the timeout or when the transport was aborted.
-  virtual torch::Tensor recv(int src, int dst, char kind, int microbatch) = 0;
+  virtual torch::Tensor recv(int src, int dst, char kind, int microbatch, int boundary = -1) = 0;
   /// Makes every pending and future recv throw RuntimeFailure with `why` (a stage failed).
   virtual void abort(const std::string& why) = 0;
 };
@@ -122,12 +142,12 @@ class StageTransport {
 class QueueTransport : public StageTransport {
  public:
   explicit QueueTransport(double timeout_s) : timeout_s_(timeout_s) {}
-  void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) override;
-  torch::Tensor recv(int src, int dst, char kind, int microbatch) override;
+  void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary = -1) override;
+  torch::Tensor recv(int src, int dst, char kind, int microbatch, int boundary = -1) override;
   void abort(const std::string& why) override;
 
  private:
-  using Key = std::tuple<int, int, char, int>;
+  using Key = std::tuple<int, int, char, int, int>;
   double timeout_s_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -141,12 +161,14 @@ class QueueTransport : public StageTransport {
 /// torch.distributed.pipelining (PipelineStage's isend/irecv) and Megatron-LM
 /// (core/pipeline_parallel/p2p_communication.py) move them.
 ///
-///  - Tag = 2·microbatch + (kind == 'B'): forward and backward messages of every microbatch
-///    are told apart between the same two ranks. A step ends with flush() and a collective,
-///    so tags can be reused by the next step.
+///  - Tag = 2·microbatch + (kind == 'B') + 2^20·⌊b / p⌋ for boundary b: forward and backward
+///    messages of every microbatch are told apart between the same two ranks, and so are the
+///    laps of an interleaved schedule (boundaries b and b + p join the same two stages). A
+///    step ends with flush() and a collective, so tags can be reused by the next step.
 ///  - Shapes are known from the model, not sent (Megatron's fixed tensor_shape): the tensor
-///    crossing boundary b (stage b → b+1 forward, b+1 → b backward) has shape
-///    `boundary_shapes[b]` ([microbatch rows, width at the cut]) and dtype float32.
+///    crossing boundary b (virtual stage b → b+1 forward, b+1 → b backward) has shape
+///    `boundary_shapes[b]` ([microbatch rows, width at the cut]) and dtype float32. With v
+///    chunks per stage there are p·v − 1 boundaries and stage p − 1 sends forward to stage 0.
 ///  - send() posts the send and returns (Gloo moves the data once the receiver posts its
 ///    recv): a blocking send would deadlock 1F1B, where both neighbours send before they
 ///    receive. flush() waits for every posted send.
@@ -164,32 +186,36 @@ class ProcessGroupTransport : public StageTransport {
   /// direction each stream carries one direction only (torch.distributed.pipelining batches
   /// the send with the next recv instead, batch_isend_irecv). Tensors live on the group's
   /// device (CPU for Gloo, the rank's GPU for NCCL). Throws std::invalid_argument when there
-  /// are not stages − 1 shapes or the two groups differ in size or device.
+  /// are not p·v − 1 shapes for some v ≥ 1 or the two groups differ in ranks or device.
   ProcessGroupTransport(std::shared_ptr<dist::Group> group, std::vector<std::vector<int64_t>> boundary_shapes,
                         std::shared_ptr<dist::Group> backward_group = nullptr);
   /// Aborts sends still in flight (after a failure) so that nothing waits on them.
   ~ProcessGroupTransport() override;
 
   /// Posts a send of `t` (float32 on the group's device, the crossed boundary's shape) from this
-  /// process's stage `src` to its neighbour `dst` = src ± 1 and returns without waiting.
-  /// Throws std::invalid_argument when src is not this rank, dst is no neighbour of it, or
-  /// the shape differs from the boundary's; RuntimeFailure when Gloo cannot post the send.
-  void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t) override;
+  /// process's stage `src` to its neighbour `dst` = src ± 1 (mod p with chunks) and returns
+  /// without waiting. Throws std::invalid_argument when src is not this rank, dst is no
+  /// neighbour of it, the boundary does not join them, or the shape differs from the
+  /// boundary's; RuntimeFailure when the backend cannot post the send.
+  void send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary = -1) override;
   /// Receives the activation ('F', from src = dst − 1) or gradient ('B', from src = dst + 1)
   /// of `microbatch` into a new float32 tensor of the boundary's shape on the group's device.
   /// Returns once the data is there (on CUDA: after synchronising the device, so that the
   /// caller's wait time is the real one). Blocks at most the group's timeout (NCCL: its
   /// watchdog). Throws RuntimeFailure "stage D: no activation|gradient for microbatch
   /// J from stage S (rank S): ..." when the peer died, timed out or abort() was called.
-  torch::Tensor recv(int src, int dst, char kind, int microbatch) override;
+  torch::Tensor recv(int src, int dst, char kind, int microbatch, int boundary = -1) override;
   /// Makes the pending and every later recv throw RuntimeFailure with `why`.
   void abort(const std::string& why) override;
   /// Waits until every posted send has been received. Throws RuntimeFailure naming the
   /// receiving stage when one fails (the peer died) or the group's timeout passes.
   void flush();
 
-  /// The tag of a message: 2·microbatch + (kind == 'B').
-  static int tag(char kind, int microbatch) { return 2 * microbatch + (kind == 'B' ? 1 : 0); }
+  /// The tag of a message: 2·microbatch + (kind == 'B') + 2^20·lap, lap = ⌊boundary / p⌋
+  /// (0 with one chunk per stage).
+  static int tag(char kind, int microbatch, int lap = 0) {
+    return (lap << 20) + 2 * microbatch + (kind == 'B' ? 1 : 0);
+  }
 
  private:
   struct Pending {
@@ -205,6 +231,8 @@ class ProcessGroupTransport : public StageTransport {
   std::mutex mu_;                               // guards recv_ and aborted_ (abort may come from another thread)
   std::shared_ptr<dist::Work> recv_;            // the recv being waited on, for abort()
   std::string aborted_;
+  /// The boundary a message crosses (resolving −1) and its lap; checks that it joins src and dst.
+  std::pair<int, int> boundary_of(int src, int dst, int boundary) const;
 };
 
 // ----------------------------------------------------------------------------
@@ -232,19 +260,22 @@ struct PipeEvent {
 struct StageRun {
   std::vector<PipeEvent> events;  ///< the stage's operations in program order, seconds since the caller's t0
   std::vector<double> losses;     ///< last stage only: loss_j / m of every microbatch j (others: empty)
-  int peak_held = 0;              ///< most microbatches held at once
-  int64_t bytes_per_microbatch = 0;  ///< activation bytes one microbatch holds on this stage
+  int peak_held = 0;              ///< most (microbatch, chunk) pairs held at once
+  int64_t bytes_per_microbatch = 0;  ///< activation bytes one microbatch holds on this stage (last chunk run)
+  int64_t peak_bytes = 0;         ///< most activation bytes held at once (measured), bytes
 };
 
-/// Runs stage `stage`'s program `ops` of one training step: for F(j), the input (microbatch
-/// j of `xs` on stage 0, else received from stage − 1) through layers ranges[stage], the
-/// output sent to stage + 1 (last stage: the loss mse(out, ys[j]) / m); for B(j), the
-/// gradient received from stage + 1 (last stage: from the loss) back through the stage,
-/// the input's gradient sent to stage − 1. Parameter gradients accumulate in the layers'
+/// Runs stage `stage`'s program `ops` of one training step. `ranges` are the layer ranges
+/// of the virtual stages: `stages` of them, or stages·v with v model chunks per stage
+/// (chunk k of stage s is virtual stage c = k·stages + s). For F(j, k), the input (microbatch
+/// j of `xs` for c = 0, else received from the stage of c − 1) through layers ranges[c], the
+/// output sent to the stage of c + 1 (last virtual stage: the loss mse(out, ys[j]) / m); for
+/// B(j, k), the gradient received from the stage of c + 1 (last: from the loss) back through
+/// the chunk, the input's gradient sent to the stage of c − 1. Parameter gradients accumulate in the layers'
 /// .grad. Times are seconds since `t0` (steady clock). `after_op`, when set, is called with
 /// the number of operations done after each one (fault injection in tests). Throws what
 /// the transport throws (RuntimeFailure) and std::logic_error for a B before its F.
-StageRun run_stage(int stage, const std::vector<torch::nn::Linear>& layers,
+StageRun run_stage(int stage, int stages, const std::vector<torch::nn::Linear>& layers,
                    const std::vector<std::pair<int, int>>& ranges, const std::vector<PipeOp>& ops, int microbatches,
                    const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys,
                    const SyntheticCost& cost, StageTransport& transport, std::chrono::steady_clock::time_point t0,
@@ -257,12 +288,14 @@ struct PipelineRun {
   double loss = 0;                     ///< Σ_j loss_j / m (the full-batch mean loss)
   double step_s = 0;                   ///< first start to last end, seconds
   std::vector<double> busy_s;          ///< per stage: time spent computing
-  std::vector<int> peak_held;          ///< per stage: most microbatches held at once (measured)
+  std::vector<int> peak_held;          ///< per stage: most (microbatch, chunk) pairs held at once (measured)
   std::vector<int64_t> bytes_per_microbatch;  ///< per stage: activation bytes one microbatch holds
+  std::vector<int64_t> peak_bytes;     ///< per stage: most activation bytes held at once (measured), bytes
 };
 
-/// Runs one training step (forward + backward, no optimizer step) of the stages
-/// `ranges` of `layers` with `schedule`, one thread per stage. x: [batch, w0],
+/// Runs one training step (forward + backward, no optimizer step) of the virtual stages
+/// `ranges` of `layers` with `schedule` (p = schedule.size() stages; ranges.size() = p·v
+/// for v chunks per stage), one thread per stage. x: [batch, w0],
 /// y: [batch, wL]; the batch is split into m = microbatches equal chunks and each
 /// microbatch's MSE loss is divided by m, so the gradients equal the full-batch ones.
 /// Gradients are reset first. Throws std::invalid_argument when batch % m != 0,
@@ -305,8 +338,8 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
 /// Measured bubble fraction: mean over stages of 1 − busy/step.
 double measured_bubble(const PipelineRun& run);
 
-/// Text Gantt chart: one row per stage; an op is drawn as F or B, its microbatch
-/// (0-9, then a-z) and '-'/'=' filling its duration; idle time as '.'. At most
+/// Text Gantt chart: one row per stage; an op is drawn as F or B (f or b for odd model
+/// chunks), its microbatch (0-9, then a-z) and '-'/'=' filling its duration; idle time as '.'. At most
 /// `width` columns; one column = step_s / width.
 std::string render_gantt(const PipelineRun& run, int stages, int width = 100);
 

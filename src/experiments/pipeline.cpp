@@ -56,8 +56,11 @@ ConfigSpec pipeline_spec() {
   s.integer("/pipeline/stages", 4, "pipeline stages p (layers split as evenly as possible)", 1, 64);
   s.integer("/pipeline/batch", 64, "samples per step (split into m microbatches)", 1, 1 << 20);
   s.integers("/pipeline/microbatches", {1, 2, 4, 8, 16}, "microbatch counts m of the sweep", 1, 4096);
-  s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b"}, {"naive", "gpipe", "1f1b"},
-            "schedules of the sweep (naive: the whole batch as one microbatch)");
+  s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b"}, {"naive", "gpipe", "1f1b", "interleaved-1f1b"},
+            "schedules of the sweep (naive: the whole batch as one microbatch; interleaved-1f1b: Megatron-LM's, "
+            "/pipeline/chunks model chunks per stage)");
+  s.integer("/pipeline/chunks", 2, "model chunks per stage v of interleaved-1f1b (the model cut into stages x v "
+            "virtual stages; stage s runs s, s+p, ...)", 2, 64);
   s.integer("/pipeline/steps", 3, "timed steps per run; the one with the median step time is reported", 1, 100);
   s.number("/pipeline/timeout_s", 30,
            "a stage waiting longer than this for a message fails (processes: also the rendezvous and collectives)",
@@ -201,13 +204,19 @@ Table exact_split_table(const Config& cfg, torch::Device device, Report& report)
 // ----------------------------------------------------------------------------
 // 2. Schedules: what each stage runs
 // ----------------------------------------------------------------------------
-Table schedules_table(int p, int m, const std::vector<std::string>& kinds) {
+Table schedules_table(int p, int m, int v, const std::vector<std::string>& kinds) {
   Table t{"schedules", fmt::format("Schedules: the program of each stage, p = {} stages, m = {} microbatches", p, m),
           {text_col("name", "name"), text_col("schedule", "schedule"), int_col("stage", "stage"),
            int_col("peak_held", "peak held", "mb"), text_col("program", "program (F/B of microbatch j)")}};
+  bool skipped = false;
   for (const auto& k : kinds) {
     const auto kind = parse_schedule(k);
-    const auto sched = make_schedule(kind, p, m);
+    const bool chunked = kind == ScheduleKind::Interleaved1F1B;
+    if (chunked && m % p != 0) {
+      skipped = true;
+      continue;
+    }
+    const auto sched = make_schedule(kind, p, m, chunked ? v : 1);
     const auto peaks = peak_in_flight(sched);
     for (int s = 0; s < p; ++s)
       t.rows.push_back({{"name", fmt::format("{}.s{}", k, s)}, {"schedule", k}, {"stage", s},
@@ -216,6 +225,13 @@ Table schedules_table(int p, int m, const std::vector<std::string>& kinds) {
   }
   t.notes.push_back("1f1b: stage s runs min(p-s-1, m) warm-up forwards, then alternates F and B, then drains the B's");
   t.notes.push_back("peak held: microbatches whose forward ran and backward did not (activations kept at once)");
+  if (std::find(kinds.begin(), kinds.end(), "interleaved-1f1b") != kinds.end()) {
+    if (skipped)
+      t.notes.push_back(fmt::format("interleaved-1f1b: not shown, m = {} is not a multiple of p = {}", m, p));
+    else
+      t.notes.push_back(fmt::format("interleaved-1f1b: Fj.k = microbatch j through the stage's chunk k (virtual stage "
+                                    "k*p+s); peak held counts (microbatch, chunk) pairs, each 1/{} of the stage", v));
+  }
   return t;
 }
 
@@ -253,6 +269,22 @@ void validate_pipeline(const Config& cfg, int world_size) {
     if (batch % ms[i] != 0)
       throw ConfigError(fmt::format("/pipeline/microbatches/{}: expected a divisor of /pipeline/batch ({}) so that "
                                     "microbatches are equal, got {}", i, batch, ms[i]));
+  const auto schedules = cfg.strings("/pipeline/schedules");
+  if (std::find(schedules.begin(), schedules.end(), "interleaved-1f1b") != schedules.end()) {
+    const int v = static_cast<int>(cfg.integer("/pipeline/chunks"));
+    if (p < 2)
+      throw ConfigError(fmt::format("/pipeline/stages: expected at least 2 with interleaved-1f1b in "
+                                    "/pipeline/schedules (chunks are spread over stages), got {}", p));
+    if (p * v > layers_n)
+      throw ConfigError(fmt::format("/pipeline/chunks: expected at most {} (interleaved-1f1b cuts the {} layers into "
+                                    "stages x chunks = {} x {} virtual stages of one layer at least), got {}",
+                                    layers_n / p, layers_n, p, v, v));
+    bool any = false;
+    for (auto m : ms) any = any || m % p == 0;
+    if (!any)
+      throw ConfigError(fmt::format("/pipeline/microbatches: expected at least one multiple of /pipeline/stages ({}) "
+                                    "for interleaved-1f1b (Megatron's requirement), got none", p));
+  }
   const int heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
   if (heavy >= p)
     throw ConfigError(fmt::format("/cost/heavy_stage: expected -1 or a stage 0 .. {}, got {}", p - 1, heavy));
@@ -310,6 +342,13 @@ Report run_pipeline_experiment(const Context& ctx) {
     // Gradients on a group of their own: one stream per direction (see ProcessGroupTransport).
     popts.backward_group = dist::Group::create(li, ctx.rank, ctx.world_size, "pipeline_bwd/", timeout, device);
   }
+  const auto schedule_names = cfg.strings("/pipeline/schedules");
+  const bool interleaved =
+      std::find(schedule_names.begin(), schedule_names.end(), "interleaved-1f1b") != schedule_names.end();
+  if (processes && device.is_cuda() && interleaved)
+    throw ConfigError("/pipeline/schedules: interleaved-1f1b with /executor = \"processes\" on CUDA is not "
+                      "supported: with p = 2 both directions of a lap share one NCCL stream (it needs batched "
+                      "send/recv); run it with executor=threads or on the CPU (Gloo)");
   report.env["pipeline_device"] = device.is_cuda() ? "cuda" : "cpu";
   report.env["pipeline_transport"] = processes ? group->backend() : "in-process queue";
 
@@ -323,7 +362,8 @@ Report run_pipeline_experiment(const Context& ctx) {
   for (const auto& k : cfg.strings("/pipeline/schedules"))
     if (k != "naive") kinds.push_back(k);
   const int gantt_m = static_cast<int>(cfg.integer("/gantt/microbatches"));
-  if (!kinds.empty() && lead) report.add(schedules_table(p, gantt_m, kinds));
+  const int v = static_cast<int>(cfg.integer("/pipeline/chunks"));
+  if (!kinds.empty() && lead) report.add(schedules_table(p, gantt_m, v, kinds));
 
   // --- 3. sweep ---
   t0 = now_seconds();
@@ -350,19 +390,21 @@ Report run_pipeline_experiment(const Context& ctx) {
   // One training step with the chosen executor. Steps are counted (0 = the warm-up) so that
   // /fault/step can stop a stage process in the middle of one.
   int step_index = 0;
-  auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m) {
+  // `step_ranges`: the layer ranges of the virtual stages (p, or p·v interleaved).
+  auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
+                      const std::vector<std::pair<int, int>>& step_ranges) {
     if (!processes) {
       QueueTransport transport(timeout_s);
       ++step_index;
-      return run_pipeline(layers, ranges, sched, m, x, y, cost, transport);
+      return run_pipeline(layers, step_ranges, sched, m, x, y, cost, transport);
     }
     popts.exit_rank = step_index++ == cfg.integer("/fault/step") ? static_cast<int>(cfg.integer("/fault/rank")) : -1;
-    return run_pipeline_process(group, layers, ranges, sched, m, x, y, cost, popts);
+    return run_pipeline_process(group, layers, step_ranges, sched, m, x, y, cost, popts);
   };
 
   // One untimed warm-up step (thread or process start-up, first allocations, lazy initialisation).
   const int n_steps = static_cast<int>(cfg.integer("/pipeline/steps"));
-  one_step(make_schedule(ScheduleKind::GPipe, p, 1), 1);
+  one_step(make_schedule(ScheduleKind::GPipe, p, 1), 1, ranges);
 
   Table sweep{"sweep", fmt::format("Microbatched step on {} stages ({} layers, batch {}): gradients and memory", p,
                                    layers_n, batch),
@@ -380,18 +422,28 @@ Report run_pipeline_experiment(const Context& ctx) {
   std::vector<TextBlock> charts;
   json events = json::object();
   std::map<int, std::vector<torch::Tensor>> gpipe_grads;
-  std::vector<std::tuple<std::string, ScheduleKind, int, std::vector<torch::Tensor>>> process_grads;
+  std::vector<std::tuple<std::string, ScheduleKind, int, std::vector<torch::Tensor>>> process_grads;  // name, kind, m, grads
+  // Interleaved 1F1B: the model cut into p·v virtual stages; stage s runs chunks s, s + p, ...
+  const auto chunk_ranges = interleaved ? stage_ranges(layers_n, balanced_cuts(layers_n, p * v)) : ranges;
+  std::vector<long long> skipped_m;
   for (const auto& k : cfg.strings("/pipeline/schedules")) {
     const auto kind = parse_schedule(k);
+    const bool chunked = kind == ScheduleKind::Interleaved1F1B;
+    const int chunks = chunked ? v : 1;
+    const auto& run_ranges = chunked ? chunk_ranges : ranges;
     std::vector<long long> mlist = ms;
     if (kind == ScheduleKind::Naive) mlist = {1};
     for (auto m64 : mlist) {
       const int m = static_cast<int>(m64);
-      const auto sched = make_schedule(kind, p, m);
+      if (chunked && m % p != 0) {  // Megatron's requirement: microbatches in groups of p
+        skipped_m.push_back(m);
+        continue;
+      }
+      const auto sched = make_schedule(kind, p, m, chunks);
       // Several identical steps; timings from the median one (the machine may be shared),
       // numbers checked to be bitwise the same in every step.
       std::vector<PipelineRun> steps;
-      for (int i = 0; i < n_steps; ++i) steps.push_back(one_step(sched, m));
+      for (int i = 0; i < n_steps; ++i) steps.push_back(one_step(sched, m, run_ranges));
       std::vector<std::size_t> order(steps.size());
       for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::sort(order.begin(), order.end(), [&](auto a, auto b) { return steps[a].step_s < steps[b].step_s; });
@@ -407,40 +459,48 @@ Report run_pipeline_experiment(const Context& ctx) {
       report.check(name + ": every step gives the same gradient (bitwise)", repeat, 0.0);
       if (processes) process_grads.emplace_back(name, kind, m, run.grads);
       if (kind == ScheduleKind::GPipe) gpipe_grads[m] = run.grads;
-      if (kind == ScheduleKind::OneFOneB && gpipe_grads.count(m)) {
-        // Each stage accumulates microbatch gradients in the same order (B0, B1, ...) in
-        // both schedules, so the results are bitwise identical.
+      if ((kind == ScheduleKind::OneFOneB || chunked) && gpipe_grads.count(m)) {
+        // Every layer accumulates its microbatch gradients in the same order (B0, B1, ...)
+        // in every schedule, and a cut changes no arithmetic, so the results are bitwise
+        // identical.
         double d = 0;
         for (std::size_t i = 0; i < full.size(); ++i) d = std::max(d, max_abs_diff(gpipe_grads[m][i], run.grads[i]));
-        report.check(name + ": 1f1b gradient == gpipe gradient (bitwise)", d, 0.0);
+        report.check(name + fmt::format(": {} gradient == gpipe gradient (bitwise)", k), d, 0.0);
       }
       // Peak activations: the measured count must equal the schedule's, and obey the bound.
       const auto expect = peak_in_flight(sched);
       int mismatch = 0, peak = 0;
-      int64_t peak_bytes = 0;
+      int64_t peak_bytes = 0;  // measured: the most activation bytes a stage held at once
       for (int s = 0; s < p; ++s) {
         mismatch += run.peak_held[static_cast<std::size_t>(s)] != expect[static_cast<std::size_t>(s)];
         peak = std::max(peak, run.peak_held[static_cast<std::size_t>(s)]);
-        peak_bytes = std::max(peak_bytes, run.peak_held[static_cast<std::size_t>(s)] *
-                                              run.bytes_per_microbatch[static_cast<std::size_t>(s)]);
+        peak_bytes = std::max(peak_bytes, run.peak_bytes[static_cast<std::size_t>(s)]);
       }
       report.check(name + ": stages whose measured peak differs from the schedule's", mismatch, 0.0);
-      const int bound = kind == ScheduleKind::OneFOneB ? std::min(p, m) : m;
-      report.check(name + fmt::format(": peak microbatches held - bound ({})", bound), std::max(0, peak - bound), 0.0);
+      // GPipe holds all m; 1F1B at most p; interleaved at most its warm-up + 1 (microbatch, chunk)
+      // pairs on stage 0: 2(p-1) + (v-1)p + 1, or all m*v when m = p.
+      const int bound = kind == ScheduleKind::OneFOneB ? std::min(p, m)
+                        : chunked                      ? std::min(m * v, 2 * (p - 1) + (v - 1) * p + 1)
+                                                       : m;
+      report.check(name + fmt::format(": peak {} held - bound ({})", chunked ? "(microbatch, chunk) pairs" : "microbatches",
+                                      bound),
+                   std::max(0, peak - bound), 0.0);
 
-      // Time model from the synthetic cost alone: the first microbatch crosses every stage,
-      // then the slowest stage adds one F+B per further microbatch.
+      // Time model from the synthetic cost alone: the first microbatch crosses the first p
+      // virtual stages, then the slowest (virtual) stage adds one F+B per further microbatch
+      // and chunk: Σ_{c<p} t_c + (m·v − 1)·max_c t_c — (m + p − 1)·t for p equal stages,
+      // (m·v + p − 1)·t/v interleaved.
       double sum_us = 0, max_us = 0;
-      for (int s = 0; s < p; ++s) {
-        const auto [b, e] = ranges[static_cast<std::size_t>(s)];
-        const double us = cost.forward_us * cost.stage_factor[static_cast<std::size_t>(s)] * (e - b) *
+      for (std::size_t c = 0; c < run_ranges.size(); ++c) {
+        const auto [b, e] = run_ranges[c];
+        const double us = cost.forward_us * cost.stage_factor[c % static_cast<std::size_t>(p)] * (e - b) *
                           (1 + cost.backward_factor);
-        sum_us += us;
+        if (c < static_cast<std::size_t>(p)) sum_us += us;
         max_us = std::max(max_us, us);
       }
-      const double model_ms = (sum_us + (m - 1) * max_us) / 1e3;
+      const double model_ms = (sum_us + (m * chunks - 1) * max_us) / 1e3;
       sweep.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"step_model_ms", model_ms},
-                            {"bubble_theory", bubble_theory(p, m)}, {"peak_held", peak},
+                            {"bubble_theory", bubble_theory(p, m, chunks)}, {"peak_held", peak},
                             {"peak_held_per_stage", fmt::format("{}", fmt::join(run.peak_held, ","))},
                             {"peak_bytes", peak_bytes}, {"grad_max_abs_diff", gdiff}, {"loss", run.loss}});
       double slowest = 0, wait = 0;
@@ -448,15 +508,19 @@ Report run_pipeline_experiment(const Context& ctx) {
       json ev = json::array();
       for (const auto& e : run.events) {
         wait += e.wait_s;
-        ev.push_back({{"stage", e.stage}, {"op", fmt::format("{}{}", e.op.kind, e.op.microbatch)},
+        ev.push_back({{"stage", e.stage},
+                      {"op", chunked ? fmt::format("{}{}.{}", e.op.kind, e.op.microbatch, e.op.chunk)
+                                     : fmt::format("{}{}", e.op.kind, e.op.microbatch)},
                       {"start_s", e.start_s}, {"end_s", e.end_s}, {"wait_s", e.wait_s}});
       }
       events[name] = ev;
       measured.rows.push_back({{"name", name}, {"step_ms", run.step_s * 1e3}, {"step_model_ms", model_ms}, {"bubble", measured_bubble(run)},
-                               {"bubble_theory", bubble_theory(p, m)}, {"slowest_stage_busy_ms", slowest * 1e3},
+                               {"bubble_theory", bubble_theory(p, m, chunks)},
+                               {"slowest_stage_busy_ms", slowest * 1e3},
                                {"wait_ms", wait * 1e3}});
       if (kind == ScheduleKind::Naive || m == gantt_m)
-        charts.push_back({fmt::format("Timeline {} (p = {}, m = {}): F/B + microbatch, '.' idle", name, p, m),
+        charts.push_back({fmt::format("Timeline {} (p = {}, m = {}{}): F/B + microbatch, '.' idle", name, p, m,
+                                      chunked ? fmt::format(", v = {}; f/b: odd chunks", v) : ""),
                           render_gantt(run, p, static_cast<int>(cfg.integer("/gantt/width")))});
     }
   }
@@ -466,13 +530,22 @@ Report run_pipeline_experiment(const Context& ctx) {
     SyntheticCost no_cost;
     for (const auto& [name, kind, m, grads] : process_grads) {
       QueueTransport transport(timeout_s);
-      const auto threaded = run_pipeline(layers, ranges, make_schedule(kind, p, m), m, x, y, no_cost, transport);
+      const bool chunked = kind == ScheduleKind::Interleaved1F1B;
+      const auto threaded = run_pipeline(layers, chunked ? chunk_ranges : ranges, make_schedule(kind, p, m, chunked ? v : 1),
+                                         m, x, y, no_cost, transport);
       double d = 0;
       for (std::size_t i = 0; i < grads.size(); ++i) d = std::max(d, max_abs_diff(threaded.grads[i], grads[i]));
       report.check(name + ": processes gradient == threads gradient (bitwise)", d, 0.0,
                    fmt::format("{} processes, c10d send/recv over {}", p, group->backend()));
     }
   }
+  if (!skipped_m.empty())
+    sweep.notes.push_back(fmt::format("interleaved-1f1b skipped for m = {}: not a multiple of p = {} (Megatron-LM runs "
+                                      "microbatches through the chunks in groups of p)", fmt::join(skipped_m, ", "), p));
+  if (interleaved)
+    sweep.notes.push_back(fmt::format("interleaved-1f1b: the {} layers cut evenly into p*v = {} virtual stages, stage "
+                                      "s runs chunks s, s+{}, ...; peak held counts (microbatch, chunk) pairs; bubble "
+                                      "theory (p-1)/(v*m+p-1)", layers_n, p * v, p));
   if (!lead) {
     report.timings["sweep_s"] = now_seconds() - t0;
     return report;  // rank 0 prints and writes
@@ -483,9 +556,12 @@ Report run_pipeline_experiment(const Context& ctx) {
                                       "(backward)", p, group->backend()));
   sweep.notes.push_back("each microbatch loss is divided by m once: the sum of microbatch gradients is the mean-loss "
                         "gradient of the full batch (differences are fp32 roundoff)");
-  sweep.notes.push_back("step model: sum over stages of F+B (synthetic cost) + (m-1) x the slowest stage's F+B");
-  sweep.notes.push_back(fmt::format("peak act: peak held x activation bytes one microbatch keeps on that stage "
-                                    "(largest stage); gpipe holds m, 1f1b at most p = {}", p));
+  sweep.notes.push_back(interleaved ? "step model: sum over the first p virtual stages of F+B (synthetic cost) + "
+                                      "(m*v-1) x the slowest virtual stage's F+B (v = 1 but for interleaved-1f1b)"
+                                    : "step model: sum over stages of F+B (synthetic cost) + (m-1) x the slowest "
+                                      "stage's F+B");
+  sweep.notes.push_back(fmt::format("peak act: the most activation bytes a stage held at once, measured (largest "
+                                    "stage); gpipe holds m microbatches, 1f1b at most p = {}", p));
   measured.notes.push_back(fmt::format("median of {} steps after one warm-up step; theory (p-1)/(m+p-1) assumes equal "
                                        "stages and free communication", n_steps));
   if (heavy >= 0)

@@ -9,6 +9,13 @@ cli_case(pipeline_exact_split 0 "k2\\.L1\\.weight .* 0\\.000e\\+00 +yes" pipelin
 cli_case(pipeline_split3 0 "k3\\.L4\\.bias" pipeline --config configs/pipeline_split3.json ${PIPE_FAST})
 cli_case(pipeline_uneven 0 "stage 1 costs 3x" pipeline --config configs/pipeline_uneven.json ${PIPE_FAST})
 cli_case(pipeline_spin 0 "1f1b\\.m4" pipeline ${PIPE_FAST} --set cost.mode=spin --set pipeline.stages=2)
+# Interleaved 1F1B (v = 2 chunks per stage): the same gradients as GPipe bit for bit, the lower bubble theory.
+cli_case(pipeline_interleaved 0 "interleaved-1f1b\\.m8: interleaved-1f1b gradient == gpipe gradient \\(bitwise\\) +0 <= 0 +OK"
+         pipeline --config configs/pipeline_interleaved.json --set cost.forward_us=50)
+cli_case(pipeline_interleaved_skips_m 0 "interleaved-1f1b skipped for m = 1, 2: not a multiple of p = 4"
+         pipeline ${PIPE_FAST} --set "pipeline.schedules=[\"gpipe\",\"interleaved-1f1b\"]")
+cli_case(pipeline_interleaved_gantt 0 "Timeline interleaved-1f1b\\.m4 \\(p = 4, m = 4, v = 2. f/b: odd chunks\\)"
+         pipeline ${PIPE_FAST} --set gantt.microbatches=4 --set "pipeline.schedules=[\"interleaved-1f1b\"]")
 add_test(NAME cli.pipeline_deterministic_results
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> pipeline ${PIPE_FAST}
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -25,6 +32,10 @@ cli_case(pipeline_bad_split_stages 2 "/split/extra_stages/0: expected at most 4 
 cli_case(pipeline_bad_not_divisible 2 "/pipeline/microbatches/1: expected a divisor of /pipeline/batch \\(64\\) .*got 3"
          pipeline --set "pipeline.microbatches=[1,3]")
 cli_case(pipeline_bad_heavy_stage 2 "/cost/heavy_stage: expected -1 or a stage 0 \\.\\. 3, got 4" pipeline --set cost.heavy_stage=4)
+cli_case(pipeline_bad_chunks 2 "/pipeline/chunks: expected at most 2 \\(interleaved-1f1b cuts the 8 layers into stages x chunks = 4 x 3 .*got 3"
+         pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set pipeline.chunks=3)
+cli_case(pipeline_bad_interleaved_m 2 "/pipeline/microbatches: expected at least one multiple of /pipeline/stages \\(4\\)"
+         pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set "pipeline.microbatches=[1,2]")
 cli_case(pipeline_bad_schedule 2 "/pipeline/schedules/0: expected one of .*got \"gpip\"" pipeline --set "pipeline.schedules=[\"gpip\"]")
 
 # --- one process per stage (/executor = processes): c10d send/recv over Gloo on loopback ---
@@ -38,6 +49,8 @@ cli_case(pipeline_processes_3 0 "gpipe\\.m4: microbatched == full-batch gradient
          ${PIPE_PROC} --nproc 3 --set pipeline.stages=3)
 cli_case(pipeline_processes_3_title 0 "Measured \\(one process per stage"
          ${PIPE_PROC} --nproc 3 --set pipeline.stages=3 --set "pipeline.schedules=[\"1f1b\"]")
+cli_case(pipeline_processes_interleaved 0 "interleaved-1f1b\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
+         ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"interleaved-1f1b\"]")
 cli_case(pipeline_processes_config 0 "naive: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
          pipeline --config configs/pipeline_processes.json ${PIPE_FAST} --set pipeline.steps=1
          --set "pipeline.schedules=[\"naive\",\"1f1b\"]")
@@ -49,7 +62,7 @@ add_test(NAME cli.pipeline_processes_torchrun_env
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> pipeline
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.pipeline_processes_2 cli.pipeline_processes_3 cli.pipeline_processes_3_title
-                     cli.pipeline_processes_config cli.pipeline_processes_deterministic
+                     cli.pipeline_processes_config cli.pipeline_processes_interleaved cli.pipeline_processes_deterministic
                      cli.pipeline_processes_torchrun_env PROPERTIES TIMEOUT 120)
 # A stage process dies in the middle of step 3 (gpipe.m2, after its F0): its neighbours' recv
 # fails (connection closed, at the latest the 5 s timeout), every rank exits, mpt names rank 1

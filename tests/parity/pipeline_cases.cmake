@@ -6,3 +6,5 @@ parity_case(pipeline_seed7 pipeline_ref.py pipeline --seed 7 --set cost.forward_
 # One process per stage: the same sweep rows (gradients, losses) as PyTorch-Python's microbatch loop.
 parity_case(pipeline_processes pipeline_ref.py pipeline --set executor=processes --set pipeline.stages=2 --nproc 2
             --set cost.forward_us=50 --set "pipeline.microbatches=[1,2,4]" --set pipeline.steps=1)
+# Interleaved 1F1B: the sweep's gradients are PyTorch's microbatch loop's, bit for bit.
+parity_case(pipeline_interleaved pipeline_ref.py pipeline --config configs/pipeline_interleaved.json --set cost.forward_us=50)

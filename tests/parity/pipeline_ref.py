@@ -99,7 +99,10 @@ def sweep(cfg):
     full = grads(layers)
     rows = []
     for kind in cfg["pipeline"]["schedules"]:
-        for m in ([1] if kind == "naive" else cfg["pipeline"]["microbatches"]):
+        ms = [1] if kind == "naive" else cfg["pipeline"]["microbatches"]
+        if kind == "interleaved-1f1b":  # Megatron's requirement: m a multiple of the stages
+            ms = [m for m in ms if m % cfg["pipeline"]["stages"] == 0]
+        for m in ms:
             reset(layers)
             total = 0.0
             for xj, yj in zip(x.chunk(m), y.chunk(m)):
