@@ -9,22 +9,36 @@ the median of the per-round ratios mpt/Python. Absolute times drift on a shared 
 ratios measured side by side drift much less. Timings are reported, never asserted.
 
 Benchmarks (--only NAME, repeatable; default: all):
-  underflow    whole process: `mpt underflow` (defaults, and the depth-sweep config) vs
-               tests/parity/underflow_ref.py: wall time and peak RSS (wait4 rusage)
+  whole-process pairs: `mpt <experiment>` vs tests/parity/<experiment>_ref.py on mpt's resolved
+  config, every value of the reference checked equal by tests/parity/compare.py first; wall
+  time and peak RSS (wait4 rusage); the defaults (target <= 0.67) and, unless --quick, one
+  larger config. Where the reference covers part of an experiment, both sides run that part:
+  underflow    defaults; configs/underflow_depth_sweep.json
+  lossscale    the static loss-scale sweep (train.enabled=false); defaults and a 64-128x24-1 net
+  accumulate   every section but the memory table, which mpt shrinks to one row of batch 1
+               (timing.repeats=1); defaults and hidden 256, batch 128
+  dataparallel sections 1-2, shard equivalence and uneven shards (train.enabled=false, --nproc 1);
+               defaults and a 256-512-1 MLP, batch 2048
+  pipeline     exact splits and the microbatch sweep with no synthetic cost (cost.forward_us=0,
+               pipeline.steps=1); defaults and a 128-256x7-1 MLP, batch 256
+  checkpoint   gradients of every segment row, 1 timed step per row on both sides (the reference
+               with --timed; checkpoint.sweep=false); defaults and width 64, batch 512.
+               Then the inner loop: see below
   mlp          inner loop: the lossscale MLP (784-64x2-10, batch 128, SGD) trained by
                `mpt lossscale` (recipes fp32, bf16, fp16, fp16+master+dynamic) vs
                bench/mlp_train.py (the same loop op for op): step time per recipe; loss of
                every step checked equal first. Also emulated fp16 (and bf16) step / fp32 step
                within each (issue 3's target: fp16 <= 2x fp32)
+  mlp_large    the same for a large model, fp32 only: 784-512x2-10, batch 256, 10 steps
   ddp          inner loop: `mpt dataparallel --nproc 2` (N = 2, Gloo) vs torch's
                DistributedDataParallel (bench/dataparallel_ddp.py), same model, batches and
                buckets: step time; the final loss checked equal (to roundoff) first
-  checkpoint   inner loop: `mpt checkpoint` vs torch.utils.checkpoint.checkpoint_sequential
-               (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
+  checkpoint   (after its whole-run pairs) inner loop: `mpt checkpoint` vs
+               torch.utils.checkpoint.checkpoint_sequential (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
                and mpt's peak bytes (counting allocator) checkpointed / plain; gradients
                checked equal first (tests/parity/checkpoint_ref.py + compare.py)
 
-    scripts/bench.sh                       # everything: 11 minutes on the shared 2-core VM
+    scripts/bench.sh                       # everything: about 25 minutes on the shared 2-core VM
     scripts/bench.sh --quick               # smaller runs, one timed round, no warm-up
     scripts/bench.sh --only mlp --rounds 9 --out /tmp/b.json
 
