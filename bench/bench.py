@@ -9,22 +9,36 @@ the median of the per-round ratios mpt/Python. Absolute times drift on a shared 
 ratios measured side by side drift much less. Timings are reported, never asserted.
 
 Benchmarks (--only NAME, repeatable; default: all):
-  underflow    whole process: `mpt underflow` (defaults, and the depth-sweep config) vs
-               tests/parity/underflow_ref.py: wall time and peak RSS (wait4 rusage)
+  whole-process pairs: `mpt <experiment>` vs tests/parity/<experiment>_ref.py on mpt's resolved
+  config, every value of the reference checked equal by tests/parity/compare.py first; wall
+  time and peak RSS (wait4 rusage); the defaults (target <= 0.67) and, unless --quick, one
+  larger config. Where the reference covers part of an experiment, both sides run that part:
+  underflow    defaults; configs/underflow_depth_sweep.json
+  lossscale    the static loss-scale sweep (train.enabled=false); defaults and a 64-128x24-1 net
+  accumulate   every section but the memory table, which mpt shrinks to one row of batch 1
+               (timing.repeats=1); defaults and hidden 256, batch 128
+  dataparallel sections 1-2, shard equivalence and uneven shards (train.enabled=false, --nproc 1);
+               defaults and a 256-512-1 MLP, batch 2048
+  pipeline     exact splits and the microbatch sweep with no synthetic cost (cost.forward_us=0,
+               pipeline.steps=1); defaults and a 128-256x7-1 MLP, batch 256
+  checkpoint   gradients of every segment row, 1 timed step per row on both sides (the reference
+               with --timed; checkpoint.sweep=false); defaults and width 64, batch 512.
+               Then the inner loop: see below
   mlp          inner loop: the lossscale MLP (784-64x2-10, batch 128, SGD) trained by
                `mpt lossscale` (recipes fp32, bf16, fp16, fp16+master+dynamic) vs
                bench/mlp_train.py (the same loop op for op): step time per recipe; loss of
                every step checked equal first. Also emulated fp16 (and bf16) step / fp32 step
                within each (issue 3's target: fp16 <= 2x fp32)
+  mlp_large    the same for a large model, fp32 only: 784-512x2-10, batch 256, 10 steps
   ddp          inner loop: `mpt dataparallel --nproc 2` (N = 2, Gloo) vs torch's
                DistributedDataParallel (bench/dataparallel_ddp.py), same model, batches and
                buckets: step time; the final loss checked equal (to roundoff) first
-  checkpoint   inner loop: `mpt checkpoint` vs torch.utils.checkpoint.checkpoint_sequential
-               (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
+  checkpoint   (after its whole-run pairs) inner loop: `mpt checkpoint` vs
+               torch.utils.checkpoint.checkpoint_sequential (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
                and mpt's peak bytes (counting allocator) checkpointed / plain; gradients
                checked equal first (tests/parity/checkpoint_ref.py + compare.py)
 
-    scripts/bench.sh                       # everything: 11 minutes on the shared 2-core VM
+    scripts/bench.sh                       # everything: about 25 minutes on the shared 2-core VM
     scripts/bench.sh --quick               # smaller runs, one timed round, no warm-up
     scripts/bench.sh --only mlp --rounds 9 --out /tmp/b.json
 
@@ -49,7 +63,7 @@ REF_PY = os.environ.get("MPT_REF_PYTHON", "/usr/bin/python3")
 BENCH = os.path.join(ROOT, "bench")
 PARITY = os.path.join(ROOT, "tests", "parity")
 SCHEMA_VERSION = 2
-ALL = ["underflow", "mlp", "ddp", "checkpoint"]
+ALL = ["underflow", "lossscale", "accumulate", "dataparallel", "pipeline", "checkpoint", "mlp", "mlp_large", "ddp"]
 
 
 def log(*a):
@@ -117,43 +131,98 @@ class Bench:
         self.rows.append(row)
 
     # ------------------------------------------------------------------------------------
-    # underflow: whole processes (wall time, peak RSS)
+    # whole processes (wall time, peak RSS): mpt <experiment> vs tests/parity/<experiment>_ref.py
     # ------------------------------------------------------------------------------------
-    def underflow(self):
-        pairs = {"underflow": ["underflow"],
-                 "underflow_depth_sweep": ["underflow", "--config", "configs/underflow_depth_sweep.json"]}
-        for name, a in pairs.items():
-            cmd, out = self.mpt_cmd(name, *a)
-            run(cmd)
-            ref = [REF_PY, os.path.join(PARITY, "underflow_ref.py"), out]
-            _, _, ref_json = run(ref, stdout=subprocess.PIPE)
-            ref_out = os.path.join(self.tmp, name + ".ref.json")
-            with open(ref_out, "w") as f:
-                f.write(ref_json)
-            same = subprocess.run([REF_PY, os.path.join(PARITY, "compare.py"), out, ref_out], cwd=ROOT,
-                                  capture_output=True, text=True)
-            if same.returncode != 0:
-                raise Mismatch(f"{name}: results differ:\n{same.stdout[-1500:]}")
+    def whole(self, name, mpt_args, ref, what, ref_args=(), target=None):
+        """One whole-run pair: mpt and the parity reference on mpt's resolved config; every value
+        the reference computes checked equal (compare.py) before timing."""
+        cmd, out = self.mpt_cmd(name, *mpt_args)
+        run(cmd)
+        ref_cmd = [REF_PY, os.path.join(PARITY, ref), out, *ref_args]
+        _, _, ref_json = run(ref_cmd, stdout=subprocess.PIPE)
+        ref_out = os.path.join(self.tmp, name + ".ref.json")
+        with open(ref_out, "w") as f:
+            f.write(ref_json)
+        same = subprocess.run([REF_PY, os.path.join(PARITY, "compare.py"), out, ref_out], cwd=ROOT,
+                              capture_output=True, text=True)
+        if same.returncode != 0:
+            raise Mismatch(f"{name}: results differ:\n{same.stdout[-1500:]}")
+        log(f"{name}: {same.stdout.strip()}")
 
-            def one():
-                a_ = run(cmd)
-                b_ = run(ref)
-                return a_, b_
-            res = self.rounds(one)
-            self.add(name, "underflow", "wall", "s", [r[0][0] for r in res], [r[1][0] for r in res],
-                     [r[0][0] / r[1][0] for r in res], target="<= 0.67",
-                     mpt_rss_bytes=max(r[0][1] for r in res), python_rss_bytes=max(r[1][1] for r in res))
+        def one():
+            return run(cmd), run(ref_cmd)
+        res = self.rounds(one)
+        self.add(name, "whole", "wall", "s", [r[0][0] for r in res], [r[1][0] for r in res],
+                 [r[0][0] / r[1][0] for r in res], target=target, note=what,
+                 mpt_rss_bytes=max(r[0][1] for r in res), python_rss_bytes=max(r[1][1] for r in res),
+                 mpt_args=list(mpt_args), reference=[ref, *ref_args])
+
+    def pairs(self, default, larger):
+        """The defaults pair (target <= 0.67), then, unless --quick, the larger config."""
+        self.whole(*default, target="<= 0.67")
+        if not self.args.quick:
+            self.whole(*larger)
+
+    def underflow(self):
+        self.pairs(("underflow", ["underflow"], "underflow_ref.py", "defaults: every result"),
+                   ("underflow_depth_sweep", ["underflow", "--config", "configs/underflow_depth_sweep.json"],
+                    "underflow_ref.py", "depths 4, 8, 12, 16: every result"))
+
+    def lossscale(self):
+        # The reference covers section 1 (the static loss-scale sweep); training is off on both sides.
+        off = ["lossscale", "--set", "train.enabled=false"]
+        self.pairs(("lossscale_sweep", off, "lossscale_ref.py", "defaults, sweep only (train.enabled=false)"),
+                   ("lossscale_sweep_large", off + ["--set", "sweep.model.width=128", "--set", "sweep.model.depth=24",
+                                                    "--set", "sweep.model.input_dim=64", "--set", "sweep.data.batch=512"],
+                    "lossscale_ref.py", "sweep only, net 64-128x24-1, batch 512"))
+
+    def accumulate(self):
+        # The reference computes every section but the memory table (allocator bytes): mpt's is
+        # shrunk to one row of batch 1, hidden 1, one timed step (timing.repeats=1).
+        base = ["accumulate", "--set", "timing.repeats=1", "--set", "memory.micro_batches=[1]",
+                "--set", "memory.batch=1", "--set", "memory.hidden=1"]
+        self.pairs(("accumulate", base, "accumulate_ref.py",
+                    "defaults, memory table shrunk to 1 row of batch 1 (not compared)"),
+                   ("accumulate_large", base + ["--set", "model.hidden=256", "--set", "batch=128",
+                                                "--set", "data.samples=4096"],
+                    "accumulate_ref.py", "hidden 256, batch 128, 4096 samples; memory table as above"))
+
+    def dataparallel(self):
+        # The reference covers sections 1-2 (shard equivalence, uneven shards), in one process:
+        # training is off, and so are mpt's worker processes (with training off they only start
+        # and wait: --nproc 1).
+        off = ["dataparallel", "--set", "train.enabled=false", "--nproc", "1"]
+        self.pairs(("dataparallel_equiv", off, "dataparallel_ref.py",
+                    "defaults, sections 1-2 only (train.enabled=false, 1 process)"),
+                   ("dataparallel_equiv_large", off + ["--set", "equivalence.in_dim=256", "--set", "equivalence.hidden=512",
+                                                       "--set", "equivalence.batch=2048", "--set", "equivalence.shards=8",
+                                                       "--set", "equivalence.uneven_samples=2051",
+                                                       "--set", "equivalence.uneven_shards=7"],
+                    "dataparallel_ref.py", "sections 1-2, MLP 256-512-1, batch 2048 in 8 shards, 2051 in 7"))
+
+    def pipeline(self):
+        # No synthetic sleep (cost.forward_us=0) and one timed step per run (pipeline.steps=1, plus
+        # mpt's warm-up step): mpt runs each of the 11 sweep runs once with a thread per stage, the
+        # reference runs the same microbatch loop once, sequentially.
+        base = ["pipeline", "--set", "cost.forward_us=0", "--set", "pipeline.steps=1"]
+        self.pairs(("pipeline", base, "pipeline_ref.py",
+                    "defaults but no synthetic cost, 1 step per run: exact splits + sweep"),
+                   ("pipeline_large", base + ["--set", "pipeline.widths=[128,256,256,256,256,256,256,256,1]",
+                                              "--set", "pipeline.batch=256"],
+                    "pipeline_ref.py", "as above, sweep MLP 128-256x7-1, batch 256"))
 
     # ------------------------------------------------------------------------------------
     # mlp: the lossscale training loop, per recipe
     # ------------------------------------------------------------------------------------
-    def mlp(self):
-        steps = 30 if self.args.quick else 200
-        samples = 2048 if self.args.quick else 10000
-        recipes = ["fp32", "bf16", "fp16", "fp16+master+dynamic"]
-        twin = ["fp32", "bf16", "fp16"]
-        cmd, out = self.mpt_cmd("mlp", "lossscale", "--set", "train.recipes=" + json.dumps(recipes),
-                                "--set", "train.batch=128", "--set", f"train.steps={steps}",
+    def mlp(self, name="mlp", width=64, batch=128, steps=None, samples=None,
+            recipes=("fp32", "bf16", "fp16", "fp16+master+dynamic")):
+        steps = steps or (30 if self.args.quick else 200)
+        samples = samples or (2048 if self.args.quick else 10000)
+        recipes = list(recipes)
+        twin = [r for r in ["fp32", "bf16", "fp16"] if r in recipes]
+        cmd, out = self.mpt_cmd(name, "lossscale", "--set", "train.recipes=" + json.dumps(recipes),
+                                "--set", f"train.hidden.width={width}",
+                                "--set", f"train.batch={batch}", "--set", f"train.steps={steps}",
                                 "--set", "sweep.scales=[1]", "--set", f"train.train_samples={samples}",
                                 "--set", "train.test_samples=100",
                                 # the twin emulates low precision op for op: compare like with like
@@ -171,22 +240,29 @@ class Bench:
             a, b = m["results"]["history"][r]["loss"], p[r]["loss"]
             diff = max(abs(float(x) - float(y)) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
             if diff != 0.0 or rows[r]["lost_update_count"] != p[r]["lost_update_count"]:
-                raise Mismatch(f"mlp {r}: loss curves differ by {diff:g} or lost updates "
+                raise Mismatch(f"{name} {r}: loss curves differ by {diff:g} or lost updates "
                                f"{rows[r]['lost_update_count']} != {p[r]['lost_update_count']}")
-            log(f"mlp {r}: {steps} losses and {p[r]['lost_update_count']} lost updates equal (bit for bit)")
+            log(f"{name} {r}: {steps} losses and {p[r]['lost_update_count']} lost updates equal (bit for bit)")
         res = self.rounds(one)
         mt = {r: [x[0]["timings"]["recipes"][r]["step_time_s"] * 1e3 for x in res] for r in recipes}
         pt = {r: [x[1][r]["step_time_s"] * 1e3 for x in res] for r in twin}
+        small = width <= 64
         for r in twin:
-            self.add(f"mlp_{r}", "mlp", "step", "ms", mt[r], pt[r], [a / b for a, b in zip(mt[r], pt[r])],
-                     target="<= 0.67", note=f"784-64x2-10, batch 128, {steps} steps")
-        for r in ["bf16", "fp16", "fp16+master+dynamic"]:
+            self.add(f"{name}_{r}", "mlp", "step", "ms", mt[r], pt[r], [a / b for a, b in zip(mt[r], pt[r])],
+                     target="<= 0.67" if small else "<= 1.0", note=f"784-{width}x2-10, batch {batch}, {steps} steps")
+        for r in [r for r in ["bf16", "fp16", "fp16+master+dynamic"] if r in recipes and "fp32" in recipes]:
             mr = [a / b for a, b in zip(mt[r], mt["fp32"])]
             pr = [a / b for a, b in zip(pt[r], pt["fp32"])] if r in pt else []
-            self.add(f"{r}_vs_fp32", "mlp", "step/fp32 step", "x", mr, pr,
+            self.add(f"{r}_vs_fp32" if name == "mlp" else f"{name}_{r}_vs_fp32", "mlp", "step/fp32 step", "x", mr, pr,
                      [a / b for a, b in zip(mr, pr)] if pr else None,
                      target="<= 2 (mpt)" if r.startswith("fp16") else None,
                      note="emulated: fp32 math, rounded storage, counting hooks")
+
+    def mlp_large(self):
+        # A model where the matrix products dominate: 784-512x2-10, batch 256, fp32 (10 steps: a
+        # step takes about 0.4 s on the 2-core VM).
+        self.mlp("mlp_large", width=512, batch=256, steps=3 if self.args.quick else 10,
+                 samples=768 if self.args.quick else 2560, recipes=("fp32",))
 
     # ------------------------------------------------------------------------------------
     # ddp: N = 2 over Gloo, mpt's reducer vs torch DDP
@@ -223,6 +299,15 @@ class Bench:
     # checkpoint: plain vs sqrt(n) segments
     # ------------------------------------------------------------------------------------
     def checkpoint(self):
+        # Whole runs: the reference computes the gradients of every segment row; mpt also
+        # times timing.repeats=1 step per row, which the reference repeats (--timed). The
+        # peak-bytes sweep (mpt's counting allocator, no Python figure) is off.
+        base = ["checkpoint", "--set", "timing.repeats=1", "--set", "checkpoint.sweep=false"]
+        self.pairs(("checkpoint", base, "checkpoint_ref.py",
+                    "defaults, no peak-bytes sweep (checkpoint.sweep=false), 1 timed step per row",
+                    ["--timed"]),
+                   ("checkpoint_large", base + ["--set", "model.width=64", "--set", "data.batch=512"],
+                    "checkpoint_ref.py", "as above, 32 blocks of width 64, batch 512", ["--timed"]))
         repeats = 5 if self.args.quick else 21
         cmd, out = self.mpt_cmd("checkpoint", "checkpoint", "--set", "checkpoint.sweep=false",
                                 "--set", "checkpoint.no_rng_row=false", "--set", 'checkpoint.segments=["sqrt"]',

@@ -14,11 +14,9 @@ averaged over the steps after the first.
 Prints {"step_ms", "final_loss" (the last step's loss averaged over ranks, as mpt's
 training table), "steps"} from rank 0 as JSON.
 """
-import gzip
 import json
 import os
 import socket
-import struct
 import sys
 import time
 
@@ -28,13 +26,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def read_idx(path):
-    raw = gzip.open(path).read()
-    magic, count = struct.unpack(">II", raw[:8])
-    dims = [count] + [struct.unpack(">I", raw[8 + 4 * i:12 + 4 * i])[0] for i in range((magic & 0xFF) - 1)]
-    off = 4 + 4 * len(dims)
-    return torch.frombuffer(bytearray(raw[off:]), dtype=torch.uint8).reshape(dims)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "parity"))
+import fmnist  # noqa: E402  (the loader shared with the parity references)
 
 
 def worker(rank, n, port, cfg, steps, q):
@@ -42,10 +35,7 @@ def worker(rank, n, port, cfg, steps, q):
     torch.set_num_threads(cfg["threads"] or torch.get_num_threads())  # as mpt: /threads, 0 = default
     dist.init_process_group("gloo", rank=rank, world_size=n)
     t = cfg["train"]
-    d = cfg["data"]["dir"]
-    images = read_idx(os.path.join(d, "train-images-idx3-ubyte.gz"))[:t["samples"]]
-    labels = read_idx(os.path.join(d, "train-labels-idx1-ubyte.gz"))[:t["samples"]].long()
-    images = ((images.float() / 255.0 - 0.2860) / 0.3530).unsqueeze(1).contiguous()
+    images, labels = fmnist.load(cfg["data"]["dir"], "train", t["samples"])
     perm = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(cfg["seed"]))
     shard = perm[rank::n]
     torch.manual_seed(cfg["seed"])

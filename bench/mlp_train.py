@@ -19,10 +19,8 @@ recipes of the config that are among those.
 Prints JSON: per recipe the loss of every step, the lost-update and underflow counts and
 step_time_s = (time of the whole training loop) / steps, measured exactly like mpt's.
 """
-import gzip
 import json
 import os
-import struct
 import sys
 import time
 
@@ -30,23 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "parity"))
+from fmnist import load  # noqa: E402  (the loader shared with the parity references)
+
 SUPPORTED = ["fp32", "fp16", "bf16", "fp16+master", "bf16+master"]
 DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def read_idx(path):
-    raw = gzip.open(path).read()
-    magic, count = struct.unpack(">II", raw[:8])
-    dims = [count] + [struct.unpack(">I", raw[8 + 4 * i:12 + 4 * i])[0] for i in range((magic & 0xFF) - 1)]
-    off = 4 + 4 * len(dims)
-    return torch.frombuffer(bytearray(raw[off:]), dtype=torch.uint8).reshape(dims)
-
-
-def load(d, split, n):
-    prefix = "train" if split == "train" else "t10k"
-    images = read_idx(os.path.join(d, f"{prefix}-images-idx3-ubyte.gz"))[:n]
-    labels = read_idx(os.path.join(d, f"{prefix}-labels-idx1-ubyte.gz"))[:n].long()
-    return ((images.float() / 255.0 - 0.2860) / 0.3530).unsqueeze(1).contiguous(), labels
 
 
 def round_to(x, fmt):

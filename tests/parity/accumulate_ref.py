@@ -8,34 +8,24 @@ gradient differences, both training curves, each normalisation variant's error a
 BatchNorm comparison. compare.py checks mpt's numbers against it exactly. The memory
 table (allocator bytes) is not compared.
 """
-import gzip
 import json
 import os
-import struct
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fmnist  # noqa: E402
+
 doc = json.load(open(sys.argv[1]))
 cfg = doc["config"]
 seed = cfg["seed"]
 
 
-def read_idx(path):
-    raw = gzip.open(path).read()
-    magic, count = struct.unpack(">II", raw[:8])
-    dims = [count] + [struct.unpack(">I", raw[8 + 4 * i:12 + 4 * i])[0] for i in range((magic & 0xFF) - 1)]
-    off = 4 + 4 * len(dims)
-    return torch.frombuffer(bytearray(raw[off:]), dtype=torch.uint8).reshape(dims)
-
-
 n_samples = cfg["data"]["samples"]
-d = cfg["data"]["dir"]
-images = read_idx(os.path.join(d, "train-images-idx3-ubyte.gz"))[:n_samples]
-labels = read_idx(os.path.join(d, "train-labels-idx1-ubyte.gz"))[:n_samples].long()
-images = ((images.float() / 255.0 - 0.2860) / 0.3530).unsqueeze(1).contiguous()
+images, labels = fmnist.load(cfg["data"]["dir"], "train", n_samples)
 
 
 def mlp(hidden, bn):

@@ -7,6 +7,12 @@ with torch.utils.checkpoint.checkpoint_sequential for every segment count of the
 file, and prints the reference `results` (loss, and per row the gradient difference and
 the number of blocks recomputed, counted with forward hooks during backward) as JSON.
 compare.py checks mpt's numbers against it exactly. Peak bytes are not compared.
+
+    checkpoint_ref.py MPT_RESULT.json [--timed]
+
+--timed (bench/bench.py's whole-run pair): after the numbers, also run the timed steps mpt
+runs (timing.repeats steps for the plain net and for every RNG-restoring row), so that both
+processes do the same work; the output is the same.
 """
 import json
 import math
@@ -81,4 +87,8 @@ if cfg["checkpoint"]["no_rng_row"]:
                  "recomputed_blocks": recomputed})
     results["no_rng_restore_max_abs_diff"] = diff(g, plain)
 results["segments"] = rows
+if "--timed" in sys.argv[2:]:
+    for s in [0] + [r["segments"] for r in rows[1:] if "no rng" not in r["name"]]:
+        for _ in range(cfg["timing"]["repeats"]):
+            step(s)
 print(json.dumps(results))
