@@ -305,6 +305,34 @@ std::vector<std::shared_ptr<dist::Group>> thread_groups(int n, const std::string
   return groups;
 }
 
+/// One step of run_pipeline_process on every rank of `groups` (a thread each), rank r with its
+/// own model copy copies[r] and, when given, backward_groups[r] for the gradients. Requires
+/// every rank to succeed (REQUIRE on the error messages) and returns their runs.
+std::vector<PipelineRun> run_ranks(const std::vector<std::shared_ptr<dist::Group>>& groups,
+                                   const std::vector<std::shared_ptr<dist::Group>>& backward_groups,
+                                   const std::vector<std::vector<torch::nn::Linear>>& copies,
+                                   const std::vector<std::pair<int, int>>& ranges,
+                                   const std::vector<std::vector<PipeOp>>& sched, int m, const torch::Tensor& x,
+                                   const torch::Tensor& y) {
+  const std::size_t p = groups.size();
+  std::vector<PipelineRun> runs(p);
+  std::vector<std::string> errors(p);
+  std::vector<std::thread> ts;
+  for (std::size_t r = 0; r < p; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        ProcessPipelineOptions opts;
+        if (!backward_groups.empty()) opts.backward_group = backward_groups[r];
+        runs[r] = run_pipeline_process(groups[r], copies[r], ranges, sched, m, x, y, SyntheticCost{}, opts);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (const auto& e : errors) REQUIRE(e.empty());
+  return runs;
+}
+
 }  // namespace
 
 TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's gradients bitwise", "[pipeline][dist]") {
@@ -328,24 +356,9 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
   for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
     for (int m : {1, 4}) {
       const auto sched = make_schedule(kind, p, m);
-      std::vector<PipelineRun> runs(static_cast<std::size_t>(p));
-      std::vector<std::string> errors(static_cast<std::size_t>(p));
-      std::vector<std::thread> ts;
-      for (int r = 0; r < p; ++r)
-        ts.emplace_back([&, r] {
-          try {
-            ProcessPipelineOptions opts;
-            if (own_backward_group) opts.backward_group = backward_groups[static_cast<std::size_t>(r)];
-            runs[static_cast<std::size_t>(r)] = run_pipeline_process(
-                groups[static_cast<std::size_t>(r)], copies[static_cast<std::size_t>(r)], ranges, sched, m, x, y,
-                SyntheticCost{}, opts);
-          } catch (const std::exception& e) {
-            errors[static_cast<std::size_t>(r)] = e.what();
-          }
-        });
-      for (auto& t : ts) t.join();
       INFO(schedule_name(kind) << " m=" << m << " own backward group: " << own_backward_group);
-      for (const auto& e : errors) REQUIRE(e.empty());
+      const auto runs = run_ranks(groups, own_backward_group ? backward_groups : decltype(backward_groups){}, copies,
+                                  ranges, sched, m, x, y);
       QueueTransport tr(10);
       const auto threaded = run_pipeline(copies[p], ranges, sched, m, x, y, SyntheticCost{}, tr);
       for (const auto& run : runs) {  // every rank ends with the whole step's result
@@ -382,23 +395,7 @@ TEST_CASE("one process per stage, interleaved 1F1B: stage 1 sends forward to sta
   const auto sched = make_schedule(ScheduleKind::Interleaved1F1B, p, m, v);
   auto groups = thread_groups(p, "ut_pipe_il/", 10000ms);
   auto backward_groups = thread_groups(p, "ut_pipe_il_bwd/", 10000ms);
-  std::vector<PipelineRun> runs(static_cast<std::size_t>(p));
-  std::vector<std::string> errors(static_cast<std::size_t>(p));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < p; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        ProcessPipelineOptions opts;
-        opts.backward_group = backward_groups[static_cast<std::size_t>(r)];
-        runs[static_cast<std::size_t>(r)] = run_pipeline_process(groups[static_cast<std::size_t>(r)],
-                                                                 copies[static_cast<std::size_t>(r)], ranges, sched, m,
-                                                                 x, y, SyntheticCost{}, opts);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (const auto& e : errors) REQUIRE(e.empty());
+  const auto runs = run_ranks(groups, backward_groups, copies, ranges, sched, m, x, y);
   QueueTransport tr(10);
   const auto threaded = run_pipeline(copies[p], ranges, sched, m, x, y, SyntheticCost{}, tr);
   for (const auto& run : runs) {
