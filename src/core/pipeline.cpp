@@ -188,6 +188,18 @@ torch::Tensor stage_forward(const std::vector<torch::nn::Linear>& layers, int be
   return x;
 }
 
+std::vector<torch::Tensor> param_grads(const std::vector<torch::nn::Linear>& layers) {
+  std::vector<torch::Tensor> g;
+  for (auto& l : layers)
+    for (auto& prm : l->parameters()) g.push_back(prm.grad().detach().clone());
+  return g;
+}
+
+void reset_grads(const std::vector<torch::nn::Linear>& layers) {
+  for (auto& l : layers)
+    for (auto& prm : l->parameters()) prm.mutable_grad() = torch::Tensor();
+}
+
 // ----------------------------------------------------------------------------
 // Transport
 // ----------------------------------------------------------------------------
@@ -366,18 +378,6 @@ void synthetic_wait(double us, bool spin) {
   }
 }
 
-/// Gradients of every parameter, layer order (weight, bias), cloned.
-std::vector<torch::Tensor> param_grads(const std::vector<torch::nn::Linear>& layers) {
-  std::vector<torch::Tensor> g;
-  for (auto& l : layers)
-    for (auto& prm : l->parameters()) g.push_back(prm.grad().detach().clone());
-  return g;
-}
-
-void reset_grads(const std::vector<torch::nn::Linear>& layers) {
-  for (auto& l : layers)
-    for (auto& prm : l->parameters()) prm.mutable_grad() = torch::Tensor();
-}
 
 /// Every stage's part of a step -> one PipelineRun: times shifted so that the first
 /// operation starts at 0, busy time per stage, loss = Σ_j loss_j / m in microbatch order.

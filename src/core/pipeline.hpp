@@ -116,6 +116,13 @@ std::vector<int64_t> balanced_cuts(int layers, int stages);
 torch::Tensor stage_forward(const std::vector<torch::nn::Linear>& layers, int begin, int end, torch::Tensor x,
                             std::vector<torch::Tensor>* kept = nullptr);
 
+/// The gradient of every parameter of `layers`, in layer order (weight, then bias), detached
+/// and cloned. Throws (LibTorch) when a parameter has no gradient yet.
+std::vector<torch::Tensor> param_grads(const std::vector<torch::nn::Linear>& layers);
+
+/// Removes every parameter's gradient (.grad = undefined, as zero_grad(set_to_none=True)).
+void reset_grads(const std::vector<torch::nn::Linear>& layers);
+
 // ----------------------------------------------------------------------------
 // Transport between stages
 // ----------------------------------------------------------------------------

@@ -98,17 +98,6 @@ std::vector<std::string> param_names(const std::vector<torch::nn::Linear>& layer
   return names;
 }
 
-std::vector<torch::Tensor> grads_of(const std::vector<torch::nn::Linear>& layers) {
-  std::vector<torch::Tensor> g;
-  for (auto& l : layers)
-    for (auto& p : l->parameters()) g.push_back(p.grad().detach().clone());
-  return g;
-}
-
-void reset_grads(const std::vector<torch::nn::Linear>& layers) {
-  for (auto& l : layers)
-    for (auto& p : l->parameters()) p.mutable_grad() = torch::Tensor();
-}
 
 // ----------------------------------------------------------------------------
 // 1. The exact split
@@ -136,7 +125,7 @@ void exact_split(const Config& cfg, const SplitCase& c, torch::Device device, Ta
   // Whole model: one graph, one backward.
   auto loss_whole = torch::mse_loss(stage_forward(layers, 0, L, x), y);
   loss_whole.backward();
-  const auto whole = grads_of(layers);
+  const auto whole = param_grads(layers);
   reset_grads(layers);
 
   // Split: each stage's input is a fresh leaf (detached copy of the previous output
@@ -152,7 +141,7 @@ void exact_split(const Config& cfg, const SplitCase& c, torch::Device device, Ta
   loss_split.backward();  // last stage: down to its boundary
   for (int k = K - 2; k >= 0; --k)  // boundary gradient sent back; the stage resumes with it
     outputs[static_cast<std::size_t>(k)].backward(inputs[static_cast<std::size_t>(k + 1)].grad());
-  const auto split = grads_of(layers);
+  const auto split = param_grads(layers);
 
   const auto names = param_names(layers);
   double worst = 0;
@@ -377,7 +366,7 @@ Report run_pipeline_experiment(const Context& ctx) {
   // The reference: the whole batch through the whole model in one graph.
   auto full_loss = torch::mse_loss(stage_forward(layers, 0, layers_n, x), y);
   full_loss.backward();
-  const auto full = grads_of(layers);
+  const auto full = param_grads(layers);
   report.results["full_batch_loss"] = full_loss.item<double>();
 
   SyntheticCost cost;
