@@ -154,8 +154,13 @@ def plot_pipeline(doc, out, fmt):
             got = [100 * meas[r["name"]]["bubble"] for r in rs if r["name"] in meas]
             if len(got) == len(rs):
                 ax.plot(ms, got, "o", label=f"{sched} measured")
-        th = sorted({(r["microbatches"], r["bubble_theory"]) for r in sweep})
-        ax.plot([m for m, _ in th], [100 * b for _, b in th], "k-", label="theory (p-1)/(m+p-1)")
+        # One theory line per formula: (p-1)/(m+p-1), and (p-1)/(v*m+p-1) for interleaved-1f1b.
+        for chunked in (False, True):
+            th = sorted({(r["microbatches"], r["bubble_theory"]) for r in sweep
+                         if (r["schedule"] == "interleaved-1f1b") == chunked})
+            if th:
+                ax.plot([m for m, _ in th], [100 * b for _, b in th], "k--" if chunked else "k-",
+                        label="theory (p-1)/(v*m+p-1), interleaved" if chunked else "theory (p-1)/(m+p-1)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("microbatches m")
         ax.set_ylabel("bubble (% of stage time idle)")
@@ -167,7 +172,7 @@ def plot_pipeline(doc, out, fmt):
     picks = {}
     for k in events:
         sched, _, m = k.partition(".m")
-        if sched in ("gpipe", "1f1b") and m.isdigit() and int(m) <= 8 and int(m) > int(picks.get(sched, ".m0").split(".m")[-1]):
+        if sched in ("gpipe", "1f1b", "interleaved-1f1b") and m.isdigit() and int(m) <= 8 and int(m) > int(picks.get(sched, ".m0").split(".m")[-1]):
             picks[sched] = k
     for name in sorted(picks.values()):
         ev = events[name]
@@ -180,7 +185,8 @@ def plot_pipeline(doc, out, fmt):
         ax.invert_yaxis()
         ax.set_xlabel("time (ms)")
         ax.set_ylabel("stage")
-        ax.set_title(f"Pipeline timeline {name} (F forward, B backward; gaps are the bubble)")
+        ax.set_title(f"Pipeline timeline {name} (F forward, B backward{'; Fj.k: chunk k' if '.' in ev[0]['op'] else ''}; "
+                     "gaps are the bubble)" if ev else f"Pipeline timeline {name}")
         save(fig, out, f"pipeline_gantt_{name}", fmt, paths)
     return paths
 

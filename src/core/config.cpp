@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -352,12 +353,15 @@ json parse_rejecting_duplicates(const std::string& text, std::string* duplicate)
 
 }  // namespace
 
-json read_json_file(const std::string& path) {
+json read_json_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(fmt::format("{}: is a directory, not a {}", path, what));
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open the config file ({})", path, std::strerror(errno)));
+  if (!in) throw ConfigError(fmt::format("{}: cannot open the {} ({})", path, what, std::strerror(errno)));
   std::stringstream ss;
   ss << in.rdbuf();
-  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the {}", path, what));
   try {
     std::string duplicate;
     json doc = parse_rejecting_duplicates(ss.str(), &duplicate);

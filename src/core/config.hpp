@@ -100,9 +100,10 @@ class Config {
   json json_;
 };
 
-/// Reads a JSON file; throws ConfigError for a missing, unreadable or invalid file
-/// (with line/column from the parser).
-json read_json_file(const std::string& path);
+/// Reads a JSON file; throws ConfigError for a missing, unreadable or invalid file (with
+/// line/column from the parser), a directory, or a key repeated within one object. `what`
+/// names the file in messages ("config file", "result file").
+json read_json_file(const std::string& path, const std::string& what = "config file");
 
 /// Merges defaults ← file (if non-empty path) ← `--set` overrides ("a.b=VALUE" or
 /// "/a/b=VALUE"; VALUE parsed as JSON, else taken as a string), validating each layer.

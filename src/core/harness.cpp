@@ -133,6 +133,14 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     if (spec.find("/nproc")) launch = dist::launch_from_environment();
     const int planned = launch ? launch->world_size : spec.find("/nproc") ? static_cast<int>(cfg.integer("/nproc")) : 1;
     if (exp.validate) exp.validate(cfg, planned);  // before any worker exists
+    // The result file must be writable before the run, not found unwritable after it (rank 0 writes).
+    if (!launch || launch->rank == 0) {
+      try {
+        check_writable(out);
+      } catch (const std::exception& e) {
+        throw ConfigError(fmt::format("--out {}", e.what()));
+      }
+    }
     if (spec.find("/nproc")) {
       if (!launch && cfg.integer("/nproc") > 1) {
         choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
@@ -221,7 +229,7 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
         throw ConfigError("--tol '" + k + "': tolerances must be finite numbers >= 0");
       opt.per_key.push_back(kt);
     }
-    json a = read_json_file(base_file), b = read_json_file(new_file);
+    json a = read_json_file(base_file, "result file"), b = read_json_file(new_file, "result file");
     Comparison c = compare_results(a, b, opt);
     if (!quiet && !c.diffs.empty())
       std::cout << render_table(comparison_table(c, fmt::format("Differences: {} -> {}", base_file, new_file))) << "\n";
@@ -302,8 +310,8 @@ int main_cli(int argc, char** argv) {
     sub->add_flag("--print-config", opts.print_config, "Print the resolved config as JSON and exit");
     sub->add_flag("-q,--quiet", opts.quiet, "No tables; warnings and errors only");
     sub->add_flag("-v,--verbose", opts.verbose, "Debug logging on stderr");
-    sub->add_option("--nproc", opts.nproc,
-                    "Spawn N worker processes on this machine (multi-process experiments; = --set nproc=N)");
+    if (full_spec(e).find("/nproc"))  // multi-process experiments only
+      sub->add_option("--nproc", opts.nproc, "Spawn N worker processes on this machine (= --set nproc=N)");
     sub->footer(config_help(full_spec(e)));
     sub->callback([&chosen, &e] { chosen = &e; });
   }

@@ -119,6 +119,12 @@ json histogram_json(const Histogram& h);
 /// Throws std::runtime_error (with errno text) on failure; the target is untouched then.
 void write_file_atomic(const std::string& path, const std::string& text);
 
+/// Checks before a run that write_file_atomic(path, ...) can succeed: `path` is not a
+/// directory, its parent directories exist or can be created (they are created), and a
+/// file can be made in the parent (a probe file, removed at once). A device or pipe passes.
+/// Throws std::runtime_error naming `path` and the reason otherwise.
+void check_writable(const std::string& path);
+
 }  // namespace mpt
 
 namespace mpt {

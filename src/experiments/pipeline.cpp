@@ -64,7 +64,7 @@ ConfigSpec pipeline_spec() {
   s.integer("/pipeline/steps", 3, "timed steps per run; the one with the median step time is reported", 1, 100);
   s.number("/pipeline/timeout_s", 30,
            "a stage waiting longer than this for a message fails (processes: also the rendezvous and collectives)",
-           0.001);
+           0.001, 3600.0);
   s.choice("/executor", "threads", {"threads", "processes"},
            "run the sweep with one thread per stage, or one process per stage (c10d send/recv: Gloo on CPU, NCCL on "
            "CUDA)");
@@ -212,7 +212,8 @@ Table schedules_table(int p, int m, int v, const std::vector<std::string>& kinds
                         {"peak_held", peaks[static_cast<std::size_t>(s)]},
                         {"program", schedule_string(sched[static_cast<std::size_t>(s)])}});
   }
-  t.notes.push_back("1f1b: stage s runs min(p-s-1, m) warm-up forwards, then alternates F and B, then drains the B's");
+  if (std::find(kinds.begin(), kinds.end(), "1f1b") != kinds.end())
+    t.notes.push_back("1f1b: stage s runs min(p-s-1, m) warm-up forwards, then alternates F and B, then drains the B's");
   t.notes.push_back("peak held: microbatches whose forward ran and backward did not (activations kept at once)");
   if (std::find(kinds.begin(), kinds.end(), "interleaved-1f1b") != kinds.end()) {
     if (skipped)
@@ -264,6 +265,10 @@ void validate_pipeline(const Config& cfg, int world_size) {
     if (p < 2)
       throw ConfigError(fmt::format("/pipeline/stages: expected at least 2 with interleaved-1f1b in "
                                     "/pipeline/schedules (chunks are spread over stages), got {}", p));
+    if (p * 2 > layers_n)
+      throw ConfigError(fmt::format("/pipeline/stages: expected at most {} with interleaved-1f1b (at least 2 chunks of "
+                                    "one layer per stage; the model has {} layers), got {}: use fewer stages or more "
+                                    "layers (/pipeline/widths)", layers_n / 2, layers_n, p));
     if (p * v > layers_n)
       throw ConfigError(fmt::format("/pipeline/chunks: expected at most {} (interleaved-1f1b cuts the {} layers into "
                                     "stages x chunks = {} x {} virtual stages of one layer at least), got {}",
@@ -551,8 +556,9 @@ Report run_pipeline_experiment(const Context& ctx) {
                                       "stage's F+B");
   sweep.notes.push_back(fmt::format("peak act: the most activation bytes a stage held at once, measured (largest "
                                     "stage); gpipe holds m microbatches, 1f1b at most p = {}", p));
-  measured.notes.push_back(fmt::format("median of {} steps after one warm-up step; theory (p-1)/(m+p-1) assumes equal "
-                                       "stages and free communication", n_steps));
+  measured.notes.push_back(fmt::format("median of {} steps after one warm-up step; theory (p-1)/(m+p-1){} assumes "
+                                       "equal stages and free communication", n_steps,
+                                       interleaved ? ", interleaved (p-1)/(v*m+p-1)," : ""));
   if (heavy >= 0)
     measured.notes.push_back(fmt::format("stage {} costs {}x: the slowest stage sets the pace of every other stage",
                                          heavy, cfg.number("/cost/heavy_factor")));
@@ -570,7 +576,7 @@ Report run_pipeline_experiment(const Context& ctx) {
 }  // namespace
 
 Experiment pipeline_experiment() {
-  return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B schedules, the bubble measured",
+  return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B/interleaved schedules, the bubble measured",
           pipeline_spec, run_pipeline_experiment, validate_pipeline};
 }
 

@@ -46,6 +46,11 @@ cli_case(bad_seed_huge 2 "--set 'seed=99999999999999999999': /seed: expected an 
 cli_case(bad_duplicate_key 2 "duplicate_key.json: /model/depth: duplicate key" underflow --config ${B}/duplicate_key.json)
 cli_case(bad_set_duplicate_key 2 "/model/width: duplicate key" underflow
          --set "model={\"width\": 8, \"width\": 9}")
+cli_case(bad_out_directory 2 "--out tests: is a directory" underflow --set model.depth=2 --out tests)
+cli_case(bad_out_parent_file 2 "--out README.md/x.json: cannot create directory README.md" underflow --set model.depth=2
+         --out README.md/x.json)
+cli_case(bad_config_directory 2 "configs: is a directory, not a config file" underflow --config configs)
+cli_case(bad_nproc_single_process 2 "--nproc" underflow --nproc 2)
 cli_case(bad_set_null 2 "/model/depth: expected an integer \\(or a list of them\\) .*, got null$" underflow --set model.depth=null)
 if(NOT MPT_WITH_CUDA)  # a CUDA build may have a device: then --device cuda runs
   cli_case(no_cuda 3 "CUDA" underflow --device cuda)

@@ -34,6 +34,9 @@ cli_case(pipeline_bad_not_divisible 2 "/pipeline/microbatches/1: expected a divi
 cli_case(pipeline_bad_heavy_stage 2 "/cost/heavy_stage: expected -1 or a stage 0 \\.\\. 3, got 4" pipeline --set cost.heavy_stage=4)
 cli_case(pipeline_bad_chunks 2 "/pipeline/chunks: expected at most 2 \\(interleaved-1f1b cuts the 8 layers into stages x chunks = 4 x 3 .*got 3"
          pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set pipeline.chunks=3)
+cli_case(pipeline_bad_interleaved_stages 2 "/pipeline/stages: expected at most 4 with interleaved-1f1b .*got 8: use fewer stages"
+         pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set pipeline.stages=8)
+cli_case(pipeline_bad_timeout 2 "/pipeline/timeout_s: expected .*<= 3600" pipeline --set pipeline.timeout_s=1e20)
 cli_case(pipeline_bad_interleaved_m 2 "/pipeline/microbatches: expected at least one multiple of /pipeline/stages \\(4\\)"
          pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set "pipeline.microbatches=[1,2]")
 cli_case(pipeline_bad_schedule 2 "/pipeline/schedules/0: expected one of .*got \"gpip\"" pipeline --set "pipeline.schedules=[\"gpip\"]")
