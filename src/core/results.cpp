@@ -177,31 +177,42 @@ std::string render_checks(const std::vector<Check>& checks) {
 // Atomic file writing
 // ---------------------------------------------------------------------------
 
-void check_writable(const std::string& path) {
+namespace {
+
+// A new file beside `path` (named ".<name><suffix>XXXXXX", mkstemp), its parent directories
+// created first. Returns the open descriptor and the file's name; throws std::runtime_error
+// naming `path` when the directory or the file cannot be made.
+std::pair<int, std::string> temp_file_beside(const std::string& path, const char* suffix) {
   namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, dir.string(), ec.message()));
+  std::string tmpl = (dir / ("." + target.filename().string() + suffix + "XXXXXX")).string();
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  int fd = mkstemp(name.data());
+  if (fd < 0)
+    throw std::runtime_error(fmt::format("{}: cannot create a file in {}: {}", path, dir.string(), std::strerror(errno)));
+  return {fd, std::string(name.data())};
+}
+
+}  // namespace
+
+void check_writable(const std::string& path) {
   if (path.empty()) throw std::runtime_error("empty result path");
   struct stat st{};
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) return;
     if (S_ISDIR(st.st_mode)) throw std::runtime_error(fmt::format("{}: is a directory (expected a file path)", path));
   }
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, dir.string(), ec.message()));
-  std::string tmpl = (dir / ("." + target.filename().string() + ".probe.XXXXXX")).string();
-  std::vector<char> name(tmpl.begin(), tmpl.end());
-  name.push_back('\0');
-  int fd = mkstemp(name.data());
-  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a file in {}: {}", path, dir.string(),
-                                                   std::strerror(errno)));
-  ::close(fd);
-  ::unlink(name.data());
+  const auto probe = temp_file_beside(path, ".probe.");
+  ::close(probe.first);
+  ::unlink(probe.second.c_str());
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  namespace fs = std::filesystem;
   if (path.empty()) throw std::runtime_error("empty result path");
   struct stat st{};
   if (::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
@@ -224,16 +235,9 @@ void write_file_atomic(const std::string& path, const std::string& text) {
     ::close(fd);
     return;
   }
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, dir.string(), ec.message()));
-  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-  std::vector<char> name(tmpl.begin(), tmpl.end());
-  name.push_back('\0');
-  int fd = mkstemp(name.data());
-  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a temporary file: {}", path, std::strerror(errno)));
+  const auto tmp = temp_file_beside(path, ".tmp.");
+  const int fd = tmp.first;
+  const std::string& name = tmp.second;
   auto fail = [&](const char* what) {
     int err = errno;
     ::close(fd);
