@@ -366,7 +366,7 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
         CHECK(max_diff(full, run.grads) < 1e-6);
         CHECK(run.loss == threaded.loss);
         CHECK(run.peak_held == peak_in_flight(sched));
-        CHECK(run.bytes_per_microbatch == threaded.bytes_per_microbatch);
+        CHECK(run.peak_bytes == threaded.peak_bytes);
         REQUIRE(run.events.size() == static_cast<std::size_t>(p * 2 * m));
         CHECK(run.events.front().stage == 0);
         CHECK(run.events.back().stage == p - 1);

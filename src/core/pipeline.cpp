@@ -394,7 +394,6 @@ PipelineRun assemble_run(const std::vector<StageRun>& parts, std::vector<torch::
     }
     run.busy_s.push_back(busy);
     run.peak_held.push_back(part.peak_held);
-    run.bytes_per_microbatch.push_back(part.bytes_per_microbatch);
     run.peak_bytes.push_back(part.peak_bytes);
   }
   if (run.events.empty()) first_start = 0;
@@ -458,7 +457,6 @@ StageRun run_stage(int s, int p, const std::vector<torch::nn::Linear>& layers,
       synthetic_wait(fwd_us, cost.spin);
       int64_t bytes = first ? 0 : in.nbytes();
       for (auto& k : kept) bytes += static_cast<int64_t>(k.nbytes());
-      out.bytes_per_microbatch = bytes;
       if (last) {
         // Mean loss over the whole batch: each microbatch's loss is divided by m once.
         o = torch::mse_loss(o, ys[static_cast<std::size_t>(op.microbatch)]) / m;
@@ -598,17 +596,16 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
   }
 
   // --- every stage's part to every rank: sums where each value has one contributor ---
-  // Layout: per stage s, [peak held, bytes per microbatch, peak bytes, (start, end, wait) per
-  // op], then the m microbatch losses (last stage).
+  // Layout: per stage s, [peak held, peak bytes, (start, end, wait) per op], then the m
+  // microbatch losses (last stage).
   std::vector<int64_t> offset(static_cast<std::size_t>(p) + 1, 0);
   for (std::size_t s = 0; s < schedule.size(); ++s)
-    offset[s + 1] = offset[s] + 3 + 3 * static_cast<int64_t>(schedule[s].size());
+    offset[s + 1] = offset[s] + 2 + 3 * static_cast<int64_t>(schedule[s].size());
   auto stats = torch::zeros({offset.back() + m}, torch::kFloat64);
   {
     auto a = stats.accessor<double, 1>();
     int64_t at = offset[static_cast<std::size_t>(r)];
     a[at++] = mine.peak_held;
-    a[at++] = static_cast<double>(mine.bytes_per_microbatch);
     a[at++] = static_cast<double>(mine.peak_bytes);
     for (const auto& ev : mine.events) {
       a[at++] = ev.start_s;
@@ -654,7 +651,6 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
     auto& part = parts[static_cast<std::size_t>(s)];
     int64_t at = offset[static_cast<std::size_t>(s)];
     part.peak_held = static_cast<int>(a[at++]);
-    part.bytes_per_microbatch = static_cast<int64_t>(a[at++]);
     part.peak_bytes = static_cast<int64_t>(a[at++]);
     for (const auto& op : schedule[static_cast<std::size_t>(s)]) {
       PipeEvent ev;

@@ -268,7 +268,6 @@ struct StageRun {
   std::vector<PipeEvent> events;  ///< the stage's operations in program order, seconds since the caller's t0
   std::vector<double> losses;     ///< last stage only: loss_j / m of every microbatch j (others: empty)
   int peak_held = 0;              ///< most (microbatch, chunk) pairs held at once
-  int64_t bytes_per_microbatch = 0;  ///< activation bytes one microbatch holds on this stage (last chunk run)
   int64_t peak_bytes = 0;         ///< most activation bytes held at once (measured), bytes
 };
 
@@ -296,7 +295,6 @@ struct PipelineRun {
   double step_s = 0;                   ///< first start to last end, seconds
   std::vector<double> busy_s;          ///< per stage: time spent computing
   std::vector<int> peak_held;          ///< per stage: most (microbatch, chunk) pairs held at once (measured)
-  std::vector<int64_t> bytes_per_microbatch;  ///< per stage: activation bytes one microbatch holds
   std::vector<int64_t> peak_bytes;     ///< per stage: most activation bytes held at once (measured), bytes
 };
 

@@ -84,6 +84,12 @@ ConfigSpec pipeline_spec() {
   return s;
 }
 
+// Whether /pipeline/schedules asks for interleaved-1f1b (the only schedule with model chunks).
+bool wants_interleaved(const Config& cfg) {
+  const auto names = cfg.strings("/pipeline/schedules");
+  return std::find(names.begin(), names.end(), "interleaved-1f1b") != names.end();
+}
+
 // Config lists are long long; LibTorch sizes are int64_t (long on Linux).
 std::vector<int64_t> i64(const std::vector<long long>& v) { return {v.begin(), v.end()}; }
 
@@ -259,8 +265,7 @@ void validate_pipeline(const Config& cfg, int world_size) {
     if (batch % ms[i] != 0)
       throw ConfigError(fmt::format("/pipeline/microbatches/{}: expected a divisor of /pipeline/batch ({}) so that "
                                     "microbatches are equal, got {}", i, batch, ms[i]));
-  const auto schedules = cfg.strings("/pipeline/schedules");
-  if (std::find(schedules.begin(), schedules.end(), "interleaved-1f1b") != schedules.end()) {
+  if (wants_interleaved(cfg)) {
     const int v = static_cast<int>(cfg.integer("/pipeline/chunks"));
     if (p < 2)
       throw ConfigError(fmt::format("/pipeline/stages: expected at least 2 with interleaved-1f1b in "
@@ -336,9 +341,7 @@ Report run_pipeline_experiment(const Context& ctx) {
     // Gradients on a group of their own: one stream per direction (see ProcessGroupTransport).
     popts.backward_group = dist::Group::create(li, ctx.rank, ctx.world_size, "pipeline_bwd/", timeout, device);
   }
-  const auto schedule_names = cfg.strings("/pipeline/schedules");
-  const bool interleaved =
-      std::find(schedule_names.begin(), schedule_names.end(), "interleaved-1f1b") != schedule_names.end();
+  const bool interleaved = wants_interleaved(cfg);
   if (processes && device.is_cuda() && interleaved)
     throw ConfigError("/pipeline/schedules: interleaved-1f1b with /executor = \"processes\" on CUDA is not "
                       "supported: with p = 2 both directions of a lap share one NCCL stream (it needs batched "
