@@ -3,13 +3,19 @@
 
     scripts/plot.py results/underflow.json [more.json ...] --out-dir plots [--format png|svg]
 
-Writes one or more images per result file, named <experiment>_<plot>.<format>, and prints
-their paths. Every plot has a title and labelled axes with units.
+Writes one or more images per result file, named <stem>_<plot>.<format> after the result file
+(results/underflow.json gives underflow_zero_fraction.png, ...), and prints their paths; two files
+with the same stem get "-2", "-3", ... so no plot of one invocation overwrites another. Every plot
+has a title and labelled axes with units.
+
+A file that cannot be read or plotted gets one line on stderr and the others are still plotted.
+Exit code: 0 all plotted; 1 some files failed; 2 none could be plotted (or --out-dir unwritable).
 """
 import argparse
 import json
 import math
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -25,6 +31,36 @@ def num(v):
     if isinstance(v, str) and v in ("inf", "-inf", "nan"):
         return float(v)
     return v
+
+
+class PlotNames:
+    """Names the plots of one invocation: <stem>_<plot>.<format> in the output folder, where <stem> is
+    the result file's name without ".json" (so results/underflow.json gives underflow_zero_fraction.png).
+    A name already made in this invocation (two files with the same stem) gets "-2", "-3", ...:
+    no plot overwrites another of the same run. Names keep only [A-Za-z0-9._-] (others become '_'):
+    parts taken from a file's content cannot reach outside the output folder."""
+
+    def __init__(self, out_dir, fmt):
+        self.out_dir, self.fmt, self.stem, self.used, self.made = out_dir, fmt, "", set(), []
+
+    def path(self, plot):
+        """The path for plot `plot` of the current result file (marked as used)."""
+        base = re.sub(r"[^A-Za-z0-9._-]", "_", f"{self.stem}_{plot}").lstrip(".-")[:150]
+        name, n = base, 2
+        while name.lower() in self.used:
+            name, n = f"{base}-{n}", n + 1
+        self.used.add(name.lower())
+        return os.path.join(self.out_dir, f"{name}.{self.fmt}")
+
+
+def save(fig, out, name, fmt, paths):
+    """Saves `fig` as plot `name` under the names of `out` (a PlotNames; `fmt` is its format)."""
+    p = out.path(name)
+    fig.tight_layout()
+    fig.savefig(p)
+    plt.close(fig)
+    paths.append(p)
+    out.made.append(p)
 
 
 def plot_underflow(doc, out, fmt):
@@ -46,11 +82,7 @@ def plot_underflow(doc, out, fmt):
         ax.set_ylabel("count (values)")
         ax.set_title(f"Gradient magnitudes, depth {key[len('histogram_d'):]} (bf16 holds all of this range)")
         ax.legend(fontsize=8)
-        p = os.path.join(out, f"underflow_{key}.{fmt}")
-        fig.tight_layout()
-        fig.savefig(p)
-        plt.close(fig)
-        paths.append(p)
+        save(fig, out, key, fmt, paths)
     rows = res.get("gradients", [])
     if rows:
         fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -61,20 +93,8 @@ def plot_underflow(doc, out, fmt):
         ax.set_ylabel("weight gradient -> 0 in fp16 (%)")
         ax.set_title("Gradient underflow in fp16 per layer")
         ax.legend(fontsize=8)
-        p = os.path.join(out, f"underflow_zero_fraction.{fmt}")
-        fig.tight_layout()
-        fig.savefig(p)
-        plt.close(fig)
-        paths.append(p)
+        save(fig, out, "zero_fraction", fmt, paths)
     return paths
-
-
-def save(fig, out, name, fmt, paths):
-    p = os.path.join(out, f"{name}.{fmt}")
-    fig.tight_layout()
-    fig.savefig(p)
-    plt.close(fig)
-    paths.append(p)
 
 
 def plot_lossscale(doc, out, fmt):
@@ -90,7 +110,7 @@ def plot_lossscale(doc, out, fmt):
         ax.set_ylabel("gradients (%)")
         ax.set_title("Static loss scale: fp16 underflow and overflow")
         ax.legend(fontsize=8)
-        save(fig, out, "lossscale_sweep", fmt, paths)
+        save(fig, out, "sweep", fmt, paths)
     hist = res.get("history", {})
     if hist:
         fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -100,7 +120,7 @@ def plot_lossscale(doc, out, fmt):
         ax.set_ylabel("training loss (cross-entropy, nats)")
         ax.set_title("Training curves per recipe")
         ax.legend(fontsize=7)
-        save(fig, out, "lossscale_training", fmt, paths)
+        save(fig, out, "training", fmt, paths)
         dyn = [(n, h) for n, h in hist.items() if "scale" in h and len(set(map(str, h["scale"]))) > 1]
         if dyn:
             fig, ax = plt.subplots(figsize=(8, 4))
@@ -110,7 +130,7 @@ def plot_lossscale(doc, out, fmt):
             ax.set_ylabel("loss scale (log2)")
             ax.set_title("Dynamic loss scale history (GradScaler)")
             ax.legend(fontsize=8)
-            save(fig, out, "lossscale_scale_history", fmt, paths)
+            save(fig, out, "scale_history", fmt, paths)
     return paths
 
 
@@ -128,7 +148,7 @@ def plot_dataparallel(doc, out, fmt):
         ax.set_ylabel("step time (ms)")
         ax.set_title("Data-parallel step time breakdown (run-dependent timings)")
         ax.legend(fontsize=8)
-        save(fig, out, "dataparallel_step_time", fmt, paths)
+        save(fig, out, "step_time", fmt, paths)
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot(ns, [100 * r["efficiency"] for r in rows], "o-", label="measured")
         ax.axhline(100, color="k", ls=":", label="ideal")
@@ -136,7 +156,7 @@ def plot_dataparallel(doc, out, fmt):
         ax.set_ylabel("scaling efficiency (%)")
         ax.set_title("Scaling efficiency against N = 1")
         ax.legend(fontsize=8)
-        save(fig, out, "dataparallel_efficiency", fmt, paths)
+        save(fig, out, "efficiency", fmt, paths)
         del hidden
     return paths
 
@@ -166,7 +186,7 @@ def plot_pipeline(doc, out, fmt):
         ax.set_ylabel("bubble (% of stage time idle)")
         ax.set_title("Pipeline bubble against microbatches")
         ax.legend(fontsize=8)
-        save(fig, out, "pipeline_bubble", fmt, paths)
+        save(fig, out, "bubble", fmt, paths)
     events = doc.get("timings", {}).get("events", {})
     # One timeline per schedule, at the largest m up to 8 (readable labels).
     picks = {}
@@ -187,7 +207,7 @@ def plot_pipeline(doc, out, fmt):
         ax.set_ylabel("stage")
         ax.set_title(f"Pipeline timeline {name} (F forward, B backward{'; Fj.k: chunk k' if '.' in ev[0]['op'] else ''}; "
                      "gaps are the bubble)" if ev else f"Pipeline timeline {name}")
-        save(fig, out, f"pipeline_gantt_{name}", fmt, paths)
+        save(fig, out, f"gantt_{name}", fmt, paths)
     return paths
 
 
@@ -200,7 +220,7 @@ def plot_accumulate(doc, out, fmt):
         ax.set_xlabel("micro-batch size (samples)")
         ax.set_ylabel("peak bytes above params + grads (MiB)")
         ax.set_title("Gradient accumulation: peak memory against micro-batch size")
-        save(fig, out, "accumulate_memory", fmt, paths)
+        save(fig, out, "memory", fmt, paths)
     return paths
 
 
@@ -222,12 +242,47 @@ def plot_checkpoint(doc, out, fmt):
             ax2.set_ylabel("step time / no checkpointing (x)")
             ax2.legend(fontsize=8, loc="upper center")
         ax.legend(fontsize=8, loc="upper right")
-        save(fig, out, "checkpoint_memory_time", fmt, paths)
+        save(fig, out, "memory_time", fmt, paths)
     return paths
 
 
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint}
+
+
+def plot_file(f, names):
+    """Plots result file `f` with `names` (its stem set here). Returns None, or one line saying
+    why the file could not be plotted (the plots made before a failure stay, in names.made)."""
+    names.stem = os.path.basename(f)[:-5] if f.endswith(".json") else os.path.basename(f)
+    names.made = []
+    try:
+        with open(f, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except OSError as e:
+        return f"cannot read: {e.strerror}"
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return f"not a JSON result file: {cut(str(e))}"
+    if not isinstance(doc, dict):
+        return f"not an mpt result file: expected a JSON object, got {type(doc).__name__}"
+    exp = doc.get("experiment")
+    if exp not in PLOTTERS:
+        return f"no plots for experiment {cut(repr(exp))} (known: {', '.join(PLOTTERS)})"
+    try:
+        PLOTTERS[exp](doc, names, names.fmt)
+    except OSError as e:
+        return f"cannot write a plot to {names.out_dir}: {e.strerror}"
+    except Exception as e:  # noqa: BLE001 - any malformed content: one line, then the next file
+        what = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        return f"not a valid {exp} result ({cut(what)})"
+    finally:
+        plt.close("all")
+    return None
+
+
+def cut(text, limit=120):
+    """`text` on one line, cut to `limit` characters (with "...") for messages."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def main():
@@ -237,24 +292,16 @@ def main():
     ap.add_argument("--format", default="png", choices=["png", "svg"])
     args = ap.parse_args()
     writable_out_dir("plot", args.out_dir)
-    status = 0
+    names, failed = PlotNames(args.out_dir, args.format), 0
     for f in args.results:
-        try:
-            doc = json.load(open(f))
-        except (OSError, ValueError) as e:
-            print(f"plot: {f}: cannot read: {e}", file=sys.stderr)
-            status = 2
-            continue
-        exp = doc.get("experiment")
-        if exp not in PLOTTERS:
-            print(f"plot: {f}: no plots for experiment {exp!r}", file=sys.stderr)
-            continue
-        try:
-            for p in PLOTTERS[exp](doc, args.out_dir, args.format):
-                print(p)
-        except OSError as e:
-            print(f"plot: {f}: cannot write a plot to {args.out_dir}: {e.strerror}", file=sys.stderr)
-            status = 2
+        why = plot_file(f, names)
+        for p in names.made:
+            print(p)
+        if why is not None:
+            print(f"plot: {f}: {why}", file=sys.stderr)
+            failed += 1
+    # 0: every file plotted; 1: some files failed (each named above); 2: none could be plotted.
+    status = 0 if failed == 0 else 2 if failed == len(args.results) else 1
     sys.exit(status)
 
 

@@ -80,6 +80,17 @@ add_test(NAME cli.scripts_unwritable_out_dir
          COMMAND bash -c "for s in 'sweep.py underflow --mpt $<TARGET_FILE:mpt>' 'plot.py tests/golden/underflow.json'; do out=\$(/usr/bin/python3 scripts/\$s --out-dir /proc/mpt-nowhere 2>&1); rc=\$?; echo \"\$out\"; test \$rc = 2 || exit 1; echo \"\$out\" | grep -q 'out-dir /proc/mpt-nowhere: cannot write there' || exit 1; ! echo \"\$out\" | grep -q Traceback || exit 1; done; echo ok"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 
+# Hostile input for the scripts (issue 15, defect 10): names from values sanitised inside --out-dir,
+# a repeated --grid key, list values, a missing --mpt, Ctrl-C, unknown --fields (a fake mpt, and the
+# real one for one end-to-end case); plot.py: bad files one line each, no plot overwritten.
+add_test(NAME cli.sweep_hostile
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_cases.py sweep $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.plot_hostile
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_cases.py plot
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.plot_hostile PROPERTIES SKIP_RETURN_CODE 77)
+
 # --- found by trying mpt as a new user ---
 add_test(NAME cli.bad_out_empty
          COMMAND bash -c "out=\$($<TARGET_FILE:mpt> underflow --set model.depth=2 --out '' 2>&1); test \$? = 2 && echo \"\$out\" | grep -q -- '--out: expected a file path' && echo ok"
