@@ -250,16 +250,23 @@ PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparal
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint}
 
 
+MAX_BYTES = 64 * 2**20  # the most plot.py reads of one result file
+
+
 def plot_file(f, names):
     """Plots result file `f` with `names` (its stem set here). Returns None, or one line saying
     why the file could not be plotted (the plots made before a failure stay, in names.made)."""
     names.stem = os.path.basename(f)[:-5] if f.endswith(".json") else os.path.basename(f)
     names.made = []
     try:
-        with open(f, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        with open(f, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)  # bounded: /dev/zero or a huge file must not fill the memory
     except OSError as e:
         return f"cannot read: {e.strerror}"
+    if len(data) > MAX_BYTES:
+        return f"too large: more than {MAX_BYTES // 2**20} MiB (mpt result files are far smaller)"
+    try:
+        doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return f"not a JSON result file: {cut(str(e))}"
     if not isinstance(doc, dict):

@@ -189,6 +189,7 @@ class Terminated(Exception):
 
 
 def on_sigterm(signum, frame):
+    """SIGTERM handler: raises Terminated (the sweep then writes its summary and exits 143)."""
     raise Terminated()
 
 

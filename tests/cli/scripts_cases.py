@@ -276,7 +276,7 @@ def plot_malformed():
     shutil.copy(os.path.join(GOLDEN, "underflow.json"), os.path.join(tmp, "good.json"))
     shutil.copy(os.path.join(GOLDEN, "lossscale.json"), os.path.join(tmp, "first.json"))
     files = [os.path.join(tmp, "first.json")] + [os.path.join(tmp, n) for n in bad] + \
-        [os.path.join(tmp, "missing.json"), tmp, os.path.join(tmp, "good.json")]
+        [os.path.join(tmp, "missing.json"), tmp, "/dev/zero", os.path.join(tmp, "good.json")]
     out = os.path.join(tmp, "plots")
     p = run([PY, PLOT, *files, "--out-dir", out])
     no_traceback(p, "plot malformed")
