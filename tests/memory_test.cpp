@@ -1,6 +1,12 @@
 // The memory meter counts what the allocator hands out (core/memory).
 #include "catch.hpp"
 #include "core/memory.hpp"
+#include "core/runtime.hpp"
+
+#include <cstdint>
+#include <cstring>
+
+#include <c10/core/CPUAllocator.h>
 
 using namespace mpt;
 
@@ -28,4 +34,73 @@ TEST_CASE("a new scope starts its peak from what is live", "[memory]") {
   CHECK(scope.peak_bytes() == 0);
   { auto t = torch::empty({128}, torch::kDouble); CHECK(scope.peak_bytes() >= 1024); }
   CHECK(scope.peak_bytes() < 256 * 256 * 4);
+}
+
+// c10::Allocator's raw interface (raw_allocate / raw_deallocate) requires a DataPtr whose context
+// is its data pointer and a raw deleter; oneDNN's bf16/AMX kernels take scratch memory through it.
+// Before the fix, raw_allocate on the counting allocator failed LibTorch's internal assertion
+// "dptr.get() == dptr.get_context()" (issue: bf16 crash on AVX-512 BF16 / AMX CPUs).
+TEST_CASE("raw_allocate / raw_deallocate through the installed CPU allocator, counted exactly", "[memory]") {
+  install_counting_allocator();
+  torch::Device cpu(torch::kCPU);
+  c10::Allocator* a = c10::GetCPUAllocator();
+  REQUIRE(a->raw_deleter() != nullptr);
+  const int64_t before = current_bytes(cpu);
+  void* p = a->raw_allocate(1000);
+  REQUIRE(p != nullptr);
+  CHECK(current_bytes(cpu) - before == 1000);                   // the requested bytes, exactly
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % 64 == 0);          // LibTorch's alignment kept
+  std::memset(p, 0x5a, 1000);                                   // the whole block is usable
+  void* q = a->raw_allocate(24);
+  CHECK(current_bytes(cpu) - before == 1024);
+  a->raw_deallocate(p);
+  CHECK(current_bytes(cpu) - before == 24);
+  a->raw_deallocate(q);
+  CHECK(current_bytes(cpu) == before);
+}
+
+TEST_CASE("tensor storage is counted to the byte and its DataPtr is simple (context == data)", "[memory]") {
+  install_counting_allocator();
+  torch::Device cpu(torch::kCPU);
+  PeakScope scope(cpu);
+  {
+    auto t = torch::empty({333}, torch::kFloat);
+    CHECK(scope.delta_bytes() == 333 * 4);
+    const auto& dp = t.storage().data_ptr();
+    CHECK(dp.get() == dp.get_context());
+    CHECK(dp.get_deleter() == c10::GetCPUAllocator()->raw_deleter());
+    auto empty = torch::empty({0}, torch::kFloat);  // no storage, nothing counted
+    CHECK(scope.delta_bytes() == 333 * 4);
+  }
+  CHECK(scope.delta_bytes() == 0);
+  CHECK(scope.peak_bytes() == 333 * 4);
+}
+
+// A bf16 product large enough that LibTorch hands it to oneDNN where the CPU has native bf16
+// (AVX-512 BF16, AMX: blocked kernels with scratchpads from raw_allocate), and the same in the
+// backward of a linear layer. bf16 products of these small integers are exact and the fp32
+// accumulation of 512 of them too, so the result is known exactly on every CPU.
+TEST_CASE("bf16 matmul and linear backward past oneDNN's size threshold run under the counting allocator", "[memory]") {
+  install_counting_allocator();
+  torch::Device cpu(torch::kCPU);
+  PeakScope scope(cpu);
+  auto a = (torch::arange(512 * 512, torch::kFloat).remainder(7) - 3).to(torch::kBFloat16).reshape({512, 512});
+  auto b = (torch::arange(512 * 512, torch::kFloat).remainder(5) - 2).to(torch::kBFloat16).reshape({512, 512});
+  auto c = torch::matmul(a, b);
+  auto ref = torch::matmul(a.to(torch::kDouble), b.to(torch::kDouble));
+  // Products and sums are integers below 2^12 in magnitude, exact in fp32 accumulation; the bf16
+  // output rounds them to 8 significant bits, so compare with the double result rounded to bf16.
+  CHECK(torch::equal(c.to(torch::kDouble), ref.to(torch::kBFloat16).to(torch::kDouble)));
+  CHECK(scope.peak_bytes() >= 512 * 512 * 2);  // at least the output, counted
+
+  auto x = torch::full({256, 512}, 0.5, torch::kBFloat16).requires_grad_(true);
+  auto w = torch::full({384, 512}, 0.25, torch::kBFloat16).requires_grad_(true);
+  auto y = torch::nn::functional::linear(x, w);
+  y.sum().backward();
+  CHECK(y.to(torch::kDouble).eq(64.0).all().item<bool>());          // 512 * 0.125
+  // 384 * 0.25 = 96 with fp32 accumulation; 64 where the bf16 GEMM accumulates in bf16 (Debian's
+  // 1.13 without AVX-512: core/runtime's probe reports it and compute=auto emulates there).
+  const double dx = probe_kernels(cpu, torch::kBFloat16).fp32_accumulation ? 96.0 : 64.0;
+  CHECK(x.grad().to(torch::kDouble).eq(dx).all().item<bool>());
+  CHECK(w.grad().to(torch::kDouble).eq(128.0).all().item<bool>());  // 256 * 0.5
 }
