@@ -57,6 +57,12 @@ std::pair<double, double> tolerance_for(const std::string& path, const CompareOp
   return {opt.rtol, opt.atol};
 }
 
+bool is_unbounded(const std::string& path, const CompareOptions& opt) {
+  for (const auto& k : opt.per_key)
+    if (fnmatch(k.pattern.c_str(), path.c_str(), 0) == 0) return k.unbounded;
+  return false;
+}
+
 // The checks array joins by check name as well.
 json checks_by_name(const json& doc) {
   json out = json::object();
@@ -97,6 +103,10 @@ Comparison compare_results(const json& base, const json& now, const CompareOptio
   for (auto& [p, v] : b) joined[p].second = v;
   for (auto& [path, pr] : joined) {
     const json &x = pr.first, &y = pr.second;
+    if (is_unbounded(path, opt)) {
+      ++c.unbounded;
+      continue;
+    }
     ++c.compared;
     LeafDiff d{path, x, y};
     if (!a.count(path) || !b.count(path)) {  // present on one side only

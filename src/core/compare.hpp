@@ -14,10 +14,14 @@ namespace mpt {
 
 /// A tolerance for the leaves whose path matches `pattern` (fnmatch(3) glob, e.g.
 /// "/results/gradients/*/mean_abs"). |new − base| ≤ atol + rtol·|base| passes.
+/// `unbounded`: the leaves are not compared (a tolerance file's `unbounded` rule: values with no
+/// derivable bound across kernels, such as counts of kernel-dependent values that cross a
+/// threshold); they are counted in Comparison::unbounded instead.
 struct KeyTolerance {
   std::string pattern;
   double rtol = 0;
   double atol = 0;
+  bool unbounded = false;
 };
 
 /// Options of a comparison. Defaults are strict: equal values only.
@@ -41,6 +45,7 @@ struct Comparison {
   std::vector<LeafDiff> diffs;   ///< leaves outside tolerance, or missing on one side
   std::vector<LeafDiff> timings; ///< relative changes of timings (informational)
   std::size_t compared = 0;      ///< leaves compared under results and checks
+  std::size_t unbounded = 0;     ///< leaves left out by an `unbounded` rule
   bool ok() const { return diffs.empty(); }
 };
 

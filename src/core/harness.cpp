@@ -15,6 +15,7 @@
 #include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/runtime.hpp"
+#include "core/tolerance.hpp"
 
 namespace mpt {
 
@@ -204,7 +205,7 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
 }
 
 int run_compare(const std::string& base_file, const std::string& new_file, const std::vector<std::string>& key_tols,
-                CompareOptions opt, bool quiet) {
+                CompareOptions opt, bool quiet, const std::vector<std::string>& tol_files) {
   setup_logging(false, false);
   try {
     // Checked here rather than by CLI11 (which lets "nan" through): NaN, infinity and negative
@@ -229,6 +230,8 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
         throw ConfigError("--tol '" + k + "': tolerances must be finite numbers >= 0");
       opt.per_key.push_back(kt);
     }
+    for (const auto& f : tol_files)  // after the --tol rules: the command line wins
+      for (auto& kt : read_tolerance_file(f)) opt.per_key.push_back(std::move(kt));
     json a = read_json_file(base_file, "result file"), b = read_json_file(new_file, "result file");
     Comparison c = compare_results(a, b, opt);
     if (!quiet && !c.diffs.empty())
@@ -240,9 +243,10 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
         t.rows.push_back({{"path", d.path}, {"base", d.base}, {"new", d.now}, {"change", d.rel_diff}});
       std::cout << render_table(t) << "\n";
     }
-    std::cout << fmt::format("compare: {} of {} values differ beyond tolerance (rtol {:g}, atol {:g}{}): {}\n",
+    std::cout << fmt::format("compare: {} of {} values differ beyond tolerance (rtol {:g}, atol {:g}{}){}: {}\n",
                              c.diffs.size(), c.compared, opt.rtol, opt.atol,
                              opt.per_key.empty() ? "" : fmt::format(", {} per-key", opt.per_key.size()),
+                             c.unbounded ? fmt::format("; {} unbounded values not compared", c.unbounded) : "",
                              c.ok() ? "OK" : "FAILED");
     return c.ok() ? kExitOk : kExitCheckFailed;
   } catch (const ConfigError& e) {
@@ -251,6 +255,33 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
   } catch (const std::exception& e) {  // e.g. a result file whose fields have unexpected types
     spdlog::error("mpt compare: not a valid mpt result file: {}", e.what());
     return kExitUsage;
+  }
+}
+
+int run_env(const std::string& device_name, bool as_json) {
+  setup_logging(false, false);
+  try {
+    json env = environment(choose_device(device_name));
+    if (as_json) {
+      std::cout << env.dump(2) << "\n";
+    } else {
+      // One "path  value" line per leaf, in the order of the JSON document.
+      std::function<void(const json&, const std::string&)> walk = [&](const json& j, const std::string& path) {
+        if (j.is_object() && !j.empty()) {
+          for (auto it = j.begin(); it != j.end(); ++it) walk(it.value(), path.empty() ? it.key() : path + "." + it.key());
+        } else if (j.is_array() && !j.empty()) {
+          for (std::size_t i = 0; i < j.size(); ++i) walk(j[i], fmt::format("{}[{}]", path, i));
+        } else {
+          std::cout << fmt::format("{:<34} {}\n", path, j.is_string() ? j.get<std::string>() : j.dump());
+        }
+      };
+      walk(env, "");
+    }
+    std::cout << std::flush;
+    return kExitOk;
+  } catch (const RuntimeFailure& e) {
+    spdlog::error("mpt env: {}", e.what());
+    return kExitRuntime;
   }
 }
 
@@ -263,7 +294,7 @@ int main_cli(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("Run `mpt list` for the experiments, `mpt <experiment> --help` for options and config keys.");
 
-  std::vector<std::string> known = {"list", "compare"};
+  std::vector<std::string> known = {"list", "compare", "env"};
   for (const auto& e : experiments()) known.push_back(e.name);
   // "did you mean" for a mistyped subcommand (CLI11 would only say "not expected").
   if (argc > 1 && argv[1][0] != '-' && std::find(known.begin(), known.end(), argv[1]) == known.end()) {
@@ -278,6 +309,16 @@ int main_cli(int argc, char** argv) {
     for (const auto& e : experiments()) std::cout << fmt::format("{:<14} {}\n", e.name, e.summary);
   });
 
+  // `mpt env`: the hardware and kernel fingerprint that result files carry in env, for bug reports.
+  bool env_json = false;
+  std::string env_device = "cpu";
+  auto* envcmd = app.add_subcommand("env", "Print the hardware and kernels that produce the numbers (for bug reports)");
+  envcmd->add_flag("--json", env_json, "As JSON (the `env` block of a result file)");
+  envcmd->add_option("--device", env_device, "cpu | cuda | auto: the device whose fp16/bf16 kernels are probed")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  bool env_chosen = false;
+  envcmd->callback([&] { env_chosen = true; });
+
   std::string base_file, new_file;
   std::vector<std::string> key_tols;
   CompareOptions cmp;
@@ -289,6 +330,9 @@ int main_cli(int argc, char** argv) {
   compare->add_option("--atol", cmp.atol, "Absolute tolerance >= 0 (default 0: exact)");
   compare->add_option("--tol", key_tols, "Per-key tolerance PATTERN=RTOL[,ATOL], PATTERN a glob on paths such as "
                                          "/results/gradients/*/mean_abs; repeatable, first match wins");
+  std::vector<std::string> tol_files;
+  compare->add_option("--tol-file", tol_files, "File of per-key tolerances derived from error bounds (PATTERN exact | "
+                                              "rel EXPR | abs EXPR; docs/results.md); repeatable, after --tol");
   compare->add_flag("--timings", cmp.timings, "Also report the relative change of timings (never fails)");
   compare->add_flag("-q,--quiet", cmp_quiet, "Only the summary line");
   bool compare_chosen = false;
@@ -328,7 +372,8 @@ int main_cli(int argc, char** argv) {
     app.exit(e);
     return kExitUsage;
   }
-  if (compare_chosen) return run_compare(base_file, new_file, key_tols, cmp, cmp_quiet);
+  if (compare_chosen) return run_compare(base_file, new_file, key_tols, cmp, cmp_quiet, tol_files);
+  if (env_chosen) return run_env(env_device, env_json);
   opts.argv.assign(argv, argv + argc);
   if (chosen) return run_experiment(*chosen, opts);
   return kExitOk;

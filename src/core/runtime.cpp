@@ -1,14 +1,29 @@
 // Devices, capabilities, seeding, environment. See runtime.hpp.
 #include "core/runtime.hpp"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
 
 #include "core/compat.hpp"
 #ifdef MPT_WITH_CUDA
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
+#include <spdlog/spdlog.h>
+
 #include "core/errors.hpp"
 
 namespace mpt {
@@ -27,15 +42,69 @@ torch::Device choose_device(const std::string& want) {
   throw RuntimeFailure("unknown device \"" + want + "\" (expected auto, cpu or cuda)");
 }
 
-bool native_matmul(torch::Device device, torch::ScalarType dtype) {
+namespace {
+
+KernelProbe run_probe(torch::Device device, torch::ScalarType dtype) {
+  const auto name = std::string(c10::toString(dtype));
+  KernelProbe p;
   try {
-    auto a = torch::ones({2, 2}, torch::TensorOptions().dtype(dtype).device(device));
+    torch::NoGradGuard no_grad;
+    auto opts = torch::TensorOptions().dtype(dtype).device(device);
+    auto a = torch::ones({2, 2}, opts);
     auto c = torch::matmul(a, a);
-    return c.scalar_type() == dtype && c.sum().item<double>() == 8.0;
-  } catch (const c10::Error&) {
-    return false;
+    if (c.scalar_type() != dtype || c.sum().item<double>() != 8.0) {
+      p.reason = fmt::format("a 2x2 {} matmul gave {} (expected 8)", name, c.sum().item<double>());
+      return p;
+    }
+  } catch (const c10::Error& e) {
+    p.reason = fmt::format("a 2x2 {} matmul failed: {}", name, e.what_without_backtrace());
+    return p;
   }
+  try {
+    // A linear layer's three GEMMs (output, input gradient, weight gradient). Every value is a
+    // small multiple of a power of two, exact in fp16 and bf16, so the exact results are known.
+    auto opts = torch::TensorOptions().dtype(dtype).device(device);
+    auto x = torch::full({256, 128}, 0.5, opts).requires_grad_(true);
+    auto w = torch::full({384, 128}, 0.25, opts).requires_grad_(true);
+    auto b = torch::full({384}, 1.0, opts).requires_grad_(true);
+    auto y = torch::nn::functional::linear(x, w, b);  // 128 * 0.125 + 1 = 17
+    y.backward(torch::ones_like(y));                  // dx = 384 * 0.25 = 96, dW = 256 * 0.5 = 128, db = 256
+    auto all = [](const torch::Tensor& t, double v) { return t.to(torch::kDouble).eq(v).all().item<bool>(); };
+    if (y.scalar_type() != dtype || !all(y, 17.0) || !all(w.grad(), 128.0) || !all(b.grad(), 256.0)) {
+      p.reason = fmt::format("a 256x128 -> 384 {} linear layer gave wrong values", name);
+      return p;
+    }
+    p.runs = true;
+    if (!all(x.grad(), 96.0)) {
+      p.reason = fmt::format("{} matrix products accumulate in {} (a sum of 384 x 0.25 gave {:g}, not 96); "
+                             "emulation accumulates in fp32, as GPUs and oneDNN do",
+                             name, name, x.grad().to(torch::kDouble).max().item<double>());
+      return p;
+    }
+    p.fp32_accumulation = true;
+  } catch (const c10::Error& e) {
+    p.reason = fmt::format("a 256x128 -> 384 {} linear layer (forward and backward) failed: {}", name,
+                           e.what_without_backtrace());
+  }
+  return p;
 }
+
+}  // namespace
+
+KernelProbe probe_kernels(torch::Device device, torch::ScalarType dtype) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, int>, KernelProbe> cache;
+  const auto key = std::make_pair(device.str(), static_cast<int>(dtype));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  KernelProbe p = run_probe(device, dtype);
+  std::lock_guard<std::mutex> lock(mu);
+  return cache.emplace(key, p).first->second;
+}
+
+bool native_matmul(torch::Device device, torch::ScalarType dtype) { return probe_kernels(device, dtype).native(); }
 
 std::string fp16_compute(torch::Device device) {
   return native_matmul(device, torch::kHalf) ? "native" : "emulated";
@@ -50,11 +119,17 @@ Compute resolve_compute(const std::string& request, Format f, torch::Device devi
     return Compute::Emulated;
   }
   if (request == "emulated") return Compute::Emulated;
-  const bool has = native_matmul(device, storage_dtype(f));
+  const KernelProbe probe = probe_kernels(device, storage_dtype(f));
+  if (request == "native" && probe.runs && !probe.fp32_accumulation) {
+    spdlog::warn("native {} compute as asked, although {}", format_name(f), probe.reason);
+    return Compute::Native;
+  }
+  const bool has = probe.native();
   if (request == "native" && !has)
-    throw RuntimeFailure(fmt::format("native {} compute: LibTorch {} has no {} matrix product on {}; use emulated "
-                                     "(or a LibTorch 2.x build: scripts/setup.sh --torch pip)",
-                                     format_name(f), compat::torch_version(), format_name(f), device.str()));
+    throw RuntimeFailure(fmt::format("native {} compute: LibTorch {} has no working {} matrix product on {} ({}); "
+                                     "use emulated (or a LibTorch 2.x build: scripts/setup.sh --torch pip)",
+                                     format_name(f), compat::torch_version(), format_name(f), device.str(),
+                                     probe.reason));
   return has ? Compute::Native : Compute::Emulated;
 }
 
@@ -63,19 +138,199 @@ void seed_all(std::uint64_t seed) { torch::manual_seed(seed); }
 json environment(torch::Device device) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
+  const KernelProbe fp16 = probe_kernels(device, torch::kHalf), bf16 = probe_kernels(device, torch::kBFloat16);
   json env = {
       {"torch", compat::torch_version()},
       {"device", device.str()},
       {"cuda", device.is_cuda()},
       {"cuda_build", compat::kBuiltWithCuda},
-      {"fp16_compute", fp16_compute(device)},
-      {"bf16_compute", native_matmul(device, torch::kBFloat16) ? "native" : "emulated"},
+      {"fp16_compute", fp16.native() ? "native" : "emulated"},
+      {"bf16_compute", bf16.native() ? "native" : "emulated"},
       {"threads", torch::get_num_threads()},
       {"host", host},
       {"compiler", fmt::format("{} {}", "gcc", __VERSION__)},
       {"mpt", MPT_VERSION},
   };
+  if (!fp16.native()) env["fp16_compute_reason"] = fp16.reason;
+  if (!bf16.native()) env["bf16_compute_reason"] = bf16.reason;
+  env["hardware"] = hardware_fingerprint();
   return env;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hardware fingerprint
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+/// "key: value" lines of /proc/cpuinfo's first processor.
+std::map<std::string, std::string> cpuinfo_first() {
+  std::map<std::string, std::string> out;
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) break;  // end of the first processor's block
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    auto trim = [](std::string v) {
+      v.erase(0, v.find_first_not_of(" \t"));
+      v.erase(v.find_last_not_of(" \t") + 1);
+      return v;
+    };
+    out[trim(line.substr(0, colon))] = trim(line.substr(colon + 1));
+  }
+  return out;
+}
+
+std::string show_config_field(const std::string& config, const std::string& pattern) {
+  std::smatch m;
+  return std::regex_search(config, m, std::regex(pattern)) ? m[1].str() : std::string("unknown");
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string(fallback);
+}
+
+// oneDNN's dnnl_cpu_isa_t values (include/oneapi/dnnl/dnnl_types.h, v2.6 and v3.x).
+std::string dnnl_isa_name(int v) {
+  static const std::map<int, std::string> names = {
+      {0x0, "default"},         {0x1, "sse41"},           {0x3, "avx"},
+      {0x7, "avx2"},            {0x407, "avx2_vnni"},     {0xc07, "avx2_vnni_2"},
+      {0xf, "avx512_mic"},      {0x1f, "avx512_mic_4ops"}, {0x27, "avx512_core"},
+      {0x67, "avx512_core_vnni"}, {0xe7, "avx512_core_bf16"}, {0x1ef, "avx512_core_fp16"},
+      {0x3e7, "avx512_core_amx"}, {0x3ef, "avx512_core_amx_fp16"}, {0x1e7, "avx10_1_512"},
+  };
+  auto it = names.find(v);
+  return it != names.end() ? it->second : fmt::format("0x{:x}", v);
+}
+
+// The ISA oneDNN would pick from the CPU's flags under a cap, in oneDNN's order (used where
+// oneDNN's C API is not exported, as in PyPI's LibTorch, which links oneDNN statically).
+std::string derived_dnnl_isa(const std::set<std::string>& f, const std::string& cap) {
+  std::vector<std::pair<std::string, bool>> order = {
+      {"avx512_core_amx", f.count("amx_tile") && f.count("amx_bf16") && f.count("avx512_bf16")},
+      {"avx512_core_fp16", f.count("avx512_fp16") && f.count("avx512_bf16")},
+      {"avx512_core_bf16", f.count("avx512_bf16") && f.count("avx512bw")},
+      {"avx512_core_vnni", f.count("avx512_vnni") && f.count("avx512bw")},
+      {"avx512_core", f.count("avx512f") && f.count("avx512bw") && f.count("avx512vl") && f.count("avx512dq")},
+      {"avx2_vnni", f.count("avx_vnni") && f.count("avx2")},
+      {"avx2", f.count("avx2") > 0},
+      {"avx", f.count("avx") > 0},
+      {"sse41", f.count("sse4_1") > 0},
+  };
+  std::string c = cap;
+  std::transform(c.begin(), c.end(), c.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  bool allowed = c.empty() || c == "all" || c == "default";
+  for (const auto& [isa, has] : order) {
+    if (!allowed && isa == c) allowed = true;  // the cap and everything below it
+    if (allowed && has) return isa;
+  }
+  return "default";
+}
+
+/// The resolved path of the first loaded library whose file name contains `needle`.
+std::string loaded_library(const std::vector<std::string>& needles) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    std::string path = line.substr(slash);
+    std::string file = path.substr(path.rfind('/') + 1);
+    for (const auto& n : needles)
+      if (file.find(n) != std::string::npos) return path;
+  }
+  return "";
+}
+
+template <typename Fn>
+Fn find_symbol(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+}  // namespace
+
+json hardware_fingerprint() {
+  json hw;
+  // --- CPU ---
+  auto info = cpuinfo_first();
+  std::set<std::string> flags;
+  {
+    std::istringstream in(info.count("flags") ? info["flags"] : info["Features"]);
+    for (std::string f; in >> f;) flags.insert(f);
+  }
+  json isa = json::object();
+  for (const char* f : {"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                        "amx_bf16", "amx_int8", "avx_vnni", "f16c", "fma"})
+    isa[f] = flags.count(f) > 0;
+  hw["cpu"] = {
+      {"model", info.count("model name") ? info["model name"] : "unknown"},
+      {"vendor", info.count("vendor_id") ? info["vendor_id"] : "unknown"},
+      {"logical_cpus", static_cast<int>(std::thread::hardware_concurrency())},
+      {"isa", isa},
+  };
+  // --- LibTorch's kernels ---
+  const std::string config = at::show_config();
+  hw["aten_cpu_capability"] = show_config_field(config, "CPU capability usage: ([A-Za-z0-9_]+)");
+  json dnnl = {{"version", show_config_field(config, "MKL-DNN v([0-9.]+)")}};
+  const std::string cap = env_or("ONEDNN_MAX_CPU_ISA", env_or("DNNL_MAX_CPU_ISA", "").c_str());
+  dnnl["max_cpu_isa_env"] = cap.empty() ? json(nullptr) : json(cap);
+  if (auto get_isa = find_symbol<int (*)()>("dnnl_get_effective_cpu_isa")) {
+    dnnl["isa"] = dnnl_isa_name(get_isa());
+    dnnl["isa_source"] = "oneDNN (dnnl_get_effective_cpu_isa)";
+  } else {
+    dnnl["isa"] = derived_dnnl_isa(flags, cap);
+    dnnl["isa_source"] = "derived from the CPU flags and the ISA cap (oneDNN's API is not exported by this LibTorch)";
+  }
+  hw["onednn"] = dnnl;
+  std::string blas_lib = loaded_library({"libmkl_", "libopenblas", "libblis", "libblas", "libflexiblas"});
+  if (blas_lib.empty() && show_config_field(config, "BLAS_INFO=([a-z]+)") == "mkl")
+    blas_lib = "MKL, linked into libtorch_cpu";
+  hw["blas"] = {{"build", show_config_field(config, "BLAS_INFO=([A-Za-z0-9_]+)")},
+                {"library", blas_lib.empty() ? "unknown" : blas_lib}};
+  hw["threads"] = {{"intra_op", at::get_num_threads()}, {"inter_op", at::get_num_interop_threads()}};
+  json vars = json::object();
+  for (const char* v : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                        "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE",
+                        "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE"})
+    if (const char* x = std::getenv(v)) vars[v] = x;
+  hw["kernel_env"] = vars;
+  // --- versions ---
+  hw["torch"] = compat::torch_version();
+  json cuda = {{"build", compat::kBuiltWithCuda}};
+  if (compat::kBuiltWithCuda) {
+    cuda["version_build"] = show_config_field(config, "CUDA_VERSION=([0-9.]+)");
+    cuda["cudnn_build"] = show_config_field(config, "CUDNN_VERSION=([0-9.]+)");
+    int v = 0;
+    if (auto f = find_symbol<int (*)(int*)>("cudaRuntimeGetVersion"); f && f(&v) == 0)
+      cuda["runtime"] = fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+    if (auto f = find_symbol<int (*)(int*)>("cudaDriverGetVersion"); f && f(&v) == 0 && v > 0)
+      cuda["driver"] = fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+    if (auto f = find_symbol<std::size_t (*)()>("cudnnGetVersion")) {
+      const auto c = static_cast<long>(f());
+      cuda["cudnn_runtime"] = c >= 90000 ? fmt::format("{}.{}.{}", c / 10000, (c % 10000) / 100, c % 100)
+                                         : fmt::format("{}.{}.{}", c / 1000, (c % 1000) / 100, c % 100);
+    }
+    if (auto f = find_symbol<int (*)(int*)>("ncclGetVersion"); f && f(&v) == 0)
+      cuda["nccl"] = v >= 10000 ? fmt::format("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
+                                : fmt::format("{}.{}.{}", v / 1000, (v % 1000) / 100, v % 100);
+  }
+  json gpus = json::array();
+#ifdef MPT_WITH_CUDA
+  if (compat::cuda_available()) {
+    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) {
+      const auto* p = at::cuda::getDeviceProperties(i);
+      gpus.push_back({{"index", i},
+                      {"name", p->name},
+                      {"compute_capability", fmt::format("{}.{}", p->major, p->minor)},
+                      {"memory_bytes", static_cast<int64_t>(p->totalGlobalMem)},
+                      {"multiprocessors", p->multiProcessorCount}});
+    }
+  }
+#endif
+  cuda["gpus"] = gpus;
+  hw["cuda"] = cuda;
+  return hw;
 }
 
 torch::Device cuda_device_for_rank(int local_rank) {

@@ -17,27 +17,62 @@ using json = nlohmann::json;
 /// (CPU-only build of mpt/LibTorch, or no device visible).
 torch::Device choose_device(const std::string& want);
 
-/// Whether `device` has native kernels for matrix products in `dtype` (probed by a
-/// tiny matmul, not assumed: Debian's LibTorch 1.13 has no CPU fp16 matmul).
+/// Outcome of probing the kernels of one dtype on one device (probe_kernels).
+struct KernelProbe {
+  bool runs = false;               ///< the dtype's matrix products run (no LibTorch error) in the dtype
+  bool fp32_accumulation = false;  ///< ... and accumulate in fp32, rounding each result once, as
+                                   ///< oneDNN, MKL, cuBLAS and Tensor Cores do
+  std::string reason;              ///< why not native(): the LibTorch error or the wrong sum; "" when native
+  /// Native compute as mpt means it: low-precision storage with fp32 accumulation.
+  bool native() const { return runs && fp32_accumulation; }
+};
+
+/// Probes `device`'s kernels for matrix products in `dtype` by running them, not by assuming:
+/// a 2x2 matmul, then a linear layer's forward and backward (x 256x128, W 384x128, bias) past
+/// the size where LibTorch hands bf16/fp16 GEMMs to oneDNN (2.x skips oneDNN below
+/// m*n*k = 16^3), so it takes the experiments' path. Its input gradient sums 384 products of
+/// 0.25: 96 with fp32 accumulation, 64 when the kernel accumulates in bf16 (64 + 0.25 rounds
+/// back to 64) — as Debian's LibTorch 1.13 does on CPUs without AVX-512 (its generic bf16 GEMM).
+/// Catches: no CPU fp16 matmul in 1.13; oneDNN capped below AVX-512 (DNNL_MAX_CPU_ISA=AVX2) on
+/// a CPU with AVX-512 BF16, where 1.13 still routes bf16 to oneDNN and fails ("could not create
+/// a primitive descriptor iterator"); low-precision accumulation. Cached per (device, dtype);
+/// thread-safe; never throws.
+KernelProbe probe_kernels(torch::Device device, torch::ScalarType dtype);
+
+/// Whether `device` has native kernels for matrix products in `dtype`: probe_kernels().native().
 bool native_matmul(torch::Device device, torch::ScalarType dtype);
 
 /// "native" or "emulated": how fp16 compute runs on `device` in this build.
 std::string fp16_compute(torch::Device device);
 
-/// Resolves a compute request for format `f` on `device`: "emulated" → Emulated; "native" →
-/// Native, provided the device has native matrix products in f's dtype (native_matmul);
-/// "auto" → Native where it has them, else Emulated. fp32 is always Native (nothing to
+/// Resolves a compute request for format `f` on `device`: "emulated" → Emulated; "auto" → Native
+/// where probe_kernels() finds native kernels (running, fp32 accumulation), else Emulated;
+/// "native" → Native wherever the kernels run (with a warning on stderr when they accumulate in
+/// the low format). fp32 is always Native (nothing to
 /// emulate); fp8 is always Emulated (mpt has no native fp8 path). Throws RuntimeFailure (exit 3)
-/// when "native" is asked for and the device lacks the kernels (naming LibTorch, device and
+/// when "native" is asked for and the kernels do not run (naming LibTorch, device and
 /// format), std::invalid_argument for any other request string.
 Compute resolve_compute(const std::string& request, Format f, torch::Device device);
 
 /// Seeds LibTorch's default generators (CPU, and CUDA when present), as torch.manual_seed.
 void seed_all(std::uint64_t seed);
 
-/// The `env` block: LibTorch version, device and its name, CUDA, fp16 compute mode,
-/// intra-op threads, host name, compiler, mpt version. Run-dependent by nature.
+/// The `env` block: LibTorch version, device, CUDA, fp16/bf16 compute modes (with the reason
+/// when emulated), intra-op threads, host name, compiler, mpt version, and `hardware`
+/// (hardware_fingerprint). Run-dependent by nature.
 json environment(torch::Device device);
+
+/// What hardware and kernels produce the numbers, for result files' `env.hardware` and
+/// `mpt env`: the CPU model and the ISA features that change kernels (avx2, avx512f,
+/// avx512_bf16, avx512_fp16, amx_tile/amx_bf16, from /proc/cpuinfo), ATen's CPU capability
+/// (the vectorised kernels' dispatch level, as torch.backends.cpu.get_cpu_capability()), the ISA
+/// oneDNN dispatches to (asked of oneDNN itself where its C API is exported, as in Debian's
+/// libdnnl; otherwise derived from the CPU flags and ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA, and
+/// `source` says which), the BLAS LibTorch was built with and the BLAS library actually loaded
+/// (from /proc/self/maps), intra- and inter-op threads, the environment variables that change
+/// kernels, LibTorch / CUDA / cuDNN / NCCL versions, and each GPU's name, compute capability
+/// and memory. Never throws: what cannot be read is reported as "unknown".
+json hardware_fingerprint();
 
 /// Seconds since an arbitrary epoch (steady clock), for timings.
 double now_seconds();

@@ -10,11 +10,33 @@ else()
   set(_golden_dir ${CMAKE_CURRENT_SOURCE_DIR}/golden)
 endif()
 file(GLOB MPT_GOLDEN_CONFIGS ${CMAKE_CURRENT_SOURCE_DIR}/golden/*.config.json)
+# Each golden check runs under the kernels of other CPUs, simulated on this one: oneDNN capped to
+# AVX2 and to AVX512_CORE (ONEDNN_MAX_CPU_ISA; DNNL_MAX_CPU_ISA for the oneDNN 2.x of LibTorch
+# 1.13; a cap above the CPU changes nothing), ATen's vectorised kernels at their DEFAULT (no
+# AVX) level (ATEN_CPU_CAPABILITY: other reduction orders, as another CPU's vector width
+# gives), and 2 intra-op threads. All must hold within tests/golden/tolerances/.
+set(_golden_variants
+  "golden|1|"
+  "golden_t2|2|"
+  "golden_isa_avx2|1|ONEDNN_MAX_CPU_ISA=AVX2,DNNL_MAX_CPU_ISA=AVX2"
+  "golden_isa_avx512|1|ONEDNN_MAX_CPU_ISA=AVX512_CORE,DNNL_MAX_CPU_ISA=AVX512_CORE"
+  "golden_aten_default|1|ATEN_CPU_CAPABILITY=default")
 foreach(c ${MPT_GOLDEN_CONFIGS})
   get_filename_component(n ${c} NAME)
   string(REPLACE ".config.json" "" n ${n})
-  add_test(NAME golden.${n}
-           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/golden/check_golden.sh $<TARGET_FILE:mpt> ${_golden_dir}/${n}.json
-           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-  set_tests_properties(golden.${n} PROPERTIES SKIP_RETURN_CODE 77)
+  foreach(v ${_golden_variants})
+    string(REPLACE "|" ";" v "${v}")  # name|threads|VAR=VALUE,VAR=VALUE
+    list(GET v 0 prefix)
+    list(GET v 1 threads)
+    list(GET v 2 envs)
+    add_test(NAME ${prefix}.${n}
+             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/golden/check_golden.sh $<TARGET_FILE:mpt> ${_golden_dir}/${n}.json
+                     ${threads}
+             WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+    set_tests_properties(${prefix}.${n} PROPERTIES SKIP_RETURN_CODE 77)
+    if(envs)
+      string(REPLACE "," ";" envs "${envs}")
+      set_tests_properties(${prefix}.${n} PROPERTIES ENVIRONMENT "${envs}")
+    endif()
+  endforeach()
 endforeach()

@@ -1,0 +1,66 @@
+// Devices, kernel probes and the hardware fingerprint (core/runtime).
+#include "catch.hpp"
+#include "core/runtime.hpp"
+
+using namespace mpt;
+
+TEST_CASE("the hardware fingerprint names the CPU, its kernel-relevant ISA and the kernels' dispatch", "[runtime]") {
+  json hw = hardware_fingerprint();
+  REQUIRE(hw.contains("cpu"));
+  CHECK(!hw["cpu"]["model"].get<std::string>().empty());
+  for (const char* f : {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"})
+    CHECK(hw["cpu"]["isa"][f].is_boolean());
+  CHECK(hw["cpu"]["logical_cpus"].get<int>() >= 1);
+  // ATen reports its dispatch level (DEFAULT, AVX2, AVX512, ...) in show_config.
+  CHECK(hw["aten_cpu_capability"].get<std::string>() != "unknown");
+  CHECK(!hw["onednn"]["isa"].get<std::string>().empty());
+  CHECK(!hw["onednn"]["isa_source"].get<std::string>().empty());
+  CHECK(hw["blas"]["build"].get<std::string>() != "unknown");
+  CHECK(hw["threads"]["intra_op"].get<int>() == torch::get_num_threads());
+  CHECK(hw["torch"].is_string());
+  CHECK(hw["cuda"]["gpus"].is_array());
+}
+
+TEST_CASE("environment() carries the fingerprint and a reason for every emulated format", "[runtime]") {
+  json env = environment(torch::Device(torch::kCPU));
+  CHECK(env.contains("hardware"));
+  for (const char* f : {"fp16", "bf16"}) {
+    const std::string mode = env[std::string(f) + "_compute"];
+    CHECK((mode == "native" || mode == "emulated"));
+    // An emulated format says why (the failed probe); a native one has no reason.
+    CHECK(env.contains(std::string(f) + "_compute_reason") == (mode == "emulated"));
+  }
+}
+
+TEST_CASE("kernel probes: fp32 is native everywhere; results are cached and agree with native_matmul", "[runtime]") {
+  torch::Device cpu(torch::kCPU);
+  auto p = probe_kernels(cpu, torch::kFloat);
+  CHECK(p.native());
+  CHECK(p.reason.empty());
+  for (auto dt : {torch::kHalf, torch::kBFloat16}) {
+    auto a = probe_kernels(cpu, dt), b = probe_kernels(cpu, dt);
+    CHECK(a.native() == b.native());
+    CHECK(a.reason == b.reason);
+    CHECK(native_matmul(cpu, dt) == a.native());
+    CHECK(a.native() == a.reason.empty());
+    CHECK((!a.fp32_accumulation || a.runs));
+  }
+}
+
+// What the probe's accumulation check detects, shown directly: a sum of 384 products of 0.25 is
+// 96 in fp32 accumulation, and stalls at 64 in bf16 accumulation (64 + 0.25 is a tie that rounds
+// to even, 64). Whatever this CPU's bf16 kernels do, the probe's verdict must match it.
+TEST_CASE("kernel probe: bf16 accumulation is detected as what the matmul actually does", "[runtime]") {
+  torch::Device cpu(torch::kCPU);
+  auto p = probe_kernels(cpu, torch::kBFloat16);
+  if (!p.runs) {
+    WARN("no bf16 matmul on this CPU: " << p.reason);
+    return;
+  }
+  auto dy = torch::ones({256, 384}, torch::kBFloat16);
+  auto w = torch::full({384, 128}, 0.25, torch::kBFloat16);
+  const double got = torch::matmul(dy, w).to(torch::kDouble).max().item<double>();
+  CHECK((got == 96.0 || got == 64.0));
+  CHECK(p.fp32_accumulation == (got == 96.0));
+  if (!p.fp32_accumulation) CHECK_THAT(p.reason, Catch::Contains("accumulate in"));
+}
