@@ -1,6 +1,7 @@
 // Unit tests of core/dist: bucket assignment, launcher environments, the Reducer on a
 // one-process group (the multi-process paths run through ctest's CLI cases).
 #include <cstdlib>
+#include <thread>
 
 #include "catch.hpp"
 #include "core/dist.hpp"
@@ -60,6 +61,7 @@ TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]"
     CHECK(li->master_port == 29400);
     CHECK(li->agent_store);
     CHECK(li->store_prefix == "/worker/attempt_2");
+    CHECK(li->world_size_var == "WORLD_SIZE");  // named when the harness caps the world size
   }
   SECTION("mpt --nproc: the launcher hosts the store") {
     EnvGuard e;
@@ -87,6 +89,7 @@ TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]"
     CHECK(li->launcher == "slurm");
     CHECK(li->rank == 1);
     CHECK(li->world_size == 2);
+    CHECK(li->world_size_var == "SLURM_NTASKS");
   }
   SECTION("inconsistent values are errors") {
     EnvGuard e;
@@ -131,4 +134,41 @@ TEST_CASE("Reducer on a one-process group leaves the local gradient (also accumu
   want->forward(x).pow(2).sum().backward();
   CHECK(torch::allclose(lin->weight.grad(), want->weight.grad()));
   CHECK(torch::allclose(lin->bias.grad(), want->bias.grad()));
+}
+
+TEST_CASE("heartbeat_interval: timeout/20 in milliseconds, between 20 ms and 500 ms", "[dist]") {
+  using std::chrono::milliseconds;
+  CHECK(dist::heartbeat_interval(milliseconds(100)) == milliseconds(20));    // 0.1 s: the floor
+  CHECK(dist::heartbeat_interval(milliseconds(3000)) == milliseconds(150));  // sub-second values kept
+  CHECK(dist::heartbeat_interval(milliseconds(30000)) == milliseconds(500));
+}
+
+TEST_CASE("Group::barrier of one rank and a thread-played pair returns", "[dist]") {
+  using std::chrono::milliseconds;
+  dist::connect_store(dist::LaunchInfo{}, milliseconds(5000));
+  auto solo = dist::Group::create({}, 0, 1, "barrier_solo/", milliseconds(5000));
+  solo->barrier();
+  std::vector<std::shared_ptr<dist::Group>> gs(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] { gs[static_cast<std::size_t>(r)] = dist::Group::create({}, r, 2, "barrier_pair/", milliseconds(5000)); });
+  for (auto& t : ts) t.join();
+  ts.clear();
+  std::vector<int> done(2, 0);
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      for (int k = 0; k < 3; ++k) gs[static_cast<std::size_t>(r)]->barrier();  // unique keys per call
+      done[static_cast<std::size_t>(r)] = 1;
+    });
+  for (auto& t : ts) t.join();
+  CHECK(done == std::vector<int>{1, 1});
+}
+
+TEST_CASE("Group::create names a rank that never comes, within the timeout", "[dist]") {
+  using std::chrono::milliseconds;
+  dist::connect_store(dist::LaunchInfo{}, milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(dist::Group::create({}, 0, 2, "never/", milliseconds(300)),
+                    Catch::Contains("rank 1 did not arrive within 0.3 s"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
 }

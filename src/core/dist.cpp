@@ -4,7 +4,11 @@
 #include "core/dist.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/prctl.h>
@@ -12,10 +16,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdlib>
+#include <ctime>
+#include <map>
 #include <optional>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -62,6 +73,12 @@ std::string first_line(const std::string& s) {
 // The job's store (one per process), and how long collectives may take.
 c10::intrusive_ptr<c10d::Store> g_store;
 std::chrono::milliseconds g_timeout{30000};
+// This process in the job (for heartbeats and blame), from the LaunchInfo of connect_store.
+int g_global_rank = 0, g_world_size = 1;
+// What the main thread waits for (published in the heartbeat): -1 nothing, a global rank, -2 a group.
+std::atomic<int> g_waiting_on{-1};
+// Work done, as counted by note_progress() (published in the heartbeat).
+std::atomic<long long> g_progress{0};
 
 // Key (in the job's store, no group prefix) under which rank R lists the ranks that did not
 // answer when its collective failed: the launcher reads it to name a hung rank.
@@ -96,7 +113,295 @@ std::string join_ranks(const std::vector<int>& v, const char* sep) {
   return s;
 }
 
+// ----------------------------------------------------------------------------
+// Heartbeats (see dist.hpp)
+// ----------------------------------------------------------------------------
+
+std::string heartbeat_key(int global_rank) { return fmt::format("mpt/heartbeat/{}", global_rank); }
+
+// The thread that publishes this rank's heartbeat, on a store connection of its own (a
+// TCPStore client serialises its operations: a long wait of the main thread would delay it).
+class Heartbeat {
+ public:
+  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int global_rank, std::chrono::milliseconds interval)
+      : store_(std::move(store)), key_(heartbeat_key(global_rank)), interval_(interval) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (long long beat = 0; !stop_; ++beat) {
+      // The whole process's CPU time: LibTorch's intra-op threads and pipeline stage threads
+      // count as work too; this thread's own beats cost far less than the 2% that counts.
+      timespec ts{};
+      ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+      const long long cpu_ms = static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+      try {
+        store_set(*store_, key_,
+                  fmt::format("{} {} {} {}", beat, cpu_ms, g_waiting_on.load(), g_progress.load()));
+      } catch (...) {  // the store is gone (the job is ending): nothing to tell anyone
+        return;
+      }
+      cv_.wait_for(lock, interval_, [this] { return stop_; });
+    }
+  }
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string key_;
+  std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+std::unique_ptr<Heartbeat> g_heartbeat;  // after g_store: destroyed (joined) before it
+
+double interval_s() { return static_cast<double>(heartbeat_interval(g_timeout).count()) / 1000.0; }
+// A heartbeat unchanged for this long belongs to a stopped or dead rank.
+double stale_s() { return 3.0 * interval_s() + 0.25; }
+
+// What a waiting rank has seen of one peer's heartbeat (times are this process's now_seconds()).
+struct PeerBeat {
+  bool seen = false;
+  std::string raw;
+  long long cpu_ms = 0, progress = 0;
+  int waiting = -1;
+  double first_seen = 0, changed_at = 0;
+  double progress_at = 0;  // last time its main thread was seen using CPU (0: never)
+  int changes = 0;         // distinct values seen
+};
+
+// Reads `global`'s heartbeat into `b`. Progress: note_progress() was called, or the process
+// used at least 2% of a core (and 1 ms) between two beats; a waiting rank polls or sleeps, a
+// hung one sleeps.
+void observe(c10d::Store& store, int global, PeerBeat& b, double now) {
+  const std::string key = heartbeat_key(global);
+  if (!store.check({key})) return;
+  auto v = store.get(key);
+  std::string raw(v.begin(), v.end());
+  if (b.seen && raw == b.raw) return;
+  long long beat = 0, cpu = 0, progress = 0;
+  int waiting = -1;
+  std::istringstream in(raw);
+  in >> beat >> cpu >> waiting >> progress;
+  if (b.seen) {
+    const double wall_ms = (now - b.changed_at) * 1000.0;
+    if (progress != b.progress || cpu - b.cpu_ms >= std::max(1.0, 0.02 * wall_ms)) b.progress_at = now;
+  } else {
+    b.first_seen = now;
+  }
+  b.seen = true;
+  b.raw = std::move(raw);
+  b.cpu_ms = cpu;
+  b.progress = progress;
+  b.waiting = waiting;
+  b.changed_at = now;
+  ++b.changes;
+}
+
+bool is_stale(const PeerBeat& b, double now) { return !b.seen || now - b.changed_at > stale_s(); }
+
+// "alive and working", "stopped or dead (...)", ...: what `b` says about its rank at `now`.
+std::string beat_state(const PeerBeat& b, double now) {
+  if (!b.seen) return "no heartbeat from it: it never started or cannot reach the store";
+  if (is_stale(b, now))
+    return fmt::format("its heartbeat stopped (none for {:.1f} s): stopped (SIGSTOP?) or dead", now - b.changed_at);
+  if (b.waiting >= 0) return fmt::format("alive, itself waiting for rank {}", b.waiting);
+  if (b.waiting == -2) return "alive, itself waiting in a collective";
+  const double idle = now - std::max(b.progress_at, b.first_seen);
+  if (b.progress_at > 0 && now - b.progress_at <= stale_s()) return "alive and working, but late";
+  return fmt::format("alive but it made no progress for {:.1f} s: hung", idle);
+}
+
+void post_unresponsive(const std::vector<int>& globals) {
+  try {
+    if (g_store && !globals.empty()) store_set(*g_store, unresponsive_key(g_global_rank), join_ranks(globals, ","));
+  } catch (const std::exception&) {
+  }
+}
+
+// After a send/recv with rank `peer` (global) failed: watches the heartbeats of the job for
+// up to stale_s(), follows "waiting for" links from `peer` to the rank that is late, posts it
+// for spawn_local and returns "; rank Q is late: ...". Empty without heartbeats.
+std::string blame_late(int peer) {
+  if (!g_store || g_world_size <= 1 || peer < 0 || peer >= g_world_size) return {};
+  try {
+    std::map<int, PeerBeat> beats;
+    const double t0 = now_seconds(), end = t0 + stale_s() + 0.05;
+    for (;;) {
+      const double now = now_seconds();
+      bool all_fresh = true;
+      for (int g = 0; g < g_world_size; ++g) {
+        if (g == g_global_rank) continue;
+        observe(*g_store, g, beats[g], now);
+        all_fresh = all_fresh && beats[g].changes >= 2;
+      }
+      if (all_fresh || now >= end) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    const double now = now_seconds();
+    int cur = peer;
+    std::vector<int> chain{peer};
+    for (;;) {
+      const PeerBeat& b = beats[cur];
+      const int next = b.waiting;
+      if (is_stale(b, now) || next < 0 || next >= g_world_size || next == g_global_rank ||
+          std::find(chain.begin(), chain.end(), next) != chain.end())
+        break;
+      cur = next;
+      chain.push_back(cur);
+    }
+    post_unresponsive({cur});
+    std::string via;
+    for (std::size_t i = 0; i + 1 < chain.size(); ++i)
+      via += fmt::format("{}rank {} waits for rank {}", via.empty() ? " (" : ", ", chain[i], chain[i + 1]);
+    if (!via.empty()) via += ")";
+    return fmt::format("; rank {} is late{}: {}", cur, via, beat_state(beats[cur], now));
+  } catch (const std::exception& e) {
+    return fmt::format("; cannot tell which rank (the store did not answer: {})", first_line(e.what()));
+  }
+}
+
+// Waits in `store` until ranks 0 .. size-1 have all arrived under "mpt_barrier/<tag>/".
+// `global(r)` maps a group rank to its rank in the job (for heartbeats). The deadline is
+// `timeout` after the start or after the last progress of a rank that has not arrived.
+// Throws RuntimeFailure naming the ranks that did not arrive and the late ones among them.
+void store_barrier(c10d::Store& store, const std::string& tag, int rank, int size,
+                   const std::function<int(int)>& global, std::chrono::milliseconds timeout,
+                   const std::string& what) {
+  if (size <= 1) return;
+  const std::string base = "mpt_barrier/" + tag + "/";
+  WaitingFor waiting(-2);
+  const double t_timeout = static_cast<double>(timeout.count()) / 1000.0;
+  try {
+    store_set(store, base + std::to_string(rank), "1");
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r)
+      if (r != rank) missing.push_back(r);
+    std::map<int, PeerBeat> beats;  // by global rank
+    const double start = now_seconds();
+    auto sleep_ms = std::chrono::milliseconds(1);
+    for (;;) {
+      missing.erase(std::remove_if(missing.begin(), missing.end(),
+                                   [&](int r) { return store.check({base + std::to_string(r)}); }),
+                    missing.end());
+      if (missing.empty()) return;
+      const double now = now_seconds();
+      double last = start;
+      if (g_store && g_world_size > 1)
+        for (int r : missing) {
+          PeerBeat& b = beats[global(r)];
+          observe(*g_store, global(r), b, now);
+          last = std::max(last, b.progress_at);
+        }
+      if (now - last > t_timeout) {
+        std::vector<int> late_global;
+        std::string states;
+        constexpr std::size_t kShown = 8;  // a job of 64 ranks with one present: keep it readable
+        for (std::size_t i = 0; i < missing.size(); ++i) {
+          const int g = global(missing[i]);
+          const PeerBeat& b = beats[g];
+          if (i < kShown) states += fmt::format("{}rank {}: {}", states.empty() ? "" : "; ", g, beat_state(b, now));
+          if (!(b.seen && !is_stale(b, now) && b.waiting != -1)) late_global.push_back(g);
+        }
+        if (missing.size() > kShown) states += fmt::format("; and {} more", missing.size() - kShown);
+        if (late_global.empty())  // everyone missing waits elsewhere: a protocol mismatch; name them all
+          for (int r : missing) late_global.push_back(global(r));
+        post_unresponsive(late_global);
+        std::vector<int> shown(late_global.begin(), late_global.begin() + std::min(late_global.size(), kShown));
+        throw RuntimeFailure(fmt::format(
+            "{}: rank {}{} did not arrive within {:g} s of the last sign of progress (heartbeat); {}", what,
+            join_ranks(shown, ", "), late_global.size() > kShown ? fmt::format(" and {} more", late_global.size() - kShown) : "",
+            t_timeout, states));
+      }
+      std::this_thread::sleep_for(sleep_ms);
+      sleep_ms = std::min(sleep_ms * 2, std::chrono::milliseconds(20));
+    }
+  } catch (const RuntimeFailure&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("{}: the store did not answer: {}", what, first_line(e.what())));
+  }
+}
+
+// Waits until something accepts TCP connections at host:port, at most until `deadline`
+// (now_seconds()). LibTorch's TCPStore client counts its connect timeout in whole seconds
+// (0.5 s becomes 0 s); this loop honours milliseconds. Returns an empty string when
+// connected, else why not (the last error). A TCPStore server never speaks first: a peer
+// that sends bytes (or hangs up) before any request is some other service, and LibTorch's
+// client would choke on it in a thread of its own (std::length_error: std::terminate), so
+// such a peer is reported at once (`*fatal` set).
+std::string wait_until_listening(const std::string& host, int port, double deadline, bool* fatal) {
+  std::string why = "timed out";
+  *fatal = false;
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+    if (gai != 0) {
+      why = fmt::format("cannot resolve {}: {}", host, ::gai_strerror(gai));
+    } else {
+      for (addrinfo* a = res; a; a = a->ai_next) {
+        int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+          pollfd pfd{fd, POLLOUT, 0};
+          const double left_ms = std::max(1.0, (deadline - now_seconds()) * 1000.0);
+          if (::poll(&pfd, 1, static_cast<int>(std::min(left_ms, 1000.0))) == 1) {
+            int err = 0;
+            socklen_t len = sizeof(err);
+            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+            rc = err == 0 ? 0 : -1;
+            errno = err;
+          } else {
+            errno = ETIMEDOUT;
+          }
+        }
+        const int err = errno;
+        if (rc == 0) {
+          pollfd pfd{fd, POLLIN, 0};
+          const bool spoke = ::poll(&pfd, 1, 100) == 1;
+          char byte = 0;
+          const ssize_t got = spoke ? ::recv(fd, &byte, 1, MSG_PEEK) : -1;
+          ::close(fd);
+          ::freeaddrinfo(res);
+          if (!spoke) return {};
+          *fatal = true;
+          return got > 0 ? "it sent data before any request: not a TCPStore"
+                         : "it closed the connection at once: not a TCPStore that accepts this rank";
+        }
+        ::close(fd);
+        why = std::strerror(err);
+      }
+      ::freeaddrinfo(res);
+    }
+    if (now_seconds() >= deadline) return why;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 }  // namespace
+
+std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 20, std::chrono::milliseconds(20), std::chrono::milliseconds(500));
+}
+
+void note_progress() { g_progress.fetch_add(1, std::memory_order_relaxed); }
+
+WaitingFor::WaitingFor(int global_rank) : previous_(g_waiting_on.exchange(global_rank)) {}
+WaitingFor::~WaitingFor() { g_waiting_on.store(previous_); }
 
 // ----------------------------------------------------------------------------
 // Launch
@@ -108,6 +413,7 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.launcher = "mpt";
     li.rank = env_int("MPT_RANK", 0);
     li.world_size = env_int("MPT_WORLD_SIZE", 1);
+    li.world_size_var = "MPT_WORLD_SIZE";
     li.local_rank = env_int("MPT_LOCAL_RANK", li.rank);
     const char* agent = env("MPT_AGENT_STORE");
     li.agent_store = agent && std::string(agent) == "1";
@@ -115,6 +421,7 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.launcher = "torchrun";
     li.rank = env_int("RANK", 0);
     li.world_size = env_int("WORLD_SIZE", 1);
+    li.world_size_var = "WORLD_SIZE";
     li.local_rank = env_int("LOCAL_RANK", 0);
     const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
     li.agent_store = agent && std::string(agent) == "True";
@@ -123,6 +430,7 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.launcher = "slurm";
     li.rank = env_int("SLURM_PROCID", 0);
     li.world_size = env_int("SLURM_NTASKS", 1);
+    li.world_size_var = "SLURM_NTASKS";
     li.local_rank = env_int("SLURM_LOCALID", 0);
   } else {
     return std::nullopt;
@@ -320,7 +628,10 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
 // ----------------------------------------------------------------------------
 
 void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
+  g_heartbeat.reset();  // a new job (unit tests connect more than once)
   g_timeout = timeout;
+  g_global_rank = info.rank;
+  g_world_size = info.world_size;
   if (info.world_size == 1 && info.launcher == "none") {
     g_store = c10::make_intrusive<c10d::HashStore>();
     return;
@@ -330,15 +641,59 @@ void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
   o.isServer = info.rank == 0 && !info.agent_store;
   o.numWorkers = info.agent_store ? c10::nullopt : c10::optional<std::size_t>(info.world_size);
   o.waitWorkers = false;
-  o.timeout = timeout;
-  try {
+  // LibTorch truncates the connect timeout to whole seconds: the master is waited for below,
+  // in milliseconds; the store's operations get `timeout` itself (setTimeout).
+  o.timeout = std::max(timeout, std::chrono::milliseconds(1000));
+  const double timeout_s = static_cast<double>(timeout.count()) / 1000.0;
+  const std::string where = fmt::format("{}:{}", info.master_addr, info.master_port);
+  auto fail = [&](const std::string& why) {
+    return RuntimeFailure(fmt::format("rank {}: cannot {} the TCPStore at {} within {:g} s: {}", info.rank,
+                                      o.isServer ? "host" : "reach", where, timeout_s, why));
+  };
+  if (!o.isServer) {
+    bool fatal = false;
+    const std::string why =
+        wait_until_listening(info.master_addr, info.master_port, now_seconds() + timeout_s, &fatal);
+    if (!why.empty()) throw fail(why);
+  }
+  // Last resort: an exception that escapes one of LibTorch's store threads (a peer speaking
+  // another protocol) would abort (exit 134) without a word; name the store and exit 3.
+  static std::string terminate_context;
+  terminate_context = fmt::format("rank {}: the TCPStore connection to {}", info.rank, where);
+  std::set_terminate([] {
+    std::string what = "unknown error";
+    try {
+      if (auto e = std::current_exception()) std::rethrow_exception(e);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    const std::string msg = fmt::format("[error] mpt: uncaught exception in a background thread: {} ({}: is it a "
+                                        "TCPStore of this job?)\n", first_line(what), terminate_context);
+    [[maybe_unused]] auto n = ::write(2, msg.data(), msg.size());
+    std::_Exit(kExitRuntime);
+  });
+  auto open = [&]() -> c10::intrusive_ptr<c10d::Store> {
     c10::intrusive_ptr<c10d::Store> s = c10::make_intrusive<c10d::TCPStore>(info.master_addr, o);
+    s->setTimeout(timeout);
     if (!info.store_prefix.empty()) s = c10::make_intrusive<c10d::PrefixStore>(info.store_prefix, s);
-    g_store = s;
-  } catch (const std::exception& e) {
-    throw RuntimeFailure(fmt::format("rank {}: cannot {} the TCPStore at {}:{} within {:g} s: {}", info.rank,
-                                     o.isServer ? "host" : "reach", info.master_addr, info.master_port,
-                                     timeout.count() / 1000.0, first_line(e.what())));
+    return s;
+  };
+  try {
+    g_store = open();
+    // One round trip: a port that answers with something else than a TCPStore fails here.
+    g_store->check({"mpt/ping"});
+  } catch (const std::exception& e) {  // also std::length_error & co. from a peer speaking another protocol
+    g_store.reset();
+    throw fail(fmt::format("{} (is {} a TCPStore of this job?)", first_line(e.what()), where));
+  }
+  if (info.world_size > 1) {
+    try {
+      o.isServer = false;
+      g_heartbeat = std::make_unique<Heartbeat>(open(), info.rank, heartbeat_interval(timeout));
+    } catch (const std::exception& e) {
+      throw fail(fmt::format("the heartbeat connection failed: {}", first_line(e.what())));
+    }
   }
 }
 
@@ -400,14 +755,17 @@ struct WorkImpl {
   c10::intrusive_ptr<c10d::Work> w;
   std::string what;
   std::shared_ptr<Monitor> monitor;
+  int peer_global = -1;  // send/recv: the peer's rank in the job
 };
 
-// `m` may be null: point-to-point work (send/recv) names its peer in `what` already, and a
-// collective diagnosis would wrongly name healthy ranks that are still waiting elsewhere.
-[[noreturn]] void collective_failed(const std::string& what, const std::exception& e, Monitor* m) {
+// `m` may be null: point-to-point work (send/recv) is diagnosed from the heartbeats instead
+// (blame_late: the peer, or the rank it waits for), as a collective diagnosis would wrongly
+// name healthy ranks that are still waiting elsewhere.
+[[noreturn]] void collective_failed(const std::string& what, const std::exception& e, Monitor* m,
+                                    int peer_global = -1) {
   const std::string cause = first_line(e.what());  // before diagnose() waits
   throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out{}", what, cause,
-                                   m ? m->diagnose() : std::string()));
+                                   m ? m->diagnose() : peer_global >= 0 ? blame_late(peer_global) : std::string()));
 }
 
 }  // namespace
@@ -416,6 +774,10 @@ struct Group::Impl {
   c10::intrusive_ptr<compat::C10dBackend> pg;  // ProcessGroupGloo or ProcessGroupNCCL
   std::string where;                           // "rank R of N" for messages
   std::shared_ptr<Monitor> monitor;
+  c10::intrusive_ptr<c10d::Store> store;       // the group's (prefixed) store
+  std::vector<int> global;                     // rank in the job of each group rank
+  std::chrono::milliseconds timeout{30000};
+  int barriers = 0;                            // barrier() calls so far (unique store keys)
 };
 
 void Work::wait() {
@@ -423,9 +785,10 @@ void Work::wait() {
   auto* w = static_cast<WorkImpl*>(impl_.get());
   bool done = false;
   try {
+    WaitingFor waiting(w->monitor ? -2 : w->peer_global);
     done = w->w->wait();
   } catch (const std::exception& e) {
-    collective_failed(w->what, e, w->monitor.get());
+    collective_failed(w->what, e, w->monitor.get(), w->peer_global);
   }
   // Gloo's send/recv return false when abort() ended the wait.
   if (!done) throw RuntimeFailure(w->what + ": aborted");
@@ -449,7 +812,33 @@ std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size,
   g->device_ = device;
   g->impl_ = std::make_unique<Impl>();
   g->impl_->where = fmt::format("rank {} of {}", rank, size);
+  g->impl_->timeout = timeout;
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, g_store);
+  g->impl_->store = store;
+  // Every member arrives first, in the store: a rank may come long after the others (it was
+  // busy alone, e.g. rank 0 with N = 1), which Gloo's own rendezvous would not wait for.
+  auto monitor_store = c10::make_intrusive<c10d::PrefixStore>("mpt_monitor/", store);
+  try {
+    store_set(*monitor_store, fmt::format("global/{}", rank), std::to_string(info.rank));
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("rank {} of {}: cannot register with the store: {}", rank, size,
+                                     first_line(e.what())));
+  }
+  auto global_of = [&](int r) {
+    const std::string key = fmt::format("global/{}", r);
+    try {
+      if (monitor_store->check({key})) {
+        auto v = monitor_store->get(key);
+        auto parsed = parse_ranks(std::string(v.begin(), v.end()));
+        if (!parsed.empty()) return parsed.front();
+      }
+    } catch (const std::exception&) {
+    }
+    return r;  // not registered yet: in mpt's groups a group rank is the job rank
+  };
+  store_barrier(*store, "create", rank, size, global_of, timeout,
+                fmt::format("rank {} of {}: forming the process group '{}'", rank, size, prefix));
+  for (int r = 0; r < size; ++r) g->impl_->global.push_back(r == rank ? info.rank : global_of(r));
   if (device.is_cuda()) {
 #ifdef MPT_WITH_CUDA
     g->backend_ = "nccl";
@@ -480,12 +869,11 @@ std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size,
   }
   try {
     auto m = std::make_shared<Monitor>();
-    m->store = c10::make_intrusive<c10d::PrefixStore>("mpt_monitor/", store);
+    m->store = monitor_store;
     m->rank = rank;
     m->size = size;
     m->global_rank = info.rank;
     m->window_s = std::min(5.0, std::max(1.0, 0.25 * static_cast<double>(timeout.count()) / 1000.0));
-    store_set(*m->store, fmt::format("global/{}", rank), std::to_string(info.rank));
     g->impl_->monitor = m;
   } catch (const std::exception& e) {
     throw RuntimeFailure(fmt::format("rank {} of {}: cannot register with the store: {}", rank, size,
@@ -530,6 +918,7 @@ Work Group::send_async(torch::Tensor t, int dst, int tag) {
   std::vector<at::Tensor> ts{std::move(t)};
   auto impl = std::make_shared<WorkImpl>();
   impl->what = fmt::format("send to rank {} (tag {}) failed on {}", dst, tag, impl_->where);
+  if (dst >= 0 && dst < size_) impl->peer_global = impl_->global[static_cast<std::size_t>(dst)];
   try {
     impl->w = impl_->pg->send(ts, dst, tag);
   } catch (const std::exception& e) {
@@ -542,6 +931,7 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
   std::vector<at::Tensor> ts{std::move(t)};
   auto impl = std::make_shared<WorkImpl>();
   impl->what = fmt::format("recv from rank {} (tag {}) failed on {}", src, tag, impl_->where);
+  if (src >= 0 && src < size_) impl->peer_global = impl_->global[static_cast<std::size_t>(src)];
   try {
     impl->w = impl_->pg->recv(ts, src, tag);
   } catch (const std::exception& e) {
@@ -551,7 +941,12 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
 }
 
 void Group::barrier() {
-  // An all-reduce of one element: bounded by the group's timeout like every collective.
+  // First in the store, waiting as long as the missing ranks make progress; then an
+  // all-reduce of one element (bounded by the group's timeout) so that all leave together.
+  const auto& global = impl_->global;
+  store_barrier(*impl_->store, std::to_string(impl_->barriers++), rank_, size_,
+                [&global](int r) { return global[static_cast<std::size_t>(r)]; }, impl_->timeout,
+                fmt::format("barrier on {}", impl_->where));
   allreduce(torch::zeros({1}, torch::TensorOptions().device(device_)));
 }
 

@@ -41,6 +41,7 @@ struct LaunchInfo {
   std::string launcher = "none";  ///< "none", "mpt" (--nproc), "torchrun", "slurm"
   bool agent_store = false;       ///< torchrun's agent hosts the TCPStore (TORCHELASTIC_USE_AGENT_STORE=True)
   std::string store_prefix;       ///< key prefix inside the agent's store ("/worker/attempt_K")
+  std::string world_size_var;     ///< the variable the world size came from (MPT_WORLD_SIZE, WORLD_SIZE, SLURM_NTASKS)
 };
 
 /// Reads the launcher environment: MPT_RANK/MPT_WORLD_SIZE (mpt --nproc), then torchrun's
@@ -75,6 +76,40 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
 // Process groups
 // ----------------------------------------------------------------------------
 
+// ----------------------------------------------------------------------------
+// Heartbeats
+// ----------------------------------------------------------------------------
+// Every rank of a multi-process job publishes a heartbeat in the job's store from a thread of
+// its own (started by connect_store): "mpt/heartbeat/<rank>" = "<beat> <process CPU ms>
+// <waiting> <progress>", every heartbeat_interval(). A rank that waits for its peers reads
+// theirs: a stopped (SIGSTOP) or dead rank stops beating; a hung rank beats but neither uses
+// CPU nor calls note_progress(); a busy rank does one or the other; a rank that itself waits
+// says for whom (<waiting>: -1 none, a global rank, or -2 a whole group). Waits that the protocol makes
+// long (Group::create, Group::barrier) extend their deadline while the awaited peers make
+// progress; a failed wait names the rank that is late, following "waiting for" links.
+
+/// Beat period for a job whose collectives time out after `timeout`: timeout/20, between
+/// 20 ms and 500 ms.
+std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds timeout);
+
+/// Tells the peers (through the heartbeat) that this rank is working although it may use
+/// little CPU (e.g. a pipeline stage sleeping a synthetic cost). Call once per unit of work
+/// (a training step, a pipeline operation); cheap (an atomic increment), thread-safe.
+void note_progress();
+
+/// Marks the calling thread's rank as waiting for rank `global_rank` (-2: a whole group) in
+/// the heartbeat while in scope (RAII; restores the previous value).
+class WaitingFor {
+ public:
+  explicit WaitingFor(int global_rank);
+  ~WaitingFor();
+  WaitingFor(const WaitingFor&) = delete;
+  WaitingFor& operator=(const WaitingFor&) = delete;
+
+ private:
+  int previous_;
+};
+
 /// A handle on one asynchronous collective (c10d::Work).
 class Work {
  public:
@@ -101,14 +136,18 @@ enum class ReduceOp { Sum, Min, Max };
 /// rank Q did not answer (...)"). To name Q, a rank whose collective fails posts a report in
 /// the group's store and waits a short window (timeout/4, between 1 and 5 s) for its peers'
 /// reports; peers that send none are dead or hung. They are also posted under
-/// "mpt/unresponsive/<rank>" in the job's store, where spawn_local reads them.
+/// "mpt/unresponsive/<rank>" in the job's store, where spawn_local reads them. A failed
+/// send/recv names the late rank from the heartbeats (the peer, or the rank the peer waits
+/// for) and posts it the same way.
 class Group {
  public:
   /// Connects rank `rank` of `size` through `info`'s store; `prefix` separates groups that
   /// share the store (e.g. "n2/"). Ranks ≥ size must not call this. `device` chooses the
   /// backend: CPU → Gloo; CUDA → NCCL (one GPU per rank: the caller sets the current CUDA device
-  /// first). Throws RuntimeFailure when the master cannot be reached, the peers do not show up
-  /// within `timeout`, or a CUDA group is asked of a CPU-only build.
+  /// first). Every member first waits for the others in the store (as barrier() does: the
+  /// deadline moves on while a missing peer makes progress, so an idle rank waits for a busy
+  /// one). Throws RuntimeFailure when the master cannot be reached, a peer makes no progress
+  /// and does not show up within `timeout` (naming it), or a CUDA group is asked of a CPU-only build.
   static std::shared_ptr<Group> create(const LaunchInfo& info, int rank, int size, const std::string& prefix,
                                        std::chrono::milliseconds timeout, torch::Device device = torch::kCPU);
   ~Group();
@@ -126,6 +165,12 @@ class Group {
   void allreduce(torch::Tensor t, ReduceOp op = ReduceOp::Sum) { allreduce_async(std::move(t), op).wait(); }
   /// In-place broadcast from `root`.
   void broadcast(torch::Tensor t, int root = 0);
+  /// Waits until every rank of the group has called barrier(). Built for ranks that the
+  /// protocol leaves idle while others work (e.g. rank 0 training alone): it waits in the
+  /// store, and its deadline is `timeout` after the last progress (heartbeat with main-thread
+  /// CPU time) of a rank that has not arrived, so a busy peer is waited for and a stopped, dead
+  /// or hung one is named (RuntimeFailure, also posted for spawn_local) about `timeout` after
+  /// its last sign of work. Then a one-element all-reduce lets every rank leave together.
   void barrier();
 
   /// Point-to-point send of a contiguous CPU tensor to rank `dst` (c10d ProcessGroupGloo::send,
@@ -151,8 +196,10 @@ class Group {
 };
 
 /// The store connection of this job, shared by the groups created from it.
-/// Rank 0 hosts the TCPStore unless a torchrun agent does.
-/// Throws RuntimeFailure (naming address, port and timeout) when the master is unreachable.
+/// Rank 0 hosts the TCPStore unless a torchrun agent does. Waits for the master at most
+/// `timeout` (milliseconds honoured: LibTorch's own connect timeout has whole seconds),
+/// then starts this rank's heartbeat thread. Throws RuntimeFailure (naming address, port
+/// and timeout) when the master is unreachable or does not speak the store's protocol.
 void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout);
 
 // ----------------------------------------------------------------------------

@@ -131,7 +131,25 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     // SLURM) this process is one rank; otherwise spawn /nproc workers of ourselves and wait.
     int rank = 0, world_size = 1;
     std::optional<dist::LaunchInfo> launch;
-    if (spec.find("/nproc")) launch = dist::launch_from_environment();
+    if (spec.find("/nproc")) {
+      // A launcher's environment is input like --nproc: malformed or too large is a usage error.
+      try {
+        launch = dist::launch_from_environment();
+      } catch (const RuntimeFailure& e) {
+        throw ConfigError(e.what());
+      }
+      const Param* np = spec.find("/nproc");
+      if (launch && np->max && launch->world_size > *np->max)
+        throw ConfigError(fmt::format("{}={} ({} environment): expected at most {:g} processes (the cap of /nproc), "
+                                      "got {}", launch->world_size_var, launch->world_size, launch->launcher,
+                                      *np->max, launch->world_size));
+      // An explicit --nproc must agree with the launcher (mpt's own workers get the same argv).
+      if (launch && opts.nproc && *opts.nproc != launch->world_size)
+        throw ConfigError(fmt::format("--nproc {}: expected the world size of the {} environment ({}={}); drop "
+                                      "--nproc under a launcher, or unset {} to spawn {} processes here",
+                                      *opts.nproc, launch->launcher, launch->world_size_var, launch->world_size,
+                                      launch->world_size_var, *opts.nproc));
+    }
     const int planned = launch ? launch->world_size : spec.find("/nproc") ? static_cast<int>(cfg.integer("/nproc")) : 1;
     if (exp.validate) exp.validate(cfg, planned);  // before any worker exists
     // The result file must be writable before the run, not found unwritable after it (rank 0 writes).

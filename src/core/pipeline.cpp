@@ -489,6 +489,7 @@ StageRun run_stage(int s, int p, const std::vector<torch::nn::Linear>& layers,
     sync_device(device);
     ev.end_s = since(Clock::now());
     out.events.push_back(ev);
+    dist::note_progress();  // peers waiting for this process see work, even with a sleeping cost
     if (after_op) after_op(++done);
   }
   return out;

@@ -270,6 +270,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
       if (!ts.fault_hang) std::_Exit(dist::kExitInjectedFault);
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // alive, but never answers again
     }
+    dist::note_progress();  // ranks waiting for this one (N smaller than the world) see it work
     const double t0 = now_seconds();
     auto idx = shard.index({Slice(s * b, (s + 1) * b)});
     auto x = data.images.index_select(0, idx).to(ts.device), y = data.labels.index_select(0, idx).to(ts.device);
@@ -332,6 +333,7 @@ torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int
   std::vector<torch::Tensor> shards;
   for (int64_t r = 0; r < n; ++r) shards.push_back(shard_of(perm, r, n));
   for (int64_t s = 0; s < steps; ++s) {
+    dist::note_progress();
     std::vector<torch::Tensor> parts;
     for (const auto& sh : shards) parts.push_back(sh.index({Slice(s * b, (s + 1) * b)}));
     auto idx = torch::cat(parts);
@@ -407,23 +409,27 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
                                    timeout, ts.device);
       o = train(data, perm, g, ts);
     }
+    // Rank 0 checks against one process (as long again as its training): the other ranks wait
+    // in the barrier below, which waits as long as rank 0 makes progress (heartbeats), however
+    // long that is compared with /dist/timeout_s.
+    if (rank == 0) {
+      const double match = (o.params - single_process(data, perm, n, o.steps, ts)).abs().max().item<double>();
+      worst_dev = std::max(worst_dev, o.replica_dev);
+      worst_match = std::max(worst_match, match);
+      t.rows.push_back({{"name", fmt::format("n{}", n)}, {"buckets", o.buckets}, {"bytes", o.bytes},
+                        {"steps", o.steps}, {"dropped", o.dropped}, {"final_loss", o.final_loss},
+                        {"replica_dev", o.replica_dev}, {"vs_single", match}});
+      if (n == 1) t1 = o.step_s;
+      const double algbw = o.allreduce_s > 0 ? o.bytes / o.allreduce_s / 1e9 : 0.0;
+      const double busbw = algbw * 2.0 * (n - 1) / n;
+      const double eff = t1 > 0 ? t1 / (n * o.step_s) : 0.0;
+      json row = {{"name", fmt::format("n{}", n)}, {"step_ms", o.step_s * 1e3}, {"compute_ms", o.compute_s * 1e3},
+                  {"allreduce_ms", o.allreduce_s * 1e3}, {"exposed_ms", o.exposed_s * 1e3}, {"algbw", algbw},
+                  {"busbw", busbw}, {"efficiency", eff}};
+      tm.rows.push_back(row);
+      timings[fmt::format("n{}", n)] = row;
+    }
     world_group->barrier();
-    if (rank != 0) continue;
-    const double match = (o.params - single_process(data, perm, n, o.steps, ts)).abs().max().item<double>();
-    worst_dev = std::max(worst_dev, o.replica_dev);
-    worst_match = std::max(worst_match, match);
-    t.rows.push_back({{"name", fmt::format("n{}", n)}, {"buckets", o.buckets}, {"bytes", o.bytes},
-                      {"steps", o.steps}, {"dropped", o.dropped}, {"final_loss", o.final_loss},
-                      {"replica_dev", o.replica_dev}, {"vs_single", match}});
-    if (n == 1) t1 = o.step_s;
-    const double algbw = o.allreduce_s > 0 ? o.bytes / o.allreduce_s / 1e9 : 0.0;
-    const double busbw = algbw * 2.0 * (n - 1) / n;
-    const double eff = t1 > 0 ? t1 / (n * o.step_s) : 0.0;
-    json row = {{"name", fmt::format("n{}", n)}, {"step_ms", o.step_s * 1e3}, {"compute_ms", o.compute_s * 1e3},
-                {"allreduce_ms", o.allreduce_s * 1e3}, {"exposed_ms", o.exposed_s * 1e3}, {"algbw", algbw},
-                {"busbw", busbw}, {"efficiency", eff}};
-    tm.rows.push_back(row);
-    timings[fmt::format("n{}", n)] = row;
   }
   // 4. no_sync: accumulate micro-steps locally, communicate on the last one only.
   const int64_t nsteps = cfg.integer("/train/nosync_steps");

@@ -39,3 +39,21 @@ add_test(NAME cli.dataparallel_hung_rank
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/dataparallel_hang.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.dataparallel_hung_rank PROPERTIES TIMEOUT 120)
+
+# Issue 15 (multi-process faults). Sub-second timeouts: LibTorch's connect timeout has whole
+# seconds (0.5 s became 0 s: "timed out after 0s"); mpt waits for the master in milliseconds.
+cli_case(dataparallel_subsecond_timeout 0 "n2 +[0-9]+ +[0-9]+ +6 +0 " ${DPQ} --set dist.timeout_s=0.5)
+foreach(mode garbage world_cap missing_ranks nproc_conflict)
+  add_test(NAME cli.dataparallel_env_${mode}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> ${mode}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(cli.dataparallel_env_${mode} PROPERTIES TIMEOUT 120)
+endforeach()
+# Rank 0 alone (N = 1) for longer than the timeout while rank 1 waits: not a failure; the same
+# with rank 0 stopped (SIGSTOP): rank 0 named within about the timeout.
+foreach(mode busy busy_stop)
+  add_test(NAME cli.dataparallel_${mode}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/stopped_rank.sh $<TARGET_FILE:mpt> ${mode}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(cli.dataparallel_${mode} PROPERTIES TIMEOUT 120)
+endforeach()

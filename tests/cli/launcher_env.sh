@@ -5,6 +5,11 @@
 #   launcher_env.sh MPT pipeline       the same for `mpt pipeline`, one process per stage
 #   launcher_env.sh MPT unreachable    rank 1 of 2 with a master nobody listens on: a clear error
 #                                      (exit 3) within the timeout, not a hang
+#   launcher_env.sh MPT garbage        rank 1 of 2 whose MASTER_PORT answers random bytes (at once, or
+#                                      to each request): exit 3 naming the address, no abort (134)
+#   launcher_env.sh MPT world_cap      WORLD_SIZE=1000000: exit 2 naming WORLD_SIZE and the cap, at once
+#   launcher_env.sh MPT missing_ranks  rank 0 of 4 alone: exit 3 naming ranks 1-3 within the timeout
+#   launcher_env.sh MPT nproc_conflict WORLD_SIZE=1 with an explicit --nproc 2: exit 2 naming both
 # With two ranks: both exit 0, rank 0 prints and writes the result, rank 1 writes nothing and
 # prints nothing on stdout, and rank 0's output has the row that only the 2-rank run produces.
 set -u
@@ -46,5 +51,67 @@ case $mode in
     grep -q "cannot reach the TCPStore at 127.0.0.1:$port within 3 s" "$tmp/err" || { echo "FAIL: message"; exit 1; }
     [ $took -le 20 ] || { echo "FAIL: took $took s for a 3 s timeout"; exit 1; }
     echo "ok: unreachable master reported in $took s" ;;
+  garbage)
+    cat > "$tmp/garbage.py" <<'PY'
+import os, socket, sys, threading
+first = sys.argv[1] == "first"  # speak first (at accept), else only answer what is sent
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True)
+def serve(c):
+    try:
+        if first: c.sendall(os.urandom(100000))
+        while c.recv(4096): c.sendall(os.urandom(4096))
+    except OSError: pass
+    finally: c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+PY
+    for how in first reply; do
+      /usr/bin/python3 "$tmp/garbage.py" $how > "$tmp/gport" & gpid=$!
+      for i in $(seq 50); do [ -s "$tmp/gport" ] && break; sleep 0.1; done
+      gport=$(cat "$tmp/gport")
+      start=$(date +%s)
+      RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$gport timeout 60 \
+        "$mpt" "${dataparallel[@]}" --set dist.timeout_s=3 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
+      code=$?; took=$(( $(date +%s) - start ))
+      kill $gpid; wait $gpid 2>/dev/null
+      cat "$tmp/err"
+      [ $code = 3 ] || { echo "FAIL ($how): exit code $code, expected 3"; exit 1; }
+      grep -q "127.0.0.1:$gport" "$tmp/err" || { echo "FAIL ($how): the message does not name 127.0.0.1:$gport"; exit 1; }
+      [ $took -le 20 ] || { echo "FAIL ($how): took $took s for a 3 s timeout"; exit 1; }
+      echo "ok ($how): a master port answering random bytes gives exit 3 in $took s"
+    done ;;
+  world_cap)
+    start=$(date +%s)
+    RANK=0 WORLD_SIZE=1000000 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 \
+      "$mpt" "${dataparallel[@]}" --set dist.timeout_s=3 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
+    code=$?; took=$(( $(date +%s) - start ))
+    cat "$tmp/err"
+    [ $code = 2 ] || { echo "FAIL: exit code $code, expected 2"; exit 1; }
+    grep -q "WORLD_SIZE=1000000 (torchrun environment): expected at most 64 processes" "$tmp/err" \
+      || { echo "FAIL: message"; exit 1; }
+    [ $took -le 10 ] || { echo "FAIL: took $took s"; exit 1; }
+    [ ! -e "$tmp/r.json" ] || { echo "FAIL: a result was written"; exit 1; }
+    echo "ok: WORLD_SIZE capped (exit 2 in $took s)" ;;
+  missing_ranks)
+    start=$(date +%s)
+    RANK=0 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 \
+      "$mpt" "${dataparallel[@]}" --set dist.timeout_s=2 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
+    code=$?; took=$(( $(date +%s) - start ))
+    cat "$tmp/err"
+    [ $code = 3 ] || { echo "FAIL: exit code $code, expected 3"; exit 1; }
+    grep -q "rank 1, 2, 3 did not arrive within 2 s" "$tmp/err" || { echo "FAIL: message"; exit 1; }
+    [ $took -le 15 ] || { echo "FAIL: took $took s for a 2 s timeout"; exit 1; }
+    echo "ok: ranks that never come are named in $took s" ;;
+  nproc_conflict)
+    WORLD_SIZE=1 RANK=0 timeout 60 "$mpt" "${dataparallel[@]}" --nproc 2 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
+    code=$?
+    cat "$tmp/err"
+    [ $code = 2 ] || { echo "FAIL: exit code $code, expected 2"; exit 1; }
+    grep -q -- "--nproc 2: expected the world size of the torchrun environment (WORLD_SIZE=1)" "$tmp/err" \
+      || { echo "FAIL: message"; exit 1; }
+    echo "ok: --nproc against WORLD_SIZE is an error" ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac

@@ -84,3 +84,12 @@ cli_case(pipeline_bad_nproc_threads 2 "/nproc: expected 1 with /executor = \"thr
 cli_case(pipeline_bad_fault_rank 2 "/fault/rank: expected -1 or a rank 0 \\.\\. 1, got 2"
          pipeline --set executor=processes --set pipeline.stages=2 --nproc 2 --set fault.rank=2)
 cli_case(pipeline_bad_executor 2 "/executor: expected one of .*got \"procs\"" pipeline --set executor=procs)
+# Issue 15: a stage process stopped (SIGSTOP) mid-run: rank 1 named (not rank 0, which waited for
+# it) within about pipeline.timeout_s; a sub-second timeout works (it was truncated to 0 s).
+add_test(NAME cli.pipeline_processes_stopped_stage
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/stopped_rank.sh $<TARGET_FILE:mpt> pipe_stop
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.pipeline_processes_stopped_stage PROPERTIES TIMEOUT 120)
+cli_case(pipeline_processes_subsecond_timeout 0 "1f1b\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
+         ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set pipeline.timeout_s=0.5)
+set_tests_properties(cli.pipeline_processes_subsecond_timeout PROPERTIES TIMEOUT 120)

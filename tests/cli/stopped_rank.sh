@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Busy, stopped and late ranks of the multi-process experiments (issue 15: defects 1 and 6).
+#   stopped_rank.sh MPT busy        `mpt dataparallel --nproc 2 --set train.nprocs=[1,2]` where rank 0's
+#                                   N = 1 phase (training alone, then the one-process check) lasts
+#                                   longer than dist.timeout_s while rank 1 waits for it: the run
+#                                   succeeds (rank 1 waits as long as rank 0 makes progress); the
+#                                   result file shows that the phase did outlast the timeout
+#   stopped_rank.sh MPT busy_stop   the same run, rank 0 stopped (SIGSTOP) in the middle: exit 3, the
+#                                   launcher names rank 0, within about the timeout after the stop
+#   stopped_rank.sh MPT pipe_stop   `mpt pipeline --set executor=processes` on 2 stages, rank 1 stopped
+#                                   (SIGSTOP) in the middle: exit 3 naming rank 1 (not rank 0, which
+#                                   only waited for it), within about the timeout after the stop
+# Every mode also checks that no process of the run is left behind.
+set -u
+mpt=$1 mode=$2
+tmp=$(mktemp -d /tmp/mpt-stop.XXXXXX)
+cleanup() { for p in $(pgrep -f -- "$tmp"); do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- stderr:"; cat "$tmp/err"; exit 1; }
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# Rank 0's N = 1 phase: 125 steps of a 784-512-10 MLP alone, then as many in the one-process
+# check (seconds, even on a fast machine); dist.timeout_s = 0.5 s is far shorter.
+timeout_s=0.5
+busy=(dataparallel --config configs/dataparallel_quick.json --nproc 2 --set "train.nprocs=[1,2]"
+      --set train.samples=8000 --set train.max_steps=0 --set train.hidden=512 --set train.nosync_steps=0
+      --set dist.timeout_s=$timeout_s)
+pipe=(pipeline --set executor=processes --set pipeline.stages=2 --nproc 2 --set pipeline.steps=100 --set cost.forward_us=2000
+      --set "pipeline.microbatches=[4]" --set "pipeline.schedules=[\"1f1b\"]" --set pipeline.timeout_s=3)
+
+# worker_pid RANK: the pid of the worker of this run with MPT_RANK=RANK (waits for it to exist).
+worker_pid() {
+  local p i
+  for i in $(seq 200); do
+    for p in $(pgrep -P "$launcher"); do
+      if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "MPT_RANK=$1"; then echo "$p"; return 0; fi
+    done
+    sleep 0.05
+  done
+  return 1
+}
+
+# stop_test RANK TIMEOUT DELAY_S ARGS...: runs mpt, stops worker RANK after DELAY_S seconds, expects
+# exit 3 within TIMEOUT + 10 s of the stop, the launcher naming RANK and not the other rank.
+stop_test() {
+  local rank=$1 t=$2 delay=$3; shift 3
+  "$mpt" "$@" --out "$tmp/result.json" > "$tmp/out" 2> "$tmp/err" &
+  launcher=$!
+  local pid
+  pid=$(worker_pid "$rank") || fail "no worker with rank $rank"
+  sleep "$delay"
+  kill -0 "$launcher" 2>/dev/null || fail "the run ended before rank $rank could be stopped"
+  kill -STOP "$pid"
+  local stopped=$(ms)
+  wait "$launcher"; local code=$?
+  local took=$(( $(ms) - stopped ))
+  [ "$code" = 3 ] || fail "exit code $code, expected 3"
+  grep -Eq "rank $rank of 2 failed" "$tmp/err" || fail "the launcher does not name rank $rank"
+  grep -Eq "rank $(( 1 - rank )) of 2 failed" "$tmp/err" && fail "the launcher blames rank $(( 1 - rank ))"
+  [ "$took" -le $(( (t + 10) * 1000 )) ] || fail "took ${took} ms after the stop for a ${t} s timeout"
+  [ ! -e "$tmp/result.json" ] || fail "a result file was written"
+  sleep 0.3
+  local left
+  left=$(pgrep -f -- "$tmp")
+  [ -z "$left" ] || fail "processes left behind: $left"
+  grep -E "failed|late|did not" "$tmp/err"
+  echo "ok: stopped rank $rank named, mpt exited 3 ${took} ms after the stop"
+}
+
+case $mode in
+  busy)
+    start=$(ms)
+    "$mpt" "${busy[@]}" --out "$tmp/result.json" > "$tmp/out" 2> "$tmp/err"
+    code=$?
+    [ "$code" = 0 ] || fail "exit code $code, expected 0"
+    grep -Eq '^ +n2 ' "$tmp/out" || fail "no N = 2 row"
+    # Rank 0 alone: its training steps plus the one-process check (about as long again).
+    solo=$(/usr/bin/python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+n1 = [r for r in d["results"]["training"] if r["name"] == "n1"][0]
+print(round(2 * n1["steps"] * d["timings"]["per_n"]["n1"]["step_ms"] / 1000, 2))' "$tmp/result.json")
+    /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)' "$solo" $timeout_s \
+      || fail "rank 0's N = 1 phase (~${solo} s) did not outlast the ${timeout_s} s timeout: the test shows nothing"
+    echo "ok: rank 1 waited ~${solo} s for busy rank 0 (timeout ${timeout_s} s); run took $(( $(ms) - start )) ms" ;;
+  busy_stop) stop_test 0 1 3 "${busy[@]}" ;;
+  pipe_stop) stop_test 1 3 3 "${pipe[@]}" ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
