@@ -78,3 +78,66 @@ TEST_CASE("timings are reported, never failing", "[compare]") {
   REQUIRE(c.timings.size() == 1);
   CHECK(c.timings[0].rel_diff == Approx(1.0));
 }
+
+// --- hostile or odd result files (issue 15: defects 4, 11) ---
+
+TEST_CASE("a malformed results, checks or document is not comparable (exit 2)", "[compare][hostile]") {
+  json a = doc({{"x", 1.0}});
+  for (json bad : {json("x"), json(3), json::array({1})}) {
+    json b = a;
+    b["results"] = bad;
+    try {
+      compare_results(a, b, {}, "a.json", "b.json");
+      FAIL("expected a ConfigError");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("b.json: /results: expected an object"));
+    }
+  }
+  json b = a;
+  b["checks"] = "none";
+  CHECK_THROWS_AS(compare_results(a, b, {}), ConfigError);
+  CHECK_THROWS_WITH(compare_results(json::array({1}), a, {}, "a.json"),
+                    Catch::Contains("a.json: /: expected a JSON object"));
+}
+
+TEST_CASE("missing and non-numeric leaves show as differing, not as a difference of 0", "[compare][hostile]") {
+  json a = doc({{"x", 1.0}, {"s", "p"}}), b = doc({{"s", "q"}, {"y", 2}});
+  auto c = compare_results(a, b, {});
+  REQUIRE(c.diffs.size() == 3);
+  std::string table = render_table(comparison_table(c, "t"));
+  CHECK_THAT(table, Catch::Contains("only in base"));
+  CHECK_THAT(table, Catch::Contains("only in new"));
+  CHECK_THAT(table, Catch::Contains("not numbers"));
+  CHECK_THAT(table, !Catch::Contains("0.000e+00"));
+  for (const auto& d : c.diffs) CHECK(std::isnan(d.abs_diff));
+}
+
+TEST_CASE("integers above 2^53 compare exactly", "[compare][hostile]") {
+  json a = doc({{"n", 9007199254740993LL}, {"u", 18446744073709551615ULL}});
+  json b = doc({{"n", 9007199254740992LL}, {"u", 18446744073709551614ULL}});
+  auto c = compare_results(a, b, {});
+  REQUIRE(c.diffs.size() == 2);
+  CHECK(c.diffs[0].abs_diff == 1.0);
+  CHECK(compare_results(a, a, {}).ok());
+  CompareOptions loose;
+  loose.atol = 1;
+  CHECK(compare_results(a, b, loose).ok());
+}
+
+TEST_CASE("a timing whose base is 0 shows n/a, not a change of 0", "[compare][hostile]") {
+  json a = doc({{"x", 1.0}}), b = a;
+  a["timings"]["zero_s"] = 0;
+  b["timings"]["zero_s"] = 0.5;
+  CompareOptions o;
+  o.timings = true;
+  auto c = compare_results(a, b, o);
+  std::string table = render_table(timings_table(c));
+  CHECK_THAT(table, Catch::Contains("n/a"));
+}
+
+TEST_CASE("control characters in result keys and values are escaped in the table", "[compare][hostile]") {
+  json a = doc({{"\x1b[31mred", "\x1b[2J"}}), b = doc({{"\x1b[31mred", "x"}});
+  std::string table = render_table(comparison_table(compare_results(a, b, {}), "t"));
+  CHECK(table.find('\x1b') == std::string::npos);
+  CHECK_THAT(table, Catch::Contains("\\x1b[31mred"));
+}

@@ -131,3 +131,78 @@ TEST_CASE("schema misuse is a logic error, not user input", "[config]") {
   Config c = resolve_config(s, "", {});
   CHECK_THROWS_AS(c.integer("/b"), std::logic_error);
 }
+
+// --- hostile input (issue 15: defects 3, 4, 11) ---
+
+TEST_CASE("a config read from an endless device stops at the size cap", "[config][hostile]") {
+  std::string m = error_of(spec(), "/dev/zero", {});
+  CHECK_THAT(m, Catch::Contains("/dev/zero: the config file is larger than 16 MiB"));
+  try {
+    read_json_file("/dev/zero", "result file", JsonLimits{1 << 20, 8});
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("the result file is larger than 1 MiB"));
+  }
+}
+
+TEST_CASE("deep nesting is refused while parsing, naming the file and the depth", "[config][hostile]") {
+  const std::string deep = "{\"model\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  std::string file = write_tmp(deep);
+  std::string m = error_of(spec(), file, {});
+  CHECK_THAT(m, Catch::Contains(file + ": nested deeper than 64 levels"));
+  std::remove(file.c_str());
+  // At the limit it parses (and the message about the wrong type stays short).
+  const std::string ok = "{\"model\":{\"depth\":" + std::string(62, '[') + std::string(62, ']') + "}}";
+  CHECK_NOTHROW(parse_json_text(ok, "x"));
+  m = error_of(spec(), write_tmp(ok), {});
+  CHECK_THAT(m, Catch::Contains("/model/depth: expected an integer"));
+  CHECK(m.size() < 400);
+  m = error_of(spec(), "", {"model.depth=" + std::string(5000, '[') + std::string(5000, ']')});
+  CHECK_THAT(m, Catch::Contains("/model/depth: the value is nested deeper than 64 levels"));
+}
+
+TEST_CASE("lists are capped at kMaxListLength elements, named in the error", "[config][hostile]") {
+  std::string list = "[1";
+  for (std::size_t i = 1; i <= kMaxListLength; ++i) list += ",1";
+  list += "]";
+  std::string m = error_of(spec(), "", {"scales=" + list});
+  CHECK_THAT(m, Catch::Contains("/scales: expected a list of numbers of at most 10000 elements, got a list of 10001"));
+}
+
+TEST_CASE("long keys and values are cut in messages; control characters escaped", "[config][hostile]") {
+  std::string m = error_of(spec(), "", {std::string(1 << 20, 'k') + "=1"});
+  CHECK(m.size() < 1000);
+  CHECK_THAT(m, Catch::Contains("(1048578 bytes)"));
+  m = error_of(spec(), "", {"precision=" + std::string(1 << 20, 'x')});
+  CHECK(m.size() < 1000);
+  CHECK_THAT(m, Catch::Contains("(1048576 bytes)"));
+  m = error_of(spec(), "", {"\x1b[31mred=1"});
+  CHECK_THAT(m, Catch::Contains("unknown key \"\\x1b[31mred\""));
+  CHECK(m.find('\x1b') == std::string::npos);
+  std::string file = write_tmp("{\"mod\\u0000el\": 1, \"x\": 2}");
+  m = error_of(spec(), file, {});
+  CHECK_THAT(m, Catch::Contains("/mod\\0el: unknown key \"mod\\0el\" (did you mean \"model\"?)"));
+  std::remove(file.c_str());
+  CHECK(printable_text("a\x1b[2Jb\x01\x7f\xff\xc2\x9b\t") == "a\\x1b[2Jb\\x01\\x7f\\xff\\u009b\\t");
+  CHECK(printable_text("h\xc3\xa9llo", 2) == "h\xc3\xa9\u2026 (6 bytes)");  // cut at a whole character
+  // --set text that is not UTF-8 could be neither printed nor stored in the result file.
+  m = error_of(spec(), "", {"precision=\xff\xfe"});
+  CHECK_THAT(m, Catch::Contains("/precision: expected UTF-8 text"));
+}
+
+TEST_CASE("a numeric key segment in --set does not build a huge array", "[config][hostile]") {
+  std::string m = error_of(spec(), "", {"model.999999999999=1"});
+  CHECK_THAT(m, Catch::Contains("/model/999999999999: unknown key \"999999999999\""));
+}
+
+TEST_CASE("limits print exactly; integers beyond long long are refused", "[config][hostile]") {
+  ConfigSpec s;
+  s.integer("/bytes", 1, "bytes", 1, 1 << 20);
+  s.integer("/seed", 1, "seed", 0);
+  s.number("/t", 1, "t", 0.1, 3600.5);
+  CHECK_THAT(error_of(s, "", {"bytes=2000000"}), Catch::Contains("expected an integer >= 1 and <= 1048576, got 2000000"));
+  CHECK_THAT(error_of(s, "", {"t=0"}), Catch::Contains("expected a number >= 0.1 and <= 3600.5, got 0"));
+  CHECK_THAT(error_of(s, "", {"seed=18446744073709551615"}), Catch::Contains("at most 9223372036854775807"));
+  Config c = resolve_config(s, "", {"seed=9007199254740993"});
+  CHECK(c.integer("/seed") == 9007199254740993LL);  // exactly, not through a double
+}

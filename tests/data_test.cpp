@@ -53,6 +53,51 @@ TEST_CASE("missing and corrupt IDX files are RuntimeFailures naming the path and
   fs::remove_all(dir);
 }
 
+TEST_CASE("IDX headers are checked before inflating: a gzip bomb is refused early", "[data]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("mpt_data_bomb_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  // A header that promises 10 bytes, then 64 MiB of zeros (a small gzip file): refused as
+  // longer than its header, having inflated no more than header + 10 + 1 bytes.
+  std::string bomb = (dir / "bomb.gz").string();
+  gzFile f = gzopen(bomb.c_str(), "wb9");
+  const unsigned char hdr[] = {0, 0, 8, 1, 0, 0, 0, 10};
+  gzwrite(f, hdr, sizeof(hdr));
+  std::vector<unsigned char> zeros(1 << 20, 0);
+  for (int i = 0; i < 64; ++i) gzwrite(f, zeros.data(), static_cast<unsigned>(zeros.size()));
+  gzclose(f);
+  try {
+    read_idx_gz(bomb);
+    FAIL("expected a RuntimeFailure");
+  } catch (const RuntimeFailure& e) {
+    CHECK_THAT(e.what(), Catch::Contains("more data than its header promises (18 bytes)"));
+  }
+  // A header that promises more than the cap (4 x 2^32-1 dimensions: also no overflow).
+  std::string huge = (dir / "huge.gz").string();
+  f = gzopen(huge.c_str(), "wb");
+  const unsigned char big[] = {0, 0, 8, 4, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255,
+                               255, 255, 255, 255};
+  gzwrite(f, big, sizeof(big));
+  gzclose(f);
+  try {
+    read_idx_gz(huge);
+    FAIL("expected a RuntimeFailure");
+  } catch (const RuntimeFailure& e) {
+    CHECK_THAT(e.what(), Catch::Contains("its header promises 4294967295 x 4294967295"));
+  }
+  // The cap is a parameter: 60000 x 28 x 28 passes the default, not a cap of 1 MiB.
+  std::string ok = (dir / "ok.gz").string();
+  f = gzopen(ok.c_str(), "wb");
+  const unsigned char two[] = {0, 0, 8, 2, 0, 0, 0, 2, 0, 0, 0, 3, 1, 2, 3, 4, 5, 6};
+  gzwrite(f, two, sizeof(two));
+  gzclose(f);
+  auto t = read_idx_gz(ok);
+  CHECK(t.sizes() == torch::IntArrayRef({2, 3}));
+  CHECK(t[1][2].item<int>() == 6);
+  CHECK_THROWS_AS(read_idx_gz(ok, 5), RuntimeFailure);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("shuffled_indices is a permutation fixed by its seed", "[data]") {
   auto a = shuffled_indices(100, 5), b = shuffled_indices(100, 5), c = shuffled_indices(100, 6);
   CHECK(torch::equal(a, b));

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/config.hpp"
 #include "core/errors.hpp"
 
 namespace mpt {
@@ -63,6 +64,26 @@ bool is_unbounded(const std::string& path, const CompareOptions& opt) {
   return false;
 }
 
+// An integer of JSON (signed or unsigned) held exactly.
+__int128 as_int128(const json& v) {
+  return v.is_number_unsigned() ? static_cast<__int128>(v.get<std::uint64_t>())
+                                : static_cast<__int128>(v.get<std::int64_t>());
+}
+
+std::string kind(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+    case json::value_t::number_float: return "a number " + printable_json(v);
+    case json::value_t::string: return "a string " + printable_json(v);
+    case json::value_t::array: return "a list";
+    case json::value_t::object: return "an object";
+    default: return "an unsupported value";
+  }
+}
+
 // The checks array joins by check name as well.
 json checks_by_name(const json& doc) {
   json out = json::object();
@@ -80,15 +101,26 @@ std::vector<std::pair<std::string, json>> flatten(const json& v, const std::stri
   return out;
 }
 
-Comparison compare_results(const json& base, const json& now, const CompareOptions& opt) {
-  for (const char* key : {"schema_version", "experiment"}) {
-    if (!base.contains(key) || !now.contains(key))
-      throw ConfigError(fmt::format("not an mpt result file: \"{}\" is missing", key));
-    if (base[key] != now[key])
-      throw ConfigError(fmt::format("cannot compare: {} differs ({} vs {})", key, base[key].dump(), now[key].dump()));
+Comparison compare_results(const json& base, const json& now, const CompareOptions& opt, const std::string& base_name,
+                           const std::string& new_name) {
+  const std::string names[2] = {printable_text(base_name, 200), printable_text(new_name, 200)};
+  const json* docs[2] = {&base, &now};
+  for (int i = 0; i < 2; ++i) {
+    const json& d = *docs[i];
+    if (!d.is_object())
+      throw ConfigError(fmt::format("{}: /: expected a JSON object (an mpt result file), got {}", names[i], kind(d)));
+    for (const char* key : {"schema_version", "experiment", "results"})
+      if (!d.contains(key))
+        throw ConfigError(fmt::format("{}: not an mpt result file: \"{}\" is missing", names[i], key));
+    if (!d["results"].is_object())
+      throw ConfigError(fmt::format("{}: /results: expected an object, got {}", names[i], kind(d["results"])));
+    if (d.contains("checks") && !d["checks"].is_array())
+      throw ConfigError(fmt::format("{}: /checks: expected a list, got {}", names[i], kind(d["checks"])));
   }
-  if (!base.contains("results") || !now.contains("results"))
-    throw ConfigError("not an mpt result file: \"results\" is missing");
+  for (const char* key : {"schema_version", "experiment"})
+    if (base[key] != now[key])
+      throw ConfigError(fmt::format("cannot compare: {} differs ({} vs {})", key, printable_json(base[key]),
+                                    printable_json(now[key])));
 
   Comparison c;
   auto collect = [](const json& doc) {
@@ -111,6 +143,18 @@ Comparison compare_results(const json& base, const json& now, const CompareOptio
     LeafDiff d{path, x, y};
     if (!a.count(path) || !b.count(path)) {  // present on one side only
       d.ok = false;
+      d.abs_diff = d.rel_diff = NAN;
+      d.why = a.count(path) ? "only in base" : "only in new";
+    } else if (x.is_number_integer() && y.is_number_integer()) {
+      // Exactly, as integers: doubles would take 2^53 + 1 for 2^53.
+      const __int128 u = as_int128(x), w = as_int128(y);
+      const __int128 diff = w > u ? w - u : u - w;
+      auto [rtol, atol] = tolerance_for(path, opt);
+      const double base_abs = std::fabs(static_cast<double>(u));
+      d.abs_diff = static_cast<double>(diff);
+      d.rel_diff = u != 0 ? d.abs_diff / base_abs : (diff == 0 ? 0.0 : INFINITY);
+      d.ok = diff == 0 || d.abs_diff <= atol + rtol * base_abs;
+      d.why = "beyond tolerance";
     } else {
       auto nx = as_number(x), ny = as_number(y);
       if (nx && ny && (x.is_number() || y.is_number())) {
@@ -127,8 +171,11 @@ Comparison compare_results(const json& base, const json& now, const CompareOptio
           d.rel_diff = u != 0 ? d.abs_diff / std::fabs(u) : (d.abs_diff == 0 ? 0.0 : INFINITY);
           d.ok = d.abs_diff <= atol + rtol * std::fabs(u);
         }
+        d.why = "beyond tolerance";
       } else {
         d.ok = x == y;
+        d.abs_diff = d.rel_diff = NAN;  // no numeric difference to show
+        d.why = nx && ny ? "differs" : "not numbers";
       }
     }
     if (!d.ok) c.diffs.push_back(d);
@@ -142,7 +189,9 @@ Comparison compare_results(const json& base, const json& now, const CompareOptio
       if (it == tb.end() || !u) continue;
       auto w = as_number(it->second);
       if (!w) continue;
-      LeafDiff d{p, v, it->second, std::fabs(*w - *u), *u != 0 ? (*w - *u) / std::fabs(*u) : 0.0, true};
+      // A base of 0 has no relative change (unless nothing changed): NaN, shown as "n/a".
+      const double change = *u != 0 ? (*w - *u) / std::fabs(*u) : (*w == *u ? 0.0 : NAN);
+      LeafDiff d{p, v, it->second, std::fabs(*w - *u), change, true};
       c.timings.push_back(d);
     }
   }
@@ -153,10 +202,30 @@ Table comparison_table(const Comparison& c, const std::string& title) {
   Table t{"diffs", title,
           {text_col("path", "path"), text_col("base", "base"), text_col("new", "new"), sci_col("abs_diff", "abs diff"),
            sci_col("rel_diff", "rel diff", "-", 3)}};
-  auto show = [](const json& v) { return v.is_null() ? std::string("(missing)") : v.is_string() ? v.get<std::string>() : v.dump(); };
+  t.columns.push_back(text_col("why", "why"));
+  auto show = [](const json& v, bool missing) {
+    return missing ? std::string("(missing)") : v.is_string() ? printable_text(v.get<std::string>()) : printable_json(v);
+  };
+  // NaN marks "no numeric difference" (a missing or non-numeric leaf): "-", not a number.
+  auto diff = [](const LeafDiff& d, double x) { return std::isnan(x) && d.why != "beyond tolerance" ? json() : num(x); };
   for (const auto& d : c.diffs)
-    t.rows.push_back({{"path", d.path}, {"base", show(d.base)}, {"new", show(d.now)}, {"abs_diff", num(d.abs_diff)},
-                      {"rel_diff", num(d.rel_diff)}});
+    t.rows.push_back({{"path", printable_text(d.path, 200)},
+                      {"base", show(d.base, d.why == "only in new")},
+                      {"new", show(d.now, d.why == "only in base")},
+                      {"abs_diff", diff(d, d.abs_diff)},
+                      {"rel_diff", diff(d, d.rel_diff)},
+                      {"why", d.why}});
+  return t;
+}
+
+Table timings_table(const Comparison& c) {
+  Table t{"timings", "Timings (informational): relative change new vs base",
+          {text_col("path", "path"), float_col("base", "base"), float_col("new", "new"), pct_col("change", "change", 1)}};
+  for (const auto& d : c.timings)
+    t.rows.push_back({{"path", printable_text(d.path, 200)},
+                      {"base", d.base.is_string() ? json(printable_text(d.base.get<std::string>())) : d.base},
+                      {"new", d.now.is_string() ? json(printable_text(d.now.get<std::string>())) : d.now},
+                      {"change", std::isnan(d.rel_diff) ? json("n/a") : json(d.rel_diff)}});
   return t;
 }
 

@@ -35,9 +35,11 @@ struct CompareOptions {
 /// One compared leaf.
 struct LeafDiff {
   std::string path;  ///< e.g. /results/gradients/d12.L01/mean_abs (rows joined by their "name")
-  nlohmann::json base, now;  ///< null when missing on that side
-  double abs_diff = 0, rel_diff = 0;
+  nlohmann::json base, now;  ///< null when missing on that side (see `why`)
+  double abs_diff = 0, rel_diff = 0;  ///< NaN when there is no numeric difference (missing, not numbers);
+                                      ///< rel_diff of a timing NaN when the base is 0 (shown "n/a")
   bool ok = true;
+  std::string why;  ///< for a differing leaf: "only in base", "only in new", "not numbers", "beyond tolerance"
 };
 
 /// The outcome: every differing leaf (and with timings, every timing), counts.
@@ -53,11 +55,18 @@ struct Comparison {
 /// string "name" are keyed by that name (rows join by name, not position); other arrays by index.
 std::vector<std::pair<std::string, nlohmann::json>> flatten(const nlohmann::json& v, const std::string& prefix);
 
-/// Compares two result documents. Throws ConfigError (exit 2) when they are not comparable:
-/// different schema_version or experiment, or missing `results`.
-Comparison compare_results(const nlohmann::json& base, const nlohmann::json& now, const CompareOptions& opt);
+/// Compares two result documents. Integers compare exactly (also beyond 2^53), other
+/// numbers as doubles. Throws ConfigError (exit 2) when they are not comparable: not JSON
+/// objects, different schema_version or experiment, `results` missing or not an object,
+/// `checks` not a list. `base_name`/`new_name` name the files in messages.
+Comparison compare_results(const nlohmann::json& base, const nlohmann::json& now, const CompareOptions& opt,
+                           const std::string& base_name = "base", const std::string& new_name = "new");
 
-/// The table `mpt compare` prints for the differing leaves.
+/// The table `mpt compare` prints for the differing leaves (paths and values escaped and cut
+/// for the terminal; "-" where there is no numeric difference, and why the leaf differs).
 Table comparison_table(const Comparison& c, const std::string& title);
+
+/// The informational table of `mpt compare --timings` (relative change; "n/a" for a base of 0).
+Table timings_table(const Comparison& c);
 
 }  // namespace mpt

@@ -3,8 +3,10 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -16,6 +18,35 @@
 namespace mpt {
 
 namespace {
+
+// Length of the UTF-8 sequence starting at s[i] (1-4), or 0 when it is not valid UTF-8
+// (overlong forms, surrogates and code points beyond U+10FFFF included).
+std::size_t utf8_length(const std::string& s, std::size_t i) {
+  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  std::size_t n;
+  unsigned cp;
+  if (c >= 0xC2 && c <= 0xDF) n = 2, cp = c & 0x1F;
+  else if (c >= 0xE0 && c <= 0xEF) n = 3, cp = c & 0x0F;
+  else if (c >= 0xF0 && c <= 0xF4) n = 4, cp = c & 0x07;
+  else return 0;
+  if (i + n > s.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b(i + k) & 0x3F);
+  }
+  if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+    return 0;
+  return n;
+}
+
+
+bool valid_utf8(const std::string& s) {
+  for (std::size_t i = 0, n; i < s.size(); i += n)
+    if ((n = utf8_length(s, i)) == 0) return false;
+  return true;
+}
 
 const char* type_name(ParamType t) {
   switch (t) {
@@ -46,9 +77,7 @@ std::string json_kind(const json& v) {
 
 std::string shown(const json& v) {
   if (v.is_null()) return "";  // json_kind already says "null"
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
+  return printable_json(v);
 }
 
 // "a string \"abc\"", "an integer 7", "null": what a value is, then the value itself.
@@ -57,9 +86,16 @@ std::string got(const json& v) {
   return s.empty() ? json_kind(v) : json_kind(v) + " " + s;
 }
 
+// A bound exactly as it is (1048576, not 1.04858e+06): integers in full, else the shortest
+// text that reads back as the same double.
+std::string exact_number(double d) {
+  if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e18) return fmt::format("{}", static_cast<long long>(d));
+  return fmt::format("{}", d);
+}
+
 std::string bounds_text(const Param& p) {
   std::string s;
-  auto num = [](double d) { return fmt::format("{:g}", d); };
+  auto num = [](double d) { return exact_number(d); };
   if (p.exclusive_min) s += " > " + num(*p.exclusive_min);
   if (p.min) s += (s.empty() ? " >= " : " and >= ") + num(*p.min);
   if (p.exclusive_max) s += (s.empty() ? " < " : " and < ") + num(*p.exclusive_max);
@@ -67,8 +103,14 @@ std::string bounds_text(const Param& p) {
   return s;
 }
 
+// A message echoes user input (keys, values, file names): no control character of it reaches
+// the terminal raw (each piece is cut and escaped where it is inserted; this is the safety net).
+[[noreturn]] void config_error(const std::string& msg) {
+  throw ConfigError(printable_text(msg, std::string::npos));
+}
+
 [[noreturn]] void fail(const std::string& source, const std::string& pointer, const std::string& msg) {
-  throw ConfigError(fmt::format("{}: {}: {}", source, pointer.empty() ? "/" : pointer, msg));
+  config_error(fmt::format("{}: {}: {}", source, pointer.empty() ? "/" : printable_text(pointer, 120), msg));
 }
 
 // An integer that JSON wrote as 12.0 is still accepted as an integer.
@@ -103,6 +145,11 @@ void check_scalar(const Param& p, ParamType scalar, const json& v, const std::st
     case ParamType::Number: {
       bool ok = scalar == ParamType::Int ? is_integral(v) : v.is_number();
       if (!ok) fail(source, ptr, fmt::format("{}, got {}", expected, got(v)));
+      // An integer read back as long long must fit one (18446744073709551615 does not).
+      if (scalar == ParamType::Int && v.is_number_unsigned() &&
+          v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<long long>::max()))
+        fail(source, ptr, fmt::format("{} (and at most {}), got {}", expected, std::numeric_limits<long long>::max(),
+                                      shown(v)));
       double d = v.get<double>();
       if (!std::isfinite(d) || (p.min && d < *p.min) || (p.max && d > *p.max) ||
           (p.exclusive_min && d <= *p.exclusive_min) || (p.exclusive_max && d >= *p.exclusive_max))
@@ -210,6 +257,9 @@ void ConfigSpec::validate_value(const std::string& ptr, const json& v, const std
   if (is_list(p->type)) {
     if (!v.is_array()) fail(source, ptr, fmt::format("expected {}, got {}", type_name(p->type), got(v)));
     if (v.empty()) fail(source, ptr, fmt::format("expected {} (non-empty), got []", type_name(p->type)));
+    if (v.size() > kMaxListLength)
+      fail(source, ptr, fmt::format("expected {} of at most {} elements, got a list of {}", type_name(p->type),
+                                    kMaxListLength, v.size()));
     for (std::size_t i = 0; i < v.size(); ++i)
       check_scalar(*p, element_type(p->type), v[i], source, ptr + "/" + std::to_string(i),
                    type_name(element_type(p->type)));
@@ -217,6 +267,9 @@ void ConfigSpec::validate_value(const std::string& ptr, const json& v, const std
   }
   if (p->scalar_or_list && v.is_array()) {
     if (v.empty()) fail(source, ptr, fmt::format("expected {} or a non-empty list of them, got []", type_name(p->type)));
+    if (v.size() > kMaxListLength)
+      fail(source, ptr, fmt::format("expected {} or a list of at most {} of them, got a list of {}",
+                                    type_name(p->type), kMaxListLength, v.size()));
     for (std::size_t i = 0; i < v.size(); ++i)
       check_scalar(*p, p->type, v[i], source, ptr + "/" + std::to_string(i), type_name(p->type));
     return;
@@ -245,14 +298,15 @@ void ConfigSpec::validate_object(const json& obj, const std::string& pointer, co
       std::string known;
       for (auto& k : keys) known += (known.empty() ? "" : ", ") + k;
       fail(source, child,
-           fmt::format("unknown key \"{}\"{}; known keys here: {}", key,
+           fmt::format("unknown key \"{}\"{}; known keys here: {}", printable_text(key),
                        hint.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", hint), known));
     }
   }
 }
 
 void ConfigSpec::validate(const json& partial, const std::string& source) const {
-  if (!partial.is_object()) fail(source, "", fmt::format("expected a JSON object at the top level, got {}", json_kind(partial)));
+  if (!partial.is_object())
+    fail(source, "", fmt::format("expected a JSON object at the top level, got {}", json_kind(partial)));
   validate_object(partial, "", source);
 }
 
@@ -266,7 +320,15 @@ const json& Config::at(const std::string& ptr) const {
 }
 
 bool Config::boolean(const std::string& ptr) const { return at(ptr).get<bool>(); }
-long long Config::integer(const std::string& ptr) const { return static_cast<long long>(at(ptr).get<double>()); }
+namespace {
+// Exact for JSON integers (no detour through double, which rounds above 2^53); validation
+// keeps integral doubles below 9e15 and integers within long long.
+long long as_integer(const json& v) {
+  return v.is_number_integer() ? v.get<long long>() : static_cast<long long>(v.get<double>());
+}
+}  // namespace
+
+long long Config::integer(const std::string& ptr) const { return as_integer(at(ptr)); }
 double Config::number(const std::string& ptr) const { return at(ptr).get<double>(); }
 std::string Config::str(const std::string& ptr) const { return at(ptr).get<std::string>(); }
 
@@ -274,9 +336,9 @@ std::vector<long long> Config::integers(const std::string& ptr) const {
   const json& v = at(ptr);
   std::vector<long long> out;
   if (v.is_array())
-    for (const auto& e : v) out.push_back(static_cast<long long>(e.get<double>()));
+    for (const auto& e : v) out.push_back(as_integer(e));
   else
-    out.push_back(static_cast<long long>(v.get<double>()));
+    out.push_back(as_integer(v));
   return out;
 }
 
@@ -300,9 +362,16 @@ std::vector<std::string> Config::strings(const std::string& ptr) const {
 
 namespace {
 
+// Thrown by the parser callback when the nesting gets too deep (before nlohmann builds, or
+// anyone dumps or copies, a value deep enough to overflow the stack).
+struct TooDeep {
+  std::size_t depth;
+};
+
 // json::parse, and the JSON pointer of the first key that appears twice in one object
 // ("" when none): nlohmann keeps the last value of a repeated key without a word.
-json parse_rejecting_duplicates(const std::string& text, std::string* duplicate) {
+// Throws TooDeep for nesting beyond max_depth.
+json parse_rejecting_duplicates(const std::string& text, std::string* duplicate, std::size_t max_depth) {
   struct Frame {
     bool object = false;
     std::set<std::string> keys;
@@ -322,10 +391,12 @@ json parse_rejecting_duplicates(const std::string& text, std::string* duplicate)
     switch (ev) {
       case json::parse_event_t::object_start:
         element_starts();
+        if (stack.size() >= max_depth) throw TooDeep{stack.size() + 1};
         stack.push_back(Frame{true, {}, {}, -1});
         break;
       case json::parse_event_t::array_start:
         element_starts();
+        if (stack.size() >= max_depth) throw TooDeep{stack.size() + 1};
         stack.push_back(Frame{false, {}, {}, -1});
         break;
       case json::parse_event_t::object_end:
@@ -338,7 +409,7 @@ json parse_rejecting_duplicates(const std::string& text, std::string* duplicate)
         if (!top.keys.insert(top.key).second && duplicate->empty()) {
           std::string ptr;
           for (const auto& f : stack) ptr += "/" + (f.object ? escape(f.key) : std::to_string(f.index));
-          *duplicate = ptr;
+          *duplicate = printable_text(ptr, 120);
         }
         break;
       }
@@ -351,85 +422,252 @@ json parse_rejecting_duplicates(const std::string& text, std::string* duplicate)
   return json::parse(text, cb);
 }
 
+std::string mib(std::size_t bytes) { return fmt::format("{} MiB", bytes >> 20); }
+
+// Reads at most max_bytes (+1 to tell a larger file) of `path`: a device such as /dev/zero
+// has no size to check beforehand and never ends.
+std::string read_capped(const std::string& path, const std::string& what, std::size_t max_bytes) {
+  const std::string name = printable_text(path, 200);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) config_error(fmt::format("{}: is a directory, not a {}", name, what));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) config_error(fmt::format("{}: cannot open the {} ({})", name, what, std::strerror(errno)));
+  std::string text;
+  char chunk[1 << 16];
+  while (in) {
+    in.read(chunk, sizeof(chunk));
+    text.append(chunk, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > max_bytes)
+      config_error(fmt::format("{}: the {} is larger than {}, the most mpt reads for a {} (is it the right file?)",
+                               name, what, mib(max_bytes), what));
+  }
+  if (in.bad()) config_error(fmt::format("{}: cannot read the {}", name, what));
+  return text;
+}
+
+// Parses one --set value: JSON when it parses, else the text as a string. Throws ConfigError
+// for a too deep value, a repeated key, or text that is not UTF-8 (it could not be stored).
+json parse_set_value(const std::string& text, const std::string& source, const std::string& ptr) {
+  std::string duplicate;
+  json value;
+  try {
+    value = parse_rejecting_duplicates(text, &duplicate, kConfigLimits.max_depth);
+  } catch (const TooDeep&) {
+    fail(source, ptr, fmt::format("the value is nested deeper than {} levels, the most a config may have",
+                                  kConfigLimits.max_depth));
+  } catch (const json::exception&) {
+    value = text;  // not JSON (or a number beyond double's range): a plain string
+    // A string that is not UTF-8 could be neither printed nor stored in the result file.
+    if (!valid_utf8(text)) fail(source, ptr, "expected UTF-8 text, got bytes that are not UTF-8");
+  }
+  if (!duplicate.empty())
+    config_error(fmt::format("{}: {}{}: duplicate key: expected each key once per object", source,
+                             printable_text(ptr, 120), duplicate));
+  return value;
+}
+
+// The tokens of a JSON pointer that json::json_pointer accepted ("~1" -> "/", "~0" -> "~").
+std::vector<std::string> pointer_tokens(const std::string& ptr) {
+  std::vector<std::string> tokens;
+  std::size_t start = 1;
+  while (start <= ptr.size()) {
+    std::size_t end = ptr.find('/', start);
+    if (end == std::string::npos) end = ptr.size();
+    std::string t;
+    for (std::size_t i = start; i < end; ++i) {
+      if (ptr[i] == '~' && i + 1 < end) {
+        t += ptr[i + 1] == '1' ? '/' : '~';
+        ++i;
+      } else {
+        t += ptr[i];
+      }
+    }
+    tokens.push_back(t);
+    start = end + 1;
+  }
+  return tokens;
+}
+
+Config resolve(const ConfigSpec& spec, const json* from_file, const std::string& file_source,
+               const std::vector<std::string>& sets) {
+  json cfg = spec.defaults();
+  if (from_file) {
+    spec.validate(*from_file, file_source);
+    cfg.merge_patch(*from_file);  // objects merge key by key; leaves (incl. lists) replace
+  }
+  for (const auto& s : sets) {
+    auto eq = s.find('=');
+    const std::string source = fmt::format("--set '{}'", printable_text(s));
+    if (eq == std::string::npos || eq == 0)
+      config_error(fmt::format("{}: expected KEY=VALUE (e.g. model.depth=8)", source));
+    const std::string ptr = to_pointer(s.substr(0, eq));
+    try {
+      json::json_pointer check(ptr);  // e.g. a stray '~' is not a valid JSON pointer
+    } catch (const json::exception&) {
+      fail(source, ptr, "not a valid key path");
+    }
+    const json value = parse_set_value(s.substr(eq + 1), source, ptr);
+    if (!spec.find(ptr)) {
+      // Reuse the object walk for a precise message (unknown key, with a suggestion). Built
+      // key by key: json_pointer would make "/a/99999999" an array of 10^8 nulls.
+      json probe = json::object();
+      json* at = &probe;
+      for (const auto& t : pointer_tokens(ptr)) {
+        (*at)[t] = json::object();
+        at = &(*at)[t];
+      }
+      *at = value;
+      spec.validate(probe, source);
+      fail(source, ptr, "not a settable leaf (it is an object)");
+    }
+    spec.validate_value(ptr, value, source);
+    cfg[json::json_pointer(ptr)] = value;
+  }
+  return Config(&spec, std::move(cfg));
+}
+
 }  // namespace
 
-json read_json_file(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(fmt::format("{}: is a directory, not a {}", path, what));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open the {} ({})", path, what, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the {}", path, what));
+json parse_json_text(const std::string& text, const std::string& source, const JsonLimits& limits) {
+  const std::string name = printable_text(source, 200);
+  if (text.size() > limits.max_bytes)
+    config_error(fmt::format("{}: larger than {}, the most mpt reads here", name, mib(limits.max_bytes)));
   try {
     std::string duplicate;
-    json doc = parse_rejecting_duplicates(ss.str(), &duplicate);
+    json doc = parse_rejecting_duplicates(text, &duplicate, limits.max_depth);
     if (!duplicate.empty())
-      throw ConfigError(fmt::format("{}: {}: duplicate key: expected each key once per object (JSON would silently "
-                                    "keep only the last value)", path, duplicate));
+      config_error(fmt::format("{}: {}: duplicate key: expected each key once per object (JSON would silently "
+                               "keep only the last value)", name, duplicate));
     return doc;
+  } catch (const TooDeep&) {
+    config_error(fmt::format("{}: nested deeper than {} levels (arrays and objects), the most mpt reads here",
+                             name, limits.max_depth));
   } catch (const json::exception& e) {
     // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 1: ..."
     // (or out_of_range.406 for a number beyond double's range, e.g. 1e400)
     std::string what = e.what();
     auto pos = what.find("] ");
-    throw ConfigError(fmt::format("{}: invalid JSON: {}", path, pos == std::string::npos ? what : what.substr(pos + 2)));
+    config_error(fmt::format("{}: invalid JSON: {}", name,
+                             printable_text(pos == std::string::npos ? what : what.substr(pos + 2), 300)));
   }
 }
 
+json read_json_file(const std::string& path, const std::string& what, const JsonLimits& limits) {
+  return parse_json_text(read_capped(path, what, limits.max_bytes), path, limits);
+}
+
 std::string to_pointer(const std::string& key) {
-  if (key.empty()) throw ConfigError("--set: empty key");
+  if (key.empty()) config_error("--set: empty key");
   std::string ptr = key;
   if (key[0] != '/') {
     ptr = "/";
     for (char c : key) ptr += (c == '.') ? '/' : c;
   }
   if (ptr.find("//") != std::string::npos || ptr.back() == '/')
-    throw ConfigError("--set '" + key + "': empty key segment in the path");
+    config_error("--set '" + printable_text(key) + "': empty key segment in the path");
   return ptr;
 }
 
 Config resolve_config(const ConfigSpec& spec, const std::string& file, const std::vector<std::string>& sets) {
-  json cfg = spec.defaults();
-  if (!file.empty()) {
-    json from_file = read_json_file(file);
-    spec.validate(from_file, file);
-    cfg.merge_patch(from_file);  // objects merge key by key; leaves (incl. lists) replace
+  if (file.empty()) return resolve(spec, nullptr, "", sets);
+  const json from_file = read_json_file(file);
+  return resolve(spec, &from_file, printable_text(file, 200), sets);
+}
+
+Config resolve_config_text(const ConfigSpec& spec, const std::string& text, const std::string& source,
+                           const std::vector<std::string>& sets) {
+  const json from_file = parse_json_text(text, source);
+  return resolve(spec, &from_file, printable_text(source, 200), sets);
+}
+
+// ---------------------------------------------------------------------------
+// Messages
+// ---------------------------------------------------------------------------
+
+std::string printable_text(const std::string& text, std::size_t limit) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    if (i >= limit) {
+      out += fmt::format("\u2026 ({} bytes)", text.size());
+      break;
+    }
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    const std::size_t n = utf8_length(text, i);
+    if (n == 0) {
+      out += fmt::format("\\x{:02x}", c);
+      i += 1;
+    } else if (n == 1 && (c < 0x20 || c == 0x7f)) {
+      out += c == 0 ? std::string("\\0") : c == '\t' ? std::string("\\t") : c == '\n' ? std::string("\\n")
+             : c == '\r' ? std::string("\\r") : fmt::format("\\x{:02x}", c);
+      i += 1;
+    } else if (n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0) {  // C1 controls (CSI 0x9b)
+      out += fmt::format("\\u{:04x}", static_cast<unsigned char>(text[i + 1]));
+      i += 2;
+    } else {
+      out.append(text, i, n);
+      i += n;
+    }
   }
-  for (const auto& s : sets) {
-    auto eq = s.find('=');
-    const std::string source = fmt::format("--set '{}'", s);
-    if (eq == std::string::npos || eq == 0)
-      throw ConfigError(fmt::format("{}: expected KEY=VALUE (e.g. model.depth=8)", source));
-    const std::string ptr = to_pointer(s.substr(0, eq));
-    try {
-      json::json_pointer check(ptr);  // e.g. a stray '~' is not a valid JSON pointer
-    } catch (const json::exception&) {
-      throw ConfigError(fmt::format("{}: {}: not a valid key path", source, ptr));
+  return out;
+}
+
+namespace {
+
+void preview_into(const json& v, std::string& out, std::size_t limit, int depth) {
+  if (out.size() > limit) return;
+  if (v.is_string()) {
+    const auto& s = v.get_ref<const std::string&>();
+    if (s.size() <= limit) {
+      out += v.dump(-1, ' ', false, json::error_handler_t::replace);
+    } else {
+      std::size_t cut = limit;
+      while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // a whole UTF-8 character
+      out += json(s.substr(0, cut)).dump(-1, ' ', false, json::error_handler_t::replace);
+      out += fmt::format("\u2026 ({} bytes)", s.size());
     }
-    const std::string text = s.substr(eq + 1);
-    json value;
-    std::string duplicate;
-    try {
-      value = parse_rejecting_duplicates(text, &duplicate);
-    } catch (const json::exception&) {
-      value = text;  // not JSON (or a number beyond double's range): a plain string
+  } else if (v.is_array() || v.is_object()) {
+    const bool obj = v.is_object();
+    if (v.empty()) {
+      out += obj ? "{}" : "[]";
+      return;
     }
-    if (!duplicate.empty())
-      throw ConfigError(fmt::format("{}: {}{}: duplicate key: expected each key once per object", source, ptr,
-                                    duplicate));
-    if (!spec.find(ptr)) {
-      // Reuse the object walk for a precise message (unknown key, with a suggestion).
-      json probe = json::object();
-      probe[json::json_pointer(ptr)] = value;
-      spec.validate(probe, source);
-      throw ConfigError(fmt::format("{}: {}: not a settable leaf (it is an object)", source, ptr));
+    if (depth >= 8) {
+      out += obj ? "{...}" : "[...]";
+      return;
     }
-    spec.validate_value(ptr, value, source);
-    cfg[json::json_pointer(ptr)] = value;
+    out += obj ? '{' : '[';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (out.size() > limit) {
+        out += ",...";
+        break;
+      }
+      if (!first) out += ',';
+      first = false;
+      if (obj) {
+        preview_into(json(it.key()), out, limit, depth + 1);
+        out += ':';
+      }
+      preview_into(it.value(), out, limit, depth + 1);
+    }
+    out += obj ? '}' : ']';
+  } else {
+    out += v.dump();
   }
-  return Config(&spec, std::move(cfg));
+}
+
+}  // namespace
+
+std::string printable_json(const json& v, std::size_t limit) {
+  std::string out;
+  preview_into(v, out, limit, 0);
+  if (out.size() > limit + 40) {  // cut what is left over, at a character boundary
+    std::size_t cut = limit;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
+    out = out.substr(0, cut) + "...";
+  }
+  return printable_text(out, std::string::npos);
 }
 
 // ---------------------------------------------------------------------------
@@ -453,6 +691,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  // A long word is no typo of a short key (and the distance table would be |word| x |key|).
+  if (word.size() > 256) return "";
   std::string best;
   std::size_t best_d = std::string::npos;
   for (const auto& c : candidates) {

@@ -100,15 +100,48 @@ class Config {
   json json_;
 };
 
+/// Bounds on what a JSON input may hold, so that a hostile or mistaken file (/dev/zero, a
+/// 100,000-deep nesting) fails fast with exit 2 instead of exhausting memory or the stack.
+struct JsonLimits {
+  std::size_t max_bytes;  ///< the file is read with this cap (a device has no size to stat)
+  std::size_t max_depth;  ///< nesting of arrays and objects; deeper is refused while parsing
+};
+/// Limits for `--config` files and `--set` values: configs are small and at most a few levels deep.
+inline constexpr JsonLimits kConfigLimits{16u << 20, 64};
+/// Limits for result files read by `mpt compare`.
+inline constexpr JsonLimits kResultLimits{256u << 20, 256};
+/// Most elements a list in a config may hold (a sweep over more values is a mistake).
+inline constexpr std::size_t kMaxListLength = 10000;
+
 /// Reads a JSON file; throws ConfigError for a missing, unreadable or invalid file (with
-/// line/column from the parser), a directory, or a key repeated within one object. `what`
-/// names the file in messages ("config file", "result file").
-json read_json_file(const std::string& path, const std::string& what = "config file");
+/// line/column from the parser), a directory, a file larger than limits.max_bytes (read
+/// with that cap, never whole), nesting deeper than limits.max_depth, or a key repeated
+/// within one object. `what` names the file in messages ("config file", "result file").
+json read_json_file(const std::string& path, const std::string& what = "config file",
+                    const JsonLimits& limits = kConfigLimits);
+
+/// Parses JSON `text` under `limits` (size, depth) and rejecting repeated keys; `source`
+/// names the input in messages. Throws ConfigError. read_json_file without the file.
+json parse_json_text(const std::string& text, const std::string& source, const JsonLimits& limits = kConfigLimits);
+
+/// `text` made safe and short for a message: control characters escaped (\0, \t, \n,
+/// \x1b, ...), bytes that are not UTF-8 as \xNN, and cut after about `limit` bytes with
+/// "… (N bytes)" appended.
+std::string printable_text(const std::string& text, std::size_t limit = 80);
+
+/// A JSON value for a message: dumped with at most about `limit` characters (long strings
+/// and containers cut, deep nesting elided, invalid UTF-8 replaced), never recursing deeply.
+std::string printable_json(const json& v, std::size_t limit = 60);
 
 /// Merges defaults ← file (if non-empty path) ← `--set` overrides ("a.b=VALUE" or
 /// "/a/b=VALUE"; VALUE parsed as JSON, else taken as a string), validating each layer.
 /// Throws ConfigError.
 Config resolve_config(const ConfigSpec& spec, const std::string& file, const std::vector<std::string>& sets);
+
+/// resolve_config with the config file's text given directly (`source` names it in
+/// messages); used by the fuzz target tests/fuzz/fuzz_config.cpp. Throws ConfigError.
+Config resolve_config_text(const ConfigSpec& spec, const std::string& text, const std::string& source,
+                           const std::vector<std::string>& sets);
 
 /// Levenshtein edit distance (for "did you mean").
 std::size_t edit_distance(const std::string& a, const std::string& b);

@@ -23,35 +23,70 @@ uint32_t be32(const unsigned char* p) {
 
 }  // namespace
 
-torch::Tensor read_idx_gz(const std::string& path) {
+torch::Tensor read_idx_gz(const std::string& path, std::size_t max_bytes) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) bad(path, "cannot open");
-  std::vector<unsigned char> buf;
-  unsigned char chunk[1 << 16];
-  int n;
-  while ((n = gzread(f, chunk, sizeof(chunk))) > 0) buf.insert(buf.end(), chunk, chunk + n);
-  int err = 0;
-  const char* msg = gzerror(f, &err);
-  std::string errtext = (n < 0 && msg) ? msg : "";
-  gzclose(f);
-  if (n < 0) bad(path, "corrupt gzip stream: " + errtext);
-  if (buf.size() < 4) bad(path, "too short for an IDX header");
+  // Inflate only what the header promises (a gzip bomb must not reach memory): the header
+  // first, then exactly its element count, then one byte more to tell a longer stream.
+  auto read = [&](void* dst, std::size_t n) -> std::size_t {
+    std::size_t done = 0;
+    while (done < n) {
+      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(n - done, 1u << 30));
+      const int got = gzread(f, static_cast<unsigned char*>(dst) + done, chunk);
+      if (got < 0) {
+        int err = 0;
+        const char* msg = gzerror(f, &err);
+        const std::string text = msg ? msg : "";
+        gzclose(f);
+        bad(path, "corrupt gzip stream: " + text);
+      }
+      if (got == 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    return done;
+  };
+  unsigned char head[4 + 4 * 4];
+  if (read(head, 4) < 4) {
+    gzclose(f);
+    bad(path, "too short for an IDX header");
+  }
   // IDX: 0, 0, type (0x08 = unsigned byte), number of dimensions; then big-endian sizes.
-  if (buf[0] != 0 || buf[1] != 0 || buf[2] != 0x08) bad(path, "not an unsigned-byte IDX file (bad magic number)");
-  const int ndim = buf[3];
-  if (ndim < 1 || ndim > 4 || buf.size() < 4u + 4u * ndim) bad(path, "bad IDX header");
+  if (head[0] != 0 || head[1] != 0 || head[2] != 0x08) {
+    gzclose(f);
+    bad(path, "not an unsigned-byte IDX file (bad magic number)");
+  }
+  const int ndim = head[3];
+  if (ndim < 1 || ndim > 4 || read(head + 4, 4u * ndim) < 4u * ndim) {
+    gzclose(f);
+    bad(path, "bad IDX header");
+  }
   std::vector<int64_t> shape;
-  int64_t count = 1;
+  std::size_t count = 1;
+  bool too_large = false;
   for (int i = 0; i < ndim; ++i) {
-    shape.push_back(be32(&buf[4 + 4 * i]));
-    count *= shape.back();
+    shape.push_back(be32(&head[4 + 4 * i]));
+    const auto dim = static_cast<std::size_t>(shape.back());
+    if (dim != 0 && count > max_bytes / dim) too_large = true;  // no overflow: stop counting
+    else count *= dim;
   }
   const std::size_t offset = 4 + 4 * ndim;
-  if (buf.size() != offset + static_cast<std::size_t>(count))
-    bad(path, fmt::format("size {} does not match its header ({} bytes expected): truncated?", buf.size(),
-                          offset + count));
+  if (too_large || count > max_bytes) {
+    gzclose(f);
+    std::string dims;
+    for (auto d : shape) dims += (dims.empty() ? "" : " x ") + std::to_string(d);
+    bad(path, fmt::format("its header promises {} bytes of data, more than the {} bytes mpt reads from an IDX file "
+                          "(not a Fashion-MNIST file?)", dims, max_bytes));
+  }
   auto t = torch::empty(shape, torch::kUInt8);
-  std::memcpy(t.data_ptr<uint8_t>(), buf.data() + offset, static_cast<std::size_t>(count));
+  const std::size_t got = read(t.data_ptr<uint8_t>(), count);
+  unsigned char extra = 0;
+  const bool longer = got == count && read(&extra, 1) == 1;
+  gzclose(f);
+  if (got != count)
+    bad(path, fmt::format("size {} does not match its header ({} bytes expected): truncated?", offset + got,
+                          offset + count));
+  if (longer) bad(path, fmt::format("more data than its header promises ({} bytes): corrupt or not an IDX file?",
+                                    offset + count));
   return t;
 }
 

@@ -26,9 +26,14 @@ struct Dataset {
 /// Throws RuntimeFailure for a missing, truncated or malformed file.
 Dataset load_fashion_mnist(const std::string& dir, const std::string& split, int64_t limit = 0);
 
+/// Most data bytes read from one IDX file (Fashion-MNIST's largest holds 47,040,000).
+inline constexpr std::size_t kMaxIdxBytes = std::size_t{1} << 28;
+
 /// Reads a gzip-compressed IDX file (LeCun et al.'s MNIST format) into a uint8 tensor
-/// of the shape its header gives. Throws RuntimeFailure naming the path.
-torch::Tensor read_idx_gz(const std::string& path);
+/// of the shape its header gives. The header is checked first: a promise of more than
+/// `max_bytes` is refused, and no more than header + promised bytes (+1) are ever inflated,
+/// so a gzip bomb fails fast. Throws RuntimeFailure naming the path.
+torch::Tensor read_idx_gz(const std::string& path, std::size_t max_bytes = kMaxIdxBytes);
 
 /// A fixed permutation of [0, n) from `seed` (independent of the global generator, so
 /// data order does not shift model initialisation): torch.randperm with its own Generator.

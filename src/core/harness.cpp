@@ -233,7 +233,8 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
         throw ConfigError(fmt::format("{} {:g}: expected a finite number >= 0 (tolerances must be finite)", flag, v));
     for (const auto& k : key_tols) {
       auto eq = k.rfind('=');
-      if (eq == std::string::npos || eq == 0) throw ConfigError("--tol '" + k + "': expected PATTERN=RTOL[,ATOL]");
+      if (eq == std::string::npos || eq == 0)
+        throw ConfigError("--tol '" + printable_text(k) + "': expected PATTERN=RTOL[,ATOL]");
       KeyTolerance kt{k.substr(0, eq)};
       std::string v = k.substr(eq + 1);
       auto comma = v.find(',');
@@ -242,25 +243,22 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
         kt.rtol = std::stod(v.substr(0, comma), &used);
         if (comma != std::string::npos) kt.atol = std::stod(v.substr(comma + 1));
       } catch (const std::exception&) {
-        throw ConfigError("--tol '" + k + "': RTOL and ATOL must be numbers");
+        throw ConfigError("--tol '" + printable_text(k) + "': RTOL and ATOL must be numbers");
       }
       if (!(kt.rtol >= 0) || !(kt.atol >= 0) || !std::isfinite(kt.rtol) || !std::isfinite(kt.atol))
-        throw ConfigError("--tol '" + k + "': tolerances must be finite numbers >= 0");
+        throw ConfigError("--tol '" + printable_text(k) + "': tolerances must be finite numbers >= 0");
       opt.per_key.push_back(kt);
     }
     for (const auto& f : tol_files)  // after the --tol rules: the command line wins
       for (auto& kt : read_tolerance_file(f)) opt.per_key.push_back(std::move(kt));
-    json a = read_json_file(base_file, "result file"), b = read_json_file(new_file, "result file");
-    Comparison c = compare_results(a, b, opt);
+    json a = read_json_file(base_file, "result file", kResultLimits);
+    json b = read_json_file(new_file, "result file", kResultLimits);
+    Comparison c = compare_results(a, b, opt, base_file, new_file);
     if (!quiet && !c.diffs.empty())
-      std::cout << render_table(comparison_table(c, fmt::format("Differences: {} -> {}", base_file, new_file))) << "\n";
-    if (!quiet && !c.timings.empty()) {
-      Table t{"timings", "Timings (informational): relative change new vs base",
-              {text_col("path", "path"), float_col("base", "base"), float_col("new", "new"), pct_col("change", "change", 1)}};
-      for (const auto& d : c.timings)
-        t.rows.push_back({{"path", d.path}, {"base", d.base}, {"new", d.now}, {"change", d.rel_diff}});
-      std::cout << render_table(t) << "\n";
-    }
+      std::cout << render_table(comparison_table(
+                       c, fmt::format("Differences: {} -> {}", printable_text(base_file, 200), printable_text(new_file, 200))))
+                << "\n";
+    if (!quiet && !c.timings.empty()) std::cout << render_table(timings_table(c)) << "\n";
     std::cout << fmt::format("compare: {} of {} values differ beyond tolerance (rtol {:g}, atol {:g}{}){}: {}\n",
                              c.diffs.size(), c.compared, opt.rtol, opt.atol,
                              opt.per_key.empty() ? "" : fmt::format(", {} per-key", opt.per_key.size()),

@@ -100,3 +100,12 @@ cli_case(bad_set_huge_number 2 "/seed: expected an integer" underflow --set seed
 add_test(NAME cli.out_dev_null
          COMMAND bash -c "$<TARGET_FILE:mpt> underflow -q --set model.depth=2 --out /dev/null && test -c /dev/null && echo ok: /dev/null is still a device"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+
+# --- hostile input (issue 15: defects 3, 4, 11): endless, deep, huge and escaping input ---
+foreach(c config_dev_zero config_dev_urandom config_deep set_deep config_long_list config_long_key set_ansi_key
+          config_nul_key exact_limits compare_dev_zero compare_deep compare_results_not_object compare_missing_leaf
+          compare_big_integers compare_timing_zero compare_ansi)
+  add_test(NAME cli.hostile.${c} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/hostile_input.sh $<TARGET_FILE:mpt> ${c}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(cli.hostile.${c} PROPERTIES TIMEOUT 120)
+endforeach()
