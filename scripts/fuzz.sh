@@ -23,7 +23,20 @@ cxx=${FUZZ_CXX:-}
 if [ -z "$cxx" ]; then
   for c in clang++-14 clang++; do command -v "$c" > /dev/null && { cxx=$c; break; }; done
 fi
-[ -n "$cxx" ] || { echo "fuzz: clang++ not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 2; }
+if [ -z "$cxx" ] || ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "install ok installed" \
+   || ! dpkg-query -W -f='${Status}' nlohmann-json3-dev 2>/dev/null | grep -q "install ok installed"; then
+  # A fresh machine: install Debian's clang with its sanitizer and libFuzzer runtimes (as setup.sh does).
+  sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo > /dev/null || { echo "fuzz: need root or sudo to install clang-14 libclang-rt-14-dev" >&2; exit 2; }
+    sudo=(sudo)
+  fi
+  echo "fuzz: installing clang-14 libclang-rt-14-dev nlohmann-json3-dev libfmt-dev" >&2
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends \
+    clang-14 libclang-rt-14-dev nlohmann-json3-dev libfmt-dev > /dev/null
+  [ -n "$cxx" ] || cxx=clang++-14
+fi
 out=build-fuzz
 mkdir -p "$out/artifacts"
 flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
