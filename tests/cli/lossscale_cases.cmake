@@ -29,6 +29,18 @@ if(Torch_VERSION VERSION_LESS 2)
   cli_case(lossscale_native_fp16_refused 3 "native fp16 compute: LibTorch .* has no working fp16 matrix product on cpu"
            lossscale ${LS_TINY} --device cpu --set train.compute=native)
 endif()
+# Native bf16 recipes wherever bf16 GEMMs run (on AVX-512 BF16 / AMX CPUs through oneDNN, whose
+# scratch memory comes from the counting allocator's raw interface: issue 14's crash), and the
+# same under oneDNN's AVX2 cap, where auto must still finish (emulating if the kernels fail).
+cli_case(lossscale_native_bf16 0 "bf16\\+master" lossscale ${LS_TINY} --device cpu --set train.compute=native
+         --set "train.recipes=[\"bf16\",\"bf16+master\"]")
+cli_case(lossscale_auto_bf16 0 "bf16\\+master" lossscale ${LS_TINY} --device cpu
+         --set "train.recipes=[\"bf16\",\"bf16+master\"]")
+add_test(NAME cli.lossscale_auto_bf16_isa_avx2
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/run_case.sh $<TARGET_FILE:mpt> 0 "bf16\\+master" lossscale ${LS_TINY}
+                 --device cpu --set "train.recipes=[\"bf16\",\"bf16+master\"]"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.lossscale_auto_bf16_isa_avx2 PROPERTIES ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DNNL_MAX_CPU_ISA=AVX2")
 add_test(NAME cli.lossscale_loss_in_low_precision COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/lossscale_low_loss.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.lossscale_loss_in_low_precision PROPERTIES TIMEOUT 300)
