@@ -4,6 +4,7 @@
 #
 #   scripts/setup.sh                # Debian's LibTorch 1.13 (CPU)  -> build/
 #   scripts/setup.sh --torch pip    # PyPI's CUDA LibTorch 2.x     -> build-torch2/
+#   scripts/setup.sh --sanitize     # Debian's LibTorch, mpt built with ASan + UBSan -> build-asan/
 #   MPT_JOBS=4 scripts/setup.sh     # more compile jobs (default 2; LibTorch TUs take ~1.5 GB each)
 #
 # --torch pip installs the pinned torch wheel (scripts/torch2-requirements.txt) into the
@@ -16,15 +17,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 torch=debian
+sanitize=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --torch) torch="${2:-}"; shift 2 || { echo "setup: --torch needs a value: debian or pip" >&2; exit 2; } ;;
     --torch=*) torch="${1#--torch=}"; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "setup: unknown option '$1' (expected --torch debian|pip)" >&2; exit 2 ;;
+    --sanitize) sanitize=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown option '$1' (expected --torch debian|pip, --sanitize)" >&2; exit 2 ;;
   esac
 done
 case "$torch" in debian|pip) ;; *) echo "setup: --torch: expected debian or pip, got '$torch'" >&2; exit 2 ;; esac
+if [ $sanitize = 1 ] && [ "$torch" != debian ]; then
+  echo "setup: --sanitize builds against Debian's LibTorch only (got --torch $torch)" >&2; exit 2
+fi
 
 packages=(
   g++ cmake make pkg-config          # toolchain
@@ -58,6 +64,10 @@ fi
 if [ "$torch" = debian ]; then
   build=build
   cmake_args=()
+  if [ $sanitize = 1 ]; then
+    build=build-asan
+    cmake_args=(-DMPT_SANITIZE=ON)
+  fi
 else
   build=build-torch2
   venv=.venv-torch2

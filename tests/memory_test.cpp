@@ -103,4 +103,85 @@ TEST_CASE("bf16 matmul and linear backward past oneDNN's size threshold run unde
   const double dx = probe_kernels(cpu, torch::kBFloat16).fp32_accumulation ? 96.0 : 64.0;
   CHECK(x.grad().to(torch::kDouble).eq(dx).all().item<bool>());
   CHECK(w.grad().to(torch::kDouble).eq(128.0).all().item<bool>());  // 256 * 0.5
+// ---------------------------------------------------------------------------
+// Estimates before allocating (issue 15, defect 7: a config too large for the machine was
+// OOM-killed without a word; now it exits 2 naming its keys)
+// ---------------------------------------------------------------------------
+
+#include <cstdlib>
+
+#include "core/errors.hpp"
+#include "experiments/experiment.hpp"
+
+TEST_CASE("MLP parameter count and the training-step terms follow the documented formula", "[memory]") {
+  CHECK(mlp_param_count({784, 128, 10}) == 784.0 * 128 + 128 + 128.0 * 10 + 10);
+  CHECK(mlp_param_count({5}) == 0);
+  MemoryEstimate e;
+  add_mlp_training(e, "net", {4, 8, 2}, /*batch=*/16, /*copies=*/3, /*saved=*/2, "/w", "/b");
+  REQUIRE(e.terms.size() == 2);
+  CHECK(e.terms[0].bytes == 3 * (4.0 * 8 + 8 + 8 * 2 + 2) * 4);
+  CHECK(e.terms[1].bytes == 16 * (4 + 2.0 * (8 + 2)) * 4);
+  CHECK(e.total() == e.terms[0].bytes + e.terms[1].bytes);
+  e.times(2, "processes");
+  CHECK(e.terms[0].bytes == 2 * 3 * (4.0 * 8 + 8 + 8 * 2 + 2) * 4);
+}
+
+TEST_CASE("MemAvailable is read from /proc/meminfo's text", "[memory]") {
+  CHECK(parse_meminfo_available("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n") ==
+        2048 * 1024);
+  CHECK(parse_meminfo_available("MemTotal: 1 kB\n") == -1);
+  CHECK(parse_meminfo_available("MemAvailable: x kB\n") == -1);
+}
+
+TEST_CASE("MPT_MEMORY_LIMIT_BYTES caps the memory, 0 turns the check off, garbage is a config error", "[memory]") {
+  std::string source;
+  ::setenv("MPT_MEMORY_LIMIT_BYTES", "12345", 1);
+  CHECK(available_memory_bytes(&source) == 12345);
+  CHECK(source == "MPT_MEMORY_LIMIT_BYTES");
+  ::setenv("MPT_MEMORY_LIMIT_BYTES", "0", 1);
+  CHECK(available_memory_bytes() == -1);
+  ::setenv("MPT_MEMORY_LIMIT_BYTES", "4GB", 1);
+  CHECK_THROWS_AS(available_memory_bytes(), ConfigError);
+  ::unsetenv("MPT_MEMORY_LIMIT_BYTES");
+  CHECK(available_memory_bytes(&source) > 0);  // this machine's MemAvailable
+  CHECK(source == "MemAvailable in /proc/meminfo");
+}
+
+TEST_CASE("check_memory refuses an estimate above the limit, naming the keys of the largest terms", "[memory]") {
+  MemoryEstimate e;
+  e.add("parameters", "/model/width, /model/depth", 300.0 * (1LL << 30));
+  e.add("activations", "/data/batch", 1.0 * (1LL << 20));
+  CHECK_NOTHROW(check_memory(e, -1, "none"));                     // unknown: no check
+  CHECK_NOTHROW(check_memory(e, 400LL * (1LL << 30), "test cap"));  // fits
+  try {
+    check_memory(e, 4LL * (1LL << 30), "test cap");
+    FAIL("no error");
+  } catch (const ConfigError& err) {
+    const std::string m = err.what();
+    CHECK(m.rfind("/model/width, /model/depth: this config needs about 300 GiB", 0) == 0);
+    CHECK(m.find("/data/batch:") == std::string::npos);  // 0.0003% of the total: not what to change
+    CHECK(m.find("more than the 4.00 GiB available (test cap)") != std::string::npos);
+  }
+  CHECK(human_bytes(512) == "512 bytes");
+  CHECK(human_bytes(1536) == "1.50 KiB");
+}
+
+TEST_CASE("every experiment whose sizes are user-set estimates its memory, and defaults are small", "[memory]") {
+  for (const char* name : {"underflow", "lossscale", "checkpoint", "accumulate", "dataparallel", "pipeline"}) {
+    const Experiment* exp = find_experiment(name);
+    REQUIRE(exp);
+    INFO(name);
+    REQUIRE(exp->memory);
+    ConfigSpec spec = exp->spec();
+    Config cfg = resolve_config(spec, "", {});
+    const double bytes = exp->memory(cfg, 1).total();
+    CHECK(bytes > 0);
+    CHECK(bytes < 1024.0 * 1024 * 1024);  // the default configs run on a laptop
+  }
+  // The probe's case: checkpoint with width 65536 and depth 4 holds 4 x 2^32 weights (64 GiB
+  // in fp32) before gradients; the estimate must see at least that.
+  const Experiment* ckpt = find_experiment("checkpoint");
+  ConfigSpec spec = ckpt->spec();
+  Config big = resolve_config(spec, "", {"model.width=65536", "model.depth=4", "data.batch=8"});
+  CHECK(ckpt->memory(big, 1).total() > 64.0 * (1LL << 30));
 }

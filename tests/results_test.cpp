@@ -1,5 +1,6 @@
 // Result document pieces: non-finite encoding, table rendering, atomic writes (core/results).
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -84,5 +85,95 @@ TEST_CASE("atomic write: content replaced whole, directories created, no temp le
   fs::create_directories(dir / "blocked");
   CHECK_THROWS(write_file_atomic((dir / "blocked").string(), "x"));
   CHECK(fs::is_directory(dir / "blocked"));
+  fs::remove_all(dir);
+}
+
+// Issue 15, defect 2: --out onto a symbolic link replaced the link with a regular file (as root,
+// --out /dev/stdout made /dev/stdout a regular file), and 0600 results became 0644.
+TEST_CASE("atomic write follows symbolic links to their target and keeps the links", "[results]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("mpt_results_link_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "real");
+  const fs::path target = dir / "real" / "r.json";
+  { std::ofstream(target) << "old\n"; }
+  fs::create_symlink("real/r.json", dir / "link.json");           // relative target
+  fs::create_symlink(dir / "link.json", dir / "link2.json");      // a chain, absolute
+  fs::create_symlink("real/new.json", dir / "dangling.json");     // target does not exist yet
+  CHECK(check_writable((dir / "link2.json").string()).empty());
+  write_file_atomic((dir / "link2.json").string(), "new\n");
+  CHECK(fs::is_symlink(dir / "link.json"));
+  CHECK(fs::is_symlink(dir / "link2.json"));
+  std::ifstream in(target);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  CHECK(text == "new\n");
+  write_file_atomic((dir / "dangling.json").string(), "made\n");
+  CHECK(fs::is_symlink(dir / "dangling.json"));
+  CHECK(fs::is_regular_file(dir / "real" / "new.json"));
+  // No temporary or probe file is left in either folder.
+  int n = 0;
+  for (auto& e : fs::directory_iterator(dir / "real")) n += 1, (void)e;
+  CHECK(n == 2);
+  // A link to a directory is a directory: an error naming both.
+  fs::create_symlink("real", dir / "dirlink");
+  CHECK_THROWS_WITH(check_writable((dir / "dirlink").string()), Catch::Contains("is a directory"));
+  // A loop of links is an error, not a hang.
+  fs::create_symlink(dir / "loop_b", dir / "loop_a");
+  fs::create_symlink(dir / "loop_a", dir / "loop_b");
+  CHECK_THROWS_WITH(write_file_atomic((dir / "loop_a").string(), "x"), Catch::Contains("too many levels"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("atomic write keeps an existing result's permission bits", "[results]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("mpt_results_mode_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "r.json").string();
+  write_file_atomic(path, "first\n");
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
+  write_file_atomic(path, "second\n");
+  struct stat st{};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("atomic write into one of our own descriptors by name writes into it", "[results]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  for (const std::string prefix : {"/dev/fd/", "/proc/self/fd/"}) {
+    const std::string path = prefix + std::to_string(fds[1]);
+    CHECK(check_writable(path).empty());
+    write_file_atomic(path, "through the pipe\n");
+    char buf[64] = {};
+    const ssize_t n = ::read(fds[0], buf, sizeof buf - 1);
+    CHECK(std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0) == "through the pipe\n");
+    struct stat st{};
+    REQUIRE(::fstat(fds[1], &st) == 0);
+    CHECK(S_ISFIFO(st.st_mode));  // still the pipe, not replaced by a file
+  }
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+// Issue 15, defect 11: a failed run left the --out folders it had created behind.
+TEST_CASE("check_writable reports the folders it made; remove_created_dirs takes the empty ones away", "[results]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("mpt_results_dirs_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto made = check_writable((dir / "a" / "b" / "r.json").string());
+  REQUIRE(made.size() == 2);
+  CHECK(made[0] == (dir / "a").string());
+  CHECK(made[1] == (dir / "a" / "b").string());
+  remove_created_dirs(made);
+  CHECK_FALSE(fs::exists(dir / "a"));
+  CHECK(fs::exists(dir));
+  // Where a result was written, the folders stay.
+  made = check_writable((dir / "c" / "r.json").string());
+  write_file_atomic((dir / "c" / "r.json").string(), "x\n");
+  remove_created_dirs(made);
+  CHECK(fs::exists(dir / "c" / "r.json"));
   fs::remove_all(dir);
 }

@@ -1,9 +1,14 @@
 // Command line and the run of one experiment. See harness.hpp.
 #include "core/harness.hpp"
 
-#include <cmath>
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <optional>
 
@@ -55,6 +60,64 @@ std::string config_help(const ConfigSpec& spec) {
   return s;
 }
 
+// ---------------------------------------------------------------------------
+// stdout: tables and --print-config go there, and losing them is an error (exit 3) unless
+// the reader went away on purpose (`mpt underflow | head -1`: EPIPE, SIGPIPE ignored).
+// ---------------------------------------------------------------------------
+
+int g_stdout_errno = 0;        // errno of the first failed write to stdout; 0 while all went through
+bool g_stdout_closed = false;  // fd 1 was closed when mpt started (now /dev/null)
+
+// Opens /dev/null on any of the descriptors 0, 1, 2 that mpt was started without, so that no
+// file mpt opens later (a result's temporary file) becomes its stdout or stderr.
+void guard_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    const int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (n >= 0 && n != fd) ::dup2(n, fd), ::close(n);
+    if (fd == 1) g_stdout_closed = true;
+  }
+}
+
+// Writes `text` to stdout and flushes it. Returns false, and remembers the reason, when it
+// did not get there (a closed pipe, a full disk, stdout closed); later calls then write nothing.
+bool emit(const std::string& text) {
+  if (g_stdout_errno != 0) return false;
+  if (g_stdout_closed) {
+    if (!text.empty()) g_stdout_errno = EBADF;
+    return text.empty();
+  }
+  std::cout.flush();  // whatever went through std::cout first keeps its place
+  errno = 0;
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
+    g_stdout_errno = errno != 0 ? errno : EIO;
+    std::clearerr(stdout);
+    if (g_stdout_errno == EPIPE) spdlog::info("stdout was closed by its reader: the rest of the tables is not printed");
+    return false;
+  }
+  return true;
+}
+
+// At the end of main_cli: flushes stdout and checks that everything written there arrived,
+// including errors that show only at close (a dup of fd 1 is closed: NFS, full disks).
+// Exit code: 3 with a message when output was lost, unless the run already failed (2, 3); a
+// reader that closed the pipe (EPIPE) is not an error: the run did its work and wrote its
+// result file, as `mpt ... | head` expects.
+int finish_stdout(int code) {
+  errno = 0;
+  std::cout.flush();
+  if ((!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) && g_stdout_errno == 0)
+    g_stdout_errno = errno != 0 ? errno : EIO;
+  if (g_stdout_errno == 0 && !g_stdout_closed) {
+    const int d = ::dup(1);
+    if (d >= 0 && ::close(d) != 0 && errno != EINTR) g_stdout_errno = errno;
+  }
+  if (g_stdout_errno == 0 || g_stdout_errno == EPIPE) return code;
+  std::cerr << "mpt: cannot write to stdout: " << std::strerror(g_stdout_errno)
+            << (code == kExitOk || code == kExitCheckFailed ? " (output lost; exit 3)" : "") << "\n";
+  return code == kExitOk || code == kExitCheckFailed ? static_cast<int>(kExitRuntime) : code;
+}
+
 void print_report(const Report& r) {
   std::string out;
   for (const auto& sec : r.sections) {
@@ -64,7 +127,7 @@ void print_report(const Report& r) {
     out += "\n";
   }
   out += render_checks(r.checks);
-  std::cout << out << std::flush;
+  emit(out);
 }
 
 }  // namespace
@@ -113,15 +176,17 @@ nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg,
   return doc;
 }
 
-int run_experiment(const Experiment& exp, const RunOptions& opts) {
-  setup_logging(opts.quiet, opts.verbose);
+namespace {
+
+// run_experiment's body; `made_dirs` receives the --out folders it created.
+int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector<std::string>& made_dirs) {
   const std::string prog = "mpt " + exp.name;
   ConfigSpec spec;
   try {
     spec = full_spec(exp);
     Config cfg = resolve_for(exp, spec, opts);
     if (opts.print_config) {
-      std::cout << cfg.json_value().dump(2) << "\n";
+      emit(cfg.json_value().dump(2) + "\n");  // a lost write is exit 3 (finish_stdout)
       return kExitOk;
     }
     if (opts.out_given && opts.out.empty()) throw ConfigError("--out: expected a file path, got an empty string");
@@ -152,10 +217,22 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     }
     const int planned = launch ? launch->world_size : spec.find("/nproc") ? static_cast<int>(cfg.integer("/nproc")) : 1;
     if (exp.validate) exp.validate(cfg, planned);  // before any worker exists
+    // Before anything is allocated: does the config fit in this machine's memory? Checked once,
+    // for all the workers, by the process that spawns them (not again in each worker, whose
+    // MemAvailable already lacks what its siblings took); each rank under torchrun/SLURM checks
+    // its own share.
+    if (exp.memory && !(launch && launch->launcher == "mpt")) {
+      std::string source;
+      const int64_t available = available_memory_bytes(&source);
+      const MemoryEstimate need = exp.memory(cfg, launch ? 1 : planned);
+      spdlog::debug("memory estimate {} of {} available ({})", human_bytes(need.total()),
+                    available < 0 ? std::string("unknown") : human_bytes(static_cast<double>(available)), source);
+      check_memory(need, available, source);
+    }
     // The result file must be writable before the run, not found unwritable after it (rank 0 writes).
     if (!launch || launch->rank == 0) {
       try {
-        check_writable(out);
+        made_dirs = check_writable(out);
       } catch (const std::exception& e) {
         throw ConfigError(fmt::format("--out {}", e.what()));
       }
@@ -192,7 +269,7 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     const double wall = now_seconds() - t0;
     if (rank != 0) return report.all_checks_ok() ? kExitOk : kExitCheckFailed;  // rank 0 prints and writes
 
-    if (!opts.quiet) print_report(report);
+    if (!opts.quiet) print_report(report);  // a closed or full stdout: the result is still written
     auto doc = result_document(exp, cfg, report, env, wall);
     try {
       write_file_atomic(out, doc.dump(2) + "\n");
@@ -220,6 +297,18 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
     spdlog::error("{}: {}", prog, e.what());
     return kExitRuntime;
   }
+}
+
+}  // namespace
+
+int run_experiment(const Experiment& exp, const RunOptions& opts) {
+  setup_logging(opts.quiet, opts.verbose);
+  std::vector<std::string> made_dirs;
+  const int code = run_experiment_in(exp, opts, made_dirs);
+  // A run that ends without a result takes away the --out folders it made (only empty ones go:
+  // where rank 0 or a failed check wrote its result, they stay).
+  remove_created_dirs(made_dirs);
+  return code;
 }
 
 int run_compare(const std::string& base_file, const std::string& new_file, const std::vector<std::string>& key_tols,
@@ -255,15 +344,15 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
     json b = read_json_file(new_file, "result file", kResultLimits);
     Comparison c = compare_results(a, b, opt, base_file, new_file);
     if (!quiet && !c.diffs.empty())
-      std::cout << render_table(comparison_table(
-                       c, fmt::format("Differences: {} -> {}", printable_text(base_file, 200), printable_text(new_file, 200))))
-                << "\n";
-    if (!quiet && !c.timings.empty()) std::cout << render_table(timings_table(c)) << "\n";
-    std::cout << fmt::format("compare: {} of {} values differ beyond tolerance (rtol {:g}, atol {:g}{}){}: {}\n",
-                             c.diffs.size(), c.compared, opt.rtol, opt.atol,
-                             opt.per_key.empty() ? "" : fmt::format(", {} per-key", opt.per_key.size()),
-                             c.unbounded ? fmt::format("; {} unbounded values not compared", c.unbounded) : "",
-                             c.ok() ? "OK" : "FAILED");
+      emit(render_table(comparison_table(
+               c, fmt::format("Differences: {} -> {}", printable_text(base_file, 200), printable_text(new_file, 200)))) +
+           "\n");
+    if (!quiet && !c.timings.empty()) emit(render_table(timings_table(c)) + "\n");
+    emit(fmt::format("compare: {} of {} values differ beyond tolerance (rtol {:g}, atol {:g}{}){}: {}\n",
+                     c.diffs.size(), c.compared, opt.rtol, opt.atol,
+                     opt.per_key.empty() ? "" : fmt::format(", {} per-key", opt.per_key.size()),
+                     c.unbounded ? fmt::format("; {} unbounded values not compared", c.unbounded) : "",
+                     c.ok() ? "OK" : "FAILED"));
     return c.ok() ? kExitOk : kExitCheckFailed;
   } catch (const ConfigError& e) {
     spdlog::error("mpt compare: {}", e.what());
@@ -279,7 +368,7 @@ int run_env(const std::string& device_name, bool as_json) {
   try {
     json env = environment(choose_device(device_name));
     if (as_json) {
-      std::cout << env.dump(2) << "\n";
+      emit(env.dump(2) + "\n");
     } else {
       // One "path  value" line per leaf, in the order of the JSON document.
       std::function<void(const json&, const std::string&)> walk = [&](const json& j, const std::string& path) {
@@ -288,20 +377,32 @@ int run_env(const std::string& device_name, bool as_json) {
         } else if (j.is_array() && !j.empty()) {
           for (std::size_t i = 0; i < j.size(); ++i) walk(j[i], fmt::format("{}[{}]", path, i));
         } else {
-          std::cout << fmt::format("{:<34} {}\n", path, j.is_string() ? j.get<std::string>() : j.dump());
+          emit(fmt::format("{:<34} {}\n", path, j.is_string() ? j.get<std::string>() : j.dump()));
         }
       };
       walk(env, "");
     }
-    std::cout << std::flush;
     return kExitOk;
   } catch (const RuntimeFailure& e) {
     spdlog::error("mpt env: {}", e.what());
     return kExitRuntime;
   }
 }
+namespace {
+int main_cli_in(int argc, char** argv);
+}  // namespace
 
 int main_cli(int argc, char** argv) {
+  // A reader that goes away (`mpt underflow | head -1`) must not kill the run before it
+  // writes its result file: writes to the closed pipe fail with EPIPE instead (emit()).
+  std::signal(SIGPIPE, SIG_IGN);
+  guard_standard_descriptors();
+  return finish_stdout(main_cli_in(argc, argv));
+}
+
+namespace {
+
+int main_cli_in(int argc, char** argv) {
   CLI::App app{"mpt: see what happens inside reduced-precision and parallel training.\n"
                "Each experiment prints tables on stdout and writes one JSON result file.",
                "mpt"};
@@ -322,7 +423,9 @@ int main_cli(int argc, char** argv) {
 
   auto* list = app.add_subcommand("list", "List the experiments with one-line summaries");
   list->callback([] {
-    for (const auto& e : experiments()) std::cout << fmt::format("{:<14} {}\n", e.name, e.summary);
+    std::string text;
+    for (const auto& e : experiments()) text += fmt::format("{:<14} {}\n", e.name, e.summary);
+    emit(text);
   });
 
   // `mpt env`: the hardware and kernel fingerprint that result files carry in env, for bug reports.
@@ -394,5 +497,7 @@ int main_cli(int argc, char** argv) {
   if (chosen) return run_experiment(*chosen, opts);
   return kExitOk;
 }
+
+}  // namespace
 
 }  // namespace mpt

@@ -1,10 +1,16 @@
 // Memory meter. See memory.hpp.
 #include "core/memory.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <sstream>
+
+#include <fmt/format.h>
 
 #include <c10/core/CPUAllocator.h>
 
@@ -13,6 +19,7 @@
 #endif
 
 #include "core/compat.hpp"
+#include "core/errors.hpp"
 
 namespace mpt {
 
@@ -122,5 +129,124 @@ int64_t PeakScope::peak_bytes() const {
 }
 
 int64_t PeakScope::delta_bytes() const { return current_bytes(device_) - start_; }
+
+}  // namespace mpt
+
+// ---------------------------------------------------------------------------
+// Estimates before allocating
+// ---------------------------------------------------------------------------
+
+namespace mpt {
+
+void MemoryEstimate::add(std::string what, std::string keys, double bytes) {
+  terms.push_back(MemoryTerm{std::move(what), std::move(keys), bytes});
+}
+
+double MemoryEstimate::total() const {
+  double s = 0;
+  for (const auto& t : terms) s += t.bytes;
+  return s;
+}
+
+void MemoryEstimate::times(double n, const std::string& why) {
+  if (n == 1) return;
+  for (auto& t : terms) {
+    t.bytes *= n;
+    t.what += " x" + fmt::format("{:g}", n) + " " + why;
+  }
+}
+
+double mlp_param_count(const std::vector<int64_t>& widths) {
+  double p = 0;
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i)
+    p += static_cast<double>(widths[i]) * static_cast<double>(widths[i + 1]) + static_cast<double>(widths[i + 1]);
+  return p;
+}
+
+void add_mlp_training(MemoryEstimate& e, const std::string& label, const std::vector<int64_t>& widths, int64_t batch,
+                      double copies, double saved, const std::string& param_keys, const std::string& act_keys,
+                      double elem_bytes) {
+  if (widths.empty()) return;
+  double units = 0;
+  for (std::size_t i = 1; i < widths.size(); ++i) units += static_cast<double>(widths[i]);
+  e.add(fmt::format("{}: parameters x{:g} (weights, gradients, copies)", label, copies), param_keys,
+        copies * mlp_param_count(widths) * elem_bytes);
+  e.add(label + ": activations", act_keys,
+        static_cast<double>(batch) * (static_cast<double>(widths[0]) + saved * units) * elem_bytes);
+}
+
+int64_t parse_meminfo_available(const std::string& meminfo) {
+  std::istringstream in(meminfo);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream f(line.substr(13));
+    long long kb = -1;
+    std::string unit;
+    if (!(f >> kb) || kb < 0) return -1;
+    f >> unit;
+    return static_cast<int64_t>(kb) * (unit == "kB" || unit.empty() ? 1024 : 1);
+  }
+  return -1;
+}
+
+int64_t available_memory_bytes(std::string* source) {
+  if (const char* cap = std::getenv("MPT_MEMORY_LIMIT_BYTES"); cap && *cap) {
+    const std::string v(cap);
+    std::size_t used = 0;
+    long long n = -1;
+    try {
+      n = std::stoll(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != v.size() || n < 0)
+      throw ConfigError(fmt::format("MPT_MEMORY_LIMIT_BYTES: expected an integer >= 0 (bytes; 0: no check), got \"{}\"",
+                                    v.size() > 40 ? v.substr(0, 40) + "..." : v));
+    if (source) *source = "MPT_MEMORY_LIMIT_BYTES";
+    return n == 0 ? -1 : static_cast<int64_t>(n);
+  }
+  std::ifstream in("/proc/meminfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  if (source) *source = "MemAvailable in /proc/meminfo";
+  return in ? parse_meminfo_available(text.str()) : -1;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{:.0f} bytes", bytes);
+  int u = -1;
+  while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
+  return fmt::format(bytes < 10 ? "{:.2f} {}" : bytes < 100 ? "{:.1f} {}" : "{:.0f} {}", bytes, units[u]);
+}
+
+void check_memory(const MemoryEstimate& e, int64_t available, const std::string& source) {
+  const double total = e.total();
+  if (available < 0 || total <= static_cast<double>(available)) return;
+  std::vector<MemoryTerm> terms = e.terms;
+  std::stable_sort(terms.begin(), terms.end(), [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
+  // The keys to change: those of the terms that make up most of the total, largest first.
+  std::vector<std::string> keys;
+  double covered = 0;
+  for (const auto& t : terms) {
+    if (covered >= 0.9 * total) break;
+    covered += t.bytes;
+    std::istringstream in(t.keys);
+    std::string k;
+    while (std::getline(in, k, ',')) {
+      k.erase(0, k.find_first_not_of(' '));
+      if (!k.empty() && std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+  }
+  std::string names, detail;
+  for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
+  for (const auto& t : terms)
+    if (t.bytes >= 0.01 * total) detail += (detail.empty() ? "" : "; ") + t.what + " " + human_bytes(t.bytes);
+  throw ConfigError(fmt::format("{}: this config needs about {} of memory ({}), more than the {} available ({}); "
+                                "choose smaller values, or set MPT_MEMORY_LIMIT_BYTES to another cap in bytes "
+                                "(0: no check)",
+                                names, human_bytes(total), detail, human_bytes(static_cast<double>(available)), source));
+}
 
 }  // namespace mpt

@@ -7,9 +7,16 @@
 //   mpt::PeakScope scope(device);      // starts a measurement
 //   ... forward + backward ...
 //   int64_t peak = scope.peak_bytes(); // bytes above what was live at the start
+//
+// And an estimate before anything is allocated (MemoryEstimate, check_memory): the bytes a
+// config will need from its model shapes, batch and dtype, against what the machine has
+// (MemAvailable, or the cap MPT_MEMORY_LIMIT_BYTES), so that a config too large for the
+// machine ends with exit 2 naming its keys instead of the kernel's OOM killer.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -38,5 +45,70 @@ class PeakScope {
   torch::Device device_;
   int64_t start_ = 0;
 };
+
+}  // namespace mpt
+
+// ---------------------------------------------------------------------------
+// Estimates before allocating: does a config fit in this machine's memory?
+// ---------------------------------------------------------------------------
+
+namespace mpt {
+
+/// One term of a memory estimate: what it holds, the config keys it grows with (JSON
+/// pointers, comma-separated) and its size in bytes.
+struct MemoryTerm {
+  std::string what;
+  std::string keys;
+  double bytes = 0;
+};
+
+/// The bytes a run of one config allocates at its peak, as a sum of its dominant terms
+/// (parameters, gradients and the copies an experiment keeps, saved activations, data sets).
+/// An estimate of the order of magnitude, made before anything is allocated; the measured
+/// peaks of core/memory's PeakScope are the exact numbers.
+struct MemoryEstimate {
+  std::vector<MemoryTerm> terms;
+  /// Adds a term (bytes as a double: huge configs must not overflow an integer).
+  void add(std::string what, std::string keys, double bytes);
+  /// Sum of the terms, in bytes.
+  double total() const;
+  /// Multiplies every term by `n` (n processes of one machine that each hold the same).
+  void times(double n, const std::string& why);
+};
+
+/// Elements of the parameters of an MLP with layer widths w_0 .. w_L (Linear layers with
+/// bias): P = Σ_{i<L} (w_i · w_{i+1} + w_{i+1}).
+double mlp_param_count(const std::vector<int64_t>& widths);
+
+/// Adds the two dominant terms of training an MLP with layer widths w_0 .. w_L on `batch`
+/// samples, each element `elem_bytes` bytes (4: fp32, also where fp16/bf16 are emulated):
+///   parameters:  copies · P · elem_bytes   (copies: weights, gradients and every further
+///                parameter-sized tensor the experiment keeps at once: reference gradients,
+///                master weights, momentum, the other model of a side-by-side comparison)
+///   activations: batch · (w_0 + saved · Σ_{i≥1} w_i) · elem_bytes   (the input, and `saved`
+///                tensors of each layer's width kept for backward per sample: the Linear
+///                output, the activation's output, a dropout mask; plus their gradients)
+/// `param_keys` / `act_keys` name the config keys each term grows with.
+void add_mlp_training(MemoryEstimate& e, const std::string& label, const std::vector<int64_t>& widths, int64_t batch,
+                      double copies, double saved, const std::string& param_keys, const std::string& act_keys,
+                      double elem_bytes = 4);
+
+/// The memory a run may use on this machine, in bytes, and where the number comes from:
+/// MPT_MEMORY_LIMIT_BYTES when set (a cap of the user's; 0 turns the check off, returned as
+/// -1), else MemAvailable of /proc/meminfo; -1 when neither is known. Throws ConfigError for
+/// a malformed MPT_MEMORY_LIMIT_BYTES.
+int64_t available_memory_bytes(std::string* source = nullptr);
+
+/// MemAvailable (bytes) in the text of /proc/meminfo ("MemAvailable:  123456 kB"); -1 when absent.
+int64_t parse_meminfo_available(const std::string& meminfo);
+
+/// "1.50 GiB", "12.0 MiB", "512 bytes".
+std::string human_bytes(double bytes);
+
+/// Throws ConfigError when `e.total()` exceeds `available` bytes (available < 0: no check).
+/// The message names the keys of the largest terms first, then the estimate term by term and
+/// the limit with its source, e.g. "/model/width, /model/depth: this config needs about
+/// 256 GiB (...), more than the 20.1 GiB available (MemAvailable in /proc/meminfo) ...".
+void check_memory(const MemoryEstimate& e, int64_t available, const std::string& source);
 
 }  // namespace mpt

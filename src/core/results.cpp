@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -179,16 +180,93 @@ std::string render_checks(const std::vector<Check>& checks) {
 
 namespace {
 
-// A new file beside `path` (named ".<name><suffix>XXXXXX", mkstemp), its parent directories
-// created first. Returns the open descriptor and the file's name; throws std::runtime_error
-// naming `path` when the directory or the file cannot be made.
-std::pair<int, std::string> temp_file_beside(const std::string& path, const char* suffix) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+namespace fs = std::filesystem;
+
+// Where a result path leads once symbolic links are followed.
+struct OutputTarget {
+  enum Kind { File, Stream, Descriptor } kind = File;
+  fs::path path;  // File: the file to replace (the last link's target); Stream: the device or FIFO
+  int fd = -1;    // Descriptor: this process's open descriptor that the path names
+};
+
+// The descriptor N when `p` names one of this process's own open descriptors: /dev/stdout,
+// /dev/stderr, /dev/fd/N, /proc/self/fd/N, /proc/thread-self/fd/N, /proc/<our pid>/fd/N.
+std::optional<int> own_descriptor(const fs::path& p) {
+  const std::string s = p.lexically_normal().string();
+  int fd = -1;
+  if (s == "/dev/stdout") fd = 1;
+  else if (s == "/dev/stderr") fd = 2;
+  else {
+    for (const std::string& prefix : {std::string("/dev/fd/"), std::string("/proc/self/fd/"),
+                                      std::string("/proc/thread-self/fd/"),
+                                      "/proc/" + std::to_string(::getpid()) + "/fd/"}) {
+      if (s.size() <= prefix.size() || s.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string n = s.substr(prefix.size());
+      if (n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+      fd = std::stoi(n);
+      break;
+    }
+  }
+  if (fd < 0 || ::fcntl(fd, F_GETFD) < 0) return std::nullopt;
+  return fd;
+}
+
+// Follows `path` through symbolic links (relative targets against the link's folder, at most
+// 40 hops as the kernel's ELOOP) to what a write must go into. A path that does not exist
+// (yet) is a File there. Throws std::runtime_error naming `path` on a link loop or unreadable link.
+OutputTarget resolve_output(const std::string& path) {
+  fs::path p(path);
+  for (int hops = 0;; ++hops) {
+    if (auto fd = own_descriptor(p)) return {OutputTarget::Descriptor, p, *fd};
+    struct stat st{};
+    if (::lstat(p.c_str(), &st) != 0) return {OutputTarget::File, p};
+    if (S_ISLNK(st.st_mode)) {
+      if (hops == 40) throw std::runtime_error(fmt::format("{}: too many levels of symbolic links", path));
+      std::error_code ec;
+      fs::path to = fs::read_symlink(p, ec);
+      if (ec) throw std::runtime_error(fmt::format("{}: cannot read the symbolic link {}: {}", path, p.string(), ec.message()));
+      p = to.is_absolute() ? to : p.parent_path() / to;
+      continue;
+    }
+    if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) return {OutputTarget::Stream, p};
+    if (S_ISDIR(st.st_mode)) {
+      const std::string via = p.string() == path ? "" : " (via the symbolic link to " + p.string() + ")";
+      throw std::runtime_error(fmt::format("{}: is a directory{} (expected a file path)", path, via));
+    }
+    return {OutputTarget::File, p};
+  }
+}
+
+// Creates the missing folders of `dir`, outermost first, and returns the ones it made (so a
+// failed run can take them away again). Throws std::runtime_error naming `path` on failure.
+std::vector<std::string> create_parents(const fs::path& dir, const std::string& path) {
+  std::vector<fs::path> missing;
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, dir.string(), ec.message()));
+  for (fs::path d = dir; !d.empty() && !fs::exists(d, ec); d = d.parent_path()) {
+    missing.push_back(d);
+    if (d == d.parent_path()) break;
+  }
+  std::vector<std::string> made;
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (::mkdir(it->c_str(), 0777) == 0) made.push_back(it->string());
+    else if (errno != EEXIST)
+      throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, it->string(), std::strerror(errno)));
+  }
+  if (!fs::is_directory(dir, ec))
+    throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, dir.string(),
+                                         fs::exists(dir) ? "Not a directory" : "No such file or directory"));
+  return made;
+}
+
+// A new file beside `target` (named ".<name><suffix>XXXXXX", mkstemp), its parent directories
+// created first (their names appended to `made`, when given). Returns the open descriptor and
+// the file's name; throws std::runtime_error naming `path` (as the user gave it) when the
+// directory or the file cannot be made.
+std::pair<int, std::string> temp_file_beside(const fs::path& target, const std::string& path, const char* suffix,
+                                             std::vector<std::string>* made = nullptr) {
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  auto created = create_parents(dir, path);
+  if (made) made->insert(made->end(), created.begin(), created.end());
   std::string tmpl = (dir / ("." + target.filename().string() + suffix + "XXXXXX")).string();
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
@@ -198,70 +276,82 @@ std::pair<int, std::string> temp_file_beside(const std::string& path, const char
   return {fd, std::string(name.data())};
 }
 
-}  // namespace
-
-void check_writable(const std::string& path) {
-  if (path.empty()) throw std::runtime_error("empty result path");
-  struct stat st{};
-  if (::stat(path.c_str(), &st) == 0) {
-    if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) return;
-    if (S_ISDIR(st.st_mode)) throw std::runtime_error(fmt::format("{}: is a directory (expected a file path)", path));
-  }
-  const auto probe = temp_file_beside(path, ".probe.");
-  ::close(probe.first);
-  ::unlink(probe.second.c_str());
-}
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  if (path.empty()) throw std::runtime_error("empty result path");
-  struct stat st{};
-  if (::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
-    // A device or pipe (--out /dev/null, /dev/stdout): write into it, never replace it.
-    int fd = ::open(path.c_str(), O_WRONLY);
-    if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-    const char* p = text.data();
-    std::size_t left = text.size();
-    while (left > 0) {
-      ssize_t w = ::write(fd, p, left);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) {
-        int err = errno;
-        ::close(fd);
-        throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(err)));
-      }
-      p += w;
-      left -= static_cast<std::size_t>(w);
-    }
-    ::close(fd);
-    return;
-  }
-  const auto tmp = temp_file_beside(path, ".tmp.");
-  const int fd = tmp.first;
-  const std::string& name = tmp.second;
-  auto fail = [&](const char* what) {
-    int err = errno;
-    ::close(fd);
-    ::unlink(name.data());
-    throw std::runtime_error(fmt::format("{}: {}: {}", path, what, std::strerror(err)));
-  };
+// write(2) of all of `text`, retried on EINTR and short writes. Returns 0 or the errno.
+int write_all(int fd, const std::string& text) {
   const char* p = text.data();
   std::size_t left = text.size();
   while (left > 0) {
     ssize_t w = ::write(fd, p, left);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      fail("write failed");
-    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return errno;
     p += w;
     left -= static_cast<std::size_t>(w);
   }
-  if (::fchmod(fd, 0644) != 0) fail("chmod failed");
-  if (::fsync(fd) != 0) fail("fsync failed");
-  if (::close(fd) != 0) {
-    ::unlink(name.data());
-    throw std::runtime_error(fmt::format("{}: close failed: {}", path, std::strerror(errno)));
+  return 0;
+}
+
+}  // namespace
+
+std::vector<std::string> check_writable(const std::string& path) {
+  if (path.empty()) throw std::runtime_error("empty result path");
+  const OutputTarget t = resolve_output(path);
+  if (t.kind != OutputTarget::File) return {};
+  std::vector<std::string> made;
+  const auto probe = temp_file_beside(t.path, path, ".probe.", &made);
+  ::close(probe.first);
+  ::unlink(probe.second.c_str());
+  return made;
+}
+
+void remove_created_dirs(const std::vector<std::string>& dirs) {
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) ::rmdir(it->c_str());  // only empty ones go
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  if (path.empty()) throw std::runtime_error("empty result path");
+  const OutputTarget t = resolve_output(path);
+  if (t.kind == OutputTarget::Descriptor) {
+    // Our own stdout/stderr or another open descriptor by name: write into it as it is
+    // (a pipe, a terminal, or the file the shell redirected it to, at its offset).
+    if (int err = write_all(t.fd, text))
+      throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(err)));
+    return;
   }
-  if (::rename(name.data(), path.c_str()) != 0) {
+  if (t.kind == OutputTarget::Stream) {
+    // A device, FIFO or socket (--out /dev/null, a named pipe): write into it, never replace it.
+    int fd = ::open(t.path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    if (int err = write_all(fd, text)) {
+      ::close(fd);
+      throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(err)));
+    }
+    if (::close(fd) != 0) throw std::runtime_error(fmt::format("{}: close failed: {}", path, std::strerror(errno)));
+    return;
+  }
+  // A regular file (or none yet), possibly behind symbolic links: the new content goes into a
+  // temporary file beside the link's target and is renamed over the target, so the links stay
+  // links. An existing file keeps its permission bits (and, where allowed, its owner).
+  struct stat old{};
+  const bool exists = ::stat(t.path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
+  const auto tmp = temp_file_beside(t.path, path, ".tmp.");
+  const int fd = tmp.first;
+  const std::string& name = tmp.second;
+  auto fail = [&](const char* what, int err) {
+    ::close(fd);
+    ::unlink(name.data());
+    throw std::runtime_error(fmt::format("{}: {}: {}", path, what, std::strerror(err)));
+  };
+  if (int err = write_all(fd, text)) fail("write failed", err);
+  if (exists && (old.st_uid != ::geteuid() || old.st_gid != ::getegid()))
+    (void)!::fchown(fd, old.st_uid, old.st_gid);  // best effort: only root may give a file away
+  if (::fchmod(fd, exists ? (old.st_mode & 07777) : 0644) != 0) fail("chmod failed", errno);
+  if (::fsync(fd) != 0) fail("fsync failed", errno);
+  if (::close(fd) != 0) {
+    int err = errno;
+    ::unlink(name.data());
+    throw std::runtime_error(fmt::format("{}: close failed: {}", path, std::strerror(err)));
+  }
+  if (::rename(name.data(), t.path.c_str()) != 0) {
     int err = errno;
     ::unlink(name.data());
     throw std::runtime_error(fmt::format("{}: rename failed: {}", path, std::strerror(err)));

@@ -116,14 +116,26 @@ json histogram_json(const Histogram& h);
 
 /// Writes `text` to `path` atomically: a temporary file in the same directory, flushed
 /// and fsync'ed, then rename(2) over the target; parent directories are created.
+/// Symbolic links are followed: the temporary file goes beside the last link's target and
+/// replaces the target, so the links stay links. An existing file keeps its permission bits
+/// (new files get 0644). Character devices, FIFOs and sockets (/dev/null, a named pipe) are
+/// written into directly, never replaced, and so are this process's own descriptors named by
+/// path (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N): the output goes where the
+/// descriptor goes (a pipe, a terminal, the file a shell redirected it to).
 /// Throws std::runtime_error (with errno text) on failure; the target is untouched then.
 void write_file_atomic(const std::string& path, const std::string& text);
 
-/// Checks before a run that write_file_atomic(path, ...) can succeed: `path` is not a
-/// directory, its parent directories exist or can be created (they are created), and a
-/// file can be made in the parent (a probe file, removed at once). A device or pipe passes.
-/// Throws std::runtime_error naming `path` and the reason otherwise.
-void check_writable(const std::string& path);
+/// Checks before a run that write_file_atomic(path, ...) can succeed: `path` (after its
+/// symbolic links) is not a directory, its parent directories exist or can be created (they
+/// are created), and a file can be made in the parent (a probe file, removed at once). A
+/// device, pipe or own descriptor passes. Returns the directories it created, outermost
+/// first (for remove_created_dirs when the run then fails). Throws std::runtime_error naming
+/// `path` and the reason otherwise.
+std::vector<std::string> check_writable(const std::string& path);
+
+/// Removes the directories check_writable created, innermost first, each only if it is
+/// still empty (rmdir(2)); errors are ignored. For a run that ends without a result.
+void remove_created_dirs(const std::vector<std::string>& dirs);
 
 }  // namespace mpt
 

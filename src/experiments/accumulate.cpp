@@ -420,26 +420,11 @@ Report run_accumulate(const Context& ctx) {
   const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
   const int64_t batch = cfg.integer("/batch"), samples = cfg.integer("/data/samples"), hidden = cfg.integer("/model/hidden");
   const double tol = cfg.number("/tolerance");
-
-  // Validate every split before loading anything.
-  if (batch > samples)
-    throw ConfigError(fmt::format("/batch: expected at most /data/samples = {}, got {}", samples, batch));
+  // Every split was checked by validate_accumulate, which the harness calls before the run.
   const auto ks = cfg.integers("/micro_batches");
-  for (std::size_t i = 0; i < ks.size(); ++i) check_split(fmt::format("/micro_batches/{}", i), ks[i], "/batch", batch);
-  check_split("/train/micro_batches", cfg.integer("/train/micro_batches"), "/batch", batch);
-  check_split("/batchnorm/micro_batches", cfg.integer("/batchnorm/micro_batches"), "/batch", batch);
   const int64_t un = cfg.integer("/unequal/samples");
-  if (un > samples)
-    throw ConfigError(fmt::format("/unequal/samples: expected at most /data/samples = {}, got {}", samples, un));
-  check_split("/unequal/micro_batches", cfg.integer("/unequal/micro_batches"), "/unequal/samples", un);
-  check_split("/tokens/micro_batches", cfg.integer("/tokens/micro_batches"), "/tokens/sequences",
-              cfg.integer("/tokens/sequences"));
   const int64_t mem_batch = cfg.integer("/memory/batch");
-  if (mem_batch > samples)
-    throw ConfigError(fmt::format("/memory/batch: expected at most /data/samples = {}, got {}", samples, mem_batch));
   const auto mem_ks = cfg.integers("/memory/micro_batches");
-  for (std::size_t i = 0; i < mem_ks.size(); ++i)
-    check_split(fmt::format("/memory/micro_batches/{}", i), mem_ks[i], "/memory/batch", mem_batch);
 
   double t0 = now_seconds();
   Dataset d = load_fashion_mnist(cfg.str("/data/dir"), "train", samples);
@@ -474,11 +459,68 @@ Report run_accumulate(const Context& ctx) {
   return report;
 }
 
+/// Cross-key checks (the harness calls this before the run, exit 2): every micro-batch split
+/// has at least one sample per micro-batch, and the BatchNorm comparison at least two (BatchNorm1d
+/// in training mode cannot normalise a single sample: LibTorch throws "Expected more than 1
+/// value per channel when training"). Throws ConfigError naming both keys.
+void validate_accumulate(const Config& cfg, int /*world_size*/) {
+  const int64_t batch = cfg.integer("/batch"), samples = cfg.integer("/data/samples");
+  if (batch > samples)
+    throw ConfigError(fmt::format("/batch: expected at most /data/samples = {}, got {}", samples, batch));
+  const auto ks = cfg.integers("/micro_batches");
+  for (std::size_t i = 0; i < ks.size(); ++i) check_split(fmt::format("/micro_batches/{}", i), ks[i], "/batch", batch);
+  check_split("/train/micro_batches", cfg.integer("/train/micro_batches"), "/batch", batch);
+  const int64_t bn_k = cfg.integer("/batchnorm/micro_batches");
+  if (batch < 2)
+    throw ConfigError(fmt::format("/batch: expected at least 2 for the BatchNorm comparison (BatchNorm1d in training "
+                                  "needs 2 samples or more per batch), got {}", batch));
+  if (bn_k > batch / 2)
+    throw ConfigError(fmt::format("/batchnorm/micro_batches: expected at most /batch / 2 = {} (BatchNorm1d in training "
+                                  "needs 2 samples or more in every micro-batch of the /batch = {} samples), got {}",
+                                  batch / 2, batch, bn_k));
+  const int64_t un = cfg.integer("/unequal/samples");
+  if (un > samples)
+    throw ConfigError(fmt::format("/unequal/samples: expected at most /data/samples = {}, got {}", samples, un));
+  check_split("/unequal/micro_batches", cfg.integer("/unequal/micro_batches"), "/unequal/samples", un);
+  check_split("/tokens/micro_batches", cfg.integer("/tokens/micro_batches"), "/tokens/sequences",
+              cfg.integer("/tokens/sequences"));
+  const int64_t mem_batch = cfg.integer("/memory/batch");
+  if (mem_batch > samples)
+    throw ConfigError(fmt::format("/memory/batch: expected at most /data/samples = {}, got {}", samples, mem_batch));
+  const auto mem_ks = cfg.integers("/memory/micro_batches");
+  for (std::size_t i = 0; i < mem_ks.size(); ++i)
+    check_split(fmt::format("/memory/micro_batches/{}", i), mem_ks[i], "/memory/batch", mem_batch);
+}
+
+/// Memory of a run (core/memory): the loaded samples (784 floats and an int64 label each), and
+/// the larger of the parts (they run one after the other): the MLP 784 -> hidden -> 10 of the
+/// gradients, training and BatchNorm comparisons (two models side by side with their gradients
+/// and the full-batch reference: 6 parameter-sized tensors; 3 per sample and unit), the memory
+/// table's MLP 784 -> h -> h -> 10 (4; 3), and the token case (sequences x max_len tokens of
+/// dim features through an MLP dim -> dim -> classes).
+MemoryEstimate accumulate_memory(const Config& cfg, int /*world_size*/) {
+  const int64_t h = cfg.integer("/model/hidden"), mh = cfg.integer("/memory/hidden");
+  MemoryEstimate parts[3];
+  add_mlp_training(parts[0], "MLP 784-hidden-10", {784, h, 10}, cfg.integer("/batch"), 6, 3, "/model/hidden",
+                   "/batch, /model/hidden");
+  add_mlp_training(parts[1], "memory table's MLP", {784, mh, mh, 10}, cfg.integer("/memory/batch"), 4, 3,
+                   "/memory/hidden", "/memory/batch, /memory/hidden");
+  const int64_t dim = cfg.integer("/tokens/dim");
+  add_mlp_training(parts[2], "token MLP", {dim, dim, cfg.integer("/tokens/classes")},
+                   cfg.integer("/tokens/sequences") * cfg.integer("/tokens/max_len"), 6, 3,
+                   "/tokens/dim, /tokens/classes", "/tokens/sequences, /tokens/max_len, /tokens/dim");
+  MemoryEstimate e = parts[0];
+  for (auto& p : parts)
+    if (p.total() > e.total()) e = p;
+  e.add("Fashion-MNIST images and labels", "/data/samples", static_cast<double>(cfg.integer("/data/samples")) * (784 * 4 + 8));
+  return e;
+}
+
 }  // namespace
 
 Experiment accumulate_experiment() {
   return {"accumulate", "Gradient accumulation: micro-batches equal one big batch, normalisation pitfalls, memory",
-          accumulate_spec, run_accumulate};
+          accumulate_spec, run_accumulate, validate_accumulate, accumulate_memory};
 }
 
 }  // namespace mpt

@@ -273,11 +273,25 @@ Report run_checkpoint(const Context& ctx) {
   return report;
 }
 
+/// Memory of a run (core/memory): n blocks of Linear(w, w); parameter-sized tensors: weights,
+/// gradients, the plain step's gradients kept as the reference, one compared step's gradients
+/// and the weight gradient being computed (5); per sample and unit of each block: the Linear
+/// and ReLU outputs, dropout's mask and output, the rounded output (emulated fp16/bf16), and
+/// gradients in backward (6); the input x and the target y.
+MemoryEstimate checkpoint_memory(const Config& cfg, int /*world_size*/) {
+  const int64_t n = cfg.integer("/model/depth"), w = cfg.integer("/model/width"), b = cfg.integer("/data/batch");
+  MemoryEstimate e;
+  add_mlp_training(e, "blocks", std::vector<int64_t>(static_cast<std::size_t>(n) + 1, w), b, 5, 6,
+                   "/model/width, /model/depth", "/data/batch, /model/width, /model/depth");
+  e.add("target y", "/data/batch, /model/width", 4.0 * static_cast<double>(b) * static_cast<double>(w));
+  return e;
+}
+
 }  // namespace
 
 Experiment checkpoint_experiment() {
   return {"checkpoint", "Gradient checkpointing: recompute activations, equal gradients, peak memory vs segments",
-          checkpoint_spec, run_checkpoint};
+          checkpoint_spec, run_checkpoint, nullptr, checkpoint_memory};
 }
 
 }  // namespace mpt

@@ -519,12 +519,41 @@ Report run_dataparallel(const Context& ctx) {
   return report;
 }
 
+/// Memory of a run (core/memory), per process, times the processes spawned on this machine:
+/// the equivalence part (Linear(in, hidden)-ReLU-Linear(hidden, 1) on the even and the uneven
+/// batch: the model, its shard replicas' gradients and the reference, shards + 4 parameter-
+/// sized tensors; 3 per sample and unit), the training part (the MLP 784-hidden-10 of each rank
+/// with its gradients, the flat gradient buckets, the single-process reference model and its
+/// gradients: 6; 3 per sample and unit of the global batch) and the loaded samples (784 floats
+/// and an int64 label each). The parts run one after the other: the larger one counts.
+MemoryEstimate dataparallel_memory(const Config& cfg, int world_size) {
+  const int64_t in = cfg.integer("/equivalence/in_dim"), hidden = cfg.integer("/equivalence/hidden");
+  const int64_t batch = std::max(cfg.integer("/equivalence/batch"), cfg.integer("/equivalence/uneven_samples"));
+  const double shards = static_cast<double>(std::max(cfg.integer("/equivalence/shards"),
+                                                     cfg.integer("/equivalence/uneven_shards")));
+  MemoryEstimate eq;
+  add_mlp_training(eq, "equivalence net", {in, hidden, 1}, batch, shards + 4, 3,
+                   "/equivalence/in_dim, /equivalence/hidden, /equivalence/shards",
+                   "/equivalence/batch, /equivalence/uneven_samples, /equivalence/in_dim, /equivalence/hidden");
+  MemoryEstimate e = eq;
+  if (cfg.boolean("/train/enabled")) {
+    MemoryEstimate train;
+    add_mlp_training(train, "training MLP", {784, cfg.integer("/train/hidden"), 10}, cfg.integer("/train/global_batch"),
+                     6, 3, "/train/hidden", "/train/global_batch, /train/hidden");
+    train.add("Fashion-MNIST images and labels", "/train/samples",
+              static_cast<double>(cfg.integer("/train/samples")) * (784 * 4 + 8));
+    if (train.total() > e.total()) e = train;
+  }
+  e.times(world_size, "processes (/nproc)");
+  return e;
+}
+
 }  // namespace
 
 Experiment dataparallel_experiment() {
   return {"dataparallel",
           "Data parallelism: shard-average equivalence, then real multi-process training with a DDP-style reducer",
-          dataparallel_spec, run_dataparallel};
+          dataparallel_spec, run_dataparallel, nullptr, dataparallel_memory};
 }
 
 }  // namespace mpt

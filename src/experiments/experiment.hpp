@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "core/config.hpp"
+#include "core/memory.hpp"
 #include "core/results.hpp"
 
 namespace mpt {
@@ -39,6 +40,12 @@ struct Experiment {
   /// The harness calls it before any worker is spawned, so a bad config fails once, with
   /// exit 2, instead of in every worker. Throws ConfigError naming the JSON pointer.
   std::function<void(const Config&, int world_size)> validate;
+  /// Optional: the memory a run of this config needs on this machine (core/memory's
+  /// MemoryEstimate: parameters, gradients, activations, data, from the model shapes, batch
+  /// and dtype; `world_size` processes spawned here each hold their own). The harness checks
+  /// it right after `validate`, before anything is allocated, against MemAvailable or
+  /// MPT_MEMORY_LIMIT_BYTES: a config that does not fit exits 2 naming its keys.
+  std::function<MemoryEstimate(const Config&, int world_size)> memory;
 };
 
 /// Every experiment, in the order `mpt list` shows them (src/experiments/registry.cpp).

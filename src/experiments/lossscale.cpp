@@ -613,11 +613,39 @@ Report run_lossscale(const Context& ctx) {
   return report;
 }
 
+/// Memory of a run (core/memory), the larger of its two parts (they run one after the other):
+///  sweep: the deep sigmoid net (as underflow) with the fp32 gradients and their casts (6
+///         parameter-sized tensors; 3 per sample and unit);
+///  train: the MLP 784 -> hidden^depth -> 10 with its initial weights, the recipe's weights,
+///         fp32 master copy, gradients and scaled gradients (6); 4 per sample and unit (Linear
+///         and activation outputs, their low-precision copies); plus the data sets as floats
+///         (784 features) and int64 labels.
+MemoryEstimate lossscale_memory(const Config& cfg, int /*world_size*/) {
+  const int64_t w = cfg.integer("/sweep/model/width");
+  std::vector<int64_t> sweep_widths{cfg.integer("/sweep/model/input_dim")};
+  sweep_widths.insert(sweep_widths.end(), static_cast<std::size_t>(cfg.integer("/sweep/model/depth")), w);
+  sweep_widths.push_back(1);
+  MemoryEstimate sweep;
+  add_mlp_training(sweep, "sweep net", sweep_widths, cfg.integer("/sweep/data/batch"), 6, 3,
+                   "/sweep/model/width, /sweep/model/depth", "/sweep/data/batch, /sweep/model/width, /sweep/model/depth");
+  if (!cfg.boolean("/train/enabled")) return sweep;
+  std::vector<int64_t> widths{784};
+  widths.insert(widths.end(), static_cast<std::size_t>(cfg.integer("/train/hidden/depth")),
+                cfg.integer("/train/hidden/width"));
+  widths.push_back(10);
+  MemoryEstimate train;
+  add_mlp_training(train, "training MLP", widths, cfg.integer("/train/batch"), 6, 4,
+                   "/train/hidden/width, /train/hidden/depth", "/train/batch, /train/hidden/width, /train/hidden/depth");
+  const double samples = static_cast<double>(cfg.integer("/train/train_samples") + cfg.integer("/train/test_samples"));
+  train.add("Fashion-MNIST images and labels", "/train/train_samples, /train/test_samples", samples * (784 * 4 + 8));
+  return train.total() > sweep.total() ? train : sweep;
+}
+
 }  // namespace
 
 Experiment lossscale_experiment() {
   return {"lossscale", "Loss scaling: static sweep, GradScaler, fp16/bf16 training recipes on Fashion-MNIST",
-          lossscale_spec, run_lossscale};
+          lossscale_spec, run_lossscale, nullptr, lossscale_memory};
 }
 
 }  // namespace mpt

@@ -576,11 +576,33 @@ Report run_pipeline_experiment(const Context& ctx) {
   return report;
 }
 
+/// Memory of a run (core/memory), per process, times the processes spawned on this machine (each
+/// stage process is counted as holding the whole model: the reference runs there too): the
+/// larger of the exact-split part (the MLP of /split/widths, its split copy and both gradients:
+/// 4 parameter-sized tensors; 3 per sample and unit of /split/batch) and the pipelined part (the
+/// MLP of /pipeline/widths, the reference copy and both gradients: 4; every microbatch's
+/// activations are alive at once under GPipe, so 3 per sample and unit of the whole batch).
+MemoryEstimate pipeline_memory(const Config& cfg, int world_size) {
+  auto widths = [&](const char* ptr) {
+    std::vector<int64_t> w;
+    for (long long v : cfg.integers(ptr)) w.push_back(v);
+    return w;
+  };
+  MemoryEstimate split, pipe;
+  add_mlp_training(split, "exact-split MLP", widths("/split/widths"), cfg.integer("/split/batch"), 4, 3, "/split/widths",
+                   "/split/batch, /split/widths");
+  add_mlp_training(pipe, "pipelined MLP", widths("/pipeline/widths"), cfg.integer("/pipeline/batch"), 4, 3,
+                   "/pipeline/widths", "/pipeline/batch, /pipeline/widths");
+  MemoryEstimate e = pipe.total() > split.total() ? pipe : split;
+  e.times(world_size, "processes (/nproc)");
+  return e;
+}
+
 }  // namespace
 
 Experiment pipeline_experiment() {
   return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B/interleaved schedules, the bubble measured",
-          pipeline_spec, run_pipeline_experiment, validate_pipeline};
+          pipeline_spec, run_pipeline_experiment, validate_pipeline, pipeline_memory};
 }
 
 }  // namespace mpt

@@ -280,11 +280,28 @@ Report run_underflow(const Context& ctx) {
   return report;
 }
 
+/// Memory of a run (core/memory): the deepest net of the /model/depth sweep (the nets are built
+/// one after the other), Linear(input_dim, w), depth-1 x Linear(w, w), Linear(w, 1); parameter-
+/// sized tensors: weights, gradients and the gradients' copies cast to fp16/bf16 and flattened
+/// for the histogram (6); per sample and unit: Linear and Sigmoid outputs and a gradient (3).
+MemoryEstimate underflow_memory(const Config& cfg, int /*world_size*/) {
+  int64_t depth = 1;
+  for (int64_t d : cfg.integers("/model/depth")) depth = std::max(depth, d);
+  const int64_t w = cfg.integer("/model/width");
+  std::vector<int64_t> widths{cfg.integer("/model/input_dim")};
+  widths.insert(widths.end(), static_cast<std::size_t>(depth), w);
+  widths.push_back(1);
+  MemoryEstimate e;
+  add_mlp_training(e, "deep sigmoid net", widths, cfg.integer("/data/batch"), 6, 3, "/model/width, /model/depth",
+                   "/data/batch, /model/width, /model/depth");
+  return e;
+}
+
 }  // namespace
 
 Experiment underflow_experiment() {
   return {"underflow", "What fp16 and bf16 cannot hold: formats, casts, gradient underflow, lost updates",
-          underflow_spec, run_underflow};
+          underflow_spec, run_underflow, nullptr, underflow_memory};
 }
 
 }  // namespace mpt

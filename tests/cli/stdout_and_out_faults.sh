@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Output that goes astray (issue 15, defects 2, 8 and 11), each checked against a real file system:
+#  - stdout full (/dev/full) or closed: exit 3 with a message, not 0 with the output lost;
+#  - a reader that goes away (`mpt underflow | head -1`): no death by SIGPIPE, the result is
+#    still written, exit 0 (the run did its work; the reader chose to stop reading);
+#  - --out through symbolic links: the link's target gets the result, the links stay links, a
+#    0600 result stays 0600; --out /dev/stdout (through a link of our own here, never the
+#    system's) writes into whatever stdout is: a pipe, or the file the shell redirected it to;
+#  - a run that fails with exit 3 takes away the --out folders it created.
+# Usage: stdout_and_out_faults.sh MPT
+set -u
+mpt=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok: $*"; }
+valid_result() {
+  /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["schema_version"]==1' "$1" 2>/dev/null
+}
+QUICK=(underflow --set model.depth=2 --set data.batch=4)
+
+# --- stdout full or closed ----------------------------------------------------------------
+"$mpt" lossscale --print-config > /dev/full 2> "$tmp/err"; rc=$?
+if [ $rc = 3 ] && grep -q "cannot write to stdout: No space left on device" "$tmp/err"; then ok "print-config > /dev/full: exit 3"
+else fail "print-config > /dev/full: exit $rc, stderr: $(head -c 300 "$tmp/err")"; fi
+
+"$mpt" lossscale --print-config >&- 2> "$tmp/err"; rc=$?
+if [ $rc = 3 ] && grep -q "cannot write to stdout" "$tmp/err"; then ok "print-config with stdout closed: exit 3"
+else fail "print-config with stdout closed: exit $rc, stderr: $(head -c 300 "$tmp/err")"; fi
+
+"$mpt" list > /dev/full 2> "$tmp/err"; rc=$?
+[ $rc = 3 ] && ok "list > /dev/full: exit 3" || fail "list > /dev/full: exit $rc"
+
+# Tables lost on a full disk: exit 3, and the result file is written all the same.
+"$mpt" "${QUICK[@]}" --out "$tmp/full.json" > /dev/full 2> "$tmp/err"; rc=$?
+if [ $rc = 3 ] && grep -q "cannot write to stdout" "$tmp/err" && valid_result "$tmp/full.json"; then
+  ok "tables > /dev/full: exit 3, result written"
+else fail "tables > /dev/full: exit $rc, result file: $(ls "$tmp/full.json" 2>&1), stderr: $(head -c 300 "$tmp/err")"; fi
+
+# -q writes nothing to stdout: a full stdout is no error then.
+"$mpt" "${QUICK[@]}" -q --out "$tmp/quiet.json" > /dev/full 2> "$tmp/err"; rc=$?
+[ $rc = 0 ] && valid_result "$tmp/quiet.json" && ok "-q > /dev/full: exit 0" || fail "-q > /dev/full: exit $rc"
+
+# --- a reader that goes away ----------------------------------------------------------------
+# `true` exits at once, long before mpt prints its tables: every write meets a closed pipe.
+"$mpt" "${QUICK[@]}" --out "$tmp/piped.json" 2> "$tmp/err" | true
+rc=${PIPESTATUS[0]}
+if [ "$rc" = 0 ] && valid_result "$tmp/piped.json"; then ok "| true: exit 0, result written"
+else fail "| true: exit $rc (141 = killed by SIGPIPE), result: $(ls "$tmp/piped.json" 2>&1)"; fi
+"$mpt" "${QUICK[@]}" --out "$tmp/head.json" 2> "$tmp/err" | head -1 > "$tmp/head.txt"
+rc=${PIPESTATUS[0]}
+if [ "$rc" = 0 ] && valid_result "$tmp/head.json" && [ "$(wc -l < "$tmp/head.txt")" = 1 ]; then ok "| head -1: exit 0, result written"
+else fail "| head -1: exit $rc, result: $(ls "$tmp/head.json" 2>&1)"; fi
+
+# --- --out through symbolic links -----------------------------------------------------------
+mkdir -p "$tmp/real"
+printf 'old\n' > "$tmp/real/r.json"
+chmod 600 "$tmp/real/r.json"
+ln -s real/r.json "$tmp/link.json"
+"$mpt" "${QUICK[@]}" -q --out "$tmp/link.json" 2> "$tmp/err"; rc=$?
+if [ $rc = 0 ] && [ -L "$tmp/link.json" ] && valid_result "$tmp/real/r.json" \
+   && [ "$(stat -c %a "$tmp/real/r.json")" = 600 ]; then ok "--out symlink: target written, link kept, mode 600 kept"
+else fail "--out symlink: exit $rc, link: $(ls -l "$tmp/link.json" 2>&1), target mode $(stat -c %a "$tmp/real/r.json" 2>&1)"; fi
+
+# Our own link to /dev/stdout (the system's link is never the one replaced in a test).
+ln -s /dev/stdout "$tmp/stdout"
+"$mpt" "${QUICK[@]}" -q --out "$tmp/stdout" > "$tmp/redirected.json" 2> "$tmp/err"; rc=$?
+if [ $rc = 0 ] && [ -L "$tmp/stdout" ] && valid_result "$tmp/redirected.json"; then ok "--out link-to-/dev/stdout > file: the file holds the result"
+else fail "--out link-to-/dev/stdout > file: exit $rc, link: $(ls -l "$tmp/stdout" 2>&1), file: $(head -c 100 "$tmp/redirected.json")"; fi
+"$mpt" "${QUICK[@]}" -q --out /dev/stdout 2> "$tmp/err" | cat > "$tmp/through_pipe.json"; rc=${PIPESTATUS[0]}
+[ "$rc" = 0 ] && valid_result "$tmp/through_pipe.json" && ok "--out /dev/stdout | cat: the pipe carries the result" \
+  || fail "--out /dev/stdout | cat: exit $rc, got: $(head -c 100 "$tmp/through_pipe.json")"
+[ -L /dev/stdout ] || [ ! -e /dev/stdout ] || fail "/dev/stdout is no longer a symbolic link"
+
+# --- a failed run takes away the folders it created ------------------------------------------
+"$mpt" accumulate --set data.dir="$tmp/no_data" --out "$tmp/made/deeper/r.json" > /dev/null 2> "$tmp/err"; rc=$?
+if [ $rc = 3 ] && [ ! -e "$tmp/made" ]; then ok "exit 3: created --out folders removed"
+else fail "exit-3 run: exit $rc, left: $(find "$tmp/made" 2>&1 | head -3 | tr '\n' ' ')"; fi
+
+[ $fails = 0 ] && echo "all ok" || { echo "$fails failed"; exit 1; }
