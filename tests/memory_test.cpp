@@ -103,6 +103,8 @@ TEST_CASE("bf16 matmul and linear backward past oneDNN's size threshold run unde
   const double dx = probe_kernels(cpu, torch::kBFloat16).fp32_accumulation ? 96.0 : 64.0;
   CHECK(x.grad().to(torch::kDouble).eq(dx).all().item<bool>());
   CHECK(w.grad().to(torch::kDouble).eq(128.0).all().item<bool>());  // 256 * 0.5
+}
+
 // ---------------------------------------------------------------------------
 // Estimates before allocating (issue 15, defect 7: a config too large for the machine was
 // OOM-killed without a word; now it exits 2 naming its keys)
