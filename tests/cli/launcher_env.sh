@@ -38,19 +38,29 @@ two_ranks() {  # two_ranks REGEX MPT_ARGS...: both ranks run; REGEX must match r
   echo "ok: torchrun-style launch of 2 ranks ($1)"
 }
 
+# expect CODE MESSAGE MAX_S WHAT -- VAR=VALUE... -- MPT_ARGS...: runs mpt as one rank with the launcher
+# variables given; passes when it exits CODE within MAX_S seconds and stderr holds MESSAGE (fixed string).
+expect() {
+  local want=$1 msg=$2 max=$3 what=$4; shift 5
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  local start; start=$(date +%s)
+  env "${envs[@]}" timeout 60 "$mpt" "$@" --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
+  local code=$? took=$(( $(date +%s) - start ))
+  cat "$tmp/err"
+  [ $code = "$want" ] || { echo "FAIL: exit code $code, expected $want"; exit 1; }
+  grep -qF -- "$msg" "$tmp/err" || { echo "FAIL: the message does not say: $msg"; exit 1; }
+  [ $took -le "$max" ] || { echo "FAIL: took $took s (at most $max s expected)"; exit 1; }
+  echo "ok: $what in $took s"
+}
+
 case $mode in
   dataparallel) two_ranks '^ +n2 ' "${dataparallel[@]}" ;;
   pipeline) two_ranks '1f1b\.m4: processes gradient == threads gradient \(bitwise\) +0 <= 0 +OK' "${pipeline[@]}" ;;
   unreachable)
-    start=$(date +%s)
-    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      "$mpt" "${dataparallel[@]}" --set dist.timeout_s=3 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
-    code=$?; took=$(( $(date +%s) - start ))
-    cat "$tmp/err"
-    [ $code = 3 ] || { echo "FAIL: exit code $code, expected 3"; exit 1; }
-    grep -q "cannot reach the TCPStore at 127.0.0.1:$port within 3 s" "$tmp/err" || { echo "FAIL: message"; exit 1; }
-    [ $took -le 20 ] || { echo "FAIL: took $took s for a 3 s timeout"; exit 1; }
-    echo "ok: unreachable master reported in $took s" ;;
+    expect 3 "cannot reach the TCPStore at 127.0.0.1:$port within 3 s" 20 "unreachable master reported" \
+      -- RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port -- "${dataparallel[@]}" --set dist.timeout_s=3 ;;
   garbage)
     cat > "$tmp/garbage.py" <<'PY'
 import os, socket, sys, threading
@@ -96,15 +106,8 @@ PY
     [ ! -e "$tmp/r.json" ] || { echo "FAIL: a result was written"; exit 1; }
     echo "ok: WORLD_SIZE capped (exit 2 in $took s)" ;;
   missing_ranks)
-    start=$(date +%s)
-    RANK=0 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 \
-      "$mpt" "${dataparallel[@]}" --set dist.timeout_s=2 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
-    code=$?; took=$(( $(date +%s) - start ))
-    cat "$tmp/err"
-    [ $code = 3 ] || { echo "FAIL: exit code $code, expected 3"; exit 1; }
-    grep -q "rank 1, 2, 3 did not arrive within 2 s" "$tmp/err" || { echo "FAIL: message"; exit 1; }
-    [ $took -le 15 ] || { echo "FAIL: took $took s for a 2 s timeout"; exit 1; }
-    echo "ok: ranks that never come are named in $took s" ;;
+    expect 3 "rank 1, 2, 3 did not arrive within 2 s" 15 "ranks that never come are named" \
+      -- RANK=0 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port -- "${dataparallel[@]}" --set dist.timeout_s=2 ;;
   nproc_conflict)
     WORLD_SIZE=1 RANK=0 timeout 60 "$mpt" "${dataparallel[@]}" --nproc 2 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
     code=$?
