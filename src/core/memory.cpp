@@ -218,7 +218,9 @@ std::string human_bytes(double bytes) {
   if (bytes < 1024) return fmt::format("{:.0f} bytes", bytes);
   int u = -1;
   while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
-  return fmt::format(bytes < 10 ? "{:.2f} {}" : bytes < 100 ? "{:.1f} {}" : "{:.0f} {}", bytes, units[u]);
+  if (bytes < 10) return fmt::format("{:.2f} {}", bytes, units[u]);
+  if (bytes < 100) return fmt::format("{:.1f} {}", bytes, units[u]);
+  return fmt::format("{:.0f} {}", bytes, units[u]);
 }
 
 void check_memory(const MemoryEstimate& e, int64_t available, const std::string& source) {
