@@ -57,8 +57,15 @@ def save(fig, out, name, fmt, paths):
     """Saves `fig` as plot `name` under the names of `out` (a PlotNames; `fmt` is its format)."""
     p = out.path(name)
     fig.tight_layout()
-    fig.savefig(p)
-    plt.close(fig)
+    try:
+        fig.savefig(p)
+    except BaseException:
+        # a full disk leaves a partial (often empty) file behind: remove it, then report
+        if os.path.exists(p):
+            os.remove(p)
+        raise
+    finally:
+        plt.close(fig)
     paths.append(p)
     out.made.append(p)
 
@@ -300,15 +307,29 @@ def main():
     args = ap.parse_args()
     writable_out_dir("plot", args.out_dir)
     names, failed = PlotNames(args.out_dir, args.format), 0
+    stdout_error = None
     for f in args.results:
         why = plot_file(f, names)
         for p in names.made:
-            print(p)
+            if stdout_error is None:
+                try:
+                    print(p)
+                except OSError as e:  # stdout on a full disk or closed: the plots are still made
+                    stdout_error = e
         if why is not None:
             print(f"plot: {f}: {why}", file=sys.stderr)
             failed += 1
     # 0: every file plotted; 1: some files failed (each named above); 2: none could be plotted.
     status = 0 if failed == 0 else 2 if failed == len(args.results) else 1
+    if stdout_error is None:
+        try:
+            sys.stdout.flush()
+        except OSError as e:
+            stdout_error = e
+    if stdout_error is not None:  # the plot names could not be printed
+        sys.stdout = None  # nothing more to flush at exit
+        print(f"plot: cannot write the plot names to stdout: {stdout_error.strerror}", file=sys.stderr)
+        sys.exit(3)
     sys.exit(status)
 
 

@@ -178,9 +178,12 @@ def write_summary(path, fieldnames, rows):
             for r in rows:
                 w.writerow({k: cell(v) for k, v in r.items()})
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError):  # a full disk, a folder gone: say so, exit 3 (a runtime failure)
+            print(f"sweep: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+            sys.exit(3)
         raise
 
 

@@ -532,6 +532,9 @@ json parse_json_text(const std::string& text, const std::string& source, const J
   const std::string name = printable_text(source, 200);
   if (text.size() > limits.max_bytes)
     config_error(fmt::format("{}: larger than {}, the most mpt reads here", name, mib(limits.max_bytes)));
+  // nlohmann's lexer takes a NUL byte for the end of the input and would ignore what follows.
+  if (auto nul = text.find('\0'); nul != std::string::npos)
+    config_error(fmt::format("{}: invalid JSON: a NUL byte at offset {} (JSON text has none)", name, nul));
   try {
     std::string duplicate;
     json doc = parse_rejecting_duplicates(text, &duplicate, limits.max_depth);
@@ -550,6 +553,10 @@ json parse_json_text(const std::string& text, const std::string& source, const J
     config_error(fmt::format("{}: invalid JSON: {}", name,
                              printable_text(pos == std::string::npos ? what : what.substr(pos + 2), 300)));
   }
+}
+
+std::string read_text_file(const std::string& path, const std::string& what, std::size_t max_bytes) {
+  return read_capped(path, what, max_bytes);
 }
 
 json read_json_file(const std::string& path, const std::string& what, const JsonLimits& limits) {

@@ -117,6 +117,11 @@ inline constexpr std::size_t kMaxListLength = 10000;
 /// line/column from the parser), a directory, a file larger than limits.max_bytes (read
 /// with that cap, never whole), nesting deeper than limits.max_depth, or a key repeated
 /// within one object. `what` names the file in messages ("config file", "result file").
+/// Reads a whole text file of at most `max_bytes` (devices such as /dev/zero included: it stops
+/// reading past the cap). `what` names it in messages. Throws ConfigError for a directory, an
+/// unreadable file or one over the cap.
+std::string read_text_file(const std::string& path, const std::string& what, std::size_t max_bytes);
+
 json read_json_file(const std::string& path, const std::string& what = "config file",
                     const JsonLimits& limits = kConfigLimits);
 

@@ -417,7 +417,13 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.local_rank = env_int("MPT_LOCAL_RANK", li.rank);
     const char* agent = env("MPT_AGENT_STORE");
     li.agent_store = agent && std::string(agent) == "1";
-  } else if (env("RANK") && env("WORLD_SIZE")) {
+  } else if (env("RANK") || env("WORLD_SIZE")) {
+    // torchrun sets both; one without the other is a broken launcher, not a single process.
+    for (const char* v : {"RANK", "WORLD_SIZE"})
+      if (!env(v))
+        throw ConfigError(fmt::format("launcher environment: {} is set but {} is not (torchrun sets RANK, WORLD_SIZE, "
+                                      "MASTER_ADDR and MASTER_PORT; unset them all to run on your own)",
+                                      std::string(v) == "RANK" ? "WORLD_SIZE" : "RANK", v));
     li.launcher = "torchrun";
     li.rank = env_int("RANK", 0);
     li.world_size = env_int("WORLD_SIZE", 1);

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -77,6 +78,9 @@ void guard_standard_descriptors() {
     if (n >= 0 && n != fd) ::dup2(n, fd), ::close(n);
     if (fd == 1) g_stdout_closed = true;
   }
+  // A worker of `--nproc` whose launcher was started without stdout: its fd 1 is the launcher's
+  // /dev/null, so it learns of the closed stdout from the launcher (spawn below).
+  if (const char* v = std::getenv("MPT_STDOUT_CLOSED"); v && std::string(v) == "1") g_stdout_closed = true;
 }
 
 // Writes `text` to stdout and flushes it. Returns false, and remembers the reason, when it
@@ -142,11 +146,22 @@ ConfigSpec full_spec(const Experiment& exp) {
 }
 
 Config resolve_for(const Experiment& exp, const ConfigSpec& spec, const RunOptions& opts) {
+  if (opts.config_given && opts.config_file.empty())
+    throw ConfigError("--config: expected a file path, got an empty string");
   std::vector<std::string> sets = opts.sets;
   if (opts.seed) sets.push_back("seed=" + *opts.seed);
   if (!opts.device.empty()) sets.push_back("device=\"" + opts.device + "\"");
   if (opts.nproc) sets.push_back("nproc=" + std::to_string(*opts.nproc));
-  return resolve_config(spec, opts.config_file, sets);
+  try {
+    return resolve_config(spec, opts.config_file, sets);
+  } catch (const ConfigError& e) {
+    // --seed N goes through the schema as `seed=N`: name the option the user typed.
+    const std::string as_set = opts.seed ? "--set '" + printable_text("seed=" + *opts.seed) + "'" : "";
+    const std::string msg = e.what();
+    if (!as_set.empty() && msg.rfind(as_set, 0) == 0)
+      throw ConfigError("--seed '" + printable_text(*opts.seed) + "'" + msg.substr(as_set.size()));
+    throw;
+  }
 }
 
 nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg, const Report& report,
@@ -244,6 +259,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
         double grace = 60.0;
         for (const char* key : {"/dist/timeout_s", "/pipeline/timeout_s"})
           if (spec.find(key)) grace = cfg.number(key) + 10.0;
+        if (g_stdout_closed) ::setenv("MPT_STDOUT_CLOSED", "1", 1);  // rank 0 prints the tables
         return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, grace);
       }
       if (launch) {
@@ -330,9 +346,14 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
       try {
         std::size_t used = 0;
         kt.rtol = std::stod(v.substr(0, comma), &used);
-        if (comma != std::string::npos) kt.atol = std::stod(v.substr(comma + 1));
+        if (used != (comma == std::string::npos ? v.size() : comma)) throw std::invalid_argument("rtol");
+        if (comma != std::string::npos) {
+          const std::string a = v.substr(comma + 1);
+          kt.atol = std::stod(a, &used);
+          if (used != a.size()) throw std::invalid_argument("atol");
+        }
       } catch (const std::exception&) {
-        throw ConfigError("--tol '" + printable_text(k) + "': RTOL and ATOL must be numbers");
+        throw ConfigError("--tol '" + printable_text(k) + "': expected PATTERN=RTOL[,ATOL] with RTOL and ATOL numbers");
       }
       if (!(kt.rtol >= 0) || !(kt.atol >= 0) || !std::isfinite(kt.rtol) || !std::isfinite(kt.atol))
         throw ConfigError("--tol '" + printable_text(k) + "': tolerances must be finite numbers >= 0");
@@ -461,7 +482,8 @@ int main_cli_in(int argc, char** argv) {
   const Experiment* chosen = nullptr;
   for (const auto& e : experiments()) {
     auto* sub = app.add_subcommand(e.name, e.summary);
-    sub->add_option("--config", opts.config_file, "JSON config file (merged over the built-in defaults)");
+    sub->add_option("--config", opts.config_file, "JSON config file (merged over the built-in defaults)")
+        ->each([&opts](const std::string&) { opts.config_given = true; });
     sub->add_option("--set", opts.sets, "Override one config key: path.to.key=VALUE (VALUE is JSON, else a string); repeatable")
         ->take_all()
         ->allow_extra_args(false);

@@ -15,6 +15,7 @@ namespace mpt {
 /// Options common to every experiment's subcommand.
 struct RunOptions {
   std::string config_file;          ///< --config
+  bool config_given = false;        ///< --config appeared (an empty value is then an error)
   std::vector<std::string> sets;    ///< --set KEY=VALUE, in order
   std::string out;                  ///< --out (default results/<experiment>.json)
   bool out_given = false;           ///< --out appeared (an empty value is then an error)

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/config.hpp"
 #include "core/errors.hpp"
 
 namespace mpt {
@@ -30,7 +31,7 @@ struct Reader {
   std::size_t i = 0;
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw ConfigError(fmt::format("{}: tolerance \"{}\": {} at column {}", where, s, what, i + 1));
+    throw ConfigError(fmt::format("{}: tolerance \"{}\": {} at column {}", where, printable_text(s), what, i + 1));
   }
   void skip() {
     while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
@@ -60,7 +61,7 @@ struct Reader {
     skip();
     if (i < s.size() && std::isalpha(static_cast<unsigned char>(s[i]))) {
       std::string fn = word();
-      if (fn != "u" && fn != "gamma") fail("unknown function \"" + fn + "\" (expected u or gamma)");
+      if (fn != "u" && fn != "gamma") fail("unknown function \"" + printable_text(fn) + "\" (expected u or gamma)");
       if (!eat('(')) fail("expected '('");
       std::string f = word();
       double u = 0;
@@ -131,7 +132,8 @@ std::vector<KeyTolerance> parse_tolerance_text(const std::string& text, const st
     }
     if (auto hash = rest.find('#'); hash != std::string::npos) rest.erase(hash);
     if (pattern.empty() || (pattern[0] != '/' && pattern[0] != '*'))
-      throw ConfigError(fmt::format("{}: pattern \"{}\": expected a path glob starting with / or *", where, pattern));
+      throw ConfigError(fmt::format("{}: pattern \"{}\": expected a path glob starting with / or *", where,
+                                    printable_text(pattern)));
     KeyTolerance kt{pattern};
     // RULE: exact | rel EXPR | abs EXPR | rel EXPR abs EXPR
     auto trim = [](std::string v) {
@@ -175,12 +177,7 @@ std::vector<KeyTolerance> parse_tolerance_text(const std::string& text, const st
 }
 
 std::vector<KeyTolerance> read_tolerance_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(fmt::format("--tol-file {}: cannot open", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().size() > (1u << 20)) throw ConfigError(fmt::format("--tol-file {}: larger than 1 MiB", path));
-  return parse_tolerance_text(ss.str(), path);
+  return parse_tolerance_text(read_text_file(path, "tolerance file", 1u << 20), printable_text(path, 200));
 }
 
 }  // namespace mpt

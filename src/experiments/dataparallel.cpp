@@ -548,12 +548,37 @@ MemoryEstimate dataparallel_memory(const Config& cfg, int world_size) {
   return e;
 }
 
+/// Cross-key checks before any worker exists (exit 2 naming the keys): every N divides the
+/// global batch, at least one N fits the processes, the samples give at least one full step,
+/// and a fault-injection rank exists.
+void validate_dataparallel(const Config& cfg, int world_size) {
+  const int64_t gb = cfg.integer("/train/global_batch");
+  if (!cfg.boolean("/train/enabled")) return;
+  std::vector<int64_t> runnable;
+  for (int64_t n : cfg.integers("/train/nprocs")) {
+    if (gb % n != 0)
+      throw ConfigError(fmt::format("/train/global_batch: expected a multiple of every N in /train/nprocs, got {} "
+                                    "(N = {})", gb, n));
+    if (n <= world_size) runnable.push_back(n);
+  }
+  if (runnable.empty())
+    throw ConfigError(fmt::format("/train/nprocs: expected at least one N <= the {} process(es) of this run, got {}; "
+                                  "run with --nproc N (or list a smaller N)",
+                                  world_size, json(cfg.integers("/train/nprocs")).dump()));
+  if (cfg.integer("/train/samples") < gb)
+    throw ConfigError(fmt::format("/train/samples: expected at least /train/global_batch = {} samples (one full step), "
+                                  "got {}", gb, cfg.integer("/train/samples")));
+  const int64_t fault = cfg.integer("/fault/rank");
+  if (fault >= world_size)
+    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
+}
+
 }  // namespace
 
 Experiment dataparallel_experiment() {
   return {"dataparallel",
           "Data parallelism: shard-average equivalence, then real multi-process training with a DDP-style reducer",
-          dataparallel_spec, run_dataparallel, nullptr, dataparallel_memory};
+          dataparallel_spec, run_dataparallel, validate_dataparallel, dataparallel_memory};
 }
 
 }  // namespace mpt

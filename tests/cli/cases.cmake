@@ -41,7 +41,7 @@ cli_case(bad_set_type 2 "/data/batch: expected an integer" underflow --set data.
 cli_case(bad_set_empty_list 2 "/model/depth: expected .*non-empty" underflow --set "model.depth=[]")
 cli_case(bad_device 2 "device" underflow --device tpu)
 cli_case(bad_seed 2 "/seed: expected an integer >= 0" underflow --seed -1)
-cli_case(bad_seed_huge 2 "--set 'seed=99999999999999999999': /seed: expected an integer >= 0, got a number 1e\\+20" underflow
+cli_case(bad_seed_huge 2 "--seed '99999999999999999999': /seed: expected an integer >= 0, got a number 1e\\+20" underflow
          --seed 99999999999999999999)
 cli_case(bad_duplicate_key 2 "duplicate_key.json: /model/depth: duplicate key" underflow --config ${B}/duplicate_key.json)
 cli_case(bad_set_duplicate_key 2 "/model/width: duplicate key" underflow
@@ -109,3 +109,22 @@ foreach(c config_dev_zero config_dev_urandom config_deep set_deep config_long_li
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(cli.hostile.${c} PROPERTIES TIMEOUT 120)
 endforeach()
+
+# --- from the second new-user probe (issue 15) ---
+cli_case(bad_config_nul 2 "nul.json: invalid JSON: a NUL byte at offset 10" underflow --config ${B}/nul.json)
+cli_case(bad_seed_named 2 "--seed '-5': /seed: expected an integer >= 0" underflow --seed -5)
+add_test(NAME cli.probe2_compare_and_config COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/probe2_cases.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+cli_case(dataparallel_no_runnable_n 2 "/train/nprocs: expected at least one N <= the 2 process\\(es\\)" dataparallel
+         --config configs/dataparallel_quick.json --nproc 2 --set "train.nprocs=[4]")
+cli_case(dataparallel_too_few_samples 2 "/train/samples: expected at least /train/global_batch = 64 samples" dataparallel
+         --config configs/dataparallel_quick.json --set train.samples=10 --set train.global_batch=64)
+cli_case(dataparallel_fault_rank_missing 2 "/fault/rank: expected -1 or a rank 0 .. 1, got 5" dataparallel
+         --config configs/dataparallel_quick.json --nproc 2 --set fault.rank=5)
+add_test(NAME cli.dataparallel_env_rank_only
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/run_case.sh $<TARGET_FILE:mpt> 2 "RANK is set but WORLD_SIZE is not"
+                 dataparallel --config configs/dataparallel_quick.json
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.dataparallel_env_rank_only PROPERTIES ENVIRONMENT "RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999")
+add_test(NAME cli.scripts_full_disk COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_full_disk.sh
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})

@@ -38,6 +38,14 @@ if [ $rc = 3 ] && grep -q "cannot write to stdout" "$tmp/err" && valid_result "$
   ok "tables > /dev/full: exit 3, result written"
 else fail "tables > /dev/full: exit $rc, result file: $(ls "$tmp/full.json" 2>&1), stderr: $(head -c 300 "$tmp/err")"; fi
 
+# The same with --nproc: rank 0 prints the tables into the launcher's stdout, so a closed stdout
+# reaches the workers (MPT_STDOUT_CLOSED) and the run says so (second new-user probe).
+"$mpt" dataparallel --config configs/dataparallel_quick.json --set train.max_steps=2 --set train.nosync_steps=0 \
+  --nproc 2 --out "$tmp/dp.json" >&- 2> "$tmp/err"; rc=$?
+if [ $rc = 3 ] && grep -q "cannot write to stdout" "$tmp/err" && valid_result "$tmp/dp.json"; then
+  ok "dataparallel --nproc 2 with stdout closed: exit 3, result written"
+else fail "dataparallel --nproc 2 with stdout closed: exit $rc, result: $(ls "$tmp/dp.json" 2>&1), stderr: $(tail -c 300 "$tmp/err")"; fi
+
 # -q writes nothing to stdout: a full stdout is no error then.
 "$mpt" "${QUICK[@]}" -q --out "$tmp/quiet.json" > /dev/full 2> "$tmp/err"; rc=$?
 [ $rc = 0 ] && valid_result "$tmp/quiet.json" && ok "-q > /dev/full: exit 0" || fail "-q > /dev/full: exit $rc"

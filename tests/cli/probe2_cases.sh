@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Cases from the second new-user probe (issue 15) that run_case.sh cannot express (compare takes
+# no --out; an empty argument): each must exit 2 at once with a message naming what is wrong.
+# Usage: probe2_cases.sh MPT
+set -u
+mpt=$1
+g=tests/golden/underflow.json
+fails=0
+check() {  # check NAME REGEX CMD...: exit 2 within 10 s, stderr matches REGEX (extended)
+  local name=$1 regex=$2; shift 2
+  local start=$SECONDS
+  timeout 60 "$@" > /tmp/probe2.$$.out 2> /tmp/probe2.$$.err; local rc=$?
+  local took=$((SECONDS - start))
+  if [ $rc = 2 ] && [ $took -le 10 ] && grep -Eq -- "$regex" /tmp/probe2.$$.err; then echo "ok: $name"
+  else echo "FAIL: $name: exit $rc in $took s, stderr: $(head -c 300 /tmp/probe2.$$.err)"; fails=$((fails + 1)); fi
+}
+check "--config ''" "--config: expected a file path, got an empty string" "$mpt" underflow --config ""
+check "--tol with three values" "--tol '/results/\*=1,2,3': expected PATTERN=RTOL\[,ATOL\]" \
+  "$mpt" compare "$g" "$g" --tol '/results/*=1,2,3'
+check "--tol-file /dev/zero (read no further than 1 MiB)" "/dev/zero: the tolerance file is larger than 1 MiB" \
+  "$mpt" compare "$g" "$g" --tol-file /dev/zero
+check "--tol-file a directory" "tests: is a directory, not a tolerance file" "$mpt" compare "$g" "$g" --tol-file tests
+check "--tol-file with a NUL byte (escaped in the message)" 'nul.tol:1: pattern "\\0/a": expected a path glob' \
+  "$mpt" compare "$g" "$g" --tol-file tests/cli/bad/nul.tol
+rm -f /tmp/probe2.$$.out /tmp/probe2.$$.err
+[ $fails = 0 ] && echo "all ok" || { echo "$fails failed"; exit 1; }
