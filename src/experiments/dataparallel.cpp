@@ -369,12 +369,8 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.number("/dist/timeout_s") * 1000));
   const int64_t world = ctx.world_size, rank = ctx.rank, gb = cfg.integer("/train/global_batch");
   std::vector<int64_t> ns;
-  for (int64_t n : cfg.integers("/train/nprocs")) {
-    if (gb % n != 0)
-      throw ConfigError(fmt::format("/train/global_batch: expected a multiple of every N in /train/nprocs, got {} "
-                                    "(N = {})", gb, n));
+  for (int64_t n : cfg.integers("/train/nprocs"))  // validate_dataparallel checked that N divides the batch
     if (n <= world) ns.push_back(n);
-  }
   dist::LaunchInfo li = dist::launch_from_environment().value_or(dist::LaunchInfo{});
   dist::connect_store(li, timeout);
   auto world_group = dist::Group::create(li, static_cast<int>(rank), static_cast<int>(world), "world/", timeout);
