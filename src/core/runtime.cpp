@@ -4,12 +4,12 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -181,9 +181,17 @@ std::map<std::string, std::string> cpuinfo_first() {
   return out;
 }
 
-std::string show_config_field(const std::string& config, const std::string& pattern) {
-  std::smatch m;
-  return std::regex_search(config, m, std::regex(pattern)) ? m[1].str() : std::string("unknown");
+// The word after `prefix` in at::show_config()'s text (letters, digits, '.', '_'), e.g.
+// "AVX2" after "CPU capability usage: "; "unknown" when absent.
+std::string show_config_field(const std::string& config, const std::string& prefix) {
+  auto at = config.find(prefix);
+  if (at == std::string::npos) return "unknown";
+  at += prefix.size();
+  auto end = at;
+  while (end < config.size() && (std::isalnum(static_cast<unsigned char>(config[end])) || config[end] == '.' ||
+                                 config[end] == '_'))
+    ++end;
+  return end > at ? config.substr(at, end - at) : std::string("unknown");
 }
 
 std::string env_or(const char* name, const char* fallback) {
@@ -271,8 +279,8 @@ json hardware_fingerprint() {
   };
   // --- LibTorch's kernels ---
   const std::string config = at::show_config();
-  hw["aten_cpu_capability"] = show_config_field(config, "CPU capability usage: ([A-Za-z0-9_]+)");
-  json dnnl = {{"version", show_config_field(config, "MKL-DNN v([0-9.]+)")}};
+  hw["aten_cpu_capability"] = show_config_field(config, "CPU capability usage: ");
+  json dnnl = {{"version", show_config_field(config, "MKL-DNN v")}};
   const std::string cap = env_or("ONEDNN_MAX_CPU_ISA", env_or("DNNL_MAX_CPU_ISA", "").c_str());
   dnnl["max_cpu_isa_env"] = cap.empty() ? json(nullptr) : json(cap);
   if (auto get_isa = find_symbol<int (*)()>("dnnl_get_effective_cpu_isa")) {
@@ -284,9 +292,9 @@ json hardware_fingerprint() {
   }
   hw["onednn"] = dnnl;
   std::string blas_lib = loaded_library({"libmkl_", "libopenblas", "libblis", "libblas", "libflexiblas"});
-  if (blas_lib.empty() && show_config_field(config, "BLAS_INFO=([a-z]+)") == "mkl")
+  if (blas_lib.empty() && show_config_field(config, "BLAS_INFO=") == "mkl")
     blas_lib = "MKL, linked into libtorch_cpu";
-  hw["blas"] = {{"build", show_config_field(config, "BLAS_INFO=([A-Za-z0-9_]+)")},
+  hw["blas"] = {{"build", show_config_field(config, "BLAS_INFO=")},
                 {"library", blas_lib.empty() ? "unknown" : blas_lib}};
   hw["threads"] = {{"intra_op", at::get_num_threads()}, {"inter_op", at::get_num_interop_threads()}};
   json vars = json::object();
@@ -299,8 +307,8 @@ json hardware_fingerprint() {
   hw["torch"] = compat::torch_version();
   json cuda = {{"build", compat::kBuiltWithCuda}};
   if (compat::kBuiltWithCuda) {
-    cuda["version_build"] = show_config_field(config, "CUDA_VERSION=([0-9.]+)");
-    cuda["cudnn_build"] = show_config_field(config, "CUDNN_VERSION=([0-9.]+)");
+    cuda["version_build"] = show_config_field(config, "CUDA_VERSION=");
+    cuda["cudnn_build"] = show_config_field(config, "CUDNN_VERSION=");
     int v = 0;
     if (auto f = find_symbol<int (*)(int*)>("cudaRuntimeGetVersion"); f && f(&v) == 0)
       cuda["runtime"] = fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
