@@ -106,10 +106,6 @@ KernelProbe probe_kernels(torch::Device device, torch::ScalarType dtype) {
 
 bool native_matmul(torch::Device device, torch::ScalarType dtype) { return probe_kernels(device, dtype).native(); }
 
-std::string fp16_compute(torch::Device device) {
-  return native_matmul(device, torch::kHalf) ? "native" : "emulated";
-}
-
 Compute resolve_compute(const std::string& request, Format f, torch::Device device) {
   if (request != "auto" && request != "native" && request != "emulated")
     throw std::invalid_argument("compute mode: expected auto, native or emulated, got \"" + request + "\"");

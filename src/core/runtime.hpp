@@ -42,8 +42,6 @@ KernelProbe probe_kernels(torch::Device device, torch::ScalarType dtype);
 /// Whether `device` has native kernels for matrix products in `dtype`: probe_kernels().native().
 bool native_matmul(torch::Device device, torch::ScalarType dtype);
 
-/// "native" or "emulated": how fp16 compute runs on `device` in this build.
-std::string fp16_compute(torch::Device device);
 
 /// Resolves a compute request for format `f` on `device`: "emulated" → Emulated; "auto" → Native
 /// where probe_kernels() finds native kernels (running, fp32 accumulation), else Emulated;

@@ -74,12 +74,7 @@ struct Reader {
       if (fn == "gamma") {
         if (!eat(',')) fail("expected ', N'");
         // N: a sum of products of integers, e.g. 2*10*18 + 64*10 + 64 (the rounding count of a path).
-        double n = 0;
-        do {
-          double term = number();
-          while (eat('*')) term *= number();
-          n += term;
-        } while (eat('+'));
+        const double n = sum_of_products([this] { return number(); });
         if (n != std::floor(n) || n < 1) fail("N must be a positive integer");
         if (n * u >= 1) fail("N*u >= 1: the bound is void");
         r = n * u / (1 - n * u);
@@ -89,14 +84,20 @@ struct Reader {
     }
     return number();
   }
-  // EXPR = TERM { + TERM }, TERM = FACTOR { * FACTOR }: bounds of independent error sources add.
-  double expression() {
+  // ATOM { * ATOM } { + ATOM { * ATOM } }: the shape of both an EXPR and a gamma's N.
+  template <typename Atom>
+  double sum_of_products(Atom atom) {
     double sum = 0;
     do {
-      double v = factor();
-      while (eat('*')) v *= factor();
-      sum += v;
+      double term = atom();
+      while (eat('*')) term *= atom();
+      sum += term;
     } while (eat('+'));
+    return sum;
+  }
+  // EXPR = TERM { + TERM }, TERM = FACTOR { * FACTOR }: bounds of independent error sources add.
+  double expression() {
+    const double sum = sum_of_products([this] { return factor(); });
     skip();
     if (i != s.size()) fail("unexpected text");
     return sum;
