@@ -44,9 +44,40 @@ torch::Device choose_device(const std::string& want) {
 
 namespace {
 
+std::set<std::string> cpu_flags();  // defined with the hardware fingerprint below
+int onednn_effective_isa();         // dnnl_get_effective_cpu_isa(), or -1 where not exported
+std::string dnnl_isa_name(int v);   // "avx2", "avx512_core", ...
+
+// Whether LibTorch 1.13's CPU bf16 matrix product would abort the process rather than fail.
+// 1.13 hands bf16 GEMMs to oneDNN whenever the CPU has AVX-512 BW/VL/DQ
+// (aten/src/ATen/native/mkldnn/Utils.h, mkldnn_bf16_device_check(): cpuinfo, blind to oneDNN's
+// ISA cap), and oneDNN 2.6 has no bf16 matmul below avx512_core: under ONEDNN_MAX_CPU_ISA /
+// DNNL_MAX_CPU_ISA=AVX2 on such a CPU it throws dnnl::error ("could not create a primitive
+// descriptor iterator") inside a noexcept frame of libtorch_cpu, which calls std::terminate —
+// nothing can catch it, so the probe must not run it. LibTorch 2.x asks oneDNN itself
+// (ideep::has_bf16_type_support()), which honours the cap, and falls back to its own GEMM.
+// Returns the reason, or "" when the product is safe to run.
+std::string bf16_matmul_would_abort(torch::Device device, torch::ScalarType dtype) {
+  if (compat::kTorch2 || !device.is_cpu() || dtype != torch::kBFloat16) return "";
+  const auto f = cpu_flags();
+  if (!(f.count("avx512bw") && f.count("avx512vl") && f.count("avx512dq"))) return "";
+  const int isa = onednn_effective_isa();
+  constexpr int kAvx512Core = 0x27;  // dnnl_cpu_isa_avx512_core (dnnl_types.h, v2.6)
+  if (isa < 0 || (isa & kAvx512Core) == kAvx512Core) return "";
+  return fmt::format("LibTorch {}'s BFloat16 matrix product would abort the process: it sends bf16 GEMMs to oneDNN "
+                     "on any CPU with AVX-512 BW/VL/DQ, but oneDNN is capped below avx512_core here (effective ISA "
+                     "{}, from ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA), where it has no bf16 matmul and throws through a "
+                     "noexcept frame (\"could not create a primitive descriptor\")",
+                     compat::torch_version(), dnnl_isa_name(isa));
+}
+
 KernelProbe run_probe(torch::Device device, torch::ScalarType dtype) {
   const auto name = std::string(c10::toString(dtype));
   KernelProbe p;
+  if (auto why = bf16_matmul_would_abort(device, dtype); !why.empty()) {
+    p.reason = why;
+    return p;
+  }
   try {
     torch::NoGradGuard no_grad;
     auto opts = torch::TensorOptions().dtype(dtype).device(device);
@@ -252,17 +283,27 @@ Fn find_symbol(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
 }
 
+/// The first processor's feature flags in /proc/cpuinfo ("flags", or "Features" on Arm).
+std::set<std::string> cpu_flags() {
+  auto info = cpuinfo_first();
+  std::set<std::string> flags;
+  std::istringstream in(info.count("flags") ? info["flags"] : info["Features"]);
+  for (std::string f; in >> f;) flags.insert(f);
+  return flags;
+}
+
+int onednn_effective_isa() {
+  auto get_isa = find_symbol<int (*)()>("dnnl_get_effective_cpu_isa");
+  return get_isa ? get_isa() : -1;
+}
+
 }  // namespace
 
 json hardware_fingerprint() {
   json hw;
   // --- CPU ---
   auto info = cpuinfo_first();
-  std::set<std::string> flags;
-  {
-    std::istringstream in(info.count("flags") ? info["flags"] : info["Features"]);
-    for (std::string f; in >> f;) flags.insert(f);
-  }
+  const std::set<std::string> flags = cpu_flags();
   json isa = json::object();
   for (const char* f : {"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
                         "amx_bf16", "amx_int8", "avx_vnni", "f16c", "fma"})
@@ -279,8 +320,8 @@ json hardware_fingerprint() {
   json dnnl = {{"version", show_config_field(config, "MKL-DNN v")}};
   const std::string cap = env_or("ONEDNN_MAX_CPU_ISA", env_or("DNNL_MAX_CPU_ISA", "").c_str());
   dnnl["max_cpu_isa_env"] = cap.empty() ? json(nullptr) : json(cap);
-  if (auto get_isa = find_symbol<int (*)()>("dnnl_get_effective_cpu_isa")) {
-    dnnl["isa"] = dnnl_isa_name(get_isa());
+  if (const int effective = onednn_effective_isa(); effective >= 0) {
+    dnnl["isa"] = dnnl_isa_name(effective);
     dnnl["isa_source"] = "oneDNN (dnnl_get_effective_cpu_isa)";
   } else {
     dnnl["isa"] = derived_dnnl_isa(flags, cap);
