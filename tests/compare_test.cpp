@@ -20,7 +20,7 @@ TEST_CASE("rows join by name, not position", "[compare]") {
   CHECK(flat[0].first == "/results/t/x/v");
 }
 
-TEST_CASE("strict by default; rtol, atol and per-key globs loosen it", "[compare]") {
+TEST_CASE("strict by default, rtol, atol and per-key globs loosen it", "[compare]") {
   json a = doc({{"g", {{{"name", "L1"}, {"mean", 1.0}, {"max", 10.0}}}}});
   json b = doc({{"g", {{{"name", "L1"}, {"mean", 1.0 + 1e-12}, {"max", 10.0}}}}});
   auto strict = compare_results(a, b, {});

@@ -100,7 +100,7 @@ TEST_CASE("set overrides: errors", "[config]") {
   CHECK(error_of(s, "", {"model=4"}).find("/model") != std::string::npos);
 }
 
-TEST_CASE("integers written as 12.0 are integers; 1.5 is not", "[config]") {
+TEST_CASE("integers written as 12.0 are integers, 1.5 is not", "[config]") {
   auto s = spec();
   CHECK(resolve_config(s, "", {"model.depth=12.0"}).integer("/model/depth") == 12);
   CHECK_THROWS_AS(resolve_config(s, "", {"model.depth=1.5"}), ConfigError);
@@ -169,7 +169,7 @@ TEST_CASE("lists are capped at kMaxListLength elements, named in the error", "[c
   CHECK_THAT(m, Catch::Contains("/scales: expected a list of numbers of at most 10000 elements, got a list of 10001"));
 }
 
-TEST_CASE("long keys and values are cut in messages; control characters escaped", "[config][hostile]") {
+TEST_CASE("long keys and values are cut in messages, control characters escaped", "[config][hostile]") {
   std::string m = error_of(spec(), "", {std::string(1 << 20, 'k') + "=1"});
   CHECK(m.size() < 1000);
   CHECK_THAT(m, Catch::Contains("(1048578 bytes)"));
@@ -195,7 +195,7 @@ TEST_CASE("a numeric key segment in --set does not build a huge array", "[config
   CHECK_THAT(m, Catch::Contains("/model/999999999999: unknown key \"999999999999\""));
 }
 
-TEST_CASE("limits print exactly; integers beyond long long are refused", "[config][hostile]") {
+TEST_CASE("limits print exactly, integers beyond long long are refused", "[config][hostile]") {
   ConfigSpec s;
   s.integer("/bytes", 1, "bytes", 1, 1 << 20);
   s.integer("/seed", 1, "seed", 0);

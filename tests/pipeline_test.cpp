@@ -52,7 +52,7 @@ TEST_CASE("1F1B for p=4, m=8: warm-up p-s-1 forwards, steady 1F1B, cool-down", "
   CHECK(peak_in_flight(s) == std::vector<int>{4, 3, 2, 1});
 }
 
-TEST_CASE("1F1B never holds more than p microbatches; every schedule runs each F and B once", "[pipeline]") {
+TEST_CASE("1F1B never holds more than p microbatches, every schedule runs each F and B once", "[pipeline]") {
   for (int p = 1; p <= 6; ++p)
     for (int m = 1; m <= 12; ++m) {
       for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {

@@ -158,7 +158,7 @@ TEST_CASE("atomic write into one of our own descriptors by name writes into it",
 }
 
 // Issue 15, defect 11: a failed run left the --out folders it had created behind.
-TEST_CASE("check_writable reports the folders it made; remove_created_dirs takes the empty ones away", "[results]") {
+TEST_CASE("check_writable reports the folders it made, remove_created_dirs takes the empty ones away", "[results]") {
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("mpt_results_dirs_" + std::to_string(::getpid()));
   fs::remove_all(dir);

@@ -60,7 +60,7 @@ TEST_CASE("tolerance files: rules in order, comments, errors with file and line"
   CHECK_THROWS_AS(read_tolerance_file("/no/such/file.tol"), ConfigError);
 }
 
-TEST_CASE("compare: tolerance rules apply first match first; unbounded leaves are left out and counted", "[tolerance]") {
+TEST_CASE("compare: tolerance rules apply first match first, unbounded leaves are left out and counted", "[tolerance]") {
   auto doc = [](double loss, double frac, double grad) {
     return nlohmann::json{{"schema_version", 1},
                           {"experiment", "x"},
