@@ -15,6 +15,7 @@ allocations, and mpt's figure comes from its own counting allocator.
 """
 import json
 import math
+import os
 import sys
 import time
 
@@ -23,9 +24,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint_sequential
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "parity"))
+import mpt_threads  # noqa: E402  (tests/parity)
+
 cfg = json.load(open(sys.argv[1]))["config"]
-if cfg.get("threads"):
-    torch.set_num_threads(cfg["threads"])
+mpt_threads.use(sys.argv[1])  # as many intra-op threads as mpt ran with
 n, w, batch = cfg["model"]["depth"], cfg["model"]["width"], cfg["data"]["batch"]
 p, seed, repeats = cfg["model"]["dropout"], cfg["seed"], cfg["timing"]["repeats"]
 DT = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg["model"]["precision"]]

@@ -28,11 +28,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "parity"))
 import fmnist  # noqa: E402  (the loader shared with the parity references)
+import mpt_threads  # noqa: E402
 
 
-def worker(rank, n, port, cfg, steps, q):
+def worker(rank, n, port, cfg, steps, q, threads):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(cfg["threads"] or torch.get_num_threads())  # as mpt: /threads, 0 = default
+    torch.set_num_threads(threads)  # as many as each mpt rank ran with (env.threads_policy)
     dist.init_process_group("gloo", rank=rank, world_size=n)
     t = cfg["train"]
     images, labels = fmnist.load(cfg["data"]["dir"], "train", t["samples"])
@@ -70,7 +71,8 @@ def main():
     s.close()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    mp.spawn(worker, args=(n, port, cfg, steps, q), nprocs=n, join=True)
+    threads = mpt_threads.use(sys.argv[1], per_rank=True)
+    mp.spawn(worker, args=(n, port, cfg, steps, q, threads), nprocs=n, join=True)
     step_s, final_loss = q.get()
     print(json.dumps({"step_ms": step_s * 1e3, "final_loss": final_loss, "n": n, "steps": steps}))
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "parity"))
 from fmnist import load  # noqa: E402  (the loader shared with the parity references)
+import mpt_threads  # noqa: E402
 
 SUPPORTED = ["fp32", "fp16", "bf16", "fp16+master", "bf16+master"]
 DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -122,8 +123,7 @@ def main():
     for r in recipes:
         if r not in SUPPORTED:
             sys.exit(f"mlp_train.py: recipe {r!r} not supported (supported: {', '.join(SUPPORTED)})")
-    if cfg.get("threads"):
-        torch.set_num_threads(cfg["threads"])
+    mpt_threads.use(sys.argv[1])  # as many intra-op threads as mpt ran with
     t = cfg["train"]
     images, labels = load(t["data_dir"], "train", t["train_samples"])
     torch.manual_seed(cfg["seed"])

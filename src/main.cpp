@@ -1,5 +1,50 @@
 // mpt: mixed-precision and parallel-training experiments. All logic lives in the core
 // library (src/core) and the experiment files (src/experiments); this stays thin.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
 #include "core/harness.hpp"
+
+namespace {
+
+// OpenMP threads that wait at a barrier spin by default (libgomp's OMP_WAIT_POLICY is ACTIVE
+// for a while): when another process takes a core, the spinning thread holds the other one and
+// the descheduled peer waits for a scheduler time slice — a 0.6 ms training step with 2 threads
+// on 2 cores then takes 4–16 ms (measured: docs/performance.md, "Stable timings"). PASSIVE
+// waiters sleep and give their core back. libgomp — whose threads LibTorch's OpenMP loops and
+// MKL use — reads OMP_WAIT_POLICY once, in its initialiser, and libc's own initialiser resets
+// the environment to the one the process started with, so the variable must be there at exec:
+// this function runs from the executable's DT_PREINIT_ARRAY, before any shared library's
+// initialiser (LibTorch's static initialisers included), and when OMP_WAIT_POLICY is unset it
+// re-executes the binary once with OMP_WAIT_POLICY=PASSIVE and MPT_OMP_WAIT_POLICY_DEFAULT=1
+// (which env.threads_policy reports). That costs the dynamic loader's relocation again (about
+// 8 ms here; nothing of LibTorch has initialised yet). A value the user set is left alone; so
+// is a run under valgrind (whose tools would not follow the exec) or a sanitizer, and anything
+// that fails simply runs on with libgomp's default.
+void default_omp_wait_policy(int /*argc*/, char** argv, char** envp) {
+#if defined(__SANITIZE_ADDRESS__)
+  return;
+#endif
+  if (envp == nullptr || argv == nullptr) return;
+  std::size_t n = 0;
+  for (char** e = envp; *e; ++e, ++n) {
+    if (std::strncmp(*e, "OMP_WAIT_POLICY=", 16) == 0 || std::strncmp(*e, "MPT_OMP_WAIT_POLICY_DEFAULT=", 28) == 0)
+      return;
+    if (std::strncmp(*e, "LD_PRELOAD=", 11) == 0 && std::strstr(*e, "vgpreload") != nullptr) return;
+  }
+  std::vector<char*> env(envp, envp + n);
+  env.push_back(const_cast<char*>("OMP_WAIT_POLICY=PASSIVE"));
+  env.push_back(const_cast<char*>("MPT_OMP_WAIT_POLICY_DEFAULT=1"));
+  env.push_back(nullptr);
+  ::execve("/proc/self/exe", argv, env.data());  // returns only on failure: run on as we are
+}
+
+}  // namespace
+
+__attribute__((section(".preinit_array"), used)) static void (*const mpt_preinit)(int, char**, char**) =
+    &default_omp_wait_policy;
 
 int main(int argc, char** argv) { return mpt::main_cli(argc, argv); }

@@ -2,6 +2,9 @@
 #include "catch.hpp"
 #include "core/runtime.hpp"
 
+#include <cstdlib>
+#include <map>
+
 using namespace mpt;
 
 TEST_CASE("the hardware fingerprint names the CPU, its kernel-relevant ISA and the kernels' dispatch", "[runtime]") {
@@ -32,7 +35,7 @@ TEST_CASE("environment() carries the fingerprint and a reason for every emulated
   }
 }
 
-TEST_CASE("kernel probes: fp32 is native everywhere; results are cached and agree with native_matmul", "[runtime]") {
+TEST_CASE("kernel probes: fp32 is native everywhere, results are cached and agree with native_matmul", "[runtime]") {
   torch::Device cpu(torch::kCPU);
   auto p = probe_kernels(cpu, torch::kFloat);
   CHECK(p.native());
@@ -63,4 +66,46 @@ TEST_CASE("kernel probe: bf16 accumulation is detected as what the matmul actual
   CHECK((got == 96.0 || got == 64.0));
   CHECK(p.fp32_accumulation == (got == 96.0));
   if (!p.fp32_accumulation) CHECK_THAT(p.reason, Catch::Contains("accumulate in"));
+}
+
+TEST_CASE("thread policy: the config's count as given, else the usable cores shared out among local processes",
+          "[runtime]") {
+  auto p = choose_threads(/*requested=*/0, /*cores=*/2, /*local_processes=*/1);
+  CHECK(p.intra_op == 2);
+  CHECK(p.source == "auto");
+  CHECK(choose_threads(0, 2, 2).intra_op == 1);    // --nproc 2 on 2 cores: one each
+  CHECK(choose_threads(0, 2, 4).intra_op == 1);    // never below one
+  CHECK(choose_threads(0, 16, 3).intra_op == 5);   // floor(16 / 3): never more than the cores in all
+  CHECK(choose_threads(0, 0, 0).intra_op == 1);    // nonsense counts are clamped to one
+  p = choose_threads(/*requested=*/3, 2, 2);       // oversubscription on request is the user's call
+  CHECK(p.intra_op == 3);
+  CHECK(p.source == "config");
+  const json j = to_json(p);
+  CHECK(j["intra_op"] == 3);
+  CHECK(j["cores"] == 2);
+  CHECK(j["local_processes"] == 2);
+  CHECK(j["source"] == "config");
+  CHECK(j.contains("omp_wait_policy"));
+  CHECK(usable_cores() >= 1);
+}
+
+TEST_CASE("local processes come from the launcher's environment", "[runtime]") {
+  const char* vars[] = {"MPT_WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
+  std::map<std::string, std::string> saved;
+  for (const char* v : vars)
+    if (const char* x = std::getenv(v)) saved[v] = x;
+  for (const char* v : vars) ::unsetenv(v);
+  CHECK(local_processes_from_environment() == 1);
+  ::setenv("SLURM_TASKS_PER_NODE", "4(x2)", 1);  // SLURM's compressed form: 4 tasks on each of 2 nodes
+  CHECK(local_processes_from_environment() == 4);
+  ::setenv("SLURM_NTASKS_PER_NODE", "3", 1);
+  CHECK(local_processes_from_environment() == 3);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);  // torchrun
+  CHECK(local_processes_from_environment() == 2);
+  ::setenv("MPT_WORLD_SIZE", "garbage", 1);  // malformed: ignored, the next source counts
+  CHECK(local_processes_from_environment() == 2);
+  ::setenv("MPT_WORLD_SIZE", "6", 1);  // mpt --nproc 6: every rank on this machine
+  CHECK(local_processes_from_environment() == 6);
+  for (const char* v : vars) ::unsetenv(v);
+  for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
 }

@@ -141,7 +141,10 @@ ConfigSpec full_spec(const Experiment& exp) {
   if (!spec.find("/seed")) spec.integer("/seed", 0, "seed of LibTorch's generator (torch.manual_seed)", 0);
   if (!spec.find("/device")) spec.choice("/device", "auto", {"auto", "cpu", "cuda"}, "auto = CUDA when available");
   if (!spec.find("/threads"))
-    spec.integer("/threads", 0, "intra-op threads (torch.set_num_threads); 0 = LibTorch's default", 0, 1024);
+    spec.integer("/threads", 0,
+                 "intra-op threads per process (torch.set_num_threads); 0 = auto: the usable cores shared out among "
+                 "this machine's mpt processes, max(1, cores / processes) (env.threads_policy)",
+                 0, 1024);
   return spec;
 }
 
@@ -271,9 +274,10 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     }
 
     torch::Device device = choose_device(cfg.str("/device"));
-    if (cfg.integer("/threads") > 0) torch::set_num_threads(static_cast<int>(cfg.integer("/threads")));
+    const ThreadPolicy threads = apply_threads(cfg.integer("/threads"));
     seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
     json env = environment(device);
+    env["threads_policy"] = to_json(threads);
     spdlog::debug("device {} (fp16 compute {}), LibTorch {}", device.str(), env["fp16_compute"].get<std::string>(),
                   compat::torch_version());
 
@@ -387,7 +391,9 @@ int run_compare(const std::string& base_file, const std::string& new_file, const
 int run_env(const std::string& device_name, bool as_json) {
   setup_logging(false, false);
   try {
+    const ThreadPolicy threads = apply_threads(0);  // what an experiment's run would use here
     json env = environment(choose_device(device_name));
+    env["threads_policy"] = to_json(threads);
     if (as_json) {
       emit(env.dump(2) + "\n");
     } else {

@@ -2,6 +2,7 @@
 #include "core/runtime.hpp"
 
 #include <dlfcn.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -158,6 +159,59 @@ Compute resolve_compute(const std::string& request, Format f, torch::Device devi
                                      format_name(f), compat::torch_version(), format_name(f), device.str(),
                                      probe.reason));
   return has ? Compute::Native : Compute::Emulated;
+}
+
+ThreadPolicy choose_threads(int64_t requested, int cores, int local_processes) {
+  ThreadPolicy p;
+  p.cores = std::max(1, cores);
+  p.local_processes = std::max(1, local_processes);
+  if (requested > 0) {
+    p.intra_op = static_cast<int>(requested);
+    p.source = "config";
+  } else {
+    p.intra_op = std::max(1, p.cores / p.local_processes);
+    p.source = "auto";
+  }
+  return p;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+int local_processes_from_environment() {
+  auto positive = [](const char* name) -> int {
+    const char* v = std::getenv(name);
+    if (!v || !std::isdigit(static_cast<unsigned char>(*v))) return 0;
+    const long n = std::strtol(v, nullptr, 10);  // "4(x2)" -> 4: SLURM's compressed list
+    return n > 0 && n <= 1 << 20 ? static_cast<int>(n) : 0;
+  };
+  for (const char* name : {"MPT_WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+    if (const int n = positive(name)) return n;
+  return 1;
+}
+
+ThreadPolicy apply_threads(int64_t requested) {
+  const ThreadPolicy p = choose_threads(requested, usable_cores(), local_processes_from_environment());
+  torch::set_num_threads(p.intra_op);
+  return p;
+}
+
+json to_json(const ThreadPolicy& p) {
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  const char* by_mpt = std::getenv("MPT_OMP_WAIT_POLICY_DEFAULT");
+  return {{"intra_op", p.intra_op},
+          {"cores", p.cores},
+          {"local_processes", p.local_processes},
+          {"source", p.source},
+          {"omp_wait_policy", wait ? json(wait) : json(nullptr)},
+          {"omp_wait_policy_source", !wait ? "libgomp's default" : by_mpt ? "mpt's default (src/main.cpp)" : "environment"}};
 }
 
 void seed_all(std::uint64_t seed) { torch::manual_seed(seed); }
@@ -335,7 +389,7 @@ json hardware_fingerprint() {
                 {"library", blas_lib.empty() ? "unknown" : blas_lib}};
   hw["threads"] = {{"intra_op", at::get_num_threads()}, {"inter_op", at::get_num_interop_threads()}};
   json vars = json::object();
-  for (const char* v : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+  for (const char* v : {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
                         "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE",
                         "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE"})
     if (const char* x = std::getenv(v)) vars[v] = x;

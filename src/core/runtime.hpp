@@ -52,6 +52,40 @@ bool native_matmul(torch::Device device, torch::ScalarType dtype);
 /// format), std::invalid_argument for any other request string.
 Compute resolve_compute(const std::string& request, Format f, torch::Device device);
 
+/// How many intra-op threads (torch.set_num_threads: ATen's pool, OpenMP, MKL) a process uses,
+/// and why; recorded in every result's env.threads_policy. Oversubscribed cores make step
+/// times bimodal (an OpenMP team spin-waits for a thread the kernel has descheduled), so mpt
+/// never lets its processes together ask for more threads than the usable cores.
+struct ThreadPolicy {
+  int intra_op = 1;         ///< threads this process uses (>= 1)
+  int cores = 1;            ///< CPUs this process may run on (sched_getaffinity; >= 1)
+  int local_processes = 1;  ///< mpt processes sharing those cores on this machine (>= 1)
+  std::string source;       ///< "config" (/threads > 0) or "auto" (max(1, cores / local_processes))
+};
+
+/// The policy: `requested` > 0 (the config's /threads) is taken as given; 0 means
+/// max(1, cores / local_processes) — one process gets every usable core, N processes on C cores
+/// get max(1, C/N) each. Does not apply it (see apply_threads).
+ThreadPolicy choose_threads(int64_t requested, int cores, int local_processes);
+
+/// CPUs this process may run on: CPU_COUNT of sched_getaffinity (what taskset, cgroups' cpusets
+/// and SLURM's binding leave), else std::thread::hardware_concurrency(); at least 1.
+int usable_cores();
+
+/// mpt processes on this machine in this run: MPT_WORLD_SIZE (mpt --nproc spawns every rank
+/// here), else torchrun's LOCAL_WORLD_SIZE, else SLURM_NTASKS_PER_NODE, else the first count of
+/// SLURM_TASKS_PER_NODE ("4(x2)" -> 4), else 1. Malformed values count as 1.
+int local_processes_from_environment();
+
+/// choose_threads(requested, usable_cores(), local_processes_from_environment()), applied with
+/// torch::set_num_threads; returns the policy for env.threads_policy.
+ThreadPolicy apply_threads(int64_t requested);
+
+/// {"intra_op", "cores", "local_processes", "source"} of `p`, with "omp_wait_policy" (the
+/// OMP_WAIT_POLICY libgomp started with, null when unset) and where it came from (the mpt
+/// binary sets PASSIVE before libgomp initialises unless the environment sets it: src/main.cpp).
+json to_json(const ThreadPolicy& p);
+
 /// Seeds LibTorch's default generators (CPU, and CUDA when present), as torch.manual_seed.
 void seed_all(std::uint64_t seed);
 

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fmnist  # noqa: E402
+import mpt_threads  # noqa: E402  (tests/parity)
 
 doc = json.load(open(sys.argv[1]))
+mpt_threads.use(sys.argv[1])  # the threads mpt ran with (reduction order)
 cfg = doc["config"]
 seed = cfg["seed"]
 

@@ -22,8 +22,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint_sequential
+import mpt_threads  # noqa: E402  (tests/parity)
 
 doc = json.load(open(sys.argv[1]))
+mpt_threads.use(sys.argv[1])  # the threads mpt ran with (reduction order)
 cfg = doc["config"]
 n, w, batch = cfg["model"]["depth"], cfg["model"]["width"], cfg["data"]["batch"]
 p, seed = cfg["model"]["dropout"], cfg["seed"]

@@ -12,6 +12,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import mpt_threads  # noqa: E402  (tests/parity)
 
 
 def grads_on_copy(net, x, y):
@@ -47,6 +48,7 @@ def mad(a, b):
 
 def main():
     cfg = json.load(open(sys.argv[1]))["config"]
+    mpt_threads.use(sys.argv[1])  # the threads mpt ran with (reduction order)
     e = cfg["equivalence"]
     whole, naive, _, _ = shard_grads(cfg["seed"], e["in_dim"], e["hidden"], e["batch"], e["shards"])
     eq = []

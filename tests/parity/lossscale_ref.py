@@ -14,6 +14,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import mpt_threads  # noqa: E402  (tests/parity)
 
 
 def name(s):
@@ -41,6 +42,7 @@ def error(scaled, inv, ref):
 
 def main():
     cfg = json.load(open(sys.argv[1]))["config"]
+    mpt_threads.use(sys.argv[1])  # the threads mpt ran with (reduction order)
     sw = cfg["sweep"]
     torch.manual_seed(cfg["seed"])
     d, width, layers = sw["model"]["input_dim"], sw["model"]["width"], []

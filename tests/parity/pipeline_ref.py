@@ -19,6 +19,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import mpt_threads  # noqa: E402  (tests/parity)
 
 
 def mlp(widths):
@@ -118,6 +119,7 @@ def sweep(cfg):
 
 def main():
     cfg = json.load(open(sys.argv[1]))["config"]
+    mpt_threads.use(sys.argv[1])  # the threads mpt ran with (reduction order)
     n = len(cfg["split"]["widths"]) - 1
     cases = [(f"k{len(cfg['split']['cuts']) + 1}", cfg["split"]["cuts"])]
     cases += [(f"k{k}_balanced", balanced_cuts(n, k)) for k in cfg["split"]["extra_stages"] if k >= 2]

@@ -12,6 +12,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import mpt_threads  # noqa: E402  (tests/parity)
 
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -120,6 +121,7 @@ def updates(start, step, count):
 
 def main():
     cfg = json.load(open(sys.argv[1]))["config"]
+    mpt_threads.use(sys.argv[1])  # the threads mpt ran with (reduction order)
     depths = cfg["model"]["depth"] if isinstance(cfg["model"]["depth"], list) else [cfg["model"]["depth"]]
     lo, hi = cfg["histogram"]["min_log2"], cfg["histogram"]["max_log2"]
     out = {"formats": formats(cfg["formats"]), "casts": casts(cfg["cast"]["values"], cfg["cast"]["formats"]),
