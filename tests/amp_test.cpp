@@ -304,3 +304,67 @@ TEST_CASE("activation_as: emulated sigmoid/tanh equal the native kernels, backwa
   }
   CHECK_THROWS_AS(activation_as(x, "gelu", Format::FP16, Compute::Emulated), std::invalid_argument);
 }
+
+namespace {
+// The unfused ATen expression sgd_update_counting_lost must equal, bit for bit.
+UpdateCounts reference_sgd(torch::Tensor& w, const torch::Tensor& g, float lr, Format stored) {
+  torch::NoGradGuard ng;
+  auto u = g.to(torch::kFloat) * lr;
+  auto next32 = w.to(torch::kFloat) - u;
+  auto next = w.scalar_type() == torch::kFloat ? round_to(next32, stored) : next32.to(w.scalar_type());
+  auto intended = u != 0;
+  UpdateCounts c;
+  c.lost = (intended & (next == w)).sum().item<int64_t>();
+  c.updates = intended.sum().item<int64_t>();
+  w.copy_(next);
+  return c;
+}
+}  // namespace
+
+TEST_CASE("sgd_update_counting_lost equals ATen's unfused update and counts bit for bit", "[amp]") {
+  torch::manual_seed(7);
+  // 100003 elements: more than one parallel_for chunk (grain 32768), not a multiple of it. The
+  // weights span many binades, a tenth of the gradients are 0, a few are huge, NaN and inf,
+  // and lr is small, so that thousands of updates are lost in the narrow formats.
+  auto w0 = torch::randn({100003}) * torch::pow(2.0, torch::randint(-20, 20, {100003}));
+  auto g0 = torch::randn({100003}) * (torch::rand({100003}) > 0.1).to(torch::kFloat);
+  g0[5] = 1e30f;
+  g0[6] = std::numeric_limits<float>::infinity();
+  g0[7] = std::numeric_limits<float>::quiet_NaN();
+  w0[8] = 0.0f;
+  w0[9] = -0.0f;
+  struct Case {
+    torch::ScalarType dtype;
+    Format stored;
+  };
+  for (const Case c : {Case{torch::kFloat, Format::FP32}, Case{torch::kFloat, Format::BF16},
+                       Case{torch::kFloat, Format::FP16}, Case{torch::kFloat, Format::FP8_E4M3},
+                       Case{torch::kBFloat16, Format::BF16}, Case{torch::kHalf, Format::FP16}}) {
+    for (const float lr : {1e-3f, 0.1f}) {
+      CAPTURE(c10::toString(c.dtype), format_name(c.stored), lr);
+      auto start = c.dtype == torch::kFloat ? round_to(w0, c.stored) : w0.to(c.dtype);
+      auto g = c.dtype == torch::kFloat ? g0 : g0.to(c.dtype);
+      auto a = start.clone(), b = start.clone();
+      const UpdateCounts fused = sgd_update_counting_lost(a, g, lr, c.stored);
+      const UpdateCounts ref = reference_sgd(b, g, lr, c.stored);
+      CHECK(fused.updates == ref.updates);
+      CHECK(fused.lost == ref.lost);
+      CHECK(fused.updates > 80000);
+      // Bit for bit: the same finite values, the same infinities and NaNs in the same places.
+      auto fa = a.to(torch::kFloat), fb = b.to(torch::kFloat);
+      CHECK(torch::equal(torch::isnan(fa), torch::isnan(fb)));
+      CHECK(torch::equal(torch::nan_to_num(fa, 0.0), torch::nan_to_num(fb, 0.0)));
+      CHECK(torch::equal(torch::signbit(torch::nan_to_num(fa, 0.0)), torch::signbit(torch::nan_to_num(fb, 0.0))));
+      if (c.stored != Format::FP32 && lr == 1e-3f) CHECK(fused.lost > 1000);
+    }
+  }
+  // A strided weight takes the ATen path and gives the same.
+  auto w = torch::randn({64, 32}).t(), w2 = w.clone();
+  auto g = torch::randn({32, 64});
+  const UpdateCounts s = sgd_update_counting_lost(w, g, 1e-3f, Format::BF16);
+  const UpdateCounts r = reference_sgd(w2, g, 1e-3f, Format::BF16);
+  CHECK(s.lost == r.lost);
+  CHECK(torch::equal(w, w2));
+  auto bad = torch::zeros({3});
+  CHECK_THROWS_AS(sgd_update_counting_lost(bad, torch::zeros({4}), 0.1f, Format::FP32), std::invalid_argument);
+}

@@ -1,8 +1,12 @@
 // Dynamic loss scaling and emulated low-precision storage. See amp.hpp.
 #include "core/amp.hpp"
 
+#include <atomic>
 #include <cmath>
 
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <fmt/format.h>
 
 namespace mpt {
@@ -226,6 +230,79 @@ torch::Tensor store_as(const torch::Tensor& x, Format f, Compute c) {
   if (f == Format::FP8_E4M3 || f == Format::FP8_E5M2)
     throw std::invalid_argument("store_as: fp8 has no native storage in mpt (use Compute::Emulated)");
   return x.scalar_type() == dtype ? x : x.to(dtype);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SGD update with the lost-update count, fused
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+// One pass of w ← R(w − fp32(g)·lr) over [begin, end), counting; W is the stored element type of
+// w, G of g, and R rounds the fp32 result to what w stores (identity, or through a narrower type).
+template <typename W, typename G, typename Round>
+void fused_sgd(W* w, const G* g, float lr, int64_t n, Round round, UpdateCounts& counts) {
+  std::atomic<int64_t> updates{0}, lost{0};
+  at::parallel_for(0, n, /*grain_size=*/32768, [&](int64_t begin, int64_t end) {
+    int64_t u_count = 0, lost_count = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const float u = static_cast<float>(g[i]) * lr;
+      const W old = w[i];
+      const W next = round(static_cast<float>(old) - u);
+      const bool intended = u != 0.0f;
+      u_count += intended;
+      lost_count += intended && static_cast<float>(next) == static_cast<float>(old);
+      w[i] = next;
+    }
+    updates += u_count;
+    lost += lost_count;
+  });
+  counts.updates += updates.load();
+  counts.lost += lost.load();
+}
+
+}  // namespace
+
+UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, float lr, Format stored) {
+  if (!w.sizes().equals(g.sizes()))
+    throw std::invalid_argument(fmt::format("sgd_update_counting_lost: gradient shape {} differs from the weight's {}",
+                                            fmt::join(g.sizes(), "x"), fmt::join(w.sizes(), "x")));
+  torch::NoGradGuard no_grad;
+  UpdateCounts counts;
+  const auto wt = w.scalar_type(), gt = g.scalar_type();
+  const bool fused = w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && g.is_contiguous() &&
+                     (wt == torch::kFloat ? (gt == torch::kFloat && (stored == Format::FP32 || stored == Format::BF16 ||
+                                                                     stored == Format::FP16))
+                                          : ((wt == torch::kBFloat16 || wt == torch::kHalf) && gt == wt));
+  const int64_t n = w.numel();
+  if (fused && wt == torch::kFloat) {
+    float* wp = w.data_ptr<float>();
+    const float* gp = g.data_ptr<float>();
+    // The roundings of ATen's casts: c10::BFloat16 / c10::Half round to nearest, ties to even.
+    if (stored == Format::FP32) fused_sgd(wp, gp, lr, n, [](float x) { return x; }, counts);
+    else if (stored == Format::BF16)
+      fused_sgd(wp, gp, lr, n, [](float x) { return static_cast<float>(c10::BFloat16(x)); }, counts);
+    else fused_sgd(wp, gp, lr, n, [](float x) { return static_cast<float>(c10::Half(x)); }, counts);
+    return counts;
+  }
+  if (fused && wt == torch::kBFloat16) {
+    auto* wp = w.data_ptr<c10::BFloat16>();
+    fused_sgd(wp, g.data_ptr<c10::BFloat16>(), lr, n, [](float x) { return c10::BFloat16(x); }, counts);
+    return counts;
+  }
+  if (fused && wt == torch::kHalf) {
+    auto* wp = w.data_ptr<c10::Half>();
+    fused_sgd(wp, g.data_ptr<c10::Half>(), lr, n, [](float x) { return c10::Half(x); }, counts);
+    return counts;
+  }
+  // The same arithmetic in ATen's operators (CUDA, fp8 storage, strided tensors).
+  auto u = g.to(torch::kFloat) * lr;
+  auto next32 = w.to(torch::kFloat) - u;
+  auto next = wt == torch::kFloat ? round_to(next32, stored) : next32.to(wt);
+  auto intended = u != 0;
+  counts.lost = (intended & (next == w)).sum().item<int64_t>();
+  counts.updates = intended.sum().item<int64_t>();
+  w.copy_(next);
+  return counts;
 }
 
 }  // namespace mpt

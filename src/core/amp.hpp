@@ -139,4 +139,25 @@ torch::Tensor store_as(const torch::Tensor& x, Format f, Compute c);
 /// gradient rounded to f. Shapes are preserved. Throws std::invalid_argument for another kind.
 torch::Tensor activation_as(const torch::Tensor& x, const std::string& kind, Format f, Compute c);
 
+/// What one SGD update did to its weights' stored values.
+struct UpdateCounts {
+  int64_t updates = 0;  ///< elements with a non-zero intended update lr·g
+  int64_t lost = 0;     ///< ... whose stored weight did not change: w − lr·g rounds back to w
+};
+
+/// Plain SGD, w ← stored(w − lr·g), counting the updates that rounding swallowed (Micikevicius et
+/// al. 2017, §3.1: why fp16 needs fp32 master weights). The arithmetic is ATen's, element for
+/// element: u = fp32(g)·lr and w − u in fp32 (one rounding each), then one rounding to the
+/// weights' format — `stored` for an fp32 tensor that holds another format's values (emulated
+/// storage; Format::FP32 for real fp32 weights and master weights), the tensor's own dtype for
+/// bf16 / fp16 tensors (native storage). An update is lost when u ≠ 0 and the stored result
+/// equals w (IEEE comparison: NaN ≠ NaN, −0 = +0).
+/// Same values, bit for bit, as the unfused ATen expression
+///   u = g.to(float)·lr; n = stored(p.to(float) − u); lost = ((u ≠ 0) & (n == p)).sum(); p.copy_(n)
+/// but in one pass over memory with no temporaries and no host round trip per count (on CPU for
+/// contiguous fp32 / bf16 / fp16 weights with gradients of the same shape; anything else — CUDA,
+/// fp8 storage, strided tensors — takes that ATen expression). `w` [any shape] is updated in place;
+/// `g` has w's shape. Throws std::invalid_argument when the shapes differ.
+UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, float lr, Format stored);
+
 }  // namespace mpt

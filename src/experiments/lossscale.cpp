@@ -81,6 +81,10 @@ ConfigSpec lossscale_spec() {
   s.integer("/train/steps", 400, "optimizer steps per recipe", 1, 10'000'000);
   s.add("/train/lr", positive_number(0.01, "SGD learning rate (> 0); small, so that many updates fall below half an ulp of bf16/fp16 weights"));
   s.integer("/train/log_every", 50, "loss-curve sampling interval (steps)", 1, 1'000'000);
+  s.integer("/train/gemm_ceiling", 0,
+            "N > 0: also time an N x N x N matrix product in fp32, bf16 and fp16 on the device (GFLOP/s, median "
+            "of 5 after a warm-up; under timings), the ceilings the recipes' GEMM rates compare with; 0 = off",
+            0, 8192);
   s.add("/train/static_scale", positive_number(1024.0, "loss scale of fp16+master+static (> 0)"));
   s.choice("/train/compute", "auto", {"auto", "native", "emulated"},
            "low-precision compute: native kernels, emulated (fp32 math, rounded storage), or auto (native where "
@@ -437,14 +441,10 @@ RecipeRun train_recipe(const Context& ctx, const Recipe& r, Compute c, const std
       if (!g.defined()) continue;
       // SGD: w − lr·g in fp32 math, stored in the weights' format (one rounding, as
       // PyTorch's fp16 kernels compute in fp32 and round the result) — the same arithmetic
-      // for native and emulated weights.
-      auto u = g.to(torch::kFloat) * lr;
-      auto next32 = p.to(torch::kFloat) - u;
-      auto next = p.scalar_type() == torch::kFloat ? round_to(next32, stored) : next32.to(p.scalar_type());
-      auto intended = u != 0;
-      run.lost += (intended & (next == p)).sum().item<int64_t>();
-      run.updates += intended.sum().item<int64_t>();
-      p.copy_(next);
+      // for native and emulated weights; lost updates counted in the same pass.
+      const UpdateCounts c = sgd_update_counting_lost(p, g, lr, stored);
+      run.lost += c.lost;
+      run.updates += c.updates;
     }
   };
 
@@ -532,7 +532,21 @@ void training_section(const Context& ctx, Report& report) {
            pct_col("grad_underflow", "grad ->0", 3)}};
   Table cost{"recipe_costs", "Cost per recipe (run-dependent; stored under timings)",
              {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3),
-              float_col("vs_fp32", "vs fp32", "x", 3), int_col("peak_bytes", "peak", "bytes")}};
+              float_col("vs_fp32", "vs fp32", "x", 3), float_col("gflops", "GEMM rate", "GFLOP/s", 3),
+              int_col("weight_bytes", "weights", "bytes"), int_col("peak_bytes", "peak", "bytes"),
+              text_col("why", "where the time goes")}};
+  // The matrix products of one SGD step: forward y = xWᵀ per layer (2·B·in·out), the weight
+  // gradient (the same), the input gradient for every layer but the first (the images need none).
+  const int64_t width = cfg.integer("/train/hidden/width"), depth = cfg.integer("/train/hidden/depth");
+  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train.size());
+  double flops = 0;
+  int64_t params = 0;
+  for (int64_t l = 0, in = 28 * 28; l <= depth; ++l) {
+    const int64_t out = l == depth ? 10 : width;
+    flops += 2.0 * static_cast<double>(batch * in * out) * (l == 0 ? 2 : 3);
+    params += in * out + out;
+    in = out;
+  }
   json history = json::object();
   json timings = json::object();
   double fp32_step = NAN;
@@ -570,9 +584,24 @@ void training_section(const Context& ctx, Report& report) {
     for (double v : run.scale) h["scale"].push_back(v);
     history[n] = h;
     if (n == "fp32") fp32_step = run.step_s;
-    timings[n] = {{"step_time_s", run.step_s}, {"peak_bytes", run.peak_bytes}};
+    // Bytes of the weights a recipe keeps between steps: the stored format's width (fp32 masters:
+    // 4 bytes; the low-precision working copy is rebuilt every step). Emulated formats are held
+    // in fp32 tensors by mpt, but a real run stores them narrow: this counts the format.
+    const int64_t weight_bytes = params * (r.master ? 4 : format_info(r.format).bits / 8);
+    const std::string why = r.format == Format::FP32 ? "fp32 GEMMs (the baseline)"
+                            : c == Compute::Native
+                                ? fmt::format("native {} GEMMs ({})", format_name(r.format),
+                                              r.master ? "plus fp32 master weights and casts" : "weights stored narrow")
+                                : fmt::format("emulated: fp32 GEMMs plus a rounding pass per stored tensor ({})",
+                                              cfg.str("/train/compute") == "emulated"
+                                                  ? std::string("compute=emulated")
+                                                  : fmt::format("no native kernels: env.{}_compute_reason",
+                                                                format_name(r.format)));
+    timings[n] = {{"step_time_s", run.step_s}, {"peak_bytes", run.peak_bytes}, {"gemm_flops_per_step", flops},
+                  {"gflops", flops / run.step_s / 1e9}, {"weight_bytes", weight_bytes}};
     cost.rows.push_back({{"name", n}, {"step_ms", run.step_s * 1e3}, {"vs_fp32", num(run.step_s / fp32_step)},
-                         {"peak_bytes", run.peak_bytes}});
+                         {"gflops", flops / run.step_s / 1e9}, {"weight_bytes", weight_bytes},
+                         {"peak_bytes", run.peak_bytes}, {"why", why}});
     curve.columns.push_back(float_col(n, n));
     runs.push_back(std::move(run));
   }
@@ -594,6 +623,32 @@ void training_section(const Context& ctx, Report& report) {
   report.add(std::move(curve));
   std::string text = render_table(cost);
   text = text.substr(text.find('\n') + 1);  // the TextBlock prints the title
+  if (const int64_t n = cfg.integer("/train/gemm_ceiling"); n > 0) {
+    // What the device's kernels reach on a large square product: a recipe whose GEMM rate is far
+    // below it is overhead-bound (small matrices), and a format whose ceiling is below fp32's has
+    // no fast kernels here (e.g. no AMX or AVX512-FP16 on a CPU), so narrow storage cannot be faster.
+    json ceilings = json::object();
+    std::vector<std::string> parts;
+    for (const Format f : {Format::FP32, Format::BF16, Format::FP16}) {
+      torch::NoGradGuard ng;
+      auto opts = torch::TensorOptions().dtype(storage_dtype(f)).device(ctx.device);
+      auto a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts);
+      std::vector<double> times;
+      for (int rep = 0; rep < 6; ++rep) {  // the first is the warm-up
+        const double t0 = now_seconds();
+        auto c = torch::mm(a, b);
+        sync_device(ctx.device);
+        if (rep > 0) times.push_back(now_seconds() - t0);
+      }
+      std::nth_element(times.begin(), times.begin() + 2, times.end());
+      const double seconds = times[2];  // the median of 5
+      const double gflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds / 1e9;
+      ceilings[format_name(f)] = {{"n", n}, {"seconds", seconds}, {"gflops", gflops}};
+      parts.push_back(fmt::format("{} {:.3g}", format_name(f), gflops));
+    }
+    timings["gemm_ceiling"] = ceilings;
+    text += fmt::format("# GEMM ceilings of this device ({0}x{0}x{0} torch::mm, GFLOP/s): {1}\n", n, fmt::join(parts, ", "));
+  }
   report.add(TextBlock{cost.title, text});
   report.results["history"] = history;
   report.timings["recipes"] = timings;
