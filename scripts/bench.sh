@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
-# Benchmarks: mpt against the same work in PyTorch-Python (Debian's python3-torch), measured
-# side by side in one run, equal results checked before timing (docs/performance.md).
-# Needs a built mpt (scripts/setup.sh). Arguments go to bench/bench.py:
-#   scripts/bench.sh                          # every benchmark, 5 alternating rounds after a warm-up
+# Benchmarks: mpt against the same work in PyTorch-Python on the same LibTorch, measured side
+# by side in one run, equal results checked before timing (docs/performance.md). Sets up the
+# route if its mpt is not built. Arguments other than --torch go to bench/bench.py:
+#   scripts/bench.sh                          # the default route: build/mpt vs .venv-torch2's Python (LibTorch 2.x)
+#   scripts/bench.sh --torch debian           # build-debian/mpt vs Debian's python3-torch (LibTorch 1.13)
 #   scripts/bench.sh --quick                  # smaller runs, 1 round (a smoke test)
 #   scripts/bench.sh --only mlp --only ddp    # choose: underflow, lossscale, accumulate, dataparallel,
-#                                             #   pipeline, checkpoint, mlp, mlp_large, ddp
+#                                             #   pipeline, checkpoint, mlp, mlp_large, ddp, gemm, busy
 #   scripts/bench.sh --rounds 9 --out FILE    # default FILE: bench/results/<UTC date>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x build/mpt ] || bash scripts/setup.sh
-exec /usr/bin/python3 bench/bench.py "$@"
+torch=pip
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --torch) torch="${2:-}"; shift 2 || { echo "bench: --torch needs a value: debian or pip" >&2; exit 2; } ;;
+    --torch=*) torch="${1#--torch=}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+case "$torch" in
+  pip) build=build; export MPT_REF_PYTHON=${MPT_REF_PYTHON:-$PWD/.venv-torch2/bin/python} ;;
+  debian) build=build-debian; export MPT_REF_PYTHON=${MPT_REF_PYTHON:-/usr/bin/python3} ;;
+  *) echo "bench: --torch: expected debian or pip, got '$torch'" >&2; exit 2 ;;
+esac
+[ -x "$build/mpt" ] || bash scripts/setup.sh --torch "$torch"
+exec /usr/bin/python3 bench/bench.py --mpt "$build/mpt" "${args[@]}"

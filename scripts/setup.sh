@@ -2,46 +2,52 @@
 # Sets up mpt on a Debian 12 machine: installs what it needs (only what is missing; as root
 # or through sudo), then configures and builds.
 #
-#   scripts/setup.sh                # Debian's LibTorch 1.13 (CPU)  -> build/
-#   scripts/setup.sh --torch pip    # PyPI's CUDA LibTorch 2.x     -> build-torch2/
-#   scripts/setup.sh --sanitize     # Debian's LibTorch, mpt built with ASan + UBSan -> build-asan/
-#   MPT_JOBS=4 scripts/setup.sh     # more compile jobs (default 2; LibTorch TUs take ~1.5 GB each)
+#   scripts/setup.sh                  # the default route: PyPI's LibTorch 2.x     -> build/
+#   scripts/setup.sh --torch debian   # Debian's LibTorch 1.13 (CPU, apt only)     -> build-debian/
+#   scripts/setup.sh --sanitize       # Debian's LibTorch, mpt built with ASan + UBSan -> build-asan/
+#   MPT_JOBS=4 scripts/setup.sh       # more compile jobs (default 2; LibTorch TUs take ~1.5 GB each)
 #
-# --torch pip installs the pinned torch wheel (scripts/torch2-requirements.txt) into the
-# project-local virtual environment .venv-torch2/ (pip's cache keeps the wheels for the next
-# run), points CMake at the LibTorch inside it, and builds with its CUDA paths compiled
-# (NCCL, CUDA memory statistics, native fp16/bf16). Linking needs the CUDA toolkit
-# (nvcc, cudart) at /usr/local/cuda or on PATH; nothing here needs a GPU to build.
+# The default route (--torch pip) installs the pinned torch wheel (scripts/torch2-requirements.txt:
+# LibTorch 2.x with MKL, oneDNN, CUDA and fp8 dtypes) into the project-local virtual environment
+# .venv-torch2/ (pip's cache keeps the wheels for the next run), points CMake at the LibTorch
+# inside it, and builds with its CUDA paths compiled (NCCL, CUDA memory statistics). Linking
+# needs the CUDA toolkit (nvcc, cudart) at /usr/local/cuda or on PATH; nothing here needs a GPU.
+# --torch debian uses Debian's libtorch-dev 1.13.1 instead: apt only, lighter, older, CPU only.
 # Re-running is cheap: nothing is installed twice and the build is incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-torch=debian
+torch=pip
+torch_given=
 sanitize=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --torch) torch="${2:-}"; shift 2 || { echo "setup: --torch needs a value: debian or pip" >&2; exit 2; } ;;
-    --torch=*) torch="${1#--torch=}"; shift ;;
+    --torch) torch="${2:-}"; torch_given=1; shift 2 || { echo "setup: --torch needs a value: debian or pip" >&2; exit 2; } ;;
+    --torch=*) torch="${1#--torch=}"; torch_given=1; shift ;;
     --sanitize) sanitize=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown option '$1' (expected --torch debian|pip, --sanitize)" >&2; exit 2 ;;
   esac
 done
 case "$torch" in debian|pip) ;; *) echo "setup: --torch: expected debian or pip, got '$torch'" >&2; exit 2 ;; esac
-if [ $sanitize = 1 ] && [ "$torch" != debian ]; then
-  echo "setup: --sanitize builds against Debian's LibTorch only (got --torch $torch)" >&2; exit 2
+if [ $sanitize = 1 ]; then
+  if [ -n "$torch_given" ] && [ "$torch" != debian ]; then
+    echo "setup: --sanitize builds against Debian's LibTorch only (got --torch $torch)" >&2; exit 2
+  fi
+  torch=debian
 fi
 
 packages=(
   g++ cmake make pkg-config          # toolchain
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
   dataset-fashion-mnist              # real data: /usr/share/datasets/fashion-mnist
+  python3-matplotlib                 # scripts/plot.py
+  libgloo-dev                        # Gloo headers for c10d (PyPI's wheel ships ProcessGroupGloo.hpp, not gloo/)
 )
 if [ "$torch" = debian ]; then
   packages+=(
-    libtorch-dev libgloo-dev         # LibTorch 1.13 (CPU) and Gloo headers for c10d
+    libtorch-dev                     # LibTorch 1.13 (CPU)
     python3-torch                    # PyTorch-Python reference for parity tests (/usr/bin/python3)
-    python3-matplotlib               # scripts/plot.py
   )
 else
   packages+=(python3-venv)           # .venv-torch2 for the torch wheel (its Python is the parity reference)
@@ -62,14 +68,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "$torch" = debian ]; then
-  build=build
+  build=build-debian
   cmake_args=()
   if [ $sanitize = 1 ]; then
     build=build-asan
     cmake_args=(-DMPT_SANITIZE=ON)
   fi
 else
-  build=build-torch2
+  build=build
   venv=.venv-torch2
   req=scripts/torch2-requirements.txt
   # Reinstall only when the pinned requirements changed (the stamp holds a copy of them).
@@ -89,6 +95,15 @@ else
   export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}"
 fi
 
+# A build folder configured for the other route (e.g. a build/ made for Debian's LibTorch
+# before the default changed) would keep its cached Torch_DIR: start that folder afresh.
+route="$torch$([ $sanitize = 1 ] && echo +sanitize)"
+if [ -f "$build/CMakeCache.txt" ] && [ "$(cat "$build/.mpt-route" 2>/dev/null)" != "$route" ]; then
+  echo "setup: $build/ was configured for another route; reconfiguring it for --torch $torch" >&2
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+fi
+mkdir -p "$build"
+echo "$route" > "$build/.mpt-route"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cmake_args[@]}" > "$build.configure.log" 2>&1 ||
   { cat "$build.configure.log"; exit 1; }
 rm -f "$build.configure.log"

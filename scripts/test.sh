@@ -2,29 +2,30 @@
 # Sets up if needed, then runs the whole test suite through ctest: Catch2 unit tests,
 # CLI runs on tiny configs, bad-config cases and parity checks against PyTorch-Python.
 #
-#   scripts/test.sh                   # Debian's LibTorch 1.13 build (build/), reference /usr/bin/python3
-#   scripts/test.sh --torch pip       # LibTorch 2.x build (build-torch2/), reference .venv-torch2's Python;
-#                                     # CUDA tests run on a GPU, and are reported as skipped without one
+#   scripts/test.sh                   # the default route: LibTorch 2.x (build/), reference .venv-torch2's
+#                                     # Python; CUDA tests run on a GPU, and are reported as skipped without one
+#   scripts/test.sh --torch debian    # Debian's LibTorch 1.13 build (build-debian/), reference /usr/bin/python3
 #   scripts/test.sh --sanitize        # ASan + UBSan build (build-asan/) of Debian's route; runs the unit
 #                                     # tests and the CLI cases (-R 'unit\.|cli\.' unless -R is given,
 #                                     # -E '^(unit\.timing|cli\.dataparallel_busy)$' unless -E is given)
 #   scripts/test.sh -R parity         # other arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-torch=debian
+torch=pip
+torch_args=()
 sanitize=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --torch) torch="${2:-}"; shift 2 || { echo "test: --torch needs a value: debian or pip" >&2; exit 2; } ;;
-    --torch=*) torch="${1#--torch=}"; shift ;;
+    --torch) torch="${2:-}"; torch_args=(--torch "$torch"); shift 2 || { echo "test: --torch needs a value: debian or pip" >&2; exit 2; } ;;
+    --torch=*) torch="${1#--torch=}"; torch_args=(--torch "$torch"); shift ;;
     --sanitize) sanitize=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
 if [ $sanitize = 1 ]; then
-  bash scripts/setup.sh --torch "$torch" --sanitize
+  bash scripts/setup.sh "${torch_args[@]}" --sanitize
   build=build-asan
   # Sanitized runs are 2-5x slower: the unit tests and the CLI cases, unless a selection is given;
   # not the [timing] tests (ratios of times mean little under the sanitizers' overhead), nor
@@ -36,6 +37,6 @@ if [ $sanitize = 1 ]; then
 else
   bash scripts/setup.sh --torch "$torch"
   build=build
-  [ "$torch" = pip ] && build=build-torch2
+  [ "$torch" = debian ] && build=build-debian
 fi
 ctest --test-dir "$build" -j "${MPT_JOBS:-2}" --output-on-failure --timeout 600 "${args[@]}"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Regenerates the golden results from tests/golden/<experiment>.config.json (small, fixed
 # configs). Run it on purpose when a change of numbers is intended; review the diff.
-#   scripts/update-golden.sh                    # all, Debian's LibTorch 1.13 -> tests/golden/<exp>.json
-#   scripts/update-golden.sh underflow          # only these
-#   scripts/update-golden.sh --torch pip [...]  # LibTorch 2.x (build-torch2) -> tests/golden/torch2/<exp>.json
+#   scripts/update-golden.sh                       # all, the default route's LibTorch 2.x (build/) -> tests/golden/torch2/<exp>.json
+#   scripts/update-golden.sh underflow             # only these
+#   scripts/update-golden.sh --torch debian [...]  # Debian's LibTorch 1.13 (build-debian/) -> tests/golden/<exp>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build dir=tests/golden torch=debian
+build=build dir=tests/golden/torch2 torch=pip
 if [ "${1:-}" = --torch ]; then torch=${2:?--torch needs debian or pip}; shift 2; fi
-if [ "$torch" = pip ]; then build=build-torch2 dir=tests/golden/torch2; fi
+if [ "$torch" = debian ]; then build=build-debian dir=tests/golden; fi
 [ -x "$build/mpt" ] || bash scripts/setup.sh --torch "$torch"
 mkdir -p "$dir"
 if [ $# -gt 0 ]; then names=("$@"); else names=(); for f in tests/golden/*.config.json; do n=$(basename "$f" .config.json); names+=("$n"); done; fi
