@@ -156,8 +156,8 @@ TEST_CASE("overflow rules: PyTorch's default, OCP's non-saturating mode, saturat
   CHECK(encode_value(-1e30f, Element::E4M3) == 0xFE);
   CHECK(encode_value(61440.0f, Element::E5M2) == 0x7C);  // tie between 57344 and 65536 -> even -> inf
   CHECK(encode_value(61439.0f, Element::E5M2) == 0x7B);
-  const CastOptions nonsat{Rounding::NearestEven, static_cast<int>(Overflow::NonSaturating), 0};
-  const CastOptions sat{Rounding::NearestEven, static_cast<int>(Overflow::Saturate), 0};
+  const CastOptions nonsat{Rounding::NearestEven, Overflow::NonSaturating, 0};
+  const CastOptions sat{Rounding::NearestEven, Overflow::Saturate, 0};
   CHECK(encode_value(464.0f, Element::E4M3, nonsat) == 0x7E);  // tie 448 | 480 -> 448 (even), in range
   CHECK(encode_value(465.0f, Element::E4M3, nonsat) == 0x7F);  // rounds to 480: NaN
   CHECK(encode_value(inf, Element::E4M3, nonsat) == 0x7F);
@@ -175,10 +175,10 @@ TEST_CASE("stochastic rounding: reproducible, only the two neighbours, unbiased"
   const float x = 1.0f + 0.3f * 0.125f;
   const double p = (static_cast<double>(x) - 1.0) / 0.125;
   auto t = torch::full({n}, x);
-  const CastOptions sr{Rounding::Stochastic, -1, 42};
+  const CastOptions sr{Rounding::Stochastic, std::nullopt, 42};
   auto a = cast(t, Element::E4M3, sr), b = cast(t, Element::E4M3, sr);
   CHECK(torch::equal(a, b));
-  CHECK_FALSE(torch::equal(a, cast(t, Element::E4M3, CastOptions{Rounding::Stochastic, -1, 43})));
+  CHECK_FALSE(torch::equal(a, cast(t, Element::E4M3, CastOptions{Rounding::Stochastic, std::nullopt, 43})));
   CHECK(((a == 1.0f) | (a == 1.125f)).all().item<bool>());
   const double up = (a == 1.125f).to(torch::kDouble).mean().item<double>();
   // Binomial(n, p): the frequency's standard deviation is sqrt(p(1−p)/n) ≈ 0.00145; 5 of them.
@@ -298,6 +298,28 @@ TEST_CASE("block shapes: 2-D blocks equal 1-D blocks when every row of a block h
   mx.block = {16, 16};
   CHECK_THROWS_AS(quantize(torch::ones({8, 16}), mx), std::invalid_argument);
   CHECK_THROWS_AS(rht16(torch::ones({2, 24}), 1), std::invalid_argument);
+}
+
+TEST_CASE("1x128 tiles are row scaling of each 128-column slice; stochastic block rounding is seeded", "[quant]") {
+  torch::manual_seed(4);
+  auto x = torch::randn({4, 256}) * torch::exp2(torch::randint(-6, 6, {4, 256}).to(torch::kFloat));
+  QuantSpec tile;
+  tile.element = Element::E4M3;
+  tile.block = {1, 128};
+  QuantSpec row = tile;
+  row.block = {1, 0};
+  auto left = quantize(x.narrow(1, 0, 128).contiguous(), row).values, right = quantize(x.narrow(1, 128, 128).contiguous(), row).values;
+  CHECK(torch::equal(quantize(x, tile).values, torch::cat({left, right}, 1)));
+  QuantSpec sr;
+  sr.element = Element::E2M1;
+  sr.scale = ScaleFormat::UE4M3;
+  sr.block = {1, 16};
+  sr.rounding = Rounding::Stochastic;
+  sr.seed = 5;
+  CHECK(torch::equal(quantize(x, sr).values, quantize(x, sr).values));
+  QuantSpec sr2 = sr;
+  sr2.seed = 6;
+  CHECK_FALSE(torch::equal(quantize(x, sr).values, quantize(x, sr2).values));
 }
 
 TEST_CASE("amax = 0: every scale rule gives zeros and a finite scale (torchao's guards)", "[quant]") {

@@ -71,8 +71,8 @@ Codes codes_of(Element e) {
 }
 
 Overflow overflow_of(Element e, const CastOptions& opt) {
-  if (opt.overflow < 0) return default_overflow(e);
-  auto o = static_cast<Overflow>(opt.overflow);
+  if (!opt.overflow) return default_overflow(e);
+  const Overflow o = *opt.overflow;
   if (o == Overflow::NonSaturating && !element_info(e).has_inf && !element_info(e).has_nan)
     throw std::invalid_argument(fmt::format("overflow: {} has neither inf nor NaN, so only Saturate is possible "
                                             "(expected Overflow::Saturate or the default)", element_info(e).name));
@@ -189,7 +189,7 @@ float decode_value(std::uint8_t c, Element e) {
 }
 
 torch::Tensor encode(const torch::Tensor& x, Element e, const CastOptions& opt) {
-  auto xf = x.detach().to(torch::kFloat).contiguous();
+  auto xf = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
   auto out = torch::empty(xf.sizes(), torch::TensorOptions().dtype(torch::kUInt8));
   const float* p = xf.data_ptr<float>();
   std::uint8_t* q = out.data_ptr<std::uint8_t>();
@@ -207,7 +207,7 @@ torch::Tensor encode(const torch::Tensor& x, Element e, const CastOptions& opt) 
 }
 
 torch::Tensor decode(const torch::Tensor& codes, Element e) {
-  auto c = codes.to(torch::kUInt8).contiguous();
+  auto c = codes.to(torch::kCPU, torch::kUInt8).contiguous();
   auto out = torch::empty(c.sizes(), torch::TensorOptions().dtype(torch::kFloat));
   const std::uint8_t* p = c.data_ptr<std::uint8_t>();
   float* q = out.data_ptr<float>();
@@ -218,7 +218,7 @@ torch::Tensor decode(const torch::Tensor& codes, Element e) {
 torch::Tensor cast(const torch::Tensor& x, Element e, const CastOptions& opt) {
   if (e == Element::FP32) return x.detach().to(torch::kFloat);
   auto xf = x.detach().to(torch::kFloat);
-  auto v = decode(encode(xf, e, opt), e);
+  auto v = decode(encode(xf, e, opt), e).to(x.device());
   // E2M3 / E3M2 / E2M1 have no NaN: the emulation carries a NaN input through as NaN.
   if (!element_info(e).has_nan) v = torch::where(torch::isnan(xf), xf, v);
   return v;
@@ -254,7 +254,7 @@ Quantized quantize(const torch::Tensor& x, const QuantSpec& spec) {
   if (spec.element == Element::E8M0) throw std::invalid_argument("quantize: e8m0 is a scale format (expected e4m3, e5m2, e2m3, e3m2 or e2m1 elements)");
   const ElementInfo& fi = element_info(spec.element);
   const float emax = static_cast<float>(fi.max);
-  auto xf = x.detach().to(torch::kFloat).contiguous();
+  auto xf = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
   const float* p = xf.data_ptr<float>();
   const std::int64_t nbr = R / br, nbc = C / bc;
   auto blk = [&](std::int64_t i) { return (i / C / br) * nbc + (i % C) / bc; };
@@ -325,7 +325,7 @@ Quantized quantize(const torch::Tensor& x, const QuantSpec& spec) {
       if (tmax == 0.0f) pts = 1.0f;
       out.tensor_scale = pts;
     }
-    const CastOptions sat{Rounding::NearestEven, static_cast<int>(Overflow::Saturate), 0};
+    const CastOptions sat{Rounding::NearestEven, Overflow::Saturate, 0};
     for (std::size_t b = 0; b < amax.size(); ++b) {
       float s = amax[b] / emax;
       if (spec.tensor_scale) s = s / pts;
@@ -354,7 +354,7 @@ Quantized quantize(const torch::Tensor& x, const QuantSpec& spec) {
     v[i] = std::isnan(t) ? t : fp32_scale ? d / deq[b] : d * deq[b];
     if (p[i] != 0.0f && v[i] == 0.0f) ++out.flushed;
   }
-  out.values = values.view(x.sizes());
+  out.values = values.view(x.sizes()).to(x.device());
   out.codes = codes.view(x.sizes());
   out.scale = torch::empty({nbr, nbc});
   float* sp = out.scale.data_ptr<float>();

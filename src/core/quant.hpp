@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,7 +71,7 @@ Overflow default_overflow(Element e);
 /// Options of an element cast. The default is PyTorch's cast of the format.
 struct CastOptions {
   Rounding rounding = Rounding::NearestEven;
-  int overflow = -1;        ///< −1: default_overflow(e); else static_cast<int>(Overflow)
+  std::optional<Overflow> overflow;  ///< unset: default_overflow(e)
   std::uint64_t seed = 0;   ///< stochastic rounding only
 };
 
@@ -84,9 +85,9 @@ std::uint8_t encode_value(float x, Element e, const CastOptions& opt = {}, std::
 /// The value of code `c` in format `e` (NaN codes → NaN; E8M0 0 → 2^−127, 0xFF → NaN).
 float decode_value(std::uint8_t c, Element e);
 
-/// Codes (uint8, same shape) of a floating tensor cast to `e` (x is first cast to fp32).
+/// Codes (uint8, same shape, on the CPU) of a floating tensor cast to `e` (x is first cast to fp32).
 torch::Tensor encode(const torch::Tensor& x, Element e, const CastOptions& opt = {});
-/// fp32 values (same shape) of a uint8 code tensor in format `e`.
+/// fp32 values (same shape, on the CPU) of a uint8 code tensor in format `e`.
 torch::Tensor decode(const torch::Tensor& codes, Element e);
 /// Quantize-dequantize: decode(encode(x)) as fp32, same shape. FP32 returns x as fp32.
 torch::Tensor cast(const torch::Tensor& x, Element e, const CastOptions& opt = {});
@@ -140,7 +141,7 @@ struct QuantSpec {
 /// A quantized tensor and what the quantization did.
 struct Quantized {
   torch::Tensor values;       ///< fp32, the input's shape: the dequantized tensor a GEMM sees
-  torch::Tensor codes;        ///< uint8 element codes, the input's shape (undefined for FP32)
+  torch::Tensor codes;        ///< uint8 element codes, the input's shape, on the CPU (undefined for FP32)
   torch::Tensor scale;        ///< fp32 [row blocks, col blocks]: x ≈ q · scale (for FP32 scales 1/s)
   torch::Tensor scale_codes;  ///< uint8 [row blocks, col blocks] for E8M0 / UE4M3 (undefined for FP32)
   double tensor_scale = 1.0;  ///< UE4M3 with tensor_scale: the fp32 second-level scale
