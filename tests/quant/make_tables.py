@@ -16,7 +16,8 @@ Tables (text, hex, small enough to commit):
                    NaN: "BITS e4m3fn e5m2 e8m0fnu e2m3 e3m2 e2m1" codes per line.
   blocks.txt       MX (torchao to_mx, FLOOR/CEIL/EVEN/RCEIL), NVFP4 (nvfp4_quantize, one and two
                    levels) and float8 (amax_to_scale + to_fp8_saturated, tensorwise / rowwise /
-                   pow2) on a 32x64 tensor of random and adversarial rows. Needs torchao
+                   pow2) on a 32x64 tensor of random and adversarial rows, then the fp8 cases
+                   again on a 4x64 tensor with NaN and ±inf (a second "input" section). Needs torchao
                    (PYTHONPATH=<dir with torchao 0.18.0>); without it --check skips this file.
                    Per case: element codes, scale codes (fp32 cases: 1/scale bits) and an FNV-1a 64
                    hash of the dequantized fp32 values.
@@ -198,7 +199,9 @@ def hexf(t):
 
 
 def fnv1a64(t):
-    """FNV-1a 64 over the little-endian bytes of fp32 tensor t (the dequantized values, kept as a hash)."""
+    """FNV-1a 64 over the little-endian bytes of fp32 tensor t (the dequantized values, kept as a hash);
+    every NaN counts as 0x7FC00000 (the codes keep NaN's sign; the dequantized NaN's payload is noise)."""
+    t = torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)
     h = 0xCBF29CE484222325
     for b in t.contiguous().view(torch.uint8).flatten().tolist():
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
@@ -250,11 +253,29 @@ def block_cases(x):
     return cases
 
 
+def special_input():
+    """Blocks holding NaN and ±inf (fp8 elements only: torchao's sub-byte casts have no NaN)."""
+    g = torch.Generator().manual_seed(SEED + 2)
+    x = torch.randn(4, 64, generator=g)
+    x[0, 3] = float("nan")
+    x[1, 40] = float("inf")
+    x[2, 10] = float("-inf")
+    x[2, 50] = float("nan")
+    x[3] *= 1e3
+    return x
+
+
 def write_blocks(path):
     x = block_input()
     with open(path, "w") as f:
         f.write(f"input {x.shape[0]} {x.shape[1]}\n{hexf(x)}\n")
-        for (name, en, sf, rule, br, bc, ts, pow2, rows, codes, scales, deq) in block_cases(x):
+        cases = block_cases(x)
+        xs = special_input()
+        special = [("nan_inf_" + c[0],) + c[1:] for c in block_cases(xs) if c[1] in ("e4m3", "e5m2") and c[2] != "UE4M3"]
+        for i, case in enumerate(cases + special):
+            if i == len(cases):
+                f.write(f"input {xs.shape[0]} {xs.shape[1]}\n{hexf(xs)}\n")
+            (name, en, sf, rule, br, bc, ts, pow2, rows, codes, scales, deq) = case
             f.write(f"case {name} {en} {sf} {rule} {br} {bc} {ts} {pow2} {rows}\n")
             f.write(f"codes {hexb(codes)}\n")
             f.write(f"scales {scales}\n")
