@@ -275,7 +275,7 @@ TEST_CASE("MX, NVFP4 and float8 block quantizers equal torchao 0.18 on random, a
   CHECK(inputs == 2);
 }
 
-TEST_CASE("block shapes: 2-D blocks equal 1-D blocks when every row of a block has its amax; bad shapes throw", "[quant]") {
+TEST_CASE("block shapes: 2-D blocks equal 1-D blocks when every row of a block has its amax, bad shapes throw", "[quant]") {
   // Rows 16g..16g+15 are permutations, within each 16-column block, of one base row: every 1x16 block
   // of a row has the amax of its 16x16 block, so the two granularities quantize identically.
   torch::manual_seed(3);
@@ -312,7 +312,7 @@ TEST_CASE("block shapes: 2-D blocks equal 1-D blocks when every row of a block h
   CHECK_THROWS_AS(rht16(torch::ones({2, 24}), 1), std::invalid_argument);
 }
 
-TEST_CASE("1x128 tiles are row scaling of each 128-column slice; stochastic block rounding is seeded", "[quant]") {
+TEST_CASE("1x128 tiles are row scaling of each 128-column slice, stochastic block rounding is seeded", "[quant]") {
   torch::manual_seed(4);
   auto x = torch::randn({4, 256}) * torch::exp2(torch::randint(-6, 6, {4, 256}).to(torch::kFloat));
   QuantSpec tile;
