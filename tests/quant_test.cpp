@@ -1,0 +1,477 @@
+// Quantizers (core/quant) against PyTorch's casts and torchao, through the tables under tests/quant/
+// (made by tests/quant/make_tables.py with torch 2.15 and torchao 0.18.0), so Debian's LibTorch 1.13
+// (no float8 dtypes) is checked against the same references.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "core/quant.hpp"
+
+using namespace mpt::quant;
+
+namespace {
+
+std::string table_path(const std::string& name) { return std::string(MPT_SOURCE_DIR) + "/tests/quant/" + name; }
+
+float f32(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+std::uint32_t u32(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+/// The 65536 codes of a run-length table ("START CODE" lines).
+std::vector<int> read_rle(const std::string& name) {
+  std::ifstream in(table_path(name));
+  REQUIRE(in.good());
+  std::vector<std::pair<int, int>> runs;
+  std::string a, b;
+  while (in >> a >> b) runs.emplace_back(std::stoi(a, nullptr, 16), std::stoi(b, nullptr, 16));
+  std::vector<int> out(65536);
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const int end = r + 1 < runs.size() ? runs[r + 1].first : 65536;
+    for (int i = runs[r].first; i < end; ++i) out[static_cast<std::size_t>(i)] = runs[r].second;
+  }
+  return out;
+}
+
+torch::Tensor bf16_patterns_as_fp32() {
+  auto t = torch::arange(65536, torch::kInt).bitwise_left_shift(16);
+  return t.view(torch::kFloat);
+}
+
+/// Mismatches of encode(x, e) against `expected`; NaN inputs skipped for formats without NaN
+/// (torchao's sub-byte casts give them an arbitrary code).
+std::int64_t mismatches(const torch::Tensor& x, Element e, const std::vector<int>& expected, std::string* first) {
+  auto codes = encode(x, e);
+  const auto* c = codes.data_ptr<std::uint8_t>();
+  const auto* xv = x.data_ptr<float>();
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    if (!element_info(e).has_nan && std::isnan(xv[i])) continue;
+    if (c[i] != expected[static_cast<std::size_t>(i)]) {
+      if (bad++ == 0 && first)
+        *first = "input bits " + std::to_string(u32(xv[i])) + ": mpt " + std::to_string(c[i]) + ", reference " +
+                 std::to_string(expected[static_cast<std::size_t>(i)]);
+    }
+  }
+  return bad;
+}
+
+const std::vector<std::pair<std::string, Element>> kTableFormats = {
+    {"e4m3fn", Element::E4M3}, {"e5m2", Element::E5M2}, {"e8m0fnu", Element::E8M0},
+    {"e2m3", Element::E2M3},   {"e3m2", Element::E3M2}, {"e2m1", Element::E2M1}};
+
+/// FNV-1a 64 over the bytes of fp32 tensor t, every NaN counted as 0x7FC00000 (as make_tables.py does).
+std::uint64_t fnv1a64(const torch::Tensor& t) {
+  auto c = torch::where(torch::isnan(t), torch::full_like(t, std::numeric_limits<float>::quiet_NaN()), t).contiguous();
+  const auto* p = reinterpret_cast<const unsigned char*>(c.data_ptr<float>());
+  std::uint64_t h = 0xCBF29CE484222325ULL;
+  for (std::int64_t i = 0; i < c.numel() * 4; ++i) h = (h ^ p[i]) * 0x100000001B3ULL;
+  return h;
+}
+
+}  // namespace
+
+// ───────────────────────────── element casts ─────────────────────────────
+
+TEST_CASE("all 2^16 bf16 patterns: encode equals torch's casts and torchao's sub-byte casts", "[quant]") {
+  auto x = bf16_patterns_as_fp32();
+  for (const auto& [name, e] : kTableFormats) {
+    INFO("format " << name);
+    std::string first;
+    const auto expected = read_rle("bf16_" + name + ".rle");
+    const auto bad = mismatches(x, e, expected, &first);
+    INFO(first);
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("random fp32, ties, subnormals, overflow, inf and NaN: encode equals the references", "[quant]") {
+  std::ifstream in(table_path("fp32_cases.txt"));
+  REQUIRE(in.good());
+  std::string line;
+  std::vector<float> xs;
+  std::vector<std::vector<int>> cols(kTableFormats.size());
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::string b;
+    ls >> b;
+    xs.push_back(f32(static_cast<std::uint32_t>(std::stoul(b, nullptr, 16))));
+    for (auto& c : cols) {
+      ls >> b;
+      c.push_back(std::stoi(b, nullptr, 16));
+    }
+  }
+  REQUIRE(xs.size() > 2500);
+  auto x = torch::from_blob(xs.data(), {static_cast<std::int64_t>(xs.size())}, torch::kFloat).clone();
+  for (std::size_t k = 0; k < kTableFormats.size(); ++k) {
+    INFO("format " << kTableFormats[k].first);
+    std::string first;
+    const auto bad = mismatches(x, kTableFormats[k].second, cols[k], &first);
+    INFO(first);
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("element facts and decode: max, smallest subnormal, every code round-trips", "[quant]") {
+  struct F { Element e; double max, min_sub; int codes; };
+  for (const F& f : {F{Element::E4M3, 448, std::ldexp(1.0, -9), 256}, F{Element::E5M2, 57344, std::ldexp(1.0, -16), 256},
+                     F{Element::E2M3, 7.5, 0.125, 64}, F{Element::E3M2, 28, 0.0625, 64}, F{Element::E2M1, 6, 0.5, 16}}) {
+    const auto& fi = element_info(f.e);
+    INFO(fi.name);
+    CHECK(fi.max == f.max);
+    CHECK(fi.min_subnormal == f.min_sub);
+    CHECK(decode_value(1, f.e) == f.min_sub);
+    double largest = 0;
+    for (int c = 0; c < f.codes; ++c) {
+      const float v = decode_value(static_cast<std::uint8_t>(c), f.e);
+      if (std::isnan(v)) continue;
+      if (std::isfinite(v)) largest = std::max(largest, static_cast<double>(std::fabs(v)));
+      CHECK(encode_value(v, f.e) == c);  // −0 keeps its sign bit
+    }
+    CHECK(largest == f.max);
+  }
+  const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int c = 0; c < 8; ++c) CHECK(decode_value(static_cast<std::uint8_t>(c), Element::E2M1) == e2m1[c]);
+  CHECK(decode_value(0, Element::E8M0) == std::ldexp(1.0f, -127));
+  CHECK(std::isnan(decode_value(0xFF, Element::E8M0)));
+}
+
+TEST_CASE("overflow rules: PyTorch's default, OCP's non-saturating mode, saturation", "[quant]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  // PyTorch 2.15: E4M3 saturates (inf too), E5M2 does not.
+  CHECK(encode_value(480.0f, Element::E4M3) == 0x7E);
+  CHECK(encode_value(inf, Element::E4M3) == 0x7E);
+  CHECK(encode_value(-1e30f, Element::E4M3) == 0xFE);
+  CHECK(encode_value(61440.0f, Element::E5M2) == 0x7C);  // tie between 57344 and 65536 -> even -> inf
+  CHECK(encode_value(61439.0f, Element::E5M2) == 0x7B);
+  const CastOptions nonsat{Rounding::NearestEven, Overflow::NonSaturating, 0};
+  const CastOptions sat{Rounding::NearestEven, Overflow::Saturate, 0};
+  CHECK(encode_value(464.0f, Element::E4M3, nonsat) == 0x7E);  // tie 448 | 480 -> 448 (even), in range
+  CHECK(encode_value(465.0f, Element::E4M3, nonsat) == 0x7F);  // rounds to 480: NaN
+  CHECK(encode_value(inf, Element::E4M3, nonsat) == 0x7F);
+  CHECK(encode_value(1e9f, Element::E5M2, sat) == 0x7B);
+  CHECK(encode_value(inf, Element::E5M2, sat) == 0x7C);  // inf is representable: kept
+  CHECK(encode_value(100.0f, Element::E2M1) == 0x7);
+  CHECK_THROWS_AS(encode_value(100.0f, Element::E2M1, nonsat), std::invalid_argument);
+  CHECK_THROWS_AS(encode(torch::ones({2}), Element::FP32), std::invalid_argument);
+}
+
+TEST_CASE("stochastic rounding: reproducible, only the two neighbours, unbiased", "[quant]") {
+  const std::int64_t n = 100000;
+  // 1 + 0.3 * 2^-3 lies between the E4M3 neighbours 1 and 1.125 at 0.3 of the gap. It is not exactly
+  // representable in fp32, so p = (x - 1) / 0.125 is computed from the fp32 value.
+  const float x = 1.0f + 0.3f * 0.125f;
+  const double p = (static_cast<double>(x) - 1.0) / 0.125;
+  auto t = torch::full({n}, x);
+  const CastOptions sr{Rounding::Stochastic, std::nullopt, 42};
+  auto a = cast(t, Element::E4M3, sr), b = cast(t, Element::E4M3, sr);
+  CHECK(torch::equal(a, b));
+  CHECK_FALSE(torch::equal(a, cast(t, Element::E4M3, CastOptions{Rounding::Stochastic, std::nullopt, 43})));
+  CHECK(((a == 1.0f) | (a == 1.125f)).all().item<bool>());
+  const double up = (a == 1.125f).to(torch::kDouble).mean().item<double>();
+  // Binomial(n, p): the frequency's standard deviation is sqrt(p(1−p)/n) ≈ 0.00145; 5 of them.
+  CHECK(std::fabs(up - p) < 5.0 * std::sqrt(p * (1 - p) / static_cast<double>(n)));
+  // A representable value never moves; nor does a subnormal grid point.
+  CHECK(torch::equal(cast(torch::full({1000}, 1.125f), Element::E4M3, sr), torch::full({1000}, 1.125f)));
+  CHECK(torch::equal(cast(torch::full({1000}, std::ldexp(3.0f, -9)), Element::E4M3, sr), torch::full({1000}, std::ldexp(3.0f, -9))));
+}
+
+// ───────────────────────────── block quantizers vs torchao ─────────────────────────────
+
+TEST_CASE("MX, NVFP4 and float8 block quantizers equal torchao 0.18 on random, adversarial, NaN and inf blocks", "[quant]") {
+  std::ifstream in(table_path("blocks.txt"));
+  REQUIRE(in.good());
+  std::string tok;
+  std::int64_t R = 0, C = 0;
+  torch::Tensor x;
+  int cases = 0, inputs = 0;
+  while (in >> tok) {
+    if (tok == "input") {  // the tensor the following cases quantize
+      in >> R >> C;
+      std::vector<float> xs(static_cast<std::size_t>(R * C));
+      for (auto& v : xs) {
+        in >> tok;
+        v = f32(static_cast<std::uint32_t>(std::stoul(tok, nullptr, 16)));
+      }
+      x = torch::from_blob(xs.data(), {R, C}, torch::kFloat).clone();
+      ++inputs;
+      continue;
+    }
+    REQUIRE(tok == "case");
+    std::string name, elem, scale, rule;
+    std::int64_t br, bc, rows;
+    int ts, pow2;
+    in >> name >> elem >> scale >> rule >> br >> bc >> ts >> pow2 >> rows;
+    QuantSpec s;
+    s.element = parse_element(elem);
+    s.block = {br, bc};
+    s.scale = scale == "E8M0" ? ScaleFormat::E8M0 : scale == "UE4M3" ? ScaleFormat::UE4M3 : ScaleFormat::FP32;
+    s.rule = rule == "CEIL" ? E8M0Rule::CEIL : rule == "EVEN" ? E8M0Rule::EVEN : rule == "RCEIL" ? E8M0Rule::RCEIL : E8M0Rule::FLOOR;
+    s.tensor_scale = ts != 0;
+    s.pow2_scale = pow2 != 0;
+    auto q = quantize(x.narrow(0, 0, rows).contiguous(), s);
+    INFO("case " << name);
+    in >> tok;
+    REQUIRE(tok == "codes");
+    // A NaN that arithmetic produces has no specified sign or payload (IEEE 754-2019 §6.3; torch's CPU
+    // max reduction returns 0xFFFFFFFF for a NaN amax): two NaN codes, or two NaN scales, are equal here.
+    // The casts' own NaN rule (the sign is kept) is checked exactly by the element tables.
+    const auto* c = q.codes.data_ptr<std::uint8_t>();
+    std::int64_t bad_codes = 0;
+    for (std::int64_t i = 0; i < rows * C; ++i) {
+      in >> tok;
+      const auto ref = static_cast<std::uint8_t>(std::stoi(tok, nullptr, 16));
+      bad_codes += c[i] != ref && !(std::isnan(decode_value(c[i], s.element)) && std::isnan(decode_value(ref, s.element)));
+    }
+    CHECK(bad_codes == 0);
+    in >> tok;
+    REQUIRE(tok == "scales");
+    std::int64_t bad_scales = 0;
+    const std::int64_t nscales = q.scale.numel();
+    for (std::int64_t i = 0; i < nscales; ++i) {
+      in >> tok;
+      if (s.scale == ScaleFormat::FP32) {
+        const float mine = q.scale.data_ptr<float>()[i], ref = f32(static_cast<std::uint32_t>(std::stoul(tok, nullptr, 16)));
+        bad_scales += u32(mine) != u32(ref) && !(std::isnan(mine) && std::isnan(ref));
+      } else
+        bad_scales += q.scale_codes.data_ptr<std::uint8_t>()[i] != std::stoi(tok, nullptr, 16);
+    }
+    CHECK(bad_scales == 0);
+    in >> tok;
+    REQUIRE(tok == "values_fnv1a64");
+    in >> tok;
+    CHECK(fnv1a64(q.values) == std::stoull(tok, nullptr, 16));
+    if (s.rule == E8M0Rule::RCEIL && inputs == 1) {
+      // The exact ceiling differs from torchao's eager fp32 log2 only where amax / elem_max lies just
+      // above a power of two: row 14 (amax 448 · 2^−10 · (1 + 2^−23): E4M3, E5M2 and E3M2, whose maxima
+      // 448, 57344, 28 are all 1.75 · 2^k) and row 16 (6 · 2^20 · (1 + 2^−22), for
+      // E2M1); there it is one binade higher, everywhere else equal (E2M3's 7.5 meets no such row).
+      QuantSpec ex = s;
+      ex.rule = E8M0Rule::RCEIL_EXACT;
+      auto qe = quantize(x, ex);
+      auto diff = (qe.scale_codes.to(torch::kInt) - q.scale_codes.to(torch::kInt));
+      const std::int64_t row = elem == "e2m1" ? 16 : 14;
+      const bool boundary_row = elem != "e2m3";
+      CHECK((diff.ne(0).sum().item<std::int64_t>()) == (boundary_row ? 2 : 0));
+      if (boundary_row) CHECK(torch::equal(diff[row], torch::ones({2}, torch::kInt)));
+    }
+    ++cases;
+  }
+  CHECK(cases == 29);  // 19 on the random and adversarial rows, 10 fp8 cases on the NaN / ±inf rows
+  CHECK(inputs == 2);
+}
+
+TEST_CASE("block shapes: 2-D blocks equal 1-D blocks when every row of a block has its amax, bad shapes throw", "[quant]") {
+  // Rows 16g..16g+15 are permutations, within each 16-column block, of one base row: every 1x16 block
+  // of a row has the amax of its 16x16 block, so the two granularities quantize identically.
+  torch::manual_seed(3);
+  auto base = torch::randn({2, 64}) * torch::exp2(torch::randint(-8, 8, {2, 64}).to(torch::kFloat));
+  std::vector<torch::Tensor> rows;
+  for (int g = 0; g < 2; ++g)
+    for (int r = 0; r < 16; ++r) {
+      auto row = base[g].view({4, 16});
+      rows.push_back(row.index_select(1, torch::randperm(16)).reshape({64}));
+    }
+  auto x = torch::stack(rows);
+  for (ScaleFormat sf : {ScaleFormat::FP32, ScaleFormat::E8M0, ScaleFormat::UE4M3}) {
+    QuantSpec one;
+    one.element = sf == ScaleFormat::UE4M3 ? Element::E2M1 : Element::E4M3;
+    one.scale = sf;
+    one.block = {1, 16};
+    QuantSpec two = one;
+    two.block = {16, 16};
+    CHECK(torch::equal(quantize(x, one).values, quantize(x, two).values));
+  }
+  QuantSpec t;
+  t.element = Element::E4M3;
+  QuantSpec whole = t;
+  whole.block = {32, 64};
+  CHECK(torch::equal(quantize(x, t).values, quantize(x, whole).values));  // {0,0} is the whole tensor
+
+  QuantSpec mx;
+  mx.element = Element::E4M3;
+  mx.scale = ScaleFormat::E8M0;
+  mx.block = {1, 32};
+  CHECK_THROWS_WITH(quantize(torch::ones({3, 48}), mx), Catch::Contains("block 1x32 does not divide") && Catch::Contains("multiple of 32"));
+  mx.block = {16, 16};
+  CHECK_THROWS_AS(quantize(torch::ones({8, 16}), mx), std::invalid_argument);
+  CHECK_THROWS_AS(rht16(torch::ones({2, 24}), 1), std::invalid_argument);
+}
+
+TEST_CASE("1x128 tiles are row scaling of each 128-column slice, stochastic block rounding is seeded", "[quant]") {
+  torch::manual_seed(4);
+  auto x = torch::randn({4, 256}) * torch::exp2(torch::randint(-6, 6, {4, 256}).to(torch::kFloat));
+  QuantSpec tile;
+  tile.element = Element::E4M3;
+  tile.block = {1, 128};
+  QuantSpec row = tile;
+  row.block = {1, 0};
+  auto left = quantize(x.narrow(1, 0, 128).contiguous(), row).values, right = quantize(x.narrow(1, 128, 128).contiguous(), row).values;
+  CHECK(torch::equal(quantize(x, tile).values, torch::cat({left, right}, 1)));
+  QuantSpec sr;
+  sr.element = Element::E2M1;
+  sr.scale = ScaleFormat::UE4M3;
+  sr.block = {1, 16};
+  sr.rounding = Rounding::Stochastic;
+  sr.seed = 5;
+  CHECK(torch::equal(quantize(x, sr).values, quantize(x, sr).values));
+  QuantSpec sr2 = sr;
+  sr2.seed = 6;
+  CHECK_FALSE(torch::equal(quantize(x, sr).values, quantize(x, sr2).values));
+}
+
+TEST_CASE("amax = 0: every scale rule gives zeros and a finite scale (torchao's guards)", "[quant]") {
+  auto z = torch::zeros({4, 32});
+  std::vector<QuantSpec> specs(6);
+  specs[0].element = Element::E4M3;                                             // fp32: 448 / 1e-12
+  specs[1].element = Element::E4M3, specs[1].scale = ScaleFormat::E8M0, specs[1].block = {1, 32};
+  specs[2] = specs[1], specs[2].rule = E8M0Rule::RCEIL;
+  specs[3].element = Element::E2M1, specs[3].scale = ScaleFormat::UE4M3, specs[3].block = {1, 16};
+  specs[4] = specs[3], specs[4].tensor_scale = true;
+  specs[5] = specs[0], specs[5].block = {1, 0}, specs[5].pow2_scale = true;
+  for (const auto& s : specs) {
+    auto q = quantize(z, s);
+    CHECK(torch::equal(q.values, z));
+    CHECK(torch::isfinite(q.scale).all().item<bool>());
+    CHECK(q.flushed == 0);
+  }
+  CHECK(quantize(z, specs[0]).scale.item<float>() == 1.0f / static_cast<float>(448.0 / 1e-12));
+  CHECK(quantize(z, specs[3]).scale[0][0].item<float>() == std::ldexp(1.0f, -6));  // clamp at finfo(e4m3).tiny
+}
+
+TEST_CASE("ledger counts on a hand-made tensor are exact", "[quant]") {
+  // E8M0 FLOOR on one 1x8 block with amax 500: 2^(floor(log2 500) − 8) = 1, so 500 and −460 clip at
+  // 448 (FLOOR's known clipping), and 2^−10 (a tie with 0), 2^−11, 2^−12 are below half of E4M3's
+  // smallest subnormal 2^−9 or at it: flushed.
+  const std::vector<float> v = {500.0f, std::ldexp(1.0f, -11), std::ldexp(1.0f, -12), 1.0f, 0.0f, -460.0f, 3.0f, std::ldexp(1.0f, -10)};
+  auto a = torch::tensor(v).view({1, 8});
+  GemmRecipe r;
+  r.a.element = Element::E4M3;
+  r.a.scale = ScaleFormat::E8M0;
+  r.a.block = {1, 8};
+  GemmLedger lg;
+  auto c = quantized_gemm(a, torch::ones({1, 8}), r, 0, &lg);
+  CHECK(lg.a.amax == 500.0);
+  CHECK(lg.a.scale_min == 1.0);
+  CHECK(lg.a.scale_max == 1.0);
+  CHECK(lg.a.saturated_frac == 2.0 / 8.0);
+  CHECK(lg.a.flushed_frac == 3.0 / 8.0);
+  CHECK(lg.b.saturated_frac == 0.0);
+  CHECK(c.item<float>() == 448.0f + 1.0f - 448.0f + 3.0f);
+  const float ref = torch::tensor(v).sum().item<float>();
+  // The fp32 reference is one dot product of 8 terms: its relative rounding error is below 8 · 2^−24 < 1e−6.
+  CHECK(lg.rel_error == Approx(std::fabs(4.0 - ref) / ref).epsilon(1e-6));
+}
+
+// ───────────────────────────── RHT, accumulation, the linear layer ─────────────────────────────
+
+TEST_CASE("16x16 random Hadamard transform is orthogonal and leaves A·Bᵀ unchanged", "[quant]") {
+  auto t = rht16_matrix(7);
+  CHECK(torch::equal(t.mm(t.t()), torch::eye(16)));  // entries ±1/4: every product and sum is exact
+  CHECK_FALSE(torch::equal(t, rht16_matrix(8)));
+  // Small integers: every transformed value is a multiple of 1/4 below 2^10, the products exact.
+  torch::manual_seed(1);
+  auto a = torch::randint(-8, 8, {8, 64}).to(torch::kFloat), b = torch::randint(-8, 8, {5, 64}).to(torch::kFloat);
+  CHECK(torch::equal(rht16(a, 7).mm(rht16(b, 7).t()), a.mm(b.t())));
+}
+
+TEST_CASE("limited-precision accumulation: the error at K=4096 and promotion every 128", "[quant]") {
+  CHECK(truncate_significand(torch::tensor({1.0f + std::ldexp(1.0f, -10)}), 10).item<float>() == 1.0f);
+  CHECK(truncate_significand(torch::tensor({-(1.0f + std::ldexp(1.0f, -9) + std::ldexp(1.0f, -10))}), 10).item<float>() ==
+        -(1.0f + std::ldexp(1.0f, -9)));
+  // A, B uniform on [0,1): products have mean 1/4, the partial sums grow like j·c/4. Truncating a sum a
+  // to p = 14 significant bits loses a fraction of ulp(a) ∈ (a·2^−14, a·2^−13], uniformly, so half of
+  // it on average. Over the K/c additions of c = 4 products the expected loss, relative to the total,
+  // is Σ_j (j·c/4)·[2^−15, 2^−14] / (K/4) ≈ K/(2c) · [2^−15, 2^−14] = [1/64, 1/32] for K = 4096
+  // (DeepSeek-V3 reports about 2% on H800). With promotion every N_C = 128 each segment starts from
+  // zero: N_C/(2c) · [2^−15, 2^−14]. The fluctuation of 512 uniform losses is ~1/sqrt(3·512) ≈ 3% of
+  // their mean, well inside these factor-2 intervals.
+  torch::manual_seed(11);
+  const std::int64_t K = 4096, c = 4, nc = 128;
+  auto a = torch::rand({16, K}), b = torch::rand({16, K});
+  auto ref = a.to(torch::kDouble).mm(b.to(torch::kDouble).t());
+  auto rel = [&](const Accumulator& acc) {
+    return (gemm(a, b, acc).to(torch::kDouble) - ref).norm().item<double>() / ref.norm().item<double>();
+  };
+  const double e_limited = rel({14, static_cast<int>(c), 0});
+  const double e_promoted = rel({14, static_cast<int>(c), static_cast<int>(nc)});
+  const double e_fp32 = rel({});
+  const double lo = static_cast<double>(K) / (2 * c) * std::ldexp(1.0, -15);
+  CHECK(e_limited > lo);
+  CHECK(e_limited <= 2 * lo);
+  const double lo_p = static_cast<double>(nc) / (2 * c) * std::ldexp(1.0, -15);
+  CHECK(e_promoted > lo_p);
+  CHECK(e_promoted <= 2 * lo_p);
+  CHECK(e_fp32 < e_promoted);
+  WARN("K=4096, 14-bit accumulator, chunk 4: relative error " << e_limited << " without promotion, " << e_promoted
+       << " with promotion every 128, " << e_fp32 << " fp32");
+  CHECK_THROWS_AS(gemm(a, b, {14, 4, 130}), std::invalid_argument);
+}
+
+TEST_CASE("QuantLinear with the fp32 recipe equals torch::linear bit for bit, forward and backward", "[quant]") {
+  torch::manual_seed(5);
+  for (bool with_bias : {true, false}) {
+    QuantLinear layer(24, 10, recipe("fp32"), with_bias);
+    auto x = torch::randn({3, 7, 24}, torch::requires_grad());
+    auto x_ref = x.detach().clone().requires_grad_(true);
+    auto w_ref = layer->weight.detach().clone().requires_grad_(true);
+    torch::Tensor b_ref = with_bias ? layer->bias.detach().clone().requires_grad_(true) : torch::Tensor();
+    auto y = layer->forward(x);
+    auto y_ref = torch::linear(x_ref, w_ref, b_ref);
+    CHECK(torch::equal(y, y_ref));
+    auto g = torch::randn_like(y);
+    y.backward(g);
+    y_ref.backward(g);
+    CHECK(torch::equal(x.grad(), x_ref.grad()));
+    CHECK(torch::equal(layer->weight.grad(), w_ref.grad()));
+    if (with_bias) CHECK(torch::equal(layer->bias.grad(), b_ref.grad()));
+    REQUIRE(layer->ledger().size() == 3);
+    CHECK(layer->ledger()[0].gemm == "out");
+    CHECK(layer->ledger()[1].gemm == "dgrad");
+    CHECK(layer->ledger()[2].gemm == "wgrad");
+    for (const auto& l : layer->ledger()) CHECK(l.rel_error == 0.0);
+  }
+}
+
+TEST_CASE("QuantLinear trains under each named recipe and keeps a ledger per GEMM and step", "[quant]") {
+  for (const std::string name : {"tensorwise", "rowwise", "blockwise", "mxfp8", "mxfp8_floor", "nvfp4"}) {
+    INFO(name);
+    torch::manual_seed(9);
+    QuantLinear layer(128, 128, recipe(name));
+    auto target = torch::randn({128, 128}) * 0.05;
+    auto x = torch::randn({128, 128});
+    auto y_star = x.mm(target.t());
+    torch::optim::SGD opt(layer->parameters(), torch::optim::SGDOptions(0.5));
+    double first = 0, last = 0;
+    for (int step = 0; step < 20; ++step) {
+      opt.zero_grad();
+      auto loss = torch::mse_loss(layer->forward(x), y_star);
+      loss.backward();
+      opt.step();
+      (step == 0 ? first : last) = loss.item<double>();
+    }
+    CHECK(last < first);
+    REQUIRE(layer->ledger().size() == 60);
+    CHECK(layer->ledger().back().step == 19);
+    CHECK(layer->ledger().back().gemm == "wgrad");
+    for (const auto& l : layer->ledger()) {
+      CHECK(std::isfinite(l.rel_error));
+      CHECK(l.rel_error > 0.0);
+    }
+  }
+  CHECK_THROWS_AS(recipe("fp9"), std::invalid_argument);
+}
