@@ -227,7 +227,8 @@ class Bench:
                                 "--set", "train.test_samples=100",
                                 # the twin emulates low precision op for op: compare like with like
                                 "--set", "train.compute=emulated")
-        py = [REF_PY, os.path.join(BENCH, "mlp_train.py"), out, *twin]
+        plain = "fp32" in recipes
+        py = [REF_PY, os.path.join(BENCH, "mlp_train.py"), out, *twin, *(["plain"] if plain else [])]
 
         def one():
             run(cmd)
@@ -243,10 +244,27 @@ class Bench:
                 raise Mismatch(f"{name} {r}: loss curves differ by {diff:g} or lost updates "
                                f"{rows[r]['lost_update_count']} != {p[r]['lost_update_count']}")
             log(f"{name} {r}: {steps} losses and {p[r]['lost_update_count']} lost updates equal (bit for bit)")
+        if plain:
+            # The same model, batches and first forward: the first loss is equal bit for bit. The
+            # update differs in its last bit: optim.SGD adds -lr*g in one fused multiply-add, mpt
+            # rounds lr*g first (the product whose loss to rounding it counts), so later losses
+            # agree to roundoff only (checked as the ddp pair is: relative 1e-5 at the end).
+            a, b = m["results"]["history"]["fp32"]["loss"], p["plain"]["loss"]
+            rel = abs(float(a[-1]) - float(b[-1])) / abs(float(b[-1]))
+            if len(a) != len(b) or float(a[0]) != float(b[0]) or rel > 1e-5:
+                raise Mismatch(f"{name}: mpt's fp32 losses vs the plain PyTorch loop's: first {a[0]} vs {b[0]}, "
+                               f"last relative difference {rel:.2g}")
+            log(f"{name} fp32: first loss equal to a plain PyTorch loop's (nn.Linear, optim.SGD) bit for bit, "
+                f"last within {rel:.1g} (relative)")
         res = self.rounds(one)
         mt = {r: [x[0]["timings"]["recipes"][r]["step_time_s"] * 1e3 for x in res] for r in recipes}
         pt = {r: [x[1][r]["step_time_s"] * 1e3 for x in res] for r in twin}
         small = width <= 64
+        if plain:
+            pl = [x[1]["plain"]["step_time_s"] * 1e3 for x in res]
+            self.add(f"{name}_fp32_vs_plain", "mlp", "step", "ms", mt["fp32"], pl,
+                     [a / b for a, b in zip(mt["fp32"], pl)], target="<= 1.0",
+                     note="mpt's fp32 step (counting lost updates) vs a plain PyTorch loop that counts nothing")
         for r in twin:
             self.add(f"{name}_{r}", "mlp", "step", "ms", mt[r], pt[r], [a / b for a, b in zip(mt[r], pt[r])],
                      target="<= 0.67" if small else "<= 1.0", note=f"784-{width}x2-10, batch {batch}, {steps} steps")
@@ -386,6 +404,10 @@ def main():
     for o in only:
         if o not in ALL:
             ap.error(f"--only {o}: unknown benchmark (one of {', '.join(ALL)})")
+    # Both sides under the same OpenMP wait policy: the mpt binary starts libgomp with PASSIVE
+    # waiters unless told otherwise (src/main.cpp); a Python twin left at libgomp's spinning
+    # default would lose whole time slices whenever another process runs (docs/performance.md).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     b = Bench(args)
     version = subprocess.run([args.mpt, "--version"], capture_output=True, text=True).stdout.strip()
     torch_version = subprocess.run([REF_PY, "-c", "import torch; print(torch.__version__)"], capture_output=True,
@@ -394,6 +416,7 @@ def main():
                "host": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine(),
                "mpt": version, "python": platform.python_version(), "python_torch": torch_version,
                "threads": args.threads, "rounds": args.rounds, "quick": args.quick,
+               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                "loadavg_start": os.getloadavg()}
     log(f"# context: {json.dumps(context)}")
     t0 = time.perf_counter()

@@ -117,11 +117,47 @@ def train(cfg, recipe, init, images, labels):
             "step_time_s": step_s}
 
 
+def train_plain(cfg, init, images, labels):
+    """The loop a user would write for the fp32 recipe, counting nothing: nn.Sequential of
+    nn.Linear (same initial weights), F.cross_entropy, torch.optim.SGD (foreach), loss.item()
+    per step. Same batches, same arithmetic as mpt's fp32 recipe: its losses must be equal."""
+    t = cfg["train"]
+    steps, batch = t["steps"], min(t["batch"], images.shape[0])
+    per_epoch = images.shape[0] // batch
+    act = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[t["hidden"]["activation"]]
+    layers = []
+    for i in range(len(init) // 2):
+        w = init[2 * i]
+        lin = nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            lin.bias.copy_(init[2 * i + 1])
+        layers += [lin, act()] if 2 * i + 2 < len(init) else [lin]
+    net = nn.Sequential(*layers)
+    lr = torch.tensor(t["lr"], dtype=torch.float32).item()
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    losses, perm, perm_epoch = [], None, -1
+    t0 = time.perf_counter()
+    for step in range(steps):
+        epoch = step // per_epoch
+        if epoch != perm_epoch:
+            g = torch.Generator().manual_seed(cfg["seed"] + 1000003 * (epoch + 1))
+            perm, perm_epoch = torch.randperm(images.shape[0], generator=g), epoch
+        idx = perm.narrow(0, (step % per_epoch) * batch, batch)
+        x, y = images.index_select(0, idx), labels.index_select(0, idx)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x.reshape(x.shape[0], -1)), y)
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+    return {"loss": losses, "step_time_s": (time.perf_counter() - t0) / steps}
+
+
 def main():
     cfg = json.load(open(sys.argv[1]))["config"]
     recipes = sys.argv[2:] or [r for r in cfg["train"]["recipes"] if r in SUPPORTED]
     for r in recipes:
-        if r not in SUPPORTED:
+        if r not in SUPPORTED + ["plain"]:
             sys.exit(f"mlp_train.py: recipe {r!r} not supported (supported: {', '.join(SUPPORTED)})")
     mpt_threads.use(sys.argv[1])  # as many intra-op threads as mpt ran with
     t = cfg["train"]
@@ -133,7 +169,10 @@ def main():
         lin = nn.Linear(d, out)
         init += [lin.weight.detach().clone(), lin.bias.detach().clone()]
         d = out
-    print(json.dumps({r: train(cfg, r, init, images, labels) for r in recipes}))
+    out = {r: train(cfg, r, init, images, labels) for r in recipes if r != "plain"}
+    if "plain" in recipes:
+        out["plain"] = train_plain(cfg, init, images, labels)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -97,7 +97,8 @@ fi
 
 # A build folder configured for the other route (e.g. a build/ made for Debian's LibTorch
 # before the default changed) would keep its cached Torch_DIR: start that folder afresh.
-route="$torch$([ $sanitize = 1 ] && echo +sanitize)"
+route=$torch
+if [ $sanitize = 1 ]; then route=$torch+sanitize; fi
 if [ -f "$build/CMakeCache.txt" ] && [ "$(cat "$build/.mpt-route" 2>/dev/null)" != "$route" ]; then
   echo "setup: $build/ was configured for another route; reconfiguring it for --torch $torch" >&2
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
