@@ -33,6 +33,10 @@ Benchmarks (--only NAME, repeatable; default: all):
   ddp          inner loop: `mpt dataparallel --nproc 2` (N = 2, Gloo) vs torch's
                DistributedDataParallel (bench/dataparallel_ddp.py), same model, batches and
                buckets: step time; the final loss checked equal (to roundoff) first
+  gemm         this machine's GEMM ceilings: torch.mm 2048^3 in fp32, bf16, fp16 at the bench's threads;
+               with mlp_large, that step's GFLOP/s and its fraction of the fp32 ceiling
+  busy         mpt's fp32 MLP step on every core while another process spins on one: OMP_WAIT_POLICY
+               ACTIVE (libgomp's default) vs PASSIVE (mpt's); the losses checked equal first
   checkpoint   (after its whole-run pairs) inner loop: `mpt checkpoint` vs
                torch.utils.checkpoint.checkpoint_sequential (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
                and mpt's peak bytes (counting allocator) checkpointed / plain; gradients
@@ -63,7 +67,8 @@ REF_PY = os.environ.get("MPT_REF_PYTHON", "/usr/bin/python3")
 BENCH = os.path.join(ROOT, "bench")
 PARITY = os.path.join(ROOT, "tests", "parity")
 SCHEMA_VERSION = 2
-ALL = ["underflow", "lossscale", "accumulate", "dataparallel", "pipeline", "checkpoint", "mlp", "mlp_large", "ddp"]
+ALL = ["underflow", "lossscale", "accumulate", "dataparallel", "pipeline", "checkpoint", "mlp", "mlp_large", "ddp",
+       "gemm", "busy"]
 
 
 def log(*a):
@@ -368,6 +373,77 @@ class Bench:
                  note=f"mpt's counting allocator: {seg[ck]['peak_bytes']} vs {seg['none']['peak_bytes']} bytes; "
                       "deterministic, no Python figure", mpt_peak_bytes=seg[ck]["peak_bytes"],
                  mpt_plain_peak_bytes=seg["none"]["peak_bytes"])
+
+
+    # ------------------------------------------------------------------------------------
+    # gemm: this machine's GEMM ceilings, and the large MLP's share of fp32's
+    # ------------------------------------------------------------------------------------
+    def gemm(self):
+        """torch.mm of two n x n matrices in fp32, bf16 and fp16 (the same MKL / oneDNN kernels as
+        mpt links), median of --rounds after a warm-up, at the bench's thread count; then the large
+        MLP's fp32 step (mlp_large, if it ran) as GFLOP/s and as a fraction of the fp32 ceiling."""
+        n = 1024 if self.args.quick else 2048
+        code = ("import json, sys, time, torch\n"
+                "torch.set_num_threads(int(sys.argv[1])) if int(sys.argv[1]) > 0 else None\n"
+                "n, reps, out = int(sys.argv[2]), int(sys.argv[3]), {}\n"
+                "for name, dt in [('fp32', torch.float32), ('bf16', torch.bfloat16), ('fp16', torch.float16)]:\n"
+                "    a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)\n"
+                "    torch.mm(a, b); ts = []\n"
+                "    for _ in range(reps if name != 'fp16' else 1):\n"
+                "        t0 = time.perf_counter(); torch.mm(a, b); ts.append(time.perf_counter() - t0)\n"
+                "    ts.sort(); out[name] = 2 * n ** 3 / ts[len(ts) // 2] / 1e9\n"
+                "out['threads'] = torch.get_num_threads()\n"
+                "print(json.dumps(out))\n")
+        _, _, text = run([REF_PY, "-c", code, str(self.args.threads), str(n), str(max(3, self.args.rounds))],
+                         stdout=subprocess.PIPE)
+        c = json.loads(text)
+        for f in ("fp32", "bf16", "fp16"):
+            self.add(f"gemm_{f}_{n}", "gemm", "rate", "GF/s", [], [c[f]], None,
+                     note=f"torch.mm {n}x{n}x{n}, {c['threads']} thread(s): the ceiling")
+        large = next((r for r in self.rows if r["name"] == "mlp_large_fp32"), None)
+        if large:
+            # 784-512x2-10, batch 256: forward and weight gradient of every layer, input gradient
+            # of all but the first (2*B*in*out each)
+            dims = [(784, 512), (512, 512), (512, 10)]
+            flops = sum(2 * 256 * i * o * (2 if k == 0 else 3) for k, (i, o) in enumerate(dims))
+            rates = [flops / (ms * 1e-3) / 1e9 for ms in large["mpt_samples"]]
+            self.add("mlp_large_fp32_rate", "gemm", "rate", "GF/s", rates, [], None,
+                     note=f"{flops / 1e6:.0f} MFLOP per step; {median(rates) / c['fp32']:.0%} of the fp32 ceiling "
+                          f"(target >= 50 %)", fraction_of_ceiling=median(rates) / c["fp32"])
+
+    # ------------------------------------------------------------------------------------
+    # busy: a second process takes a core; spinning vs sleeping OpenMP waiters
+    # ------------------------------------------------------------------------------------
+    def busy(self):
+        """mpt's fp32 MLP step (lossscale, 784-64x2-10) with the thread policy's intra-op threads
+        (--set threads=0: every core) while another process spins on one core, under
+        OMP_WAIT_POLICY=ACTIVE (libgomp's spinning waiters, what a program gets by default) and
+        PASSIVE (mpt's default), alternately. Same numbers either way (checked); the step times are
+        what differs."""
+        steps = 50 if self.args.quick else 300
+        base = [self.mpt, "lossscale", "-q", "--device", "cpu", "--set", "threads=0", "--set", 'train.recipes=["fp32"]',
+                "--set", f"train.steps={steps}", "--set", "sweep.scales=[1]", "--set", "train.train_samples=10000"]
+        outs = {w: os.path.join(self.tmp, f"busy_{w}.json") for w in ("ACTIVE", "PASSIVE")}
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            def one():
+                res = {}
+                for w, out in outs.items():
+                    subprocess.run(base + ["--out", out], check=True, env={**os.environ, "OMP_WAIT_POLICY": w})
+                    res[w] = load(out)
+                return res
+            first = one()
+            if first["ACTIVE"]["results"]["history"] != first["PASSIVE"]["results"]["history"]:
+                raise Mismatch("busy: the loss curves differ between wait policies")
+            res = self.rounds(one)
+        finally:
+            spinner.kill()
+            spinner.wait()
+        t = {w: [r[w]["timings"]["recipes"]["fp32"]["step_time_s"] * 1e3 for r in res] for w in outs}
+        threads = res[-1]["PASSIVE"]["env"]["threads_policy"]["intra_op"]
+        self.add("busy_fp32_passive_vs_active", "busy", "step", "ms", t["PASSIVE"], t["ACTIVE"],
+                 [a / b for a, b in zip(t["PASSIVE"], t["ACTIVE"])],
+                 note=f"{threads} threads, one core taken by another process; 'mpt' = PASSIVE, 'python' = ACTIVE")
 
 
 def fmt(v, width):
