@@ -452,23 +452,6 @@ std::optional<LaunchInfo> launch_from_environment() {
   return li;
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw RuntimeFailure(fmt::format("socket(): {}", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    throw RuntimeFailure(fmt::format("cannot find a free port on 127.0.0.1: {}", std::strerror(errno)));
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s) {
   // The launcher hosts the job's TCPStore (as torchrun's agent does): it outlives any worker,
   // so ranks can still leave their diagnosis there when rank 0 is the one that failed, and
@@ -990,7 +973,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::shared_ptr<Group> group
       group_->broadcast(d, 0);
     }
   }
-  const int64_t elt = static_cast<int64_t>(c10::elementSize(opts_.comm_dtype));
+  const int64_t elt = static_cast<int64_t>(c10::elementSize(kBucketDtype));
   const auto mb = [](double x) { return static_cast<int64_t>(x * 1024.0 * 1024.0); };
   buckets_ = assign_buckets(params_, std::max<int64_t>(1, mb(opts_.first_bucket_cap_mb)),
                             std::max<int64_t>(1, mb(opts_.bucket_cap_mb)), elt);
@@ -1001,7 +984,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::shared_ptr<Group> group
       bucket_of_[buckets_[b].params[s]] = b;
       slot_of_[buckets_[b].params[s]] = s;
     }
-    flat_.push_back(torch::zeros({buckets_[b].numel}, torch::TensorOptions().dtype(opts_.comm_dtype).device(group_->device())));
+    flat_.push_back(torch::zeros({buckets_[b].numel}, torch::TensorOptions().dtype(kBucketDtype).device(group_->device())));
   }
   for (std::size_t i = 0; i < params_.size(); ++i)
     params_[i].register_hook([this, i](torch::Tensor g) { on_grad(i, g); });

@@ -54,9 +54,6 @@ std::optional<LaunchInfo> launch_from_environment();
 /// handling): distinct from 3, which a rank uses when it stops because a peer failed.
 inline constexpr int kExitInjectedFault = 86;
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
-int free_port();
-
 /// Spawns `nproc` workers running `argv` again (the executable is /proc/self/exe) with
 /// MPT_RANK=i, MPT_WORLD_SIZE=nproc, MPT_LOCAL_RANK=i, MASTER_ADDR=127.0.0.1,
 /// MASTER_PORT=<port> and MPT_AGENT_STORE=1: this process hosts the job's TCPStore (as
@@ -212,8 +209,10 @@ struct ReducerOptions {
   double first_bucket_cap_mb = 1.0;   ///< DDP's smaller first bucket, so communication starts early
   bool overlap = true;                ///< launch a bucket's all-reduce from the gradient hooks
   bool divide_before = true;          ///< divide by world size before the sum (DDP) or after it
-  torch::ScalarType comm_dtype = torch::kFloat32;  ///< dtype of the flattened buckets on the wire
 };
+
+/// dtype of the flattened buckets on the wire: the parameters' own (mpt's models train in fp32).
+inline constexpr torch::ScalarType kBucketDtype = torch::kFloat32;
 
 /// One bucket: parameter indices (into the parameter list), their sizes and offsets.
 struct Bucket {

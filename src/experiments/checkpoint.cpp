@@ -35,7 +35,7 @@
 #include "core/memory.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 

@@ -38,7 +38,7 @@
 #include "core/errors.hpp"
 #include "core/models.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 

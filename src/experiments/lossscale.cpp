@@ -38,7 +38,7 @@
 #include "core/models.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 

@@ -37,7 +37,7 @@
 #include "core/models.hpp"
 #include "core/pipeline.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 

@@ -26,7 +26,7 @@
 #include "core/models.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 
@@ -179,7 +179,7 @@ Histogram grad_histogram(const torch::Tensor& g, int64_t depth, int lo, int hi) 
 // ----------------------------------------------------------------------------
 // 4. Lost updates: why fp32 master weights exist
 // ----------------------------------------------------------------------------
-Table updates_table(double start, double step, int64_t count, Report& report) {
+Table updates_table(double start, double step, int64_t count) {
   Table t{"updates",
           fmt::format("Lost updates: w = {:g} plus {} updates of {:g}, stored in each format", start, count, step),
           {text_col("name", "storage"), float_col("final", "final w", "-", 8), float_col("expected", "exact", "-", 8),
@@ -274,7 +274,7 @@ Report run_underflow(const Context& ctx) {
   report.timings["gradients_s"] = now_seconds() - t0;
 
   t0 = now_seconds();
-  report.add(updates_table(cfg.number("/updates/start"), cfg.number("/updates/step"), cfg.integer("/updates/count"), report));
+  report.add(updates_table(cfg.number("/updates/start"), cfg.number("/updates/step"), cfg.integer("/updates/count")));
   report.timings["updates_s"] = now_seconds() - t0;
   for (auto& h : hists) report.add(std::move(h));
   return report;

@@ -2,7 +2,9 @@
 //
 // An experiment declares its config schema and computes a Report from a resolved
 // Config on a chosen device. It never prints, parses files or writes results: the
-// harness (core/harness.cpp) owns those, as nccl-tests' shared harness does.
+// harness (src/app/harness.cpp) owns those, as nccl-tests' shared harness does.
+// This header is core's: the experiments implement it, the app layer calls it, and
+// core itself knows no experiment.
 #pragma once
 
 #include <functional>
@@ -21,8 +23,6 @@ namespace mpt {
 struct Context {
   const Config& cfg;      ///< resolved and validated config
   torch::Device device;   ///< chosen device (CPU or CUDA)
-  std::string fp16_mode;  ///< "native" or "emulated" on this device
-  bool verbose = false;   ///< -v given
   bool tty = false;       ///< progress lines allowed: stderr is a terminal, not -q, rank 0 (core Progress)
   int rank = 0;           ///< this process's rank in a multi-process run (core/dist); 0 otherwise
   int world_size = 1;     ///< processes in the run; only rank 0's report is printed and written
@@ -47,19 +47,5 @@ struct Experiment {
   /// MPT_MEMORY_LIMIT_BYTES: a config that does not fit exits 2 naming its keys.
   std::function<MemoryEstimate(const Config&, int world_size)> memory;
 };
-
-/// Every experiment, in the order `mpt list` shows them (src/experiments/registry.cpp).
-const std::vector<Experiment>& experiments();
-
-/// The experiment named `name`, or nullptr.
-const Experiment* find_experiment(const std::string& name);
-
-// Each experiment file defines one of these.
-Experiment underflow_experiment();
-Experiment lossscale_experiment();
-Experiment pipeline_experiment();
-Experiment dataparallel_experiment();
-Experiment checkpoint_experiment();
-Experiment accumulate_experiment();
 
 }  // namespace mpt
