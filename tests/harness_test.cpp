@@ -16,7 +16,8 @@ using namespace mpt;
 
 namespace {
 
-// A one-table experiment: /rows rows of x = i * /scale; a check that passes unless /fail.
+// A small experiment: a table of /rows rows of x = i * /scale, two tables of step times routed
+// to timings; a check that passes unless /fail.
 // `runs` counts calls of run(), so a test can see that validation stopped the run before it.
 Experiment toy_experiment(int* runs) {
   Experiment e;
@@ -42,6 +43,13 @@ Experiment toy_experiment(int* runs) {
     for (long long i = 0; i < ctx.cfg.integer("/rows"); ++i)
       t.rows.push_back({{"name", "r" + std::to_string(i)}, {"x", static_cast<double>(i) * ctx.cfg.number("/scale")}});
     r.add(std::move(t));
+    Table step{"step_times", "Step times", {text_col("name", "name"), float_col("step_ms", "step", "ms")}};
+    step.rows.push_back({{"name", "a"}, {"step_ms", 1.5}});
+    step.rows.push_back({{"name", "b"}, {"step_ms", 2.5}});
+    Table by_name = step;
+    by_name.name = "per_case";
+    r.add(std::move(step), Store::Timings);          // timings.step_times: the rows
+    r.add(std::move(by_name), Store::TimingsByName);  // timings.per_case.<name>: the rows by name
     r.results["overflow"] = INFINITY;  // non-finite numbers are data: stored as "inf"
     r.check("toy check", ctx.cfg.boolean("/fail") ? 1.0 : 0.0, 0.5);
     r.timings["toy_s"] = 0.25;
@@ -126,6 +134,13 @@ TEST_CASE("run_experiment: exit 0 writes the result document; same config, ident
   CHECK(da["checks"][0]["name"] == "toy check");
   CHECK(da["checks"][0]["ok"] == true);
   CHECK(da["timings"]["toy_s"] == 0.25);
+  // Tables of run-dependent values go to timings, never to results.
+  CHECK_FALSE(da["results"].contains("step_times"));
+  CHECK_FALSE(da["results"].contains("per_case"));
+  REQUIRE(da["timings"]["step_times"].is_array());
+  CHECK(da["timings"]["step_times"][1]["step_ms"] == 2.5);
+  CHECK(da["timings"]["per_case"]["b"]["step_ms"] == 2.5);
+  CHECK(da["timings"]["per_case"]["a"]["name"] == "a");
   CHECK(da["timings"].contains("wall_s"));
   CHECK(da["env"].contains("torch"));
   CHECK(da["results"] == db["results"]);
@@ -167,6 +182,17 @@ TEST_CASE("print_config: the resolved config only, no run and no result file", "
   CHECK(runs == 0);
   CHECK_FALSE(std::filesystem::exists(dir + "/p.json"));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("result_document refuses a timings table whose key a timings value already has", "[harness]") {
+  int runs = 0;
+  const Experiment toy = toy_experiment(&runs);
+  ConfigSpec spec = full_spec(toy);
+  Config cfg = resolve_config(spec, "", {});
+  Report r;
+  r.timings["t"] = 1.0;
+  r.add(Table{"t", "T", {text_col("name", "name")}, {json{{"name", "x"}}}}, Store::Timings);
+  CHECK_THROWS_AS(result_document(toy, cfg, r, json::object(), 0.0), std::logic_error);
 }
 
 TEST_CASE("the registry lists six experiments, each with a spec that resolves to its defaults", "[harness]") {

@@ -62,8 +62,14 @@ nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg,
                                        const json& env, double wall_s) {
   using ojson = nlohmann::ordered_json;
   json results = report.results;
+  json timings = report.timings;
   for (const auto& sec : report.sections) {
-    if (auto* t = std::get_if<Table>(&sec)) results[t->name] = table_json(*t);
+    if (auto* t = std::get_if<Table>(&sec)) {
+      json& into = t->store == Store::Results ? results : timings;
+      if (t->store != Store::Results && into.contains(t->name))
+        throw std::logic_error("table '" + t->name + "' and a timings value share the key");
+      into[t->name] = t->store == Store::TimingsByName ? table_json_by_name(*t) : table_json(*t);
+    }
     if (auto* h = std::get_if<Histogram>(&sec)) results[h->name] = histogram_json(*h);
   }
   json checks = json::array();
@@ -71,7 +77,6 @@ nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg,
     checks.push_back({{"name", c.name}, {"value", num(c.value)}, {"tolerance", num(c.tolerance)}, {"ok", c.ok}});
   json full_env = env;
   full_env.update(report.env);
-  json timings = report.timings;
   timings["wall_s"] = wall_s;
   ojson doc;
   doc["schema_version"] = 1;

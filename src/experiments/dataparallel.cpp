@@ -391,12 +391,11 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
           {text_col("name", "N"), int_col("buckets", "buckets"), int_col("bytes", "grad", "bytes"),
            int_col("steps", "steps"), int_col("dropped", "dropped", "samples"), float_col("final_loss", "loss"),
            sci_col("replica_dev", "replica dev"), sci_col("vs_single", "vs 1-proc")}};
-  Table tm{"timing", "Step time per N (run-dependent: stored under timings)",
+  Table tm{"per_n", "Step time per N (run-dependent: stored under timings)",
            {text_col("name", "N"), float_col("step_ms", "step", "ms"), float_col("compute_ms", "compute", "ms"),
             float_col("allreduce_ms", "all-reduce", "ms"), float_col("exposed_ms", "exposed", "ms"),
             float_col("algbw", "algbw", "GB/s"), float_col("busbw", "busbw", "GB/s"),
             pct_col("efficiency", "efficiency", 1)}};
-  json timings = json::object();
   double t1 = 0, worst_dev = 0, worst_match = 0;
   for (int64_t n : ns) {
     TrainOut o;
@@ -423,7 +422,6 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
                   {"allreduce_ms", o.allreduce_s * 1e3}, {"exposed_ms", o.exposed_s * 1e3}, {"algbw", algbw},
                   {"busbw", busbw}, {"efficiency", eff}};
       tm.rows.push_back(row);
-      timings[fmt::format("n{}", n)] = row;
     }
     world_group->barrier();
   }
@@ -472,9 +470,7 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
   tm.notes.push_back("compute = forward+backward (overlapped all-reduce runs meanwhile); exposed = waiting for the "
                      "all-reduce after backward; all-reduce = the buckets all-reduced alone (5 iterations)");
   tm.notes.push_back("algbw = bytes / all-reduce time; busbw = algbw * 2(N-1)/N (nccl-tests); efficiency = T1/(N*TN)");
-  std::string txt = render_table(tm);
-  report.add(TextBlock{tm.title, txt.substr(txt.find('\n') + 1)});  // printed, not stored under results
-  report.timings["per_n"] = timings;
+  report.add(std::move(tm), Store::TimingsByName);  // timings.per_n.n<N>
 }
 
 Report run_dataparallel(const Context& ctx) {

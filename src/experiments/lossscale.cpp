@@ -530,11 +530,10 @@ void training_section(const Context& ctx, Report& report) {
            pct_col("test_accuracy", "test acc"), int_col("skipped_steps", "skipped", "steps"),
            sci_col("final_scale", "final S", "-", 3), pct_col("lost_updates", "lost upd", 3),
            pct_col("grad_underflow", "grad ->0", 3)}};
-  Table cost{"recipe_costs", "Cost per recipe (run-dependent; stored under timings)",
+  Table cost{"recipes", "Cost per recipe (run-dependent; stored under timings)",
              {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3),
               float_col("vs_fp32", "vs fp32", "x", 3), int_col("peak_bytes", "peak", "bytes")}};
   json history = json::object();
-  json timings = json::object();
   double fp32_step = NAN;
   const int64_t every = cfg.integer("/train/log_every");
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", every), {int_col("step", "step")}};
@@ -570,9 +569,8 @@ void training_section(const Context& ctx, Report& report) {
     for (double v : run.scale) h["scale"].push_back(v);
     history[n] = h;
     if (n == "fp32") fp32_step = run.step_s;
-    timings[n] = {{"step_time_s", run.step_s}, {"peak_bytes", run.peak_bytes}};
     cost.rows.push_back({{"name", n}, {"step_ms", run.step_s * 1e3}, {"vs_fp32", num(run.step_s / fp32_step)},
-                         {"peak_bytes", run.peak_bytes}});
+                         {"peak_bytes", run.peak_bytes}, {"step_time_s", run.step_s}});
     curve.columns.push_back(float_col(n, n));
     runs.push_back(std::move(run));
   }
@@ -592,11 +590,8 @@ void training_section(const Context& ctx, Report& report) {
                                   "stored tensor rounded)", fmt::join(modes, ", ")));
   report.add(std::move(t));
   report.add(std::move(curve));
-  std::string text = render_table(cost);
-  text = text.substr(text.find('\n') + 1);  // the TextBlock prints the title
-  report.add(TextBlock{cost.title, text});
+  report.add(std::move(cost), Store::TimingsByName);  // timings.recipes.<recipe>
   report.results["history"] = history;
-  report.timings["recipes"] = timings;
   report.env["lossscale_compute"] = compute_used;
 }
 

@@ -567,10 +567,8 @@ Report run_pipeline_experiment(const Context& ctx) {
                                          heavy, cfg.number("/cost/heavy_factor")));
   report.add(std::move(sweep));
   // Measured values vary run to run: printed, and stored under timings (not results).
-  report.timings["measured"] = table_json(measured);
   report.timings["events"] = events;
-  std::string text = render_table(measured);
-  report.add(TextBlock{measured.title, text.substr(text.find('\n') + 1)});  // the block prints the title
+  report.add(std::move(measured), Store::Timings);
   for (auto& c : charts) report.add(std::move(c));
   report.timings["sweep_s"] = now_seconds() - t0;
   return report;
