@@ -11,6 +11,7 @@
 #include "app/registry.hpp"
 #include "catch.hpp"
 #include "core/errors.hpp"
+#include "core/world.hpp"
 
 using namespace mpt;
 
@@ -204,4 +205,102 @@ TEST_CASE("the registry lists six experiments, each with a spec that resolves to
     CHECK_NOTHROW(resolve_for(full_spec(e), RunOptions{}));
   }
   CHECK(find_experiment("underflw") == nullptr);
+}
+
+namespace {
+
+// A multi-process experiment in its smallest form: /nproc (1 here: the harness does not spawn),
+// a plan read from its own keys, and a run that uses the World the harness built.
+Experiment multi_toy(int* world_sizes) {
+  Experiment e;
+  e.name = "multitoy";
+  e.summary = "an all-reduce over the World (harness tests)";
+  e.spec = [] {
+    ConfigSpec s;
+    s.integer("/nproc", 1, "processes", 1, 8);
+    s.number("/net/timeout_s", 5.0, "timeout (s)", 0.1, 60.0);
+    return s;
+  };
+  e.validate = [](const Config&, int world_size) {
+    if (world_size < 1) throw ConfigError("/nproc: expected at least 1");
+  };
+  e.processes = Processes::Multi;
+  e.plan = [](const Config& cfg) {
+    ProcessPlan p;
+    p.timeout_s = cfg.number("/net/timeout_s");
+    return p;
+  };
+  e.run = [world_sizes](const Context& ctx) {
+    Report r;
+    REQUIRE(ctx.world != nullptr);
+    *world_sizes = ctx.world->size();
+    auto t = torch::ones({3});
+    ctx.world->group()->allreduce(t);  // one rank: the sum is the tensor itself
+    r.check("all-reduce of ones over one rank", std::abs(t.sum().item<double>() - 3.0), 0.0);
+    CHECK(ctx.world->timeout() == std::chrono::milliseconds(5000));
+    return r;
+  };
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("a multi-process experiment gets a World from the harness, with its own timeout key", "[harness]") {
+  int size = 0;
+  const std::string dir = scratch_dir();
+  RunOptions o = quiet_run(dir + "/m.json");
+  o.argv = {"mpt", "multitoy"};
+  CHECK(run_experiment(multi_toy(&size), o) == kExitOk);
+  CHECK(size == 1);
+  CHECK(full_spec(multi_toy(&size)).find("/nproc"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the contract: no validate, or multi-process without /nproc or a plan, is a programming error", "[harness]") {
+  int runs = 0, size = 0;
+  const std::string dir = scratch_dir();
+  Experiment no_validate = toy_experiment(&runs);
+  no_validate.validate = nullptr;
+  CHECK(run_experiment(no_validate, quiet_run(dir + "/x.json")) == kExitRuntime);
+  Experiment no_plan = multi_toy(&size);
+  no_plan.plan = nullptr;
+  CHECK(run_experiment(no_plan, quiet_run(dir + "/x.json")) == kExitRuntime);
+  CHECK(runs == 0);
+  CHECK(size == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("World: one rank without a launcher, groups on first use, the fault point on other ranks only", "[harness]") {
+  World w(dist::LaunchInfo{}, torch::kCPU, std::chrono::milliseconds(5000), FaultPlan{/*rank=*/1, /*step=*/0});
+  CHECK(w.rank() == 0);
+  CHECK(w.size() == 1);
+  CHECK(w.is_rank0());
+  CHECK(w.device().is_cpu());
+  const auto& g = w.group();
+  REQUIRE(g);
+  CHECK(g->size() == 1);
+  CHECK(g->backend() == "gloo");
+  CHECK(&w.group() == &g);  // created once
+  auto sub = w.new_group("harness_sub/", 1, torch::kCPU);
+  auto t = torch::full({2}, 2.0);
+  sub->allreduce(t);
+  CHECK(t[0].item<double>() == 2.0);
+  w.fault_point(0);  // the fault belongs to rank 1: rank 0 goes on
+}
+
+TEST_CASE("every registered experiment validates, and the multi-process ones have a plan", "[harness]") {
+  for (const auto& e : experiments()) {
+    INFO(e.name);
+    CHECK(e.validate);
+    if (e.processes == Processes::Multi) {
+      CHECK(e.plan);
+      CHECK(full_spec(e).find("/nproc"));
+      const ProcessPlan p = e.plan(resolve_for(full_spec(e), RunOptions{}));
+      CHECK(p.timeout_s > 0);
+      CHECK(p.fault.rank == -1);  // defaults inject no fault
+    }
+  }
+  CHECK(find_experiment("dataparallel")->processes == Processes::Multi);
+  CHECK(find_experiment("pipeline")->processes == Processes::Multi);
+  CHECK(find_experiment("underflow")->processes == Processes::Single);
 }

@@ -130,7 +130,7 @@ int main_cli_in(int argc, char** argv) {
     sub->add_flag("--print-config", opts.print_config, "Print the resolved config as JSON and exit");
     sub->add_flag("-q,--quiet", opts.quiet, "No tables; warnings and errors only");
     sub->add_flag("-v,--verbose", opts.verbose, "Debug logging on stderr");
-    if (full_spec(e).find("/nproc"))  // multi-process experiments only
+    if (e.processes == Processes::Multi)  // multi-process experiments only
       sub->add_option("--nproc", opts.nproc, "Spawn N worker processes on this machine (= --set nproc=N)");
     sub->footer(config_help(full_spec(e)));
     sub->callback([&chosen, &e] { chosen = &e; });

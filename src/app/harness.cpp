@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <optional>
 
@@ -11,6 +12,7 @@
 #include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/runtime.hpp"
+#include "core/world.hpp"
 
 namespace mpt {
 
@@ -106,11 +108,15 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     if (opts.out_given && opts.out.empty()) throw ConfigError("--out: expected a file path, got an empty string");
     const std::string out = opts.out.empty() ? "results/" + exp.name + ".json" : opts.out;
 
-    // Multi-process experiments (a /nproc key): under a launcher (mpt --nproc, torchrun,
-    // SLURM) this process is one rank; otherwise spawn /nproc workers of ourselves and wait.
+    // Multi-process experiments: under a launcher (mpt --nproc, torchrun, SLURM) this process
+    // is one rank; otherwise spawn /nproc workers of ourselves and wait.
+    const bool multi = exp.processes == Processes::Multi;
+    if (!exp.validate) throw std::logic_error("experiment " + exp.name + " has no validate (core/experiment.hpp)");
+    if (multi && (!spec.find("/nproc") || !exp.plan))
+      throw std::logic_error("multi-process experiment " + exp.name + " needs /nproc in its schema and a plan");
     int rank = 0, world_size = 1;
     std::optional<dist::LaunchInfo> launch;
-    if (spec.find("/nproc")) {
+    if (multi) {
       // A launcher's environment is input like --nproc: malformed or too large is a usage error.
       try {
         launch = dist::launch_from_environment();
@@ -129,8 +135,9 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
                                       *opts.nproc, launch->launcher, launch->world_size_var, launch->world_size,
                                       launch->world_size_var, *opts.nproc));
     }
-    const int planned = launch ? launch->world_size : spec.find("/nproc") ? static_cast<int>(cfg.integer("/nproc")) : 1;
-    if (exp.validate) exp.validate(cfg, planned);  // before any worker exists
+    const int planned = launch ? launch->world_size : multi ? static_cast<int>(cfg.integer("/nproc")) : 1;
+    exp.validate(cfg, planned);  // before any work and before any worker exists
+    const ProcessPlan plan = multi ? exp.plan(cfg) : ProcessPlan{};
     // Before anything is allocated: does the config fit in this machine's memory? Checked once,
     // for all the workers, by the process that spawns them (not again in each worker, whose
     // MemAvailable already lacks what its siblings took); each rank under torchrun/SLURM checks
@@ -151,13 +158,11 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
         throw ConfigError(fmt::format("--out {}", e.what()));
       }
     }
-    if (spec.find("/nproc")) {
+    if (multi) {
       if (!launch && cfg.integer("/nproc") > 1) {
         choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
         // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
-        double grace = 60.0;
-        for (const char* key : {"/dist/timeout_s", "/pipeline/timeout_s"})
-          if (spec.find(key)) grace = cfg.number(key) + 10.0;
+        const double grace = plan.timeout_s + 10.0;
         if (stdout_closed()) ::setenv("MPT_STDOUT_CLOSED", "1", 1);  // rank 0 prints the tables
         return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, grace);
       }
@@ -178,10 +183,17 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
 
     // Progress lines only where a person watches: stderr a terminal, not -q, rank 0.
     const bool tty = isatty(2) != 0 && !opts.quiet && rank == 0;
-    Context ctx{cfg, device, tty, rank, world_size};
+    // This rank's World (its device, the store and groups on first use, the fault point); the
+    // groups end with the run, before the report is printed, as they did inside the experiment.
+    std::optional<World> world;
+    if (multi)
+      world.emplace(launch.value_or(dist::LaunchInfo{}), device,
+                    std::chrono::milliseconds(static_cast<int64_t>(plan.timeout_s * 1000)), plan.fault);
+    Context ctx{cfg, device, tty, rank, world_size, world ? &*world : nullptr};
     const double t0 = now_seconds();
     Report report = exp.run(ctx);
     const double wall = now_seconds() - t0;
+    world.reset();
     if (rank != 0) return report.all_checks_ok() ? kExitOk : kExitCheckFailed;  // rank 0 prints and writes
 
     if (!opts.quiet) print_report(report);  // a closed or full stdout: the result is still written

@@ -397,10 +397,17 @@ GradScaler::Options scaler_options(const Config& cfg) {
   o.hysteresis = cfg.integer("/train/scaler/hysteresis");
   o.min_scale = cfg.number("/train/scaler/min_scale");
   o.min_scale_policy = parse_min_scale_policy(cfg.str("/train/scaler/min_scale_policy"));
-  if (o.min_scale > o.init_scale)
-    throw ConfigError(fmt::format("/train/scaler/min_scale: expected a value <= /train/scaler/init_scale ({:g}), got {:g}",
-                                  o.init_scale, o.min_scale));
   return o;
+}
+
+/// Cross-key checks before any work (exit 2): with training on, GradScaler's floor is not
+/// above its initial scale.
+void validate_lossscale(const Config& cfg, int /*world_size*/) {
+  if (!cfg.boolean("/train/enabled")) return;
+  const double init = cfg.number("/train/scaler/init_scale"), floor = cfg.number("/train/scaler/min_scale");
+  if (floor > init)
+    throw ConfigError(fmt::format("/train/scaler/min_scale: expected a value <= /train/scaler/init_scale ({:g}), got {:g}",
+                                  init, floor));
 }
 
 RecipeRun train_recipe(const Context& ctx, const Recipe& r, Compute c, const std::vector<torch::Tensor>& init,
@@ -516,7 +523,6 @@ void training_section(const Context& ctx, Report& report) {
   const std::string dir = cfg.str("/train/data_dir");
   Dataset train = load_fashion_mnist(dir, "train", cfg.integer("/train/train_samples"));
   Dataset test = load_fashion_mnist(dir, "test", cfg.integer("/train/test_samples"));
-  scaler_options(cfg);  // validate before training anything
 
   seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
   const auto init = init_mlp(cfg.integer("/train/hidden/depth"), cfg.integer("/train/hidden/width"));
@@ -640,7 +646,7 @@ MemoryEstimate lossscale_memory(const Config& cfg, int /*world_size*/) {
 
 Experiment lossscale_experiment() {
   return {"lossscale", "Loss scaling: static sweep, GradScaler, fp16/bf16 training recipes on Fashion-MNIST",
-          lossscale_spec, run_lossscale, nullptr, lossscale_memory};
+          lossscale_spec, run_lossscale, validate_lossscale, lossscale_memory};
 }
 
 }  // namespace mpt

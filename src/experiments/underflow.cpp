@@ -237,14 +237,20 @@ void format_checks(Report& report) {
   report.check("fp32 min subnormal == denorm_min", rel(f.min_subnormal, std::numeric_limits<float>::denorm_min()), 0);
 }
 
-Report run_underflow(const Context& ctx) {
-  const auto& cfg = ctx.cfg;
-  Report report;
+/// Cross-key checks before any work (exit 2): the histogram's range is not empty.
+void validate_underflow(const Config& cfg, int /*world_size*/) {
   const int lo = static_cast<int>(cfg.integer("/histogram/min_log2"));
   const int hi = static_cast<int>(cfg.integer("/histogram/max_log2"));
   if (hi <= lo)
     throw ConfigError(fmt::format("/histogram/max_log2: expected a value greater than /histogram/min_log2 ({}), got {}",
                                   lo, hi));
+}
+
+Report run_underflow(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  const int lo = static_cast<int>(cfg.integer("/histogram/min_log2"));  // lo < hi: validate_underflow
+  const int hi = static_cast<int>(cfg.integer("/histogram/max_log2"));
 
   double t0 = now_seconds();
   report.add(formats_table(cfg.strings("/formats")));
@@ -301,7 +307,7 @@ MemoryEstimate underflow_memory(const Config& cfg, int /*world_size*/) {
 
 Experiment underflow_experiment() {
   return {"underflow", "What fp16 and bf16 cannot hold: formats, casts, gradient underflow, lost updates",
-          underflow_spec, run_underflow, nullptr, underflow_memory};
+          underflow_spec, run_underflow, validate_underflow, underflow_memory};
 }
 
 }  // namespace mpt
