@@ -1,7 +1,11 @@
 // Unit tests of core/dist: bucket assignment, launcher environments, the Reducer on a
-// one-process group (the multi-process paths run through ctest's CLI cases).
+// one-process group and on two Gloo ranks played by two threads, the collectives of Group
+// (the multi-process paths run through ctest's CLI cases).
 #include <cstdlib>
+#include <functional>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "catch.hpp"
 #include "core/dist.hpp"
@@ -171,4 +175,121 @@ TEST_CASE("Group::create names a rank that never comes, within the timeout", "[d
   CHECK_THROWS_WITH(dist::Group::create({}, 0, 2, "never/", milliseconds(300)),
                     Catch::Contains("rank 1 did not arrive within 0.3 s"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+}
+
+// ---------------------------------------------------------------------------
+// Collectives and the reducer on a real two-rank Gloo group: two threads of this process, one
+// rank each, meeting in the job's store as two processes would. Catch2's assertions are not
+// thread-safe: the ranks only compute, the checks run on the main thread afterwards.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// Runs body(group, rank) on ranks 0 and 1 of a fresh two-rank Gloo group named `prefix`.
+// Returns each rank's error message ("" when it finished).
+std::vector<std::string> on_two_ranks(const std::string& prefix,
+                                      const std::function<void(dist::Group&, int)>& body) {
+  using std::chrono::milliseconds;
+  dist::connect_store(dist::LaunchInfo{}, milliseconds(10000));  // one process, no launcher: a HashStore
+  std::vector<std::shared_ptr<dist::Group>> gs(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        gs[static_cast<std::size_t>(r)] = dist::Group::create({}, r, 2, prefix, milliseconds(10000));
+        body(*gs[static_cast<std::size_t>(r)], r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("all_gather, reduce_scatter and all_to_all on two Gloo ranks", "[dist]") {
+  std::vector<torch::Tensor> gathered(2), scattered(2), exchanged(2);
+  const auto errors = on_two_ranks("collectives/", [&](dist::Group& g, int r) {
+    const auto i = static_cast<std::size_t>(r);
+    // all_gather: rank r contributes a 2x3 block of r + 1.
+    gathered[i] = torch::empty({4, 3});
+    g.all_gather(torch::full({2, 3}, r + 1.0), gathered[i]);
+    // reduce_scatter: rank r holds (r + 1) * [0 .. 7] as 4x2; the sum is 3 * [0 .. 7].
+    scattered[i] = torch::empty({2, 2});
+    g.reduce_scatter(torch::arange(8, torch::kFloat32).view({4, 2}) * (r + 1.0), scattered[i]);
+    // all_to_all: chunk j of rank r is 10 r + j; chunk i of the output comes from rank i.
+    auto in = torch::tensor({10.0f * r, 10.0f * r, 10.0f * r + 1, 10.0f * r + 1});
+    exchanged[i] = torch::empty({4});
+    g.all_to_all(in, exchanged[i]);
+  });
+  REQUIRE(errors == std::vector<std::string>{"", ""});
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(torch::equal(gathered[i], torch::cat({torch::full({2, 3}, 1.0), torch::full({2, 3}, 2.0)})));
+    CHECK(torch::equal(scattered[i], (torch::arange(8, torch::kFloat32).view({4, 2}) * 3.0).chunk(2, 0)[i]));
+    CHECK(torch::equal(exchanged[i], torch::tensor({0.0f + r, 0.0f + r, 10.0f + r, 10.0f + r})));
+  }
+}
+
+TEST_CASE("the collectives refuse tensors whose shapes do not fit the group", "[dist]") {
+  dist::connect_store(dist::LaunchInfo{}, std::chrono::milliseconds(5000));
+  auto g = dist::Group::create({}, 0, 1, "collectives_solo/", std::chrono::milliseconds(5000));
+  CHECK_THROWS_AS(g->all_gather(torch::ones({2}), torch::empty({3})), std::invalid_argument);
+  CHECK_THROWS_AS(g->reduce_scatter(torch::ones({2}), torch::empty({1})), std::invalid_argument);
+  CHECK_THROWS_AS(g->all_to_all(torch::ones({2}), torch::empty({3})), std::invalid_argument);
+  auto out = torch::empty({2});
+  g->all_gather(torch::tensor({1.0f, 2.0f}), out);  // one rank: a copy
+  CHECK(torch::equal(out, torch::tensor({1.0f, 2.0f})));
+}
+
+TEST_CASE("Reducer on two Gloo ranks: the bucketed all-reduce of the gradients is their sum (then / N)", "[dist]") {
+  // Identical models (rank 0's parameters are broadcast anyway), different data per rank.
+  torch::manual_seed(3);
+  torch::nn::Linear init(6, 4);
+  const std::vector<torch::Tensor> xs = {torch::randn({5, 6}), torch::randn({5, 6})};
+  auto clone = [&] {
+    torch::nn::Linear c(6, 4);
+    torch::NoGradGuard ng;
+    for (std::size_t p = 0; p < 2; ++p) c->parameters()[p].copy_(init->parameters()[p]);
+    return c;
+  };
+  // The reference: each rank's own gradient, summed. The Reducer divides by the world size,
+  // before the all-reduce (DDP) or after it: both give the sum / 2.
+  std::vector<torch::Tensor> want(2);
+  for (std::size_t r = 0; r < 2; ++r) {
+    auto c = clone();
+    c->forward(xs[r]).pow(2).sum().backward();
+    for (std::size_t p = 0; p < 2; ++p) want[p] = r == 0 ? c->parameters()[p].grad().clone() : want[p] + c->parameters()[p].grad();
+  }
+  for (const bool overlap : {true, false}) {
+    for (const bool divide_before : {false, true}) {
+      std::vector<torch::nn::Linear> nets = {clone(), clone()};
+      std::vector<std::size_t> buckets(2);
+      const auto errors = on_two_ranks(fmt::format("reducer_{}_{}/", overlap, divide_before), [&](dist::Group& g, int r) {
+        dist::ReducerOptions o;
+        o.overlap = overlap;
+        o.divide_before = divide_before;
+        o.first_bucket_cap_mb = 1e-5;  // the bias and the weight in buckets of their own
+        o.bucket_cap_mb = 1e-5;
+        auto group = std::shared_ptr<dist::Group>(&g, [](dist::Group*) {});  // owned by on_two_ranks
+        auto& net = nets[static_cast<std::size_t>(r)];
+        dist::Reducer reducer(net->parameters(), group, o);
+        buckets[static_cast<std::size_t>(r)] = reducer.buckets().size();
+        reducer.prepare();
+        net->forward(xs[static_cast<std::size_t>(r)]).pow(2).sum().backward();
+        reducer.finalize();
+      });
+      INFO("overlap " << overlap << ", divide before " << divide_before);
+      REQUIRE(errors == std::vector<std::string>{"", ""});
+      CHECK(buckets == std::vector<std::size_t>{2, 2});
+      for (std::size_t r = 0; r < 2; ++r)
+        for (std::size_t p = 0; p < 2; ++p) {
+          const auto expected = want[p] / 2.0;
+          CHECK(torch::allclose(nets[r]->parameters()[p].grad(), expected, /*rtol=*/1e-6, /*atol=*/1e-6));
+        }
+    }
+  }
 }

@@ -113,7 +113,7 @@ TEST_CASE("bf16 matmul and linear backward past oneDNN's size threshold run unde
 #include <cstdlib>
 
 #include "core/errors.hpp"
-#include "experiments/experiment.hpp"
+#include "app/registry.hpp"
 
 TEST_CASE("MLP parameter count and the training-step terms follow the documented formula", "[memory]") {
   CHECK(mlp_param_count({784, 128, 10}) == 784.0 * 128 + 128 + 128.0 * 10 + 10);

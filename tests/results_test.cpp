@@ -177,3 +177,28 @@ TEST_CASE("check_writable reports the folders it made, remove_created_dirs takes
   CHECK(fs::exists(dir / "c" / "r.json"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("table_json_by_name keys the rows by their name; a missing or repeated name is refused", "[results]") {
+  Table t{"per_n", "Per N", {text_col("name", "N"), float_col("x", "x")}};
+  t.rows.push_back({{"name", "n1"}, {"x", 1.0}});
+  t.rows.push_back({{"name", "n2"}, {"x", INFINITY}});
+  json j = table_json_by_name(t);
+  REQUIRE(j.size() == 2);
+  CHECK(j["n1"]["x"] == 1.0);
+  CHECK(j["n2"]["x"] == "inf");  // non-finite encoded as in table_json
+  CHECK(j["n2"]["name"] == "n2");
+  t.rows.push_back({{"name", "n1"}, {"x", 3.0}});
+  CHECK_THROWS_AS(table_json_by_name(t), std::logic_error);
+  t.rows.back() = json{{"x", 3.0}};
+  CHECK_THROWS_AS(table_json_by_name(t), std::logic_error);
+}
+
+TEST_CASE("Report::add with a Store keeps the table a printed section", "[results]") {
+  Report r;
+  r.add(Table{"m", "Measured", {text_col("name", "name")}}, Store::Timings);
+  REQUIRE(r.sections.size() == 1);
+  const Table* t = std::get_if<Table>(&r.sections[0]);
+  REQUIRE(t);
+  CHECK(t->store == Store::Timings);
+  CHECK(render_table(*t).rfind("# Measured\n", 0) == 0);
+}

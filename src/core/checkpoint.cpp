@@ -69,8 +69,10 @@ class ForkedRng {
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   // Inputs as autograd sees them: [segment capsule (not a tensor), input, params...].
+  // `params` are inputs only so that autograd routes their gradients (backward returns them);
+  // forward reads them through the segment's function.
   static variable_list forward(AutogradContext* ctx, c10::IValue capsule, const torch::Tensor& input,
-                               at::TensorList params) {
+                               at::TensorList /*params*/) {
     // Autograd is off here (Function::apply runs forward under AutoGradMode(false)):
     // the segment's intermediate tensors die as soon as they are consumed.
     auto holder = capsule.toCapsule();  // keeps the Segment alive while `seg` is used

@@ -12,6 +12,9 @@ namespace mpt::compat {
 
 /// True when built against LibTorch 2.x or newer.
 inline constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
+/// ProcessGroupGloo implements reduce_scatter in LibTorch 2.x; 1.13's throws "ProcessGroupGloo
+/// does not support reduce_scatter" (dist::Group::reduce_scatter falls back to an all-reduce there).
+inline constexpr bool kGlooHasReduceScatter = kTorch2;
 
 /// LibTorch version string, e.g. "1.13.1" (from <torch/version.h>).
 inline std::string torch_version() { return TORCH_VERSION; }

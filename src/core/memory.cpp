@@ -92,7 +92,7 @@ void install_counting_allocator() {
   });
 }
 
-int64_t current_bytes(torch::Device device) {
+int64_t current_bytes([[maybe_unused]] torch::Device device) {  // read only with CUDA
 #ifdef MPT_WITH_CUDA
   if (device.is_cuda()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());

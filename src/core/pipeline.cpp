@@ -577,19 +577,11 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
   StageRun mine;
   {
     ProcessGroupTransport transport(group, shapes, opts.backward_group);
-    std::function<void(int)> fault;
-    if (opts.exit_rank == r)
-      fault = [&](int done) {
-        if (done < opts.exit_after_ops) return;
-        spdlog::warn("rank {}: exiting after {} operation(s) of the step (/fault/rank, for testing)", r, done);
-        std::fflush(nullptr);
-        std::_Exit(dist::kExitInjectedFault);
-      };
     group->barrier();  // every stage starts together; the step's clock starts here
     const auto t0 = Clock::now();
     try {
       mine = run_stage(r, p, layers, ranges, schedule[static_cast<std::size_t>(r)], m, xs, ys, cost, transport, t0,
-                       fault);
+                       opts.after_op);
       transport.flush();
     } catch (const std::exception& e) {
       throw RuntimeFailure(fmt::format("stage {} (rank {} of {}) failed: {}", r, r, p, e.what()));

@@ -311,10 +311,9 @@ PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std
 
 /// Options of the multi-process executor.
 struct ProcessPipelineOptions {
-  /// For testing failure handling: this rank exits (code dist::kExitInjectedFault, no
-  /// clean-up, like a crash) after `exit_after_ops` operations of the step. −1: never.
-  int exit_rank = -1;
-  int exit_after_ops = 1;
+  /// Called on this rank after each operation of the step with the number done so far (the
+  /// experiment's fault-injection point, World::fault_point, in tests of failure handling).
+  std::function<void(int)> after_op;
   /// A second group of the same ranks that carries the gradients (null: the main group
   /// carries both directions). Needed with NCCL: see ProcessGroupTransport.
   std::shared_ptr<dist::Group> backward_group;

@@ -53,11 +53,6 @@ torch::Tensor round_emulated(const torch::Tensor& x32, const FormatInfo& fi) {
 
 const FormatInfo& format_info(Format f) { return table().at(static_cast<std::size_t>(f)); }
 
-const std::vector<Format>& all_formats() {
-  static const std::vector<Format> v = {Format::FP32, Format::FP16, Format::BF16, Format::FP8_E4M3, Format::FP8_E5M2};
-  return v;
-}
-
 Format parse_format(const std::string& name) {
   for (const auto& i : table())
     if (i.name == name) return i.format;

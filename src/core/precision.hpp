@@ -46,8 +46,6 @@ struct FormatInfo {
 
 /// Facts about `f`.
 const FormatInfo& format_info(Format f);
-/// All formats in a stable order.
-const std::vector<Format>& all_formats();
 /// Parses "fp32" | "fp16" | "bf16" | "fp8_e4m3" | "fp8_e5m2"; throws std::invalid_argument.
 Format parse_format(const std::string& name);
 /// The format's name.

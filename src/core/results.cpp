@@ -61,6 +61,18 @@ json table_json(const Table& t) {
   return rows;
 }
 
+json table_json_by_name(const Table& t) {
+  json out = json::object();
+  for (const auto& r : t.rows) {
+    if (!r.contains("name") || !r.at("name").is_string())
+      throw std::logic_error("table '" + t.name + "': every row needs a string \"name\" to be stored by name");
+    const std::string key = r.at("name").get<std::string>();
+    if (out.contains(key)) throw std::logic_error("table '" + t.name + "': two rows are named '" + key + "'");
+    out[key] = encode_nonfinite(r);
+  }
+  return out;
+}
+
 json histogram_json(const Histogram& h) {
   json markers = json::array();
   for (const auto& m : h.markers) markers.push_back({{"label", m.label}, {"at", num(m.at)}});

@@ -36,14 +36,24 @@ struct Column {
   int precision = 4;  ///< significant digits for Float/Sci; decimals for Percent
 };
 
+/// Where the result document stores a table (google/benchmark's rule: one report, printed and
+/// stored; deterministic values under `results`, run-dependent ones under `timings`).
+enum class Store {
+  Results,        ///< results.<name>: the array of rows
+  Timings,        ///< timings.<name>: the array of rows (times, throughput: they vary run to run)
+  TimingsByName,  ///< timings.<name>: an object of the rows keyed by each row's "name" (joined across runs)
+};
+
 /// A named table: rows are JSON objects keyed by Column::key. Each row should carry a
-/// stable "name" (or the first column) so result files can be joined row by row.
+/// stable "name" (or the first column) so result files can be joined row by row. A row may
+/// hold more keys than the columns print (they are stored, not printed).
 struct Table {
-  std::string name;   ///< key under `results` in the JSON (snake_case)
+  std::string name;   ///< key under `results` (or `timings`, see store) in the JSON (snake_case)
   std::string title;  ///< printed header line
   std::vector<Column> columns;
   std::vector<json> rows;
-  std::vector<std::string> notes;  ///< printed under the table; stored as results.<name>_notes
+  std::vector<std::string> notes;  ///< printed under the table (not stored)
+  Store store = Store::Results;    ///< where the result document keeps the rows
 };
 
 /// A histogram with vertical markers (format limits), printed as a text bar chart.
@@ -75,7 +85,8 @@ struct TextBlock {
 };
 
 /// Everything an experiment returns. Experiments never print: the harness prints
-/// `sections` in order and stores tables/histograms under `results`.
+/// `sections` in order and stores tables (under `results` or `timings`, as each table's
+/// `store` says) and histograms (under `results`).
 struct Report {
   std::vector<std::variant<Table, Histogram, TextBlock>> sections;
   json results = json::object();  ///< extra deterministic values (merged under `results`)
@@ -84,6 +95,12 @@ struct Report {
   json env = json::object();      ///< extra environment facts (merged under `env`)
 
   void add(Table t) { sections.emplace_back(std::move(t)); }
+  /// Adds a table stored where `where` says (e.g. Store::Timings for measured times): printed
+  /// in order like any table.
+  void add(Table t, Store where) {
+    t.store = where;
+    sections.emplace_back(std::move(t));
+  }
   void add(Histogram h) { sections.emplace_back(std::move(h)); }
   void add(TextBlock b) { sections.emplace_back(std::move(b)); }
   /// Records a check `value <= tolerance` (NaN fails).
@@ -112,6 +129,9 @@ std::string format_cell(const Column& c, const json& v);
 
 /// The JSON of a Table (array of rows, non-finite encoded) and of a Histogram.
 json table_json(const Table& t);
+/// The JSON of a Table as an object of its rows keyed by each row's "name" (Store::TimingsByName).
+/// Throws std::logic_error when a row has no string "name" or two rows share one.
+json table_json_by_name(const Table& t);
 json histogram_json(const Histogram& h);
 
 /// Writes `text` to `path` atomically: a temporary file in the same directory, flushed

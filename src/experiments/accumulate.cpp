@@ -35,7 +35,7 @@
 #include "core/models.hpp"
 #include "core/memory.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 

@@ -35,7 +35,7 @@
 #include "core/memory.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 
@@ -142,6 +142,14 @@ double median_step_time(Setup& su, int64_t segments, torch::Device device, std::
   return t[t.size() / 2];
 }
 
+/// Cross-key checks before any work (exit 2): every /checkpoint/segments entry names a segment
+/// count between 1 and /model/depth.
+void validate_checkpoint(const Config& cfg, int /*world_size*/) {
+  const int64_t n = cfg.integer("/model/depth");
+  const auto seg_cfg = cfg.strings("/checkpoint/segments");
+  for (std::size_t i = 0; i < seg_cfg.size(); ++i) parse_segments(seg_cfg[i], n, i);
+}
+
 Report run_checkpoint(const Context& ctx) {
   const auto& cfg = ctx.cfg;
   Report report;
@@ -150,7 +158,7 @@ Report run_checkpoint(const Context& ctx) {
   const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
   const int64_t repeats = cfg.integer("/timing/repeats");
 
-  // The segment counts to compare, validated before any work.
+  // The segment counts to compare (validate_checkpoint has checked them).
   std::vector<std::pair<std::string, int64_t>> variants;
   const auto seg_cfg = cfg.strings("/checkpoint/segments");
   for (std::size_t i = 0; i < seg_cfg.size(); ++i) variants.emplace_back(seg_cfg[i], parse_segments(seg_cfg[i], n, i));
@@ -291,7 +299,7 @@ MemoryEstimate checkpoint_memory(const Config& cfg, int /*world_size*/) {
 
 Experiment checkpoint_experiment() {
   return {"checkpoint", "Gradient checkpointing: recompute activations, equal gradients, peak memory vs segments",
-          checkpoint_spec, run_checkpoint, nullptr, checkpoint_memory};
+          checkpoint_spec, run_checkpoint, validate_checkpoint, checkpoint_memory};
 }
 
 }  // namespace mpt

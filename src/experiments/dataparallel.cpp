@@ -31,14 +31,13 @@
  *   torchrun --nproc_per_node 2 --no-python mpt dataparallel
  */
 #include <cmath>
-#include <thread>
 
 #include "core/data.hpp"
 #include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/models.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 
@@ -146,8 +145,7 @@ ShardGrads shard_grads(int64_t seed, int64_t in_dim, int64_t hidden, int64_t n, 
 }
 
 Table equivalence_table(const Config& cfg, Report& report) {
-  const int64_t n = cfg.integer("/equivalence/batch"), k = cfg.integer("/equivalence/shards");
-  if (k > n) throw ConfigError(fmt::format("/equivalence/shards: expected at most /equivalence/batch ({}), got {}", n, k));
+  const int64_t n = cfg.integer("/equivalence/batch"), k = cfg.integer("/equivalence/shards");  // k <= n: validate
   ShardGrads g = shard_grads(cfg.integer("/seed"), cfg.integer("/equivalence/in_dim"),
                              cfg.integer("/equivalence/hidden"), n, k);
   Table t{"equivalence",
@@ -171,9 +169,6 @@ Table equivalence_table(const Config& cfg, Report& report) {
 
 Table uneven_table(const Config& cfg, Report& report) {
   const int64_t n = cfg.integer("/equivalence/uneven_samples"), k = cfg.integer("/equivalence/uneven_shards");
-  if (k > n)
-    throw ConfigError(fmt::format("/equivalence/uneven_shards: expected at most /equivalence/uneven_samples ({}), got {}",
-                                  n, k));
   ShardGrads g = shard_grads(cfg.integer("/seed"), cfg.integer("/equivalence/in_dim"),
                              cfg.integer("/equivalence/hidden"), n, k);
   std::string sizes;
@@ -228,8 +223,7 @@ struct TrainSetup {
   double lr = 0.05;
   bool sync_every_micro_step = true;  // false: DDP's no_sync on all but the last micro-step
   dist::ReducerOptions ropts;
-  int64_t fault_rank = -1, fault_step = 0;
-  bool fault_hang = false;  // /fault/mode = hang: sleep forever instead of exiting
+  const World* faults = nullptr;  // whose fault_point() each step passes (null: none, e.g. the no_sync runs)
   torch::Device device = torch::kCPU;  // this rank's device: CPU (Gloo) or its own GPU (NCCL)
 };
 
@@ -264,12 +258,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     auto flag = torch::tensor({mine ? 1.0f : 0.0f}, on_device);
     g->allreduce(flag, dist::ReduceOp::Min);
     if (flag.item<float>() == 0.0f) break;
-    if (r == ts.fault_rank && s == ts.fault_step) {
-      spdlog::warn("rank {}: {} at step {} (/fault/rank, for testing)", r, ts.fault_hang ? "hanging" : "exiting", s);
-      std::fflush(nullptr);
-      if (!ts.fault_hang) std::_Exit(dist::kExitInjectedFault);
-      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // alive, but never answers again
-    }
+    if (ts.faults) ts.faults->fault_point(s);  // tests of failure handling: /fault/rank stops here
     dist::note_progress();  // ranks waiting for this one (N smaller than the world) see it work
     const double t0 = now_seconds();
     auto idx = shard.index({Slice(s * b, (s + 1) * b)});
@@ -357,33 +346,26 @@ TrainSetup train_setup(const Config& cfg) {
   ts.ropts.first_bucket_cap_mb = cfg.number("/ddp/first_bucket_cap_mb");
   ts.ropts.overlap = cfg.boolean("/ddp/overlap");
   ts.ropts.divide_before = cfg.str("/ddp/divide") == "before";
-  ts.fault_rank = cfg.integer("/fault/rank");
-  ts.fault_step = cfg.integer("/fault/step");
-  ts.fault_hang = cfg.str("/fault/mode") == "hang";
   return ts;
 }
 
 /// Sections 3-4: the N sweep, the no_sync comparison and the real fp16 all-reduce rows.
 void run_training(const Context& ctx, Report& report, Table& fp16) {
   const auto& cfg = ctx.cfg;
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.number("/dist/timeout_s") * 1000));
   const int64_t world = ctx.world_size, rank = ctx.rank, gb = cfg.integer("/train/global_batch");
   std::vector<int64_t> ns;
   for (int64_t n : cfg.integers("/train/nprocs"))  // validate_dataparallel checked that N divides the batch
     if (n <= world) ns.push_back(n);
-  dist::LaunchInfo li = dist::launch_from_environment().value_or(dist::LaunchInfo{});
-  dist::connect_store(li, timeout);
-  auto world_group = dist::Group::create(li, static_cast<int>(rank), static_cast<int>(world), "world/", timeout);
+  World& w = *ctx.world;
+  const std::shared_ptr<dist::Group> world_group = w.group();  // every rank, Gloo
 
   Dataset data = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/train/samples"));
   const torch::Tensor perm = shuffled_indices(data.size(), static_cast<std::uint64_t>(cfg.integer("/seed")));
   TrainSetup ts = train_setup(cfg);
-  // On CUDA every rank takes its own GPU (local rank), and training runs over NCCL, as DDP
+  ts.faults = &w;
+  // On CUDA every rank trains on its own GPU (the World's device: local rank) over NCCL, as DDP
   // does; the world group (flags, barriers, the fp16 demonstration) stays on Gloo.
-  if (ctx.device.is_cuda()) {
-    ts.device = cuda_device_for_rank(li.local_rank);
-    use_device(ts.device);
-  }
+  ts.device = w.device();
 
   Table t{"training",
           fmt::format("Data-parallel training on Fashion-MNIST (MLP 784-{}-10, global batch {}, SGD lr {:g})",
@@ -391,18 +373,16 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
           {text_col("name", "N"), int_col("buckets", "buckets"), int_col("bytes", "grad", "bytes"),
            int_col("steps", "steps"), int_col("dropped", "dropped", "samples"), float_col("final_loss", "loss"),
            sci_col("replica_dev", "replica dev"), sci_col("vs_single", "vs 1-proc")}};
-  Table tm{"timing", "Step time per N (run-dependent: stored under timings)",
+  Table tm{"per_n", "Step time per N (run-dependent: stored under timings)",
            {text_col("name", "N"), float_col("step_ms", "step", "ms"), float_col("compute_ms", "compute", "ms"),
             float_col("allreduce_ms", "all-reduce", "ms"), float_col("exposed_ms", "exposed", "ms"),
             float_col("algbw", "algbw", "GB/s"), float_col("busbw", "busbw", "GB/s"),
             pct_col("efficiency", "efficiency", 1)}};
-  json timings = json::object();
   double t1 = 0, worst_dev = 0, worst_match = 0;
   for (int64_t n : ns) {
     TrainOut o;
     if (rank < n) {
-      auto g = dist::Group::create(li, static_cast<int>(rank), static_cast<int>(n), fmt::format("train_n{}/", n),
-                                   timeout, ts.device);
+      auto g = w.new_group(fmt::format("train_n{}/", n), static_cast<int>(n), ts.device);
       o = train(data, perm, g, ts);
     }
     // Rank 0 checks against one process (as long again as its training): the other ranks wait
@@ -423,7 +403,6 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
                   {"allreduce_ms", o.allreduce_s * 1e3}, {"exposed_ms", o.exposed_s * 1e3}, {"algbw", algbw},
                   {"busbw", busbw}, {"efficiency", eff}};
       tm.rows.push_back(row);
-      timings[fmt::format("n{}", n)] = row;
     }
     world_group->barrier();
   }
@@ -433,7 +412,7 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
     TrainSetup a = ts, b = ts;
     a.max_steps = b.max_steps = nsteps;
     a.micro_steps = b.micro_steps = cfg.integer("/train/micro_steps");
-    a.fault_rank = b.fault_rank = -1;
+    a.faults = b.faults = nullptr;
     a.device = b.device = world_group->device();  // the world group is Gloo: CPU tensors
     b.sync_every_micro_step = false;
     TrainOut oa = train(data, perm, world_group, a), ob = train(data, perm, world_group, b);
@@ -472,9 +451,7 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
   tm.notes.push_back("compute = forward+backward (overlapped all-reduce runs meanwhile); exposed = waiting for the "
                      "all-reduce after backward; all-reduce = the buckets all-reduced alone (5 iterations)");
   tm.notes.push_back("algbw = bytes / all-reduce time; busbw = algbw * 2(N-1)/N (nccl-tests); efficiency = T1/(N*TN)");
-  std::string txt = render_table(tm);
-  report.add(TextBlock{tm.title, txt.substr(txt.find('\n') + 1)});  // printed, not stored under results
-  report.timings["per_n"] = timings;
+  report.add(std::move(tm), Store::TimingsByName);  // timings.per_n.n<N>
 }
 
 Report run_dataparallel(const Context& ctx) {
@@ -544,12 +521,9 @@ MemoryEstimate dataparallel_memory(const Config& cfg, int world_size) {
   return e;
 }
 
-/// Cross-key checks before any worker exists (exit 2 naming the keys): every N divides the
-/// global batch, at least one N fits the processes, the samples give at least one full step,
-/// and a fault-injection rank exists.
-void validate_dataparallel(const Config& cfg, int world_size) {
-  const int64_t gb = cfg.integer("/train/global_batch");
-  if (!cfg.boolean("/train/enabled")) return;
+// The training section's checks (validate_dataparallel): every N divides the global batch, at
+// least one N fits the processes, the samples give at least one full step, the fault rank exists.
+void validate_training(const Config& cfg, int world_size, int64_t gb) {
   std::vector<int64_t> runnable;
   for (int64_t n : cfg.integers("/train/nprocs")) {
     if (gb % n != 0)
@@ -569,12 +543,36 @@ void validate_dataparallel(const Config& cfg, int world_size) {
     throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
 }
 
+/// Cross-key checks before any work and any worker (exit 2 naming the keys): the training
+/// section's (validate_training), then the equivalence section's shard counts.
+void validate_dataparallel(const Config& cfg, int world_size) {
+  const int64_t gb = cfg.integer("/train/global_batch");
+  if (cfg.boolean("/train/enabled")) validate_training(cfg, world_size, gb);
+  const int64_t n = cfg.integer("/equivalence/batch"), k = cfg.integer("/equivalence/shards");
+  if (k > n) throw ConfigError(fmt::format("/equivalence/shards: expected at most /equivalence/batch ({}), got {}", n, k));
+  const int64_t un = cfg.integer("/equivalence/uneven_samples"), uk = cfg.integer("/equivalence/uneven_shards");
+  if (uk > un)
+    throw ConfigError(fmt::format("/equivalence/uneven_shards: expected at most /equivalence/uneven_samples ({}), got {}",
+                                  un, uk));
+}
+
+/// The multi-process plan: /dist/timeout_s, and the /fault/* keys' fault-injection point.
+ProcessPlan dataparallel_plan(const Config& cfg) {
+  ProcessPlan p;
+  p.timeout_s = cfg.number("/dist/timeout_s");
+  p.fault.rank = static_cast<int>(cfg.integer("/fault/rank"));
+  p.fault.step = cfg.integer("/fault/step");
+  p.fault.hang = cfg.str("/fault/mode") == "hang";
+  return p;
+}
+
 }  // namespace
 
 Experiment dataparallel_experiment() {
   return {"dataparallel",
           "Data parallelism: shard-average equivalence, then real multi-process training with a DDP-style reducer",
-          dataparallel_spec, run_dataparallel, validate_dataparallel, dataparallel_memory};
+          dataparallel_spec, run_dataparallel, validate_dataparallel, dataparallel_memory, Processes::Multi,
+          dataparallel_plan};
 }
 
 }  // namespace mpt

@@ -38,7 +38,7 @@
 #include "core/models.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 
@@ -401,10 +401,17 @@ GradScaler::Options scaler_options(const Config& cfg) {
   o.hysteresis = cfg.integer("/train/scaler/hysteresis");
   o.min_scale = cfg.number("/train/scaler/min_scale");
   o.min_scale_policy = parse_min_scale_policy(cfg.str("/train/scaler/min_scale_policy"));
-  if (o.min_scale > o.init_scale)
-    throw ConfigError(fmt::format("/train/scaler/min_scale: expected a value <= /train/scaler/init_scale ({:g}), got {:g}",
-                                  o.init_scale, o.min_scale));
   return o;
+}
+
+/// Cross-key checks before any work (exit 2): with training on, GradScaler's floor is not
+/// above its initial scale.
+void validate_lossscale(const Config& cfg, int /*world_size*/) {
+  if (!cfg.boolean("/train/enabled")) return;
+  const double init = cfg.number("/train/scaler/init_scale"), floor = cfg.number("/train/scaler/min_scale");
+  if (floor > init)
+    throw ConfigError(fmt::format("/train/scaler/min_scale: expected a value <= /train/scaler/init_scale ({:g}), got {:g}",
+                                  init, floor));
 }
 
 RecipeRun train_recipe(const Context& ctx, const Recipe& r, Compute c, const std::vector<torch::Tensor>& init,
@@ -516,7 +523,6 @@ void training_section(const Context& ctx, Report& report) {
   const std::string dir = cfg.str("/train/data_dir");
   Dataset train = load_fashion_mnist(dir, "train", cfg.integer("/train/train_samples"));
   Dataset test = load_fashion_mnist(dir, "test", cfg.integer("/train/test_samples"));
-  scaler_options(cfg);  // validate before training anything
 
   seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
   const auto init = init_mlp(cfg.integer("/train/hidden/depth"), cfg.integer("/train/hidden/width"));
@@ -530,7 +536,7 @@ void training_section(const Context& ctx, Report& report) {
            pct_col("test_accuracy", "test acc"), int_col("skipped_steps", "skipped", "steps"),
            sci_col("final_scale", "final S", "-", 3), pct_col("lost_updates", "lost upd", 3),
            pct_col("grad_underflow", "grad ->0", 3)}};
-  Table cost{"recipe_costs", "Cost per recipe (run-dependent; stored under timings)",
+  Table cost{"recipes", "Cost per recipe (run-dependent; stored under timings)",
              {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3),
               float_col("vs_fp32", "vs fp32", "x", 3), float_col("gflops", "GEMM rate", "GFLOP/s", 3),
               int_col("weight_bytes", "weights", "bytes"), int_col("peak_bytes", "peak", "bytes"),
@@ -548,7 +554,6 @@ void training_section(const Context& ctx, Report& report) {
     in = out;
   }
   json history = json::object();
-  json timings = json::object();
   double fp32_step = NAN;
   const int64_t every = cfg.integer("/train/log_every");
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", every), {int_col("step", "step")}};
@@ -597,11 +602,10 @@ void training_section(const Context& ctx, Report& report) {
                                                   ? std::string("compute=emulated")
                                                   : fmt::format("no native kernels: env.{}_compute_reason",
                                                                 format_name(r.format)));
-    timings[n] = {{"step_time_s", run.step_s}, {"peak_bytes", run.peak_bytes}, {"gemm_flops_per_step", flops},
-                  {"gflops", flops / run.step_s / 1e9}, {"weight_bytes", weight_bytes}};
     cost.rows.push_back({{"name", n}, {"step_ms", run.step_s * 1e3}, {"vs_fp32", num(run.step_s / fp32_step)},
                          {"gflops", flops / run.step_s / 1e9}, {"weight_bytes", weight_bytes},
-                         {"peak_bytes", run.peak_bytes}, {"why", why}});
+                         {"peak_bytes", run.peak_bytes}, {"why", why}, {"step_time_s", run.step_s},
+                         {"gemm_flops_per_step", flops}});
     curve.columns.push_back(float_col(n, n));
     runs.push_back(std::move(run));
   }
@@ -621,8 +625,6 @@ void training_section(const Context& ctx, Report& report) {
                                   "stored tensor rounded)", fmt::join(modes, ", ")));
   report.add(std::move(t));
   report.add(std::move(curve));
-  std::string text = render_table(cost);
-  text = text.substr(text.find('\n') + 1);  // the TextBlock prints the title
   if (const int64_t n = cfg.integer("/train/gemm_ceiling"); n > 0) {
     // What the device's kernels reach on a large square product: a recipe whose GEMM rate is far
     // below it is overhead-bound (small matrices), and a format whose ceiling is below fp32's has
@@ -646,12 +648,12 @@ void training_section(const Context& ctx, Report& report) {
       ceilings[format_name(f)] = {{"n", n}, {"seconds", seconds}, {"gflops", gflops}};
       parts.push_back(fmt::format("{} {:.3g}", format_name(f), gflops));
     }
-    timings["gemm_ceiling"] = ceilings;
-    text += fmt::format("# GEMM ceilings of this device ({0}x{0}x{0} torch::mm, GFLOP/s): {1}\n", n, fmt::join(parts, ", "));
+    report.timings["gemm_ceiling"] = ceilings;
+    cost.notes.push_back(fmt::format("GEMM ceilings of this device ({0}x{0}x{0} torch::mm, GFLOP/s): {1}", n,
+                                     fmt::join(parts, ", ")));
   }
-  report.add(TextBlock{cost.title, text});
+  report.add(std::move(cost), Store::TimingsByName);  // timings.recipes.<recipe>
   report.results["history"] = history;
-  report.timings["recipes"] = timings;
   report.env["lossscale_compute"] = compute_used;
 }
 
@@ -700,7 +702,7 @@ MemoryEstimate lossscale_memory(const Config& cfg, int /*world_size*/) {
 
 Experiment lossscale_experiment() {
   return {"lossscale", "Loss scaling: static sweep, GradScaler, fp16/bf16 training recipes on Fashion-MNIST",
-          lossscale_spec, run_lossscale, nullptr, lossscale_memory};
+          lossscale_spec, run_lossscale, validate_lossscale, lossscale_memory};
 }
 
 }  // namespace mpt

@@ -37,7 +37,7 @@
 #include "core/models.hpp"
 #include "core/pipeline.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 
@@ -305,13 +305,22 @@ void validate_pipeline(const Config& cfg, int world_size) {
     throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
 }
 
+/// The multi-process plan: /pipeline/timeout_s, and the stage process that /fault/rank stops
+/// in the middle of step /fault/step (after its first operation).
+ProcessPlan pipeline_plan(const Config& cfg) {
+  ProcessPlan p;
+  p.timeout_s = cfg.number("/pipeline/timeout_s");
+  p.fault.rank = static_cast<int>(cfg.integer("/fault/rank"));
+  p.fault.step = cfg.integer("/fault/step");
+  return p;
+}
+
 // ----------------------------------------------------------------------------
 // 3. The sweep, run for real
 // ----------------------------------------------------------------------------
 Report run_pipeline_experiment(const Context& ctx) {
   const auto& cfg = ctx.cfg;
-  Report report;
-  validate_pipeline(cfg, ctx.world_size);
+  Report report;  // the harness has called validate_pipeline
   const auto widths = i64(cfg.integers("/pipeline/widths"));
   const int layers_n = static_cast<int>(widths.size()) - 1;
   const int p = static_cast<int>(cfg.integer("/pipeline/stages"));
@@ -322,30 +331,24 @@ Report run_pipeline_experiment(const Context& ctx) {
 
   // --- processes: this process is stage `rank` of p; rank 0 reports ---
   // Where the stages run: the chosen device (threads: every stage on it); with one process per
-  // stage on CUDA each rank takes its own GPU (local rank) and the stages talk over NCCL, as
-  // Megatron-LM's pipeline ranks do; on the CPU over Gloo.
+  // stage on CUDA each rank takes its own GPU (the World's device: local rank) and the stages
+  // talk over NCCL, as Megatron-LM's pipeline ranks do; on the CPU over Gloo.
   const bool processes = cfg.str("/executor") == "processes";
   const bool lead = ctx.rank == 0;
+  World& world = *ctx.world;
   std::shared_ptr<dist::Group> group;
   ProcessPipelineOptions popts;
-  torch::Device device = ctx.device;
-  if (processes) {
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-    const dist::LaunchInfo li = dist::launch_from_environment().value_or(dist::LaunchInfo{});
-    if (device.is_cuda()) {
-      device = cuda_device_for_rank(li.local_rank);
-      use_device(device);
-    }
-    dist::connect_store(li, timeout);
-    group = dist::Group::create(li, ctx.rank, ctx.world_size, "pipeline/", timeout, device);
-    // Gradients on a group of their own: one stream per direction (see ProcessGroupTransport).
-    popts.backward_group = dist::Group::create(li, ctx.rank, ctx.world_size, "pipeline_bwd/", timeout, device);
-  }
+  const torch::Device device = processes ? world.device() : ctx.device;
   const bool interleaved = wants_interleaved(cfg);
   if (processes && device.is_cuda() && interleaved)
     throw ConfigError("/pipeline/schedules: interleaved-1f1b with /executor = \"processes\" on CUDA is not "
                       "supported: with p = 2 both directions of a lap share one NCCL stream (it needs batched "
                       "send/recv); run it with executor=threads or on the CPU (Gloo)");
+  if (processes) {
+    group = world.new_group("pipeline/", ctx.world_size, device);
+    // Gradients on a group of their own: one stream per direction (see ProcessGroupTransport).
+    popts.backward_group = world.new_group("pipeline_bwd/", ctx.world_size, device);
+  }
   report.env["pipeline_device"] = device.is_cuda() ? "cuda" : "cpu";
   report.env["pipeline_transport"] = processes ? group->backend() : "in-process queue";
 
@@ -395,7 +398,10 @@ Report run_pipeline_experiment(const Context& ctx) {
       ++step_index;
       return run_pipeline(layers, step_ranges, sched, m, x, y, cost, transport);
     }
-    popts.exit_rank = step_index++ == cfg.integer("/fault/step") ? static_cast<int>(cfg.integer("/fault/rank")) : -1;
+    const int64_t step = step_index++;
+    popts.after_op = [&world, step](int done) {
+      if (done >= 1) world.fault_point(step);  // /fault/rank stops in the middle of step /fault/step
+    };
     return run_pipeline_process(group, layers, step_ranges, sched, m, x, y, cost, popts);
   };
 
@@ -567,10 +573,8 @@ Report run_pipeline_experiment(const Context& ctx) {
                                          heavy, cfg.number("/cost/heavy_factor")));
   report.add(std::move(sweep));
   // Measured values vary run to run: printed, and stored under timings (not results).
-  report.timings["measured"] = table_json(measured);
   report.timings["events"] = events;
-  std::string text = render_table(measured);
-  report.add(TextBlock{measured.title, text.substr(text.find('\n') + 1)});  // the block prints the title
+  report.add(std::move(measured), Store::Timings);
   for (auto& c : charts) report.add(std::move(c));
   report.timings["sweep_s"] = now_seconds() - t0;
   return report;
@@ -602,7 +606,8 @@ MemoryEstimate pipeline_memory(const Config& cfg, int world_size) {
 
 Experiment pipeline_experiment() {
   return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B/interleaved schedules, the bubble measured",
-          pipeline_spec, run_pipeline_experiment, validate_pipeline, pipeline_memory};
+          pipeline_spec, run_pipeline_experiment, validate_pipeline, pipeline_memory, Processes::Multi,
+          pipeline_plan};
 }
 
 }  // namespace mpt

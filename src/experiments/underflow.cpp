@@ -26,7 +26,7 @@
 #include "core/models.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
-#include "experiments/experiment.hpp"
+#include "core/experiment.hpp"
 
 namespace mpt {
 
@@ -179,7 +179,7 @@ Histogram grad_histogram(const torch::Tensor& g, int64_t depth, int lo, int hi) 
 // ----------------------------------------------------------------------------
 // 4. Lost updates: why fp32 master weights exist
 // ----------------------------------------------------------------------------
-Table updates_table(double start, double step, int64_t count, Report& report) {
+Table updates_table(double start, double step, int64_t count) {
   Table t{"updates",
           fmt::format("Lost updates: w = {:g} plus {} updates of {:g}, stored in each format", start, count, step),
           {text_col("name", "storage"), float_col("final", "final w", "-", 8), float_col("expected", "exact", "-", 8),
@@ -237,14 +237,20 @@ void format_checks(Report& report) {
   report.check("fp32 min subnormal == denorm_min", rel(f.min_subnormal, std::numeric_limits<float>::denorm_min()), 0);
 }
 
-Report run_underflow(const Context& ctx) {
-  const auto& cfg = ctx.cfg;
-  Report report;
+/// Cross-key checks before any work (exit 2): the histogram's range is not empty.
+void validate_underflow(const Config& cfg, int /*world_size*/) {
   const int lo = static_cast<int>(cfg.integer("/histogram/min_log2"));
   const int hi = static_cast<int>(cfg.integer("/histogram/max_log2"));
   if (hi <= lo)
     throw ConfigError(fmt::format("/histogram/max_log2: expected a value greater than /histogram/min_log2 ({}), got {}",
                                   lo, hi));
+}
+
+Report run_underflow(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  const int lo = static_cast<int>(cfg.integer("/histogram/min_log2"));  // lo < hi: validate_underflow
+  const int hi = static_cast<int>(cfg.integer("/histogram/max_log2"));
 
   double t0 = now_seconds();
   report.add(formats_table(cfg.strings("/formats")));
@@ -274,7 +280,7 @@ Report run_underflow(const Context& ctx) {
   report.timings["gradients_s"] = now_seconds() - t0;
 
   t0 = now_seconds();
-  report.add(updates_table(cfg.number("/updates/start"), cfg.number("/updates/step"), cfg.integer("/updates/count"), report));
+  report.add(updates_table(cfg.number("/updates/start"), cfg.number("/updates/step"), cfg.integer("/updates/count")));
   report.timings["updates_s"] = now_seconds() - t0;
   for (auto& h : hists) report.add(std::move(h));
   return report;
@@ -301,7 +307,7 @@ MemoryEstimate underflow_memory(const Config& cfg, int /*world_size*/) {
 
 Experiment underflow_experiment() {
   return {"underflow", "What fp16 and bf16 cannot hold: formats, casts, gradient underflow, lost updates",
-          underflow_spec, run_underflow, nullptr, underflow_memory};
+          underflow_spec, run_underflow, validate_underflow, underflow_memory};
 }
 
 }  // namespace mpt

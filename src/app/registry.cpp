@@ -1,5 +1,7 @@
 // The table of experiments (like ninja's table of tools): name, summary, schema, run.
-#include "experiments/experiment.hpp"
+#include "app/registry.hpp"
+
+#include "experiments/experiments.hpp"
 
 namespace mpt {
 

@@ -2,7 +2,9 @@
 //
 // An experiment declares its config schema and computes a Report from a resolved
 // Config on a chosen device. It never prints, parses files or writes results: the
-// harness (core/harness.cpp) owns those, as nccl-tests' shared harness does.
+// harness (src/app/harness.cpp) owns those, as nccl-tests' shared harness does.
+// This header is core's: the experiments implement it, the app layer calls it, and
+// core itself knows no experiment.
 #pragma once
 
 #include <functional>
@@ -14,18 +16,31 @@
 #include "core/config.hpp"
 #include "core/memory.hpp"
 #include "core/results.hpp"
+#include "core/world.hpp"
 
 namespace mpt {
+
+/// Whether an experiment runs in one process or in several (shared/design.md §6).
+enum class Processes {
+  Single,  ///< one process; no --nproc
+  Multi,   ///< --nproc N workers, or one rank of torchrun / SLURM; the schema has /nproc
+};
+
+/// What the harness needs to set up the processes of a multi-process run, read from the
+/// experiment's own config keys (so the harness knows none of them).
+struct ProcessPlan {
+  double timeout_s = 30.0;  ///< rendezvous and every collective, seconds; a launcher allows 10 s more
+  FaultPlan fault;          ///< the fault-injection point of tests of failure handling (rank -1: none)
+};
 
 /// What an experiment's run() receives.
 struct Context {
   const Config& cfg;      ///< resolved and validated config
   torch::Device device;   ///< chosen device (CPU or CUDA)
-  std::string fp16_mode;  ///< "native" or "emulated" on this device
-  bool verbose = false;   ///< -v given
   bool tty = false;       ///< progress lines allowed: stderr is a terminal, not -q, rank 0 (core Progress)
-  int rank = 0;           ///< this process's rank in a multi-process run (core/dist); 0 otherwise
+  int rank = 0;           ///< this process's rank in a multi-process run; 0 otherwise
   int world_size = 1;     ///< processes in the run; only rank 0's report is printed and written
+  World* world = nullptr; ///< multi-process experiments: this rank's World, set up by the harness; else null
 };
 
 /// One subcommand.
@@ -35,10 +50,11 @@ struct Experiment {
   std::function<ConfigSpec()> spec;        ///< schema with the built-in defaults
   std::function<Report(const Context&)> run;  ///< computes the report; throws ConfigError
                                               ///< (exit 2) or RuntimeFailure (exit 3)
-  /// Optional: checks across keys that the schema cannot express, given the number of
+  /// Required: checks across keys that the schema cannot express, given the number of
   /// processes the run will have (--nproc, or the launcher's world size; 1 otherwise).
-  /// The harness calls it before any worker is spawned, so a bad config fails once, with
-  /// exit 2, instead of in every worker. Throws ConfigError naming the JSON pointer.
+  /// The harness calls it before any work and before any worker is spawned, so a bad config
+  /// fails once, with exit 2, instead of in every worker. Throws ConfigError naming the JSON
+  /// pointer, what was expected and what was found.
   std::function<void(const Config&, int world_size)> validate;
   /// Optional: the memory a run of this config needs on this machine (core/memory's
   /// MemoryEstimate: parameters, gradients, activations, data, from the model shapes, batch
@@ -46,20 +62,11 @@ struct Experiment {
   /// it right after `validate`, before anything is allocated, against MemAvailable or
   /// MPT_MEMORY_LIMIT_BYTES: a config that does not fit exits 2 naming its keys.
   std::function<MemoryEstimate(const Config&, int world_size)> memory;
+  /// Single or multi-process. A multi-process experiment has /nproc in its schema (--nproc N
+  /// sets it), and `plan`.
+  Processes processes = Processes::Single;
+  /// Multi-process only: the timeout and the fault-injection point, from the config.
+  std::function<ProcessPlan(const Config&)> plan;
 };
-
-/// Every experiment, in the order `mpt list` shows them (src/experiments/registry.cpp).
-const std::vector<Experiment>& experiments();
-
-/// The experiment named `name`, or nullptr.
-const Experiment* find_experiment(const std::string& name);
-
-// Each experiment file defines one of these.
-Experiment underflow_experiment();
-Experiment lossscale_experiment();
-Experiment pipeline_experiment();
-Experiment dataparallel_experiment();
-Experiment checkpoint_experiment();
-Experiment accumulate_experiment();
 
 }  // namespace mpt

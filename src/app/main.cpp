@@ -1,12 +1,13 @@
-// mpt: mixed-precision and parallel-training experiments. All logic lives in the core
-// library (src/core) and the experiment files (src/experiments); this stays thin.
+// mpt: mixed-precision and parallel-training experiments. All logic lives in the app layer
+// (src/app: command line, harness), the experiment files (src/experiments) and the core
+// library (src/core); this stays thin.
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#include "core/harness.hpp"
+#include "app/cli.hpp"
 
 namespace {
 

@@ -1,0 +1,245 @@
+// The run of one experiment: config, launch, device, run, report, result file. See harness.hpp.
+#include "app/harness.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+
+#include "app/output.hpp"
+#include "core/compat.hpp"
+#include "core/dist.hpp"
+#include "core/errors.hpp"
+#include "core/runtime.hpp"
+#include "core/world.hpp"
+
+namespace mpt {
+
+namespace {
+
+void print_report(const Report& r) {
+  std::string out;
+  for (const auto& sec : r.sections) {
+    if (auto* t = std::get_if<Table>(&sec)) out += render_table(*t);
+    if (auto* h = std::get_if<Histogram>(&sec)) out += render_histogram(*h);
+    if (auto* b = std::get_if<TextBlock>(&sec)) out += "# " + b->title + "\n" + b->text;
+    out += "\n";
+  }
+  out += render_checks(r.checks);
+  emit(out);
+}
+
+}  // namespace
+
+ConfigSpec full_spec(const Experiment& exp) {
+  ConfigSpec spec = exp.spec();
+  if (!spec.find("/seed")) spec.integer("/seed", 0, "seed of LibTorch's generator (torch.manual_seed)", 0);
+  if (!spec.find("/device")) spec.choice("/device", "auto", {"auto", "cpu", "cuda"}, "auto = CUDA when available");
+  if (!spec.find("/threads"))
+    spec.integer("/threads", 0,
+                 "intra-op threads per process (torch.set_num_threads); 0 = auto: the usable cores shared out among "
+                 "this machine's mpt processes, max(1, cores / processes) (env.threads_policy)",
+                 0, 1024);
+  return spec;
+}
+
+Config resolve_for(const ConfigSpec& spec, const RunOptions& opts) {
+  if (opts.config_given && opts.config_file.empty())
+    throw ConfigError("--config: expected a file path, got an empty string");
+  std::vector<std::string> sets = opts.sets;
+  if (opts.seed) sets.push_back("seed=" + *opts.seed);
+  if (!opts.device.empty()) sets.push_back("device=\"" + opts.device + "\"");
+  if (opts.nproc) sets.push_back("nproc=" + std::to_string(*opts.nproc));
+  try {
+    return resolve_config(spec, opts.config_file, sets);
+  } catch (const ConfigError& e) {
+    // --seed N goes through the schema as `seed=N`: name the option the user typed.
+    const std::string as_set = opts.seed ? "--set '" + printable_text("seed=" + *opts.seed) + "'" : "";
+    const std::string msg = e.what();
+    if (!as_set.empty() && msg.rfind(as_set, 0) == 0)
+      throw ConfigError("--seed '" + printable_text(*opts.seed) + "'" + msg.substr(as_set.size()));
+    throw;
+  }
+}
+
+nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg, const Report& report,
+                                       const json& env, double wall_s) {
+  using ojson = nlohmann::ordered_json;
+  json results = report.results;
+  json timings = report.timings;
+  for (const auto& sec : report.sections) {
+    if (auto* t = std::get_if<Table>(&sec)) {
+      json& into = t->store == Store::Results ? results : timings;
+      if (t->store != Store::Results && into.contains(t->name))
+        throw std::logic_error("table '" + t->name + "' and a timings value share the key");
+      into[t->name] = t->store == Store::TimingsByName ? table_json_by_name(*t) : table_json(*t);
+    }
+    if (auto* h = std::get_if<Histogram>(&sec)) results[h->name] = histogram_json(*h);
+  }
+  json checks = json::array();
+  for (const auto& c : report.checks)
+    checks.push_back({{"name", c.name}, {"value", num(c.value)}, {"tolerance", num(c.tolerance)}, {"ok", c.ok}});
+  json full_env = env;
+  full_env.update(report.env);
+  timings["wall_s"] = wall_s;
+  ojson doc;
+  doc["schema_version"] = 1;
+  doc["tool"] = {{"name", "mpt"}, {"version", MPT_VERSION}};
+  doc["experiment"] = exp.name;
+  doc["config"] = ojson::parse(cfg.json_value().dump());
+  doc["env"] = ojson::parse(encode_nonfinite(full_env).dump());
+  doc["results"] = ojson::parse(encode_nonfinite(results).dump());
+  doc["checks"] = ojson::parse(checks.dump());
+  doc["timings"] = ojson::parse(encode_nonfinite(timings).dump());
+  return doc;
+}
+
+namespace {
+
+// run_experiment's body; `made_dirs` receives the --out folders it created.
+int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector<std::string>& made_dirs) {
+  const std::string prog = "mpt " + exp.name;
+  ConfigSpec spec;
+  try {
+    spec = full_spec(exp);
+    Config cfg = resolve_for(spec, opts);
+    if (opts.print_config) {
+      emit(cfg.json_value().dump(2) + "\n");  // a lost write is exit 3 (finish_stdout)
+      return kExitOk;
+    }
+    if (opts.out_given && opts.out.empty()) throw ConfigError("--out: expected a file path, got an empty string");
+    const std::string out = opts.out.empty() ? "results/" + exp.name + ".json" : opts.out;
+
+    // Multi-process experiments: under a launcher (mpt --nproc, torchrun, SLURM) this process
+    // is one rank; otherwise spawn /nproc workers of ourselves and wait.
+    const bool multi = exp.processes == Processes::Multi;
+    if (!exp.validate) throw std::logic_error("experiment " + exp.name + " has no validate (core/experiment.hpp)");
+    if (multi && (!spec.find("/nproc") || !exp.plan))
+      throw std::logic_error("multi-process experiment " + exp.name + " needs /nproc in its schema and a plan");
+    int rank = 0, world_size = 1;
+    std::optional<dist::LaunchInfo> launch;
+    if (multi) {
+      // A launcher's environment is input like --nproc: malformed or too large is a usage error.
+      try {
+        launch = dist::launch_from_environment();
+      } catch (const RuntimeFailure& e) {
+        throw ConfigError(e.what());
+      }
+      const Param* np = spec.find("/nproc");
+      if (launch && np->max && launch->world_size > *np->max)
+        throw ConfigError(fmt::format("{}={} ({} environment): expected at most {:g} processes (the cap of /nproc), "
+                                      "got {}", launch->world_size_var, launch->world_size, launch->launcher,
+                                      *np->max, launch->world_size));
+      // An explicit --nproc must agree with the launcher (mpt's own workers get the same argv).
+      if (launch && opts.nproc && *opts.nproc != launch->world_size)
+        throw ConfigError(fmt::format("--nproc {}: expected the world size of the {} environment ({}={}); drop "
+                                      "--nproc under a launcher, or unset {} to spawn {} processes here",
+                                      *opts.nproc, launch->launcher, launch->world_size_var, launch->world_size,
+                                      launch->world_size_var, *opts.nproc));
+    }
+    const int planned = launch ? launch->world_size : multi ? static_cast<int>(cfg.integer("/nproc")) : 1;
+    exp.validate(cfg, planned);  // before any work and before any worker exists
+    const ProcessPlan plan = multi ? exp.plan(cfg) : ProcessPlan{};
+    // Before anything is allocated: does the config fit in this machine's memory? Checked once,
+    // for all the workers, by the process that spawns them (not again in each worker, whose
+    // MemAvailable already lacks what its siblings took); each rank under torchrun/SLURM checks
+    // its own share.
+    if (exp.memory && !(launch && launch->launcher == "mpt")) {
+      std::string source;
+      const int64_t available = available_memory_bytes(&source);
+      const MemoryEstimate need = exp.memory(cfg, launch ? 1 : planned);
+      spdlog::debug("memory estimate {} of {} available ({})", human_bytes(need.total()),
+                    available < 0 ? std::string("unknown") : human_bytes(static_cast<double>(available)), source);
+      check_memory(need, available, source);
+    }
+    // The result file must be writable before the run, not found unwritable after it (rank 0 writes).
+    if (!launch || launch->rank == 0) {
+      try {
+        made_dirs = check_writable(out);
+      } catch (const std::exception& e) {
+        throw ConfigError(fmt::format("--out {}", e.what()));
+      }
+    }
+    if (multi) {
+      if (!launch && cfg.integer("/nproc") > 1) {
+        choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
+        // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
+        const double grace = plan.timeout_s + 10.0;
+        if (stdout_closed()) ::setenv("MPT_STDOUT_CLOSED", "1", 1);  // rank 0 prints the tables
+        return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, grace);
+      }
+      if (launch) {
+        rank = launch->rank;
+        world_size = launch->world_size;
+        if (rank != 0 && !opts.verbose) spdlog::set_level(spdlog::level::warn);
+        spdlog::debug("rank {} of {} (launcher: {})", rank, world_size, launch->launcher);
+      }
+    }
+
+    torch::Device device = choose_device(cfg.str("/device"));
+    const ThreadPolicy threads = apply_threads(cfg.integer("/threads"));
+    seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+    json env = environment(device);
+    env["threads_policy"] = to_json(threads);
+    spdlog::debug("device {} (fp16 compute {}), LibTorch {}", device.str(), env["fp16_compute"].get<std::string>(),
+                  compat::torch_version());
+
+    // Progress lines only where a person watches: stderr a terminal, not -q, rank 0.
+    const bool tty = isatty(2) != 0 && !opts.quiet && rank == 0;
+    // This rank's World (its device, the store and groups on first use, the fault point); the
+    // groups end with the run, before the report is printed, as they did inside the experiment.
+    std::optional<World> world;
+    if (multi)
+      world.emplace(launch.value_or(dist::LaunchInfo{}), device,
+                    std::chrono::milliseconds(static_cast<int64_t>(plan.timeout_s * 1000)), plan.fault);
+    Context ctx{cfg, device, tty, rank, world_size, world ? &*world : nullptr};
+    const double t0 = now_seconds();
+    Report report = exp.run(ctx);
+    const double wall = now_seconds() - t0;
+    world.reset();
+    if (rank != 0) return report.all_checks_ok() ? kExitOk : kExitCheckFailed;  // rank 0 prints and writes
+
+    if (!opts.quiet) print_report(report);  // a closed or full stdout: the result is still written
+    auto doc = result_document(exp, cfg, report, env, wall);
+    try {
+      write_file_atomic(out, doc.dump(2) + "\n");
+    } catch (const std::exception& e) {
+      spdlog::error("{}: cannot write the result file: {}", prog, e.what());
+      return kExitRuntime;
+    }
+    spdlog::info("wrote {} ({:.2f} s)", out, wall);
+    if (!report.all_checks_ok()) {
+      for (const auto& c : report.checks)
+        if (!c.ok) spdlog::error("{}: check failed: {} = {:g} > {:g}", prog, c.name, c.value, c.tolerance);
+      return kExitCheckFailed;
+    }
+    return kExitOk;
+  } catch (const ConfigError& e) {
+    spdlog::error("{}: config error: {}", prog, e.what());
+    return kExitUsage;
+  } catch (const RuntimeFailure& e) {
+    spdlog::error("{}: {}", prog, e.what());
+    return kExitRuntime;
+  } catch (const c10::Error& e) {
+    spdlog::error("{}: LibTorch error: {}", prog, e.what_without_backtrace());
+    return kExitRuntime;
+  } catch (const std::exception& e) {
+    spdlog::error("{}: {}", prog, e.what());
+    return kExitRuntime;
+  }
+}
+
+}  // namespace
+
+int run_experiment(const Experiment& exp, const RunOptions& opts) {
+  setup_logging(opts.quiet, opts.verbose);
+  std::vector<std::string> made_dirs;
+  const int code = run_experiment_in(exp, opts, made_dirs);
+  // A run that ends without a result takes away the --out folders it made (only empty ones go:
+  // where rank 0 or a failed check wrote its result, they stay).
+  remove_created_dirs(made_dirs);
+  return code;
+}
+
+}  // namespace mpt

@@ -1,0 +1,163 @@
+// core/dist, groups: the job's store, heartbeats, process groups (Gloo on CPU, NCCL on CUDA)
+// with their collectives and point-to-point messages, every call bounded by a timeout. See
+// dist.hpp for the whole module.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "core/dist_launch.hpp"
+
+namespace mpt::dist {
+
+// ----------------------------------------------------------------------------
+// Process groups
+// ----------------------------------------------------------------------------
+
+// ----------------------------------------------------------------------------
+// Heartbeats
+// ----------------------------------------------------------------------------
+// Every rank of a multi-process job publishes a heartbeat in the job's store from a thread of
+// its own (started by connect_store): "mpt/heartbeat/<rank>" = "<beat> <process CPU ms>
+// <waiting> <progress>", every heartbeat_interval(). A rank that waits for its peers reads
+// theirs: a stopped (SIGSTOP) or dead rank stops beating; a hung rank beats but neither uses
+// CPU nor calls note_progress(); a busy rank does one or the other; a rank that itself waits
+// says for whom (<waiting>: -1 none, a global rank, or -2 a whole group). Waits that the protocol makes
+// long (Group::create, Group::barrier) extend their deadline while the awaited peers make
+// progress; a failed wait names the rank that is late, following "waiting for" links.
+
+/// Beat period for a job whose collectives time out after `timeout`: timeout/20, between
+/// 20 ms and 500 ms.
+std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds timeout);
+
+/// Tells the peers (through the heartbeat) that this rank is working although it may use
+/// little CPU (e.g. a pipeline stage sleeping a synthetic cost). Call once per unit of work
+/// (a training step, a pipeline operation); cheap (an atomic increment), thread-safe.
+void note_progress();
+
+/// Marks the calling thread's rank as waiting for rank `global_rank` (-2: a whole group) in
+/// the heartbeat while in scope (RAII; restores the previous value).
+class WaitingFor {
+ public:
+  explicit WaitingFor(int global_rank);
+  ~WaitingFor();
+  WaitingFor(const WaitingFor&) = delete;
+  WaitingFor& operator=(const WaitingFor&) = delete;
+
+ private:
+  int previous_;
+};
+
+/// A handle on one asynchronous collective (c10d::Work).
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<void> impl) : impl_(std::move(impl)) {}
+  /// Blocks until done; throws RuntimeFailure when the collective failed or timed out.
+  void wait();
+  /// Makes a pending wait() of a send/recv return early (c10d Work::abort; Gloo aborts the
+  /// UnboundBuffer's waitRecv/waitSend). wait() then throws RuntimeFailure. No-op when empty.
+  void abort();
+  bool valid() const { return impl_ != nullptr; }
+
+ private:
+  std::shared_ptr<void> impl_;
+};
+
+enum class ReduceOp { Sum, Min, Max };
+
+/// A group of processes that run collectives together: c10d::ProcessGroupGloo for CPU tensors,
+/// c10d::ProcessGroupNCCL for CUDA tensors (compiled only against a CUDA LibTorch), as
+/// torch.distributed.init_process_group("gloo" | "nccl") gives.
+/// Every collective is bounded by the group's timeout; a failure or timeout throws
+/// RuntimeFailure ("<op> failed on rank R of N: ...; a peer process failed or timed out;
+/// rank Q did not answer (...)"). To name Q, a rank whose collective fails posts a report in
+/// the group's store and waits a short window (timeout/4, between 1 and 5 s) for its peers'
+/// reports; peers that send none are dead or hung. They are also posted under
+/// "mpt/unresponsive/<rank>" in the job's store, where spawn_local reads them. A failed
+/// send/recv names the late rank from the heartbeats (the peer, or the rank the peer waits
+/// for) and posts it the same way.
+class Group {
+ public:
+  /// Connects rank `rank` of `size` through `info`'s store; `prefix` separates groups that
+  /// share the store (e.g. "n2/"). Ranks ≥ size must not call this. `device` chooses the
+  /// backend: CPU → Gloo; CUDA → NCCL (one GPU per rank: the caller sets the current CUDA device
+  /// first). Every member first waits for the others in the store (as barrier() does: the
+  /// deadline moves on while a missing peer makes progress, so an idle rank waits for a busy
+  /// one). Throws RuntimeFailure when the master cannot be reached, a peer makes no progress
+  /// and does not show up within `timeout` (naming it), or a CUDA group is asked of a CPU-only build.
+  static std::shared_ptr<Group> create(const LaunchInfo& info, int rank, int size, const std::string& prefix,
+                                       std::chrono::milliseconds timeout, torch::Device device = torch::kCPU);
+  ~Group();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// "gloo" or "nccl".
+  const std::string& backend() const { return backend_; }
+  /// Where this group's tensors live (CPU for Gloo, a CUDA device for NCCL).
+  torch::Device device() const { return device_; }
+
+  /// In-place all-reduce of a contiguous tensor on device() (any floating dtype the backend
+  /// supports, incl. fp16).
+  Work allreduce_async(torch::Tensor t, ReduceOp op = ReduceOp::Sum);
+  void allreduce(torch::Tensor t, ReduceOp op = ReduceOp::Sum) { allreduce_async(std::move(t), op).wait(); }
+  /// In-place broadcast from `root`.
+  void broadcast(torch::Tensor t, int root = 0);
+  /// All-gather (torch.distributed.all_gather_into_tensor): `out`, contiguous with size() x the
+  /// first dimension of `in` and otherwise its shape, receives every rank's `in`, in rank order
+  /// along dimension 0. Blocks. Throws std::invalid_argument for mismatched shapes, RuntimeFailure
+  /// when a peer fails or times out.
+  void all_gather(const torch::Tensor& in, torch::Tensor out);
+  /// Reduce-scatter (torch.distributed.reduce_scatter_tensor): `in` is size() chunks along
+  /// dimension 0; `out` (the shape of one chunk) receives chunk rank() reduced over the ranks
+  /// with `op`. Blocks. NCCL, and Gloo in LibTorch 2.x, run c10d's reduce_scatter; LibTorch
+  /// 1.13's Gloo has none, so there it is an all-reduce of a copy of `in` of which this rank keeps
+  /// its chunk (same values, size() times the traffic received). Throws as all_gather.
+  void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op = ReduceOp::Sum);
+  /// All-to-all with equal splits (torch.distributed.all_to_all_single): `in` and `out` have one
+  /// shape, dimension 0 divisible by size(); chunk j of `in` goes to rank j, and chunk i of `out`
+  /// comes from rank i (c10d alltoall_base; Gloo on CPU, NCCL on CUDA, both versions). Blocks.
+  /// Throws as all_gather.
+  void all_to_all(const torch::Tensor& in, torch::Tensor out);
+  /// Waits until every rank of the group has called barrier(). Built for ranks that the
+  /// protocol leaves idle while others work (e.g. rank 0 training alone): it waits in the
+  /// store, and its deadline is `timeout` after the last progress (heartbeat with main-thread
+  /// CPU time) of a rank that has not arrived, so a busy peer is waited for and a stopped, dead
+  /// or hung one is named (RuntimeFailure, also posted for spawn_local) about `timeout` after
+  /// its last sign of work. Then a one-element all-reduce lets every rank leave together.
+  void barrier();
+
+  /// Point-to-point send of a contiguous CPU tensor to rank `dst` (c10d ProcessGroupGloo::send,
+  /// the call under torch.distributed.isend). Returns at once; the Work keeps the tensor alive
+  /// until the receiver has it, so keep the Work and wait() on it before reusing or dropping
+  /// the tensor. Gloo moves the data only once `dst` has posted the matching recv (same tag),
+  /// so a send is never complete before its recv. `tag` >= 0 tells apart messages between
+  /// the same pair of ranks. Throws RuntimeFailure when the send cannot be posted.
+  Work send_async(torch::Tensor t, int dst, int tag);
+  /// Point-to-point receive into the contiguous CPU tensor `t` (same shape and dtype as the
+  /// sender's) from rank `src` with `tag` (ProcessGroupGloo::recv, torch.distributed.irecv).
+  /// wait() blocks at most the group's timeout and throws RuntimeFailure when it expires or
+  /// the connection to `src` breaks (the peer process died).
+  Work recv_async(torch::Tensor t, int src, int tag);
+
+ private:
+  Group() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, size_ = 1;
+  std::string backend_ = "gloo";
+  torch::Device device_ = torch::kCPU;
+};
+
+/// The store connection of this job, shared by the groups created from it.
+/// Rank 0 hosts the TCPStore unless a torchrun agent does. Waits for the master at most
+/// `timeout` (milliseconds honoured: LibTorch's own connect timeout has whole seconds),
+/// then starts this rank's heartbeat thread. Throws RuntimeFailure (naming address, port
+/// and timeout) when the master is unreachable or does not speak the store's protocol.
+void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout);
+
+}  // namespace mpt::dist

@@ -1,0 +1,277 @@
+// core/dist, launch: the launcher environments and spawn_local. See dist_launch.hpp.
+#include "core/dist_launch.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <ctime>
+#include <map>
+#include <optional>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+extern char** environ;
+
+#include "core/dist_detail.hpp"
+#include "core/errors.hpp"
+#include "core/runtime.hpp"
+
+namespace mpt::dist {
+
+namespace {
+
+using detail::first_line;
+using detail::parse_ranks;
+using detail::unresponsive_key;
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1'000'000)
+    throw RuntimeFailure(fmt::format("environment variable {}={:?} is not a non-negative integer", name, v));
+  return static_cast<int>(x);
+}
+
+// How long the launcher waits, after its peers named a hung rank, for those peers to exit
+// before it kills whatever is left (they exit right after their own report).
+constexpr double kHungGraceSeconds = 10.0;
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// Launch
+// ----------------------------------------------------------------------------
+
+std::optional<LaunchInfo> launch_from_environment() {
+  LaunchInfo li;
+  if (env("MPT_RANK")) {
+    li.launcher = "mpt";
+    li.rank = env_int("MPT_RANK", 0);
+    li.world_size = env_int("MPT_WORLD_SIZE", 1);
+    li.world_size_var = "MPT_WORLD_SIZE";
+    li.local_rank = env_int("MPT_LOCAL_RANK", li.rank);
+    const char* agent = env("MPT_AGENT_STORE");
+    li.agent_store = agent && std::string(agent) == "1";
+  } else if (env("RANK") || env("WORLD_SIZE")) {
+    // torchrun sets both; one without the other is a broken launcher, not a single process.
+    for (const char* v : {"RANK", "WORLD_SIZE"})
+      if (!env(v))
+        throw ConfigError(fmt::format("launcher environment: {} is set but {} is not (torchrun sets RANK, WORLD_SIZE, "
+                                      "MASTER_ADDR and MASTER_PORT; unset them all to run on your own)",
+                                      std::string(v) == "RANK" ? "WORLD_SIZE" : "RANK", v));
+    li.launcher = "torchrun";
+    li.rank = env_int("RANK", 0);
+    li.world_size = env_int("WORLD_SIZE", 1);
+    li.world_size_var = "WORLD_SIZE";
+    li.local_rank = env_int("LOCAL_RANK", 0);
+    const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+    li.agent_store = agent && std::string(agent) == "True";
+    li.store_prefix = li.agent_store ? fmt::format("/worker/attempt_{}", env_int("TORCHELASTIC_RESTART_COUNT", 0)) : "";
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    li.launcher = "slurm";
+    li.rank = env_int("SLURM_PROCID", 0);
+    li.world_size = env_int("SLURM_NTASKS", 1);
+    li.world_size_var = "SLURM_NTASKS";
+    li.local_rank = env_int("SLURM_LOCALID", 0);
+  } else {
+    return std::nullopt;
+  }
+  if (li.world_size < 1 || li.rank >= li.world_size)
+    throw RuntimeFailure(fmt::format("{} environment: rank {} is not in [0, world size {})", li.launcher, li.rank,
+                                     li.world_size));
+  if (const char* a = env("MASTER_ADDR")) li.master_addr = a;
+  li.master_port = env_int("MASTER_PORT", 0);
+  if (li.world_size > 1 && (li.master_port <= 0 || li.master_port > 65535))
+    throw RuntimeFailure(fmt::format("{} environment: MASTER_PORT must be set to a TCP port (1-65535) for {} processes",
+                                     li.launcher, li.world_size));
+  return li;
+}
+
+int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s) {
+  // The launcher hosts the job's TCPStore (as torchrun's agent does): it outlives any worker,
+  // so ranks can still leave their diagnosis there when rank 0 is the one that failed, and
+  // the launcher reads which rank the others found unresponsive.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  {
+    c10d::TCPStoreOptions o;
+    o.port = 0;  // any free port; getPort() tells which
+    o.isServer = true;
+    o.numWorkers = c10::nullopt;
+    o.waitWorkers = false;
+    o.timeout = std::chrono::milliseconds(5000);
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(fmt::format("cannot host a TCPStore on 127.0.0.1: {}", first_line(e.what())));
+    }
+  }
+  const int port = store->getPort();
+  // Everything the children need is built before fork(): between fork and exec a child
+  // may only make async-signal-safe calls (no allocation).
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const std::vector<std::string> ours = {"MPT_RANK",    "MPT_WORLD_SIZE", "MPT_LOCAL_RANK",
+                                         "MASTER_ADDR", "MASTER_PORT",    "MPT_AGENT_STORE"};
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    std::string key = kv.substr(0, kv.find('='));
+    if (std::find(ours.begin(), ours.end(), key) == ours.end()) inherited.push_back(kv);
+  }
+  std::vector<std::vector<std::string>> env_text(static_cast<std::size_t>(nproc));
+  std::vector<std::vector<char*>> envp(static_cast<std::size_t>(nproc));
+  for (int r = 0; r < nproc; ++r) {
+    auto& t = env_text[static_cast<std::size_t>(r)];
+    t = inherited;
+    t.push_back("MPT_RANK=" + std::to_string(r));
+    t.push_back("MPT_WORLD_SIZE=" + std::to_string(nproc));
+    t.push_back("MPT_LOCAL_RANK=" + std::to_string(r));
+    t.push_back("MASTER_ADDR=127.0.0.1");
+    t.push_back("MASTER_PORT=" + std::to_string(port));
+    t.push_back("MPT_AGENT_STORE=1");
+    for (auto& kv : t) envp[static_cast<std::size_t>(r)].push_back(kv.data());
+    envp[static_cast<std::size_t>(r)].push_back(nullptr);
+  }
+  const pid_t parent = ::getpid();
+  const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 65536));
+  std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
+  for (int r = 0; r < nproc; ++r) {
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      const int err = errno;
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0);
+      throw RuntimeFailure(fmt::format("fork(): {}", std::strerror(err)));
+    }
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);    // no orphaned workers if mpt itself dies
+      if (::getppid() != parent) ::_exit(kExitRuntime);
+      for (int fd = 3; fd < max_fd; ++fd) ::close(fd);  // not the store's listening socket
+      ::execve("/proc/self/exe", args.data(), envp[static_cast<std::size_t>(r)].data());
+      static const char msg[] = "mpt: a worker could not exec /proc/self/exe\n";
+      [[maybe_unused]] auto n = ::write(2, msg, sizeof(msg) - 1);
+      ::_exit(kExitRuntime);
+    }
+    pids[static_cast<std::size_t>(r)] = pid;
+  }
+  spdlog::debug("spawned {} workers (MASTER_ADDR=127.0.0.1 MASTER_PORT={}, store hosted here)", nproc, port);
+
+  // Ranks the worker `r` found unresponsive when its collective failed (empty: none said).
+  auto unresponsive_by = [&](int r) -> std::vector<int> {
+    try {
+      const std::string key = unresponsive_key(r);
+      if (!store->check({key})) return {};
+      auto v = store->get(key);
+      return parse_ranks(std::string(v.begin(), v.end()));
+    } catch (const std::exception&) {
+      return {};
+    }
+  };
+
+  struct Failure { int rank; int code; std::string why; bool own; std::vector<int> unresponsive; };
+  std::optional<Failure> blamed;
+  bool hung = false;               // the blamed rank is alive but did not answer its peers
+  std::vector<Failure> window;     // failures seen within the blame window
+  double window_end = 0, deadline = 0, wait_s = grace_s;
+  int alive = nproc;
+  auto reap = [&](pid_t pid, int status) {
+    for (int r = 0; r < nproc; ++r) {
+      if (pids[static_cast<std::size_t>(r)] != pid) continue;
+      pids[static_cast<std::size_t>(r)] = -1;
+      --alive;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code == 0 || blamed) return;
+      std::string why = WIFEXITED(status)
+                            ? fmt::format("exit code {}{}", code, code == kExitInjectedFault ? " (injected fault)" : "")
+                            : fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+      if (window.empty()) window_end = now_seconds() + 0.2;
+      window.push_back({r, code, why, code != kExitRuntime, code == kExitRuntime ? unresponsive_by(r) : std::vector<int>{}});
+    }
+  };
+  // Whom to blame for the failures in the window: a rank that failed on its own; else a rank
+  // that its peers found unresponsive and that is still running (hung); else the first.
+  auto choose = [&]() -> Failure {
+    auto own = std::find_if(window.begin(), window.end(), [](const Failure& f) { return f.own; });
+    if (own != window.end()) return *own;
+    for (const auto& f : window)
+      for (int s : f.unresponsive)
+        if (s >= 0 && s < nproc && pids[static_cast<std::size_t>(s)] > 0) {
+          hung = true;
+          return {s, kExitRuntime,
+                  fmt::format("did not answer: rank {} gave up waiting for it, and it is still running (hung)",
+                              f.rank),
+                  true, {}};
+        }
+    return window.front();
+  };
+  while (alive > 0) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      reap(pid, status);
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    const double now = now_seconds();
+    if (!blamed && !window.empty() && (now >= window_end || alive == 0)) {
+      blamed = choose();
+      // A hung rank never ends on its own: once the other ranks are gone (they exit right
+      // after their timeout), or after a short grace, it is killed.
+      wait_s = hung ? std::min(grace_s, kHungGraceSeconds) : grace_s;
+      deadline = now + wait_s;
+      spdlog::error("rank {} of {} failed: {}; waiting up to {:g} s for the other ranks", blamed->rank, nproc,
+                    blamed->why, wait_s);
+    }
+    bool only_hung_left = hung && alive > 0;
+    if (hung)
+      for (int r = 0; r < nproc; ++r)
+        if (pids[static_cast<std::size_t>(r)] > 0 && r != blamed->rank) only_hung_left = false;
+    if (blamed && (now > deadline || only_hung_left)) {
+      for (int r = 0; r < nproc; ++r)
+        if (pids[static_cast<std::size_t>(r)] > 0) {
+          if (r == blamed->rank)
+            spdlog::error("rank {} still running after the other ranks stopped: killing it", r);
+          else
+            spdlog::error("rank {} still running {:g} s after rank {} failed: killing it", r, wait_s, blamed->rank);
+          ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+        }
+      deadline = now + 3600;
+      hung = false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!blamed && !window.empty()) blamed = choose();
+  if (!blamed) return kExitOk;
+  spdlog::error("rank {} of {} failed ({}); the run failed", blamed->rank, nproc, blamed->why);
+  return (blamed->code >= 1 && blamed->code <= 3) ? blamed->code : kExitRuntime;
+}
+
+}  // namespace mpt::dist

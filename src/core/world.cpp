@@ -1,0 +1,49 @@
+// One rank of a multi-process run. See world.hpp.
+#include "core/world.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "core/runtime.hpp"
+
+namespace mpt {
+
+World::World(dist::LaunchInfo launch, torch::Device device, std::chrono::milliseconds timeout, FaultPlan fault)
+    : launch_(std::move(launch)), device_(device), timeout_(timeout), fault_(fault) {
+  if (device_.is_cuda()) {
+    device_ = cuda_device_for_rank(launch_.local_rank);
+    use_device(device_);
+  }
+}
+
+void World::connect() {
+  if (connected_) return;
+  dist::connect_store(launch_, timeout_);
+  connected_ = true;
+}
+
+const std::shared_ptr<dist::Group>& World::group() {
+  if (!group_) {
+    connect();
+    group_ = dist::Group::create(launch_, rank(), size(), "world/", timeout_);
+  }
+  return group_;
+}
+
+std::shared_ptr<dist::Group> World::new_group(const std::string& name, int size, torch::Device device) {
+  connect();
+  return dist::Group::create(launch_, rank(), size, name, timeout_, device);
+}
+
+void World::fault_point(int64_t step) const {
+  if (fault_.rank != rank() || step != fault_.step) return;
+  spdlog::warn("rank {}: {} at step {} (/fault/rank, for testing)", rank(), fault_.hang ? "hanging" : "exiting", step);
+  std::fflush(nullptr);
+  if (!fault_.hang) std::_Exit(dist::kExitInjectedFault);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // alive, but never answers again
+}
+
+}  // namespace mpt

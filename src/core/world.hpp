@@ -1,0 +1,78 @@
+// The processes of a multi-process run as the harness sets them up (shared/design.md §6): this
+// rank's place in the job (from --nproc, torchrun or SLURM), the job's store, the world group,
+// the rank's device and the one fault-injection point. Experiments receive it in their Context
+// and never launch, connect or create groups through core/dist themselves.
+//
+//   World& w = *ctx.world;
+//   auto g = w.new_group("train_n2/", 2, w.device());   // ranks 0, 1 on Gloo (CPU) or NCCL (CUDA)
+//   w.fault_point(step);                               // tests of failure handling stop a rank here
+//   w.group()->barrier();                              // every rank, Gloo
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "core/dist.hpp"
+
+namespace mpt {
+
+/// Where a test of failure handling stops a rank (the /fault/* keys of an experiment).
+struct FaultPlan {
+  int rank = -1;      ///< the rank that fails; -1: none
+  int64_t step = 0;   ///< at the experiment's step with this index (its own count, from 0)
+  bool hang = false;  ///< alive but silent (sleeps forever) instead of exiting with dist::kExitInjectedFault
+};
+
+/// One rank of a multi-process run. The store and the groups are connected on first use, so
+/// that a run which needs no collective (a pipeline on threads) opens nothing; every rank must
+/// then ask for the same groups in the same order, as with torch.distributed.new_group.
+class World {
+ public:
+  /// `launch`: this process's place in the job (LaunchInfo{} for one process without a
+  /// launcher); `device`: the run's device — a CUDA device becomes this rank's own GPU
+  /// (cuda_device_for_rank(local_rank), made current), as DDP and Megatron-LM ranks do;
+  /// `timeout`: the bound of the rendezvous and of every collective. Throws RuntimeFailure
+  /// when a CUDA rank has no GPU of its own.
+  World(dist::LaunchInfo launch, torch::Device device, std::chrono::milliseconds timeout, FaultPlan fault = {});
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return launch_.rank; }
+  int size() const { return launch_.world_size; }
+  /// Rank 0 reports: only its Report is printed and written by the harness.
+  bool is_rank0() const { return launch_.rank == 0; }
+  const dist::LaunchInfo& launch() const { return launch_; }
+  /// This rank's device: the CPU, or its own GPU.
+  torch::Device device() const { return device_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// The group of every rank on the CPU (Gloo, store prefix "world/"): flags, barriers and
+  /// CPU collectives. Created (and the store connected) on the first call. Throws RuntimeFailure
+  /// when a peer does not show up within the timeout.
+  const std::shared_ptr<dist::Group>& group();
+  /// A group of ranks 0 .. size − 1 on `device` (CPU: Gloo; CUDA: NCCL), `name` its prefix in
+  /// the job's store (unique per group, e.g. "train_n2/"). Only ranks < size call it. Connects
+  /// the store on first use. Throws what dist::Group::create throws.
+  std::shared_ptr<dist::Group> new_group(const std::string& name, int size, torch::Device device);
+
+  /// The fault-injection point: on rank FaultPlan::rank at step FaultPlan::step, logs a warning
+  /// and ends the process at once with dist::kExitInjectedFault (no clean-up, like a crash), or
+  /// hangs forever; elsewhere it returns at once.
+  void fault_point(int64_t step) const;
+
+ private:
+  void connect();
+
+  dist::LaunchInfo launch_;
+  torch::Device device_;
+  std::chrono::milliseconds timeout_;
+  FaultPlan fault_;
+  bool connected_ = false;
+  std::shared_ptr<dist::Group> group_;
+};
+
+}  // namespace mpt

@@ -1,0 +1,61 @@
+// core/models: the deep sigmoid net's structure and initialisation order, its Linear layers,
+// and the max-abs-difference metric every experiment reports.
+#include <cmath>
+#include <stdexcept>
+
+#include "catch.hpp"
+#include "core/models.hpp"
+
+using namespace mpt;
+
+TEST_CASE("deep_sigmoid_net: depth x (Linear + Sigmoid), then Linear(width, 1)", "[models]") {
+  auto net = deep_sigmoid_net(/*in_dim=*/5, /*width=*/7, /*depth=*/3);
+  REQUIRE(net->size() == 7);  // 3 x 2 + 1
+  const auto layers = linear_layers(net);
+  REQUIRE(layers.size() == 4);
+  CHECK(layers[0]->weight.sizes() == torch::IntArrayRef({7, 5}));
+  CHECK(layers[1]->weight.sizes() == torch::IntArrayRef({7, 7}));
+  CHECK(layers[2]->weight.sizes() == torch::IntArrayRef({7, 7}));
+  CHECK(layers[3]->weight.sizes() == torch::IntArrayRef({1, 7}));
+  auto y = net->forward(torch::randn({4, 5}));
+  CHECK(y.sizes() == torch::IntArrayRef({4, 1}));
+  CHECK_THROWS_AS(deep_sigmoid_net(0, 7, 3), std::invalid_argument);
+  CHECK_THROWS_AS(deep_sigmoid_net(5, 0, 3), std::invalid_argument);
+  CHECK_THROWS_AS(deep_sigmoid_net(5, 7, 0), std::invalid_argument);
+}
+
+TEST_CASE("deep_sigmoid_net draws its weights in module order, as nn.Sequential does", "[models]") {
+  // The same seed gives the same net; the first layer's weight is the first draw after the seed,
+  // so building nn.Linear(5, 7) alone from that seed gives the same tensor (the Python twin's order).
+  torch::manual_seed(11);
+  auto a = deep_sigmoid_net(5, 7, 2);
+  torch::manual_seed(11);
+  auto b = deep_sigmoid_net(5, 7, 2);
+  torch::manual_seed(11);
+  torch::nn::Linear first(5, 7);
+  const auto la = linear_layers(a), lb = linear_layers(b);
+  for (std::size_t i = 0; i < la.size(); ++i) {
+    CHECK(torch::equal(la[i]->weight, lb[i]->weight));
+    CHECK(torch::equal(la[i]->bias, lb[i]->bias));
+  }
+  CHECK(torch::equal(la[0]->weight, first->weight));
+  CHECK(torch::equal(la[0]->bias, first->bias));
+}
+
+TEST_CASE("linear_layers skips the activations and keeps the order", "[models]") {
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
+  const auto layers = linear_layers(net);
+  REQUIRE(layers.size() == 2);
+  CHECK(layers[0]->weight.size(1) == 3);
+  CHECK(layers[1]->weight.size(0) == 2);
+}
+
+TEST_CASE("max_abs_diff: the largest elementwise |a - b|, over one tensor or paired lists", "[models]") {
+  auto a = torch::tensor({1.0f, -2.0f, 3.0f});
+  auto b = torch::tensor({1.5f, -2.0f, 0.0f});
+  CHECK(max_abs_diff(a, b) == 3.0);
+  CHECK(max_abs_diff(a, a) == 0.0);
+  std::vector<torch::Tensor> xs = {a, torch::zeros({2})}, ys = {a, torch::tensor({0.0f, -0.25f})};
+  CHECK(max_abs_diff(xs, ys) == 0.25);
+  CHECK(std::isnan(max_abs_diff(torch::tensor({NAN}), torch::tensor({0.0f}))));  // NaN is never hidden
+}
