@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""mpt against the same work in PyTorch-Python (Debian's python3-torch: the same LibTorch
-1.13.1, so what differs is the front end), side by side, in one run (issue 8).
+"""mpt against the same work in PyTorch-Python on the same LibTorch (MPT_REF_PYTHON: the default
+route's .venv-torch2 Python with LibTorch 2.x, or Debian's python3-torch 1.13 for build-debian/;
+scripts/bench.sh sets it), so what differs is the front end; side by side, in one run (issue 8).
 
 Every benchmark first runs mpt once and its PyTorch-Python twin once and checks that both
 computed the same numbers; only then does it time them, alternately (mpt, Python, mpt,

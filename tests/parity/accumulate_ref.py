@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch-Python reference for `mpt accumulate` (run with Debian's python3-torch).
+"""PyTorch-Python reference for `mpt accumulate` (run with the Python of the LibTorch mpt was built against: MPT_REF_PYTHON).
 
 Reads the resolved config from an mpt result file, repeats every deterministic
 computation in PyTorch-Python in the same order (Fashion-MNIST IDX files, the same seeds,

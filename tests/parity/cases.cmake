@@ -1,4 +1,5 @@
-# Parity with PyTorch-Python (Debian's python3-torch, the same LibTorch 1.13.1).
+# Parity with PyTorch-Python of the same LibTorch (MPT_REF_PYTHON: the wheel's Python on the default
+# route, Debian's python3-torch 1.13.1 with --torch debian).
 function(parity_case name ref)
   add_test(NAME parity.${name}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/parity/run_parity.sh $<TARGET_FILE:mpt> ${MPT_REF_PYTHON}

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch-Python reference for `mpt checkpoint` (run with Debian's python3-torch).
+"""PyTorch-Python reference for `mpt checkpoint` (run with the Python of the LibTorch mpt was built against: MPT_REF_PYTHON).
 
 Rebuilds the same network from the resolved config (same seed and construction order:
 n blocks of Linear(w, w) + ReLU + Dropout, then x and y from randn), runs it plainly and

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch-Python reference for `mpt dataparallel`, sections 1-2 (run with Debian's python3-torch).
+"""PyTorch-Python reference for `mpt dataparallel`, sections 1-2 (run with the Python of the LibTorch mpt was built against: MPT_REF_PYTHON).
 
 Reads the resolved config from an mpt result file and recomputes the equivalence and
 uneven-shard tables in the same construction order as mpt (seed, model, inputs, targets;

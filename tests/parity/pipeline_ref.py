@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch-Python reference for `mpt pipeline` (run with Debian's python3-torch).
+"""PyTorch-Python reference for `mpt pipeline` (run with the Python of the LibTorch mpt was built against: MPT_REF_PYTHON).
 
 Reads the resolved config from an mpt result file and recomputes, in the same
 construction order (model, then inputs, then targets, after torch.manual_seed):

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch-Python reference for `mpt underflow` (run with Debian's python3-torch).
+"""PyTorch-Python reference for `mpt underflow` (run with the Python of the LibTorch mpt was built against: MPT_REF_PYTHON).
 
 Reads the resolved config from an mpt result file, recomputes every deterministic
 number with PyTorch-Python in the same construction order, and prints the reference
