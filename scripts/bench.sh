@@ -16,6 +16,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --torch) torch="${2:-}"; shift 2 || { echo "bench: --torch needs a value: debian or pip" >&2; exit 2; } ;;
     --torch=*) torch="${1#--torch=}"; shift ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done

@@ -14,9 +14,11 @@ while [ $# -gt 0 ]; do
     --torch) torch="${2:-}"; shift 2 || { echo "run: --torch needs a value: debian or pip" >&2; exit 2; } ;;
     --torch=*) torch="${1#--torch=}"; shift ;;
     -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "run: unknown option '$1' (expected --torch debian|pip, or experiment names)" >&2; exit 2 ;;
     *) names+=("$1"); shift ;;
   esac
 done
+case "$torch" in debian|pip) ;; *) echo "run: --torch: expected debian or pip, got '$torch'" >&2; exit 2 ;; esac
 bash scripts/setup.sh --torch "$torch"
 build=build
 [ "$torch" = debian ] && build=build-debian

@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     --torch) torch="${2:-}"; torch_given=1; shift 2 || { echo "setup: --torch needs a value: debian or pip" >&2; exit 2; } ;;
     --torch=*) torch="${1#--torch=}"; torch_given=1; shift ;;
     --sanitize) sanitize=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown option '$1' (expected --torch debian|pip, --sanitize)" >&2; exit 2 ;;
   esac
 done

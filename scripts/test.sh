@@ -20,10 +20,11 @@ while [ $# -gt 0 ]; do
     --torch) torch="${2:-}"; torch_args=(--torch "$torch"); shift 2 || { echo "test: --torch needs a value: debian or pip" >&2; exit 2; } ;;
     --torch=*) torch="${1#--torch=}"; torch_args=(--torch "$torch"); shift ;;
     --sanitize) sanitize=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
+case "$torch" in debian|pip) ;; *) echo "test: --torch: expected debian or pip, got '$torch'" >&2; exit 2 ;; esac
 if [ $sanitize = 1 ]; then
   bash scripts/setup.sh "${torch_args[@]}" --sanitize
   build=build-asan

@@ -20,11 +20,11 @@ namespace {
 // the environment to the one the process started with, so the variable must be there at exec:
 // this function runs from the executable's DT_PREINIT_ARRAY, before any shared library's
 // initialiser (LibTorch's static initialisers included), and when OMP_WAIT_POLICY is unset it
-// re-executes the binary once with OMP_WAIT_POLICY=PASSIVE and MPT_OMP_WAIT_POLICY_DEFAULT=1
-// (which env.threads_policy reports). That costs the dynamic loader's relocation again (about
+// re-executes the binary once with OMP_WAIT_POLICY=PASSIVE and MPT_OMP_WAIT_POLICY_DEFAULT=PASSIVE
+// (which env.threads_policy reports; setting either variable yourself turns the re-exec off). That costs the dynamic loader's relocation again (about
 // 8 ms here; nothing of LibTorch has initialised yet). A value the user set is left alone; so
-// is a run under valgrind (whose tools would not follow the exec) or a sanitizer, and anything
-// that fails simply runs on with libgomp's default.
+// is a run under valgrind (whose tools would not follow the exec), a sanitizer, or `ld.so mpt`
+// (where /proc/self/exe is the loader); anything that fails simply runs on with libgomp's default.
 void default_omp_wait_policy(int /*argc*/, char** argv, char** envp) {
 #if defined(__SANITIZE_ADDRESS__)
   return;
@@ -36,11 +36,19 @@ void default_omp_wait_policy(int /*argc*/, char** argv, char** envp) {
       return;
     if (std::strncmp(*e, "LD_PRELOAD=", 11) == 0 && std::strstr(*e, "vgpreload") != nullptr) return;
   }
+  // Started as `ld.so mpt ...`, /proc/self/exe is the dynamic loader, not mpt: no re-exec.
+  char self[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) return;
+  self[len] = '\0';
+  const char* base = std::strrchr(self, '/');
+  base = base ? base + 1 : self;
+  if (std::strncmp(base, "ld-", 3) == 0 || std::strncmp(base, "ld.so", 5) == 0) return;
   std::vector<char*> env(envp, envp + n);
   env.push_back(const_cast<char*>("OMP_WAIT_POLICY=PASSIVE"));
-  env.push_back(const_cast<char*>("MPT_OMP_WAIT_POLICY_DEFAULT=1"));
+  env.push_back(const_cast<char*>("MPT_OMP_WAIT_POLICY_DEFAULT=PASSIVE"));
   env.push_back(nullptr);
-  ::execve("/proc/self/exe", argv, env.data());  // returns only on failure: run on as we are
+  ::execve(self, argv, env.data());  // returns only on failure: run on as we are
 }
 
 }  // namespace

@@ -188,9 +188,11 @@ int usable_cores() {
 int local_processes_from_environment() {
   auto positive = [](const char* name) -> int {
     const char* v = std::getenv(name);
-    if (!v || !std::isdigit(static_cast<unsigned char>(*v))) return 0;
-    const long n = std::strtol(v, nullptr, 10);  // "4(x2)" -> 4: SLURM's compressed list
-    return n > 0 && n <= 1 << 20 ? static_cast<int>(n) : 0;
+    if (!v) return 0;
+    const long n = std::isdigit(static_cast<unsigned char>(*v)) ? std::strtol(v, nullptr, 10) : 0;  // "4(x2)" -> 4
+    if (n > 0 && n <= 1 << 20) return static_cast<int>(n);
+    spdlog::warn("{}={}: not a process count; ignored for the thread policy", name, v);
+    return 0;
   };
   for (const char* name : {"MPT_WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
     if (const int n = positive(name)) return n;
@@ -198,7 +200,22 @@ int local_processes_from_environment() {
 }
 
 ThreadPolicy apply_threads(int64_t requested) {
-  const ThreadPolicy p = choose_threads(requested, usable_cores(), local_processes_from_environment());
+  ThreadPolicy p = choose_threads(requested, usable_cores(), local_processes_from_environment());
+  // OMP_NUM_THREADS is how users of PyTorch set the count: taken when /threads does not say.
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); requested <= 0 && omp && *omp) {
+    char* end = nullptr;
+    const long n = std::strtol(omp, &end, 10);
+    if (*end == '\0' && n >= 1 && n <= 1024) {
+      p.intra_op = static_cast<int>(n);
+      p.source = "OMP_NUM_THREADS";
+    } else {
+      spdlog::warn("OMP_NUM_THREADS={}: not a thread count from 1 to 1024; ignored", omp);
+    }
+  }
+  if (static_cast<int64_t>(p.intra_op) * p.local_processes > p.cores)
+    spdlog::warn("{} intra-op threads in each of {} process(es) on {} usable core(s): the cores are oversubscribed and "
+                 "step times will vary (set threads to 0 for max(1, cores / processes))",
+                 p.intra_op, p.local_processes, p.cores);
   torch::set_num_threads(p.intra_op);
   return p;
 }
@@ -211,7 +228,9 @@ json to_json(const ThreadPolicy& p) {
           {"local_processes", p.local_processes},
           {"source", p.source},
           {"omp_wait_policy", wait ? json(wait) : json(nullptr)},
-          {"omp_wait_policy_source", !wait ? "libgomp's default" : by_mpt ? "mpt's default (src/main.cpp)" : "environment"}};
+          {"omp_wait_policy_source", !wait                                      ? "libgomp's default"
+                                     : by_mpt && std::string(by_mpt) == wait ? "mpt's default (src/app/main.cpp)"
+                                                                             : "environment"}};
 }
 
 void seed_all(std::uint64_t seed) { torch::manual_seed(seed); }

@@ -60,7 +60,7 @@ struct ThreadPolicy {
   int intra_op = 1;         ///< threads this process uses (>= 1)
   int cores = 1;            ///< CPUs this process may run on (sched_getaffinity; >= 1)
   int local_processes = 1;  ///< mpt processes sharing those cores on this machine (>= 1)
-  std::string source;       ///< "config" (/threads > 0) or "auto" (max(1, cores / local_processes))
+  std::string source;       ///< "config" (/threads > 0), "OMP_NUM_THREADS" (set, /threads 0) or "auto" (max(1, cores / local_processes))
 };
 
 /// The policy: `requested` > 0 (the config's /threads) is taken as given; 0 means
@@ -74,11 +74,13 @@ int usable_cores();
 
 /// mpt processes on this machine in this run: MPT_WORLD_SIZE (mpt --nproc spawns every rank
 /// here), else torchrun's LOCAL_WORLD_SIZE, else SLURM_NTASKS_PER_NODE, else the first count of
-/// SLURM_TASKS_PER_NODE ("4(x2)" -> 4), else 1. Malformed values count as 1.
+/// SLURM_TASKS_PER_NODE ("4(x2)" -> 4), else 1. A malformed value is skipped (the next source counts) with a warning on stderr.
 int local_processes_from_environment();
 
-/// choose_threads(requested, usable_cores(), local_processes_from_environment()), applied with
-/// torch::set_num_threads; returns the policy for env.threads_policy.
+/// choose_threads(requested, usable_cores(), local_processes_from_environment()) — except that
+/// with requested 0 a valid OMP_NUM_THREADS (1–1024) is taken, as PyTorch takes it — applied with
+/// torch::set_num_threads; warns on stderr when the processes together ask for more threads than
+/// the usable cores, and when OMP_NUM_THREADS is malformed. Returns the policy for env.threads_policy.
 ThreadPolicy apply_threads(int64_t requested);
 
 /// {"intra_op", "cores", "local_processes", "source"} of `p`, with "omp_wait_policy" (the

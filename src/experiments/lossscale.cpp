@@ -29,7 +29,9 @@
  *   mpt lossscale --config configs/lossscale_overflow.json   # sweep to 2^60: the window is empty
  *   mpt lossscale --config configs/lossscale_full.json       # longer training
  */
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "core/amp.hpp"
 #include "core/data.hpp"
@@ -38,6 +40,7 @@
 #include "core/models.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
+#include "core/timing.hpp"
 #include "core/experiment.hpp"
 
 namespace mpt {
@@ -82,9 +85,10 @@ ConfigSpec lossscale_spec() {
   s.add("/train/lr", positive_number(0.01, "SGD learning rate (> 0); small, so that many updates fall below half an ulp of bf16/fp16 weights"));
   s.integer("/train/log_every", 50, "loss-curve sampling interval (steps)", 1, 1'000'000);
   s.integer("/train/gemm_ceiling", 0,
-            "N > 0: also time an N x N x N matrix product in fp32, bf16 and fp16 on the device (GFLOP/s, median "
-            "of 5 after a warm-up; under timings), the ceilings the recipes' GEMM rates compare with; 0 = off",
-            0, 8192);
+            "N > 0: also time an N x N x N matrix product (torch::mm) in fp32 and in each format the recipes train "
+            "in that has native kernels, on the device (GFLOP/s, median of 3 after a warm-up; timings.gemm_ceiling): "
+            "the ceilings the recipes' GEMM rates compare with; 0 = off",
+            0, 4096);
   s.add("/train/static_scale", positive_number(1024.0, "loss scale of fp16+master+static (> 0)"));
   s.choice("/train/compute", "auto", {"auto", "native", "emulated"},
            "low-precision compute: native kernels, emulated (fp32 math, rounded storage), or auto (native where "
@@ -554,6 +558,7 @@ void training_section(const Context& ctx, Report& report) {
     in = out;
   }
   json history = json::object();
+  std::map<Format, double> best_rate;  // the highest GEMM rate of the recipes of each format
   double fp32_step = NAN;
   const int64_t every = cfg.integer("/train/log_every");
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", every), {int_col("step", "step")}};
@@ -602,6 +607,7 @@ void training_section(const Context& ctx, Report& report) {
                                                   ? std::string("compute=emulated")
                                                   : fmt::format("no native kernels: env.{}_compute_reason",
                                                                 format_name(r.format)));
+    best_rate[r.format] = std::max(best_rate[r.format], flops / run.step_s / 1e9);
     cost.rows.push_back({{"name", n}, {"step_ms", run.step_s * 1e3}, {"vs_fp32", num(run.step_s / fp32_step)},
                          {"gflops", flops / run.step_s / 1e9}, {"weight_bytes", weight_bytes},
                          {"peak_bytes", run.peak_bytes}, {"why", why}, {"step_time_s", run.step_s},
@@ -626,32 +632,50 @@ void training_section(const Context& ctx, Report& report) {
   report.add(std::move(t));
   report.add(std::move(curve));
   if (const int64_t n = cfg.integer("/train/gemm_ceiling"); n > 0) {
-    // What the device's kernels reach on a large square product: a recipe whose GEMM rate is far
-    // below it is overhead-bound (small matrices), and a format whose ceiling is below fp32's has
-    // no fast kernels here (e.g. no AMX or AVX512-FP16 on a CPU), so narrow storage cannot be faster.
+    // What the device's kernels reach on a large square product, for fp32 and each format the
+    // recipes train in: a recipe far below its format's ceiling is overhead-bound (small
+    // matrices), and a format whose ceiling is below fp32's has no fast kernels here (e.g. no AMX
+    // or AVX512-FP16 on a CPU), so storing it narrow cannot make the step faster. Formats without
+    // native kernels (the probe's verdict: they would fail or abort) are not timed.
     json ceilings = json::object();
     std::vector<std::string> parts;
-    for (const Format f : {Format::FP32, Format::BF16, Format::FP16}) {
+    std::vector<Format> formats{Format::FP32};
+    for (const auto& name : names)
+      if (const Format f = parse_recipe(name).format; std::find(formats.begin(), formats.end(), f) == formats.end())
+        formats.push_back(f);
+    for (const Format f : formats) {
+      if (f != Format::FP32) {
+        if (const KernelProbe probe = probe_kernels(ctx.device, storage_dtype(f)); !probe.native()) {
+          ceilings[format_name(f)] = {{"n", n}, {"skipped", probe.reason}};
+          parts.push_back(fmt::format("{} not timed (no native kernels: env.{}_compute_reason)", format_name(f),
+                                      format_name(f)));
+          continue;
+        }
+      }
       torch::NoGradGuard ng;
       auto opts = torch::TensorOptions().dtype(storage_dtype(f)).device(ctx.device);
       auto a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts);
-      std::vector<double> times;
-      for (int rep = 0; rep < 6; ++rep) {  // the first is the warm-up
-        const double t0 = now_seconds();
-        auto c = torch::mm(a, b);
-        sync_device(ctx.device);
-        if (rep > 0) times.push_back(now_seconds() - t0);
-      }
-      std::nth_element(times.begin(), times.begin() + 2, times.end());
-      const double seconds = times[2];  // the median of 5
+      const double seconds = median_seconds(
+          [&] {
+            auto c = torch::mm(a, b);
+            sync_device(ctx.device);
+          },
+          /*repeats=*/3, /*warmup=*/1);
       const double gflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds / 1e9;
       ceilings[format_name(f)] = {{"n", n}, {"seconds", seconds}, {"gflops", gflops}};
-      parts.push_back(fmt::format("{} {:.3g}", format_name(f), gflops));
+      const double reached = best_rate.count(f) ? best_rate[f] : 0.0;
+      parts.push_back(reached > gflops ? fmt::format("{} {:.3g} (below the {:.3g} a recipe reached: at N = {} this "
+                                                     "product is not the ceiling; take a larger N)",
+                                                     format_name(f), gflops, reached, n)
+                                       : fmt::format("{} {:.3g}", format_name(f), gflops));
     }
     report.timings["gemm_ceiling"] = ceilings;
-    cost.notes.push_back(fmt::format("GEMM ceilings of this device ({0}x{0}x{0} torch::mm, GFLOP/s): {1}", n,
-                                     fmt::join(parts, ", ")));
+    cost.notes.push_back(fmt::format("GEMM ceilings of this device ({0}x{0}x{0} torch::mm, median of 3, GFLOP/s): {1}",
+                                     n, fmt::join(parts, "; ")));
   }
+  cost.notes.push_back("weights: bytes of the weights a recipe keeps between steps, in its storage format (emulated "
+                       "formats count at their own width); peak: the allocator's peak during training, which counts "
+                       "the fp32 and the narrow copy a cast makes, so narrow recipes can peak above fp32");
   report.add(std::move(cost), Store::TimingsByName);  // timings.recipes.<recipe>
   report.results["history"] = history;
   report.env["lossscale_compute"] = compute_used;
