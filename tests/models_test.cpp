@@ -1,10 +1,12 @@
-// core/models: the deep sigmoid net's structure and initialisation order, its Linear layers,
-// and the max-abs-difference metric every experiment reports.
+// core/models and core/timing: the deep sigmoid net's structure and initialisation order, its
+// Linear layers, the gradient helpers, the max-abs-difference metric every experiment reports,
+// and median_seconds.
 #include <cmath>
 #include <stdexcept>
 
 #include "catch.hpp"
 #include "core/models.hpp"
+#include "core/timing.hpp"
 
 using namespace mpt;
 
@@ -58,4 +60,33 @@ TEST_CASE("max_abs_diff: the largest elementwise |a - b|, over one tensor or pai
   std::vector<torch::Tensor> xs = {a, torch::zeros({2})}, ys = {a, torch::tensor({0.0f, -0.25f})};
   CHECK(max_abs_diff(xs, ys) == 0.25);
   CHECK(std::isnan(max_abs_diff(torch::tensor({NAN}), torch::tensor({0.0f}))));  // NaN is never hidden
+}
+
+TEST_CASE("zero_grads allocates or zeroes, clear_grads drops, clone_grads snapshots", "[models]") {
+  torch::nn::Linear lin(3, 2);
+  const auto params = lin->parameters();
+  zero_grads(params);  // none yet: allocated as zeros
+  for (const auto& p : params) {
+    REQUIRE(p.grad().defined());
+    CHECK(p.grad().abs().sum().item<double>() == 0.0);
+  }
+  lin->forward(torch::ones({4, 3})).sum().backward();
+  const auto snap = clone_grads(params);
+  REQUIRE(snap.size() == 2);
+  CHECK(snap[1].sizes() == torch::IntArrayRef({2}));
+  CHECK(snap[1][0].item<double>() == 4.0);  // d(sum)/d(bias) = batch
+  zero_grads(params);                         // in place: the snapshot keeps its values
+  CHECK(params[1].grad()[0].item<double>() == 0.0);
+  CHECK(snap[1][0].item<double>() == 4.0);
+  clear_grads(params);
+  for (const auto& p : params) CHECK_FALSE(p.grad().defined());
+}
+
+TEST_CASE("median_seconds: warm-up calls untimed, the median of the timed ones", "[models]") {
+  int calls = 0;
+  const double t = median_seconds([&] { ++calls; }, /*repeats=*/5, /*warmup=*/2);
+  CHECK(calls == 7);
+  CHECK(t >= 0.0);
+  CHECK(t < 0.5);
+  CHECK_THROWS_AS(median_seconds([] {}, 0), std::invalid_argument);
 }

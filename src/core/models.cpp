@@ -25,4 +25,22 @@ std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net) {
   return out;
 }
 
+void zero_grads(const std::vector<torch::Tensor>& params) {
+  for (auto p : params) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+    else p.mutable_grad() = torch::zeros_like(p);
+  }
+}
+
+void clear_grads(const std::vector<torch::Tensor>& params) {
+  for (auto p : params) p.mutable_grad() = torch::Tensor();
+}
+
+std::vector<torch::Tensor> clone_grads(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> g;
+  g.reserve(params.size());
+  for (const auto& p : params) g.push_back(p.grad().detach().clone());
+  return g;
+}
+
 }  // namespace mpt

@@ -33,4 +33,16 @@ inline double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vecto
 /// The Linear layers of a Sequential, in order (for per-layer statistics).
 std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net);
 
+// Gradient helpers (the three forms of torch.optim.Optimizer.zero_grad, and a snapshot).
+
+/// Zeroes every parameter's gradient in place, allocating zeros where there is none yet, so
+/// that every gradient exists before the next backward (zero_grad(set_to_none=False) plus the
+/// allocation: a training step after the first, for memory measurements).
+void zero_grads(const std::vector<torch::Tensor>& params);
+/// Drops every gradient (zero_grad(set_to_none=True)): the next backward allocates fresh ones.
+void clear_grads(const std::vector<torch::Tensor>& params);
+/// Detached copies of the parameters' gradients, in order, each the shape of its parameter.
+/// Every gradient must be defined (throws c10::Error otherwise).
+std::vector<torch::Tensor> clone_grads(const std::vector<torch::Tensor>& params);
+
 }  // namespace mpt

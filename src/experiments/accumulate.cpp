@@ -33,6 +33,7 @@
 #include "core/data.hpp"
 #include "core/errors.hpp"
 #include "core/models.hpp"
+#include "core/timing.hpp"
 #include "core/memory.hpp"
 #include "core/runtime.hpp"
 #include "core/experiment.hpp"
@@ -110,19 +111,6 @@ std::string sizes_text(const std::vector<std::pair<int64_t, int64_t>>& r) {
   return s;
 }
 
-void zero_grads(const torch::nn::Module& net) {
-  for (auto p : net.parameters()) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
-    else p.mutable_grad() = torch::zeros_like(p);
-  }
-}
-
-std::vector<torch::Tensor> grads_of(const torch::nn::Module& net) {
-  std::vector<torch::Tensor> g;
-  for (const auto& p : net.parameters()) g.push_back(p.grad().detach().clone());
-  return g;
-}
-
 double max_abs(const std::vector<torch::Tensor>& a) {
   double d = 0;
   for (const auto& t : a) d = std::max(d, t.abs().max().item<double>());
@@ -131,9 +119,9 @@ double max_abs(const std::vector<torch::Tensor>& a) {
 
 /// Full-batch gradient of the mean cross-entropy over (x, y).
 std::vector<torch::Tensor> full_grad(torch::nn::Sequential& net, const torch::Tensor& x, const torch::Tensor& y) {
-  zero_grads(*net);
+  zero_grads(net->parameters());
   F::cross_entropy(net->forward(x), y).backward();
-  return grads_of(*net);
+  return clone_grads(net->parameters());
 }
 
 /// Accumulated gradient over k micro-batches, each loss = mean over the micro-batch ×
@@ -171,9 +159,9 @@ Table gradients_table(const Dataset& d, int64_t hidden, int64_t batch, const std
            sci_col("max_abs_diff", "max|dg|"), sci_col("rel_diff", "rel")}};
   const double scale = max_abs(g_full);
   for (long long k : ks) {
-    zero_grads(*net);
+    zero_grads(net->parameters());
     accumulate_grad(net, x, y, k);
-    const double diff = max_abs_diff(grads_of(*net), g_full);
+    const double diff = max_abs_diff(clone_grads(net->parameters()), g_full);
     t.rows.push_back({{"name", fmt::format("k={}", k)}, {"micro_batches", k}, {"sizes", sizes_text(split_ranges(batch, k))},
                       {"max_abs_diff", diff}, {"rel_diff", diff / scale}});
     report.check(fmt::format("accumulated gradient == full batch (k={})", k), diff, tol);
@@ -249,9 +237,9 @@ std::vector<Variant> unequal_case(const Dataset& d, int64_t hidden, int64_t n, i
   const std::string case_name = fmt::format("(a) {} samples in {} micro-batches ({})", n, k, sizes_text(ranges));
   std::vector<Variant> out;
   auto run = [&](const std::string& name, const std::string& rule, bool correct, auto loss_of) {
-    zero_grads(*net);
+    zero_grads(net->parameters());
     for (auto [b, e] : ranges) loss_of(net->forward(x.slice(0, b, e)), y.slice(0, b, e)).backward();
-    out.push_back({name, case_name, rule, max_abs_diff(grads_of(*net), g_full), correct});
+    out.push_back({name, case_name, rule, max_abs_diff(clone_grads(net->parameters()), g_full), correct});
   };
   const double kd = static_cast<double>(k), nd = static_cast<double>(n);
   run("mean/k", "mean over the micro-batch, divided by k", false,
@@ -286,17 +274,17 @@ std::vector<Variant> tokens_case(int64_t nseq, int64_t len, int64_t k, int64_t d
     return ce.reshape({e - b, len}) * mask.slice(0, b, e);
   };
   const double total_tokens = mask.sum().item<double>();
-  zero_grads(*net);
+  zero_grads(net->parameters());
   (token_loss(0, nseq).sum() / total_tokens).backward();  // the full batch: token mean
-  auto g_full = grads_of(*net);
+  auto g_full = clone_grads(net->parameters());
   const auto ranges = split_ranges(nseq, k);
   const std::string case_name = fmt::format("(b) {} sequences, {:.0f} valid tokens of {}, in {} micro-batches", nseq,
                                             total_tokens, nseq * len, k);
   std::vector<Variant> out;
   auto run = [&](const std::string& name, const std::string& rule, bool correct, auto loss_of) {
-    zero_grads(*net);
+    zero_grads(net->parameters());
     for (auto [b, e] : ranges) loss_of(b, e).backward();
-    out.push_back({name, case_name, rule, max_abs_diff(grads_of(*net), g_full), correct});
+    out.push_back({name, case_name, rule, max_abs_diff(clone_grads(net->parameters()), g_full), correct});
   };
   const double kd = static_cast<double>(k);
   run("token_mean/k", "token mean within the micro-batch, divided by k (mean of means)", false,
@@ -338,9 +326,9 @@ Table batchnorm_table(const Dataset& d, int64_t hidden, int64_t batch, int64_t k
     a->to(dev), b->to(dev);
     a->train(), b->train();
     auto g_full = full_grad(a, x, y);
-    zero_grads(*b);
+    zero_grads(b->parameters());
     accumulate_grad(b, x, y, k);
-    const double diff = max_abs_diff(grads_of(*b), g_full);
+    const double diff = max_abs_diff(clone_grads(b->parameters()), g_full);
     double rm = 0;
     if (bn) {
       auto ba = a[2]->as<torch::nn::BatchNorm1d>(), bb = b[2]->as<torch::nn::BatchNorm1d>();
@@ -379,12 +367,12 @@ Table memory_table(const Dataset& d, int64_t hidden, int64_t batch, const std::v
   json times = json::object();
   int64_t peak1 = 0;
   auto one_step = [&](int64_t k) {
-    zero_grads(*net);
+    zero_grads(net->parameters());
     accumulate_grad(net, x, y, k);
   };
   if (!ks.empty()) one_step(ks.front());  // warm-up: first-touch allocations
   for (long long k : ks) {
-    zero_grads(*net);
+    zero_grads(net->parameters());
     int64_t peak = 0;
     {
       PeakScope scope(dev);
@@ -392,18 +380,12 @@ Table memory_table(const Dataset& d, int64_t hidden, int64_t batch, const std::v
       peak = scope.peak_bytes();
     }
     if (peak1 == 0) peak1 = peak;
-    std::vector<double> ts;
-    for (int64_t r = 0; r < repeats; ++r) {
-      const double t0 = now_seconds();
-      one_step(k);
-      ts.push_back(now_seconds() - t0);
-    }
-    std::sort(ts.begin(), ts.end());
+    const double step_s = median_seconds([&] { one_step(k); }, repeats);  // warmed up above
     const int64_t mb = (batch + k - 1) / k;
     t.rows.push_back({{"name", fmt::format("B/{}", k)}, {"micro_batches", k}, {"micro_batch", mb}, {"peak_bytes", peak},
                       {"peak_ratio", static_cast<double>(peak) / static_cast<double>(peak1)},
                       {"param_bytes", param_bytes}, {"grad_bytes", param_bytes}});
-    times[fmt::format("B/{}", k)] = {{"step_s", ts[ts.size() / 2]}, {"samples_per_s", batch / ts[ts.size() / 2]}};
+    times[fmt::format("B/{}", k)] = {{"step_s", step_s}, {"samples_per_s", batch / step_s}};
   }
   report.timings["memory_step_time"] = times;
   t.notes.push_back("peak: bytes allocated above parameters and gradients (which exist before the step and do not "

@@ -32,6 +32,7 @@
 #include "core/checkpoint.hpp"
 #include "core/errors.hpp"
 #include "core/models.hpp"
+#include "core/timing.hpp"
 #include "core/memory.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
@@ -111,10 +112,7 @@ struct StepResult {
 // Gradients exist (zeroed) before the measurement, as in any training step after the
 // first, so the peak is the activations and temporaries of this step.
 StepResult step(Setup& su, int64_t segments, bool preserve_rng, torch::Device device, std::uint64_t seed) {
-  for (auto& p : su.net->parameters()) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
-    else p.mutable_grad() = torch::zeros_like(p);
-  }
+  zero_grads(su.net->parameters());
   auto x = su.x.detach().requires_grad_(true);
   seed_all(seed);
   StepResult r;
@@ -126,20 +124,13 @@ StepResult step(Setup& su, int64_t segments, bool preserve_rng, torch::Device de
     r.peak_bytes = scope.peak_bytes();
     r.loss = loss.item<double>();
   }
-  for (auto& p : su.net->parameters()) r.grads.push_back(p.grad().detach().clone());
+  r.grads = clone_grads(su.net->parameters());
   r.grads.push_back(x.grad().detach().clone());
   return r;
 }
 
 double median_step_time(Setup& su, int64_t segments, torch::Device device, std::uint64_t seed, int64_t repeats) {
-  std::vector<double> t;
-  for (int64_t i = 0; i < repeats; ++i) {
-    const double t0 = now_seconds();
-    step(su, segments, true, device, seed);
-    t.push_back(now_seconds() - t0);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median_seconds([&] { step(su, segments, true, device, seed); }, repeats);
 }
 
 /// Cross-key checks before any work (exit 2): every /checkpoint/segments entry names a segment

@@ -263,7 +263,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     const double t0 = now_seconds();
     auto idx = shard.index({Slice(s * b, (s + 1) * b)});
     auto x = data.images.index_select(0, idx).to(ts.device), y = data.labels.index_select(0, idx).to(ts.device);
-    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
+    clear_grads(net->parameters());  // zero_grad(set_to_none=True)
     auto xs = x.tensor_split(ts.micro_steps), ys = y.tensor_split(ts.micro_steps);
     double exposed = 0, loss_sum = 0;
     for (int64_t m = 0; m < ts.micro_steps; ++m) {

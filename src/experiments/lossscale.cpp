@@ -471,7 +471,7 @@ RecipeRun train_recipe(const Context& ctx, const Recipe& r, Compute c, const std
     auto idx = perm.narrow(0, (step % per_epoch) * batch, batch);
     auto x = train.images.index_select(0, idx).to(ctx.device);
     auto y = train.labels.index_select(0, idx).to(ctx.device);
-    for (auto& p : m.params) p.mutable_grad() = torch::Tensor();
+    clear_grads(m.params);
 
     auto loss = loss_fn(mlp_forward(m, x, r.format, c, &run.grads), y, r.format, c, low);
     const float s = r.scaling == Scaling::Static ? static_scale
