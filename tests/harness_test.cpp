@@ -95,7 +95,7 @@ TEST_CASE("full_spec adds /seed, /device and /threads to an experiment's schema"
   CHECK_FALSE(spec.find("/nproc"));  // single-process: no --nproc key
 }
 
-TEST_CASE("resolve_for: defaults <- --set <- --seed/--device; a bad --seed names --seed", "[harness]") {
+TEST_CASE("resolve_for: defaults <- --set <- --seed/--device, a bad --seed names --seed", "[harness]") {
   int runs = 0;
   ConfigSpec spec = full_spec(toy_experiment(&runs));
   RunOptions o = quiet_run("unused.json", {"rows=5"});
@@ -116,7 +116,7 @@ TEST_CASE("resolve_for: defaults <- --set <- --seed/--device; a bad --seed names
   CHECK_THROWS_AS(resolve_for(spec, empty_config), ConfigError);
 }
 
-TEST_CASE("run_experiment: exit 0 writes the result document; same config, identical results", "[harness]") {
+TEST_CASE("run_experiment: exit 0 writes the result document, same config, identical results", "[harness]") {
   int runs = 0;
   const Experiment toy = toy_experiment(&runs);
   const std::string dir = scratch_dir();

@@ -60,6 +60,11 @@ TEST_CASE("max_abs_diff: the largest elementwise |a - b|, over one tensor or pai
   std::vector<torch::Tensor> xs = {a, torch::zeros({2})}, ys = {a, torch::tensor({0.0f, -0.25f})};
   CHECK(max_abs_diff(xs, ys) == 0.25);
   CHECK(std::isnan(max_abs_diff(torch::tensor({NAN}), torch::tensor({0.0f}))));  // NaN is never hidden
+  // ... nor in a list, wherever it stands (std::max(d, NaN) would have returned d)
+  std::vector<torch::Tensor> xn = {torch::tensor({NAN}), a}, yn = {torch::tensor({0.0f}), b};
+  CHECK(std::isnan(max_abs_diff(xn, yn)));
+  std::vector<torch::Tensor> xl = {a, torch::tensor({NAN})}, yl = {b, torch::tensor({0.0f})};
+  CHECK(std::isnan(max_abs_diff(xl, yl)));
 }
 
 TEST_CASE("zero_grads allocates or zeroes, clear_grads drops, clone_grads snapshots", "[models]") {

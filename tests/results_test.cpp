@@ -178,7 +178,7 @@ TEST_CASE("check_writable reports the folders it made, remove_created_dirs takes
   fs::remove_all(dir);
 }
 
-TEST_CASE("table_json_by_name keys the rows by their name; a missing or repeated name is refused", "[results]") {
+TEST_CASE("table_json_by_name keys the rows by their name, a missing or repeated name is refused", "[results]") {
   Table t{"per_n", "Per N", {text_col("name", "N"), float_col("x", "x")}};
   t.rows.push_back({{"name", "n1"}, {"x", 1.0}});
   t.rows.push_back({{"name", "n2"}, {"x", INFINITY}});

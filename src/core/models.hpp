@@ -5,6 +5,8 @@
 // for the bias).
 #pragma once
 
+#include <cmath>
+
 #include <vector>
 
 #include <torch/torch.h>
@@ -23,10 +25,15 @@ inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
 
-/// Largest |a[i] − b[i]| over paired tensor lists (e.g. two models' gradients, same order).
+/// Largest |a[i] − b[i]| over paired tensor lists (e.g. two models' gradients, same order); NaN
+/// as soon as one pair's difference is NaN, so that a check on it fails (std::max would drop it).
 inline double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   double d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, max_abs_diff(a[i], b[i]));
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double x = max_abs_diff(a[i], b[i]);
+    if (std::isnan(x)) return x;
+    d = std::max(d, x);
+  }
   return d;
 }
 
