@@ -19,12 +19,15 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- stderr:"; cat "$tmp/err"; exit 1; }
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
-# Rank 0's N = 1 phase: 500 steps of a 784-512-10 MLP alone, then as many in the one-process
-# check (about 1.4 s on a 2-core Zen 5 with 2 threads, where 125 steps took only 0.35 s);
-# dist.timeout_s = 0.5 s is far shorter. The test fails, rather than passing vacuously, if not.
+# Rank 0's N = 1 phase: 125 steps of a 784-512-10 MLP on batches of 256 alone, then as many in
+# the one-process check: about 1 s with LibTorch 2.x on a 2-core Zen 5, where batches of 64 took
+# only 0.35 s; dist.timeout_s = 0.5 s is shorter. The test fails, rather than passing vacuously, if
+# the phase does not outlast the timeout. More steps, a wider layer or a larger step size would
+# let the data-parallel and single-process parameters drift past the run's own 1e-5 check (500
+# steps: 4e-4; batches of 256 at lr 0.05: 1.4e-5); at lr 0.005 it is 7.5e-9 (LibTorch 2.x).
 timeout_s=0.5
 busy=(dataparallel --config configs/dataparallel_quick.json --nproc 2 --set "train.nprocs=[1,2]"
-      --set train.samples=32000 --set train.max_steps=0 --set train.hidden=512 --set train.nosync_steps=0
+      --set train.samples=32000 --set train.global_batch=256 --set train.lr=0.005 --set train.max_steps=0 --set train.hidden=512 --set train.nosync_steps=0
       --set dist.timeout_s=$timeout_s)
 pipe=(pipeline --set executor=processes --set pipeline.stages=2 --nproc 2 --set pipeline.steps=100 --set cost.forward_us=2000
       --set "pipeline.microbatches=[4]" --set "pipeline.schedules=[\"1f1b\"]" --set pipeline.timeout_s=3)
