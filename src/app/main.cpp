@@ -13,18 +13,19 @@ namespace {
 
 // OpenMP threads that wait at a barrier spin by default (libgomp's OMP_WAIT_POLICY is ACTIVE
 // for a while): when another process takes a core, the spinning thread holds the other one and
-// the descheduled peer waits for a scheduler time slice — a 0.6 ms training step with 2 threads
-// on 2 cores then takes 4–16 ms (measured: docs/performance.md, "Stable timings"). PASSIVE
+// the descheduled peer waits for a scheduler time slice — a 0.8 ms training step with 2 threads
+// on 2 cores then takes 4–129 ms (measured: docs/performance.md, "Stable timings"). PASSIVE
 // waiters sleep and give their core back. libgomp — whose threads LibTorch's OpenMP loops and
 // MKL use — reads OMP_WAIT_POLICY once, in its initialiser, and libc's own initialiser resets
-// the environment to the one the process started with, so the variable must be there at exec:
-// this function runs from the executable's DT_PREINIT_ARRAY, before any shared library's
-// initialiser (LibTorch's static initialisers included), and when OMP_WAIT_POLICY is unset it
-// re-executes the binary once with OMP_WAIT_POLICY=PASSIVE and MPT_OMP_WAIT_POLICY_DEFAULT=PASSIVE
-// (which env.threads_policy reports; setting either variable yourself turns the re-exec off). That costs the dynamic loader's relocation again (about
-// 8 ms here; nothing of LibTorch has initialised yet). A value the user set is left alone; so
-// is a run under valgrind (whose tools would not follow the exec), a sanitizer, or `ld.so mpt`
-// (where /proc/self/exe is the loader); anything that fails simply runs on with libgomp's default.
+// the environment to the one the process started with (a setenv here does not survive), so the
+// variable must be there at exec: this function runs from the executable's DT_PREINIT_ARRAY,
+// before any shared library's initialiser (LibTorch's static initialisers included), and when
+// OMP_WAIT_POLICY is unset it re-executes the binary once with OMP_WAIT_POLICY=PASSIVE and
+// MPT_OMP_WAIT_POLICY_DEFAULT=PASSIVE (which env.threads_policy reports; setting either variable
+// yourself turns the re-exec off). That costs a second exec and relocation, about 30 ms of a
+// 0.3 s start here; nothing of LibTorch has initialised yet. A run under valgrind (whose tools
+// would not follow the exec), a sanitizer, or `ld.so mpt` (where /proc/self/exe is the loader)
+// is left alone; anything that fails simply runs on with libgomp's default.
 void default_omp_wait_policy(int /*argc*/, char** argv, char** envp) {
 #if defined(__SANITIZE_ADDRESS__)
   return;
