@@ -87,6 +87,16 @@ TEST_CASE("thread policy: the config's count as given, else the usable cores sha
   CHECK(j["source"] == "config");
   CHECK(j.contains("omp_wait_policy"));
   CHECK(usable_cores() >= 1);
+  // OMP_NUM_THREADS counts when /threads does not say; a malformed value is ignored.
+  p = choose_threads(0, 2, 1, "1");
+  CHECK(p.intra_op == 1);
+  CHECK(p.source == "OMP_NUM_THREADS");
+  CHECK(choose_threads(3, 2, 1, "1").intra_op == 3);  // the config wins
+  for (const char* bad : {"", "0", "two", "2x", "-1", "5000"}) {
+    CAPTURE(bad);
+    CHECK(choose_threads(0, 2, 1, bad).source == "auto");
+    CHECK(choose_threads(0, 2, 1, bad).intra_op == 2);
+  }
 }
 
 TEST_CASE("local processes come from the launcher's environment", "[runtime]") {

@@ -161,17 +161,28 @@ Compute resolve_compute(const std::string& request, Format f, torch::Device devi
   return has ? Compute::Native : Compute::Emulated;
 }
 
-ThreadPolicy choose_threads(int64_t requested, int cores, int local_processes) {
+ThreadPolicy choose_threads(int64_t requested, int cores, int local_processes, const char* omp_num_threads) {
   ThreadPolicy p;
   p.cores = std::max(1, cores);
   p.local_processes = std::max(1, local_processes);
   if (requested > 0) {
     p.intra_op = static_cast<int>(requested);
     p.source = "config";
-  } else {
-    p.intra_op = std::max(1, p.cores / p.local_processes);
-    p.source = "auto";
+    return p;
   }
+  // OMP_NUM_THREADS is how users of PyTorch set the count: taken when /threads does not say.
+  if (omp_num_threads && *omp_num_threads) {
+    char* end = nullptr;
+    const long n = std::strtol(omp_num_threads, &end, 10);
+    if (*end == '\0' && n >= 1 && n <= 1024) {
+      p.intra_op = static_cast<int>(n);
+      p.source = "OMP_NUM_THREADS";
+      return p;
+    }
+    spdlog::warn("OMP_NUM_THREADS={}: not a thread count from 1 to 1024; ignored", omp_num_threads);
+  }
+  p.intra_op = std::max(1, p.cores / p.local_processes);
+  p.source = "auto";
   return p;
 }
 
@@ -200,18 +211,8 @@ int local_processes_from_environment() {
 }
 
 ThreadPolicy apply_threads(int64_t requested) {
-  ThreadPolicy p = choose_threads(requested, usable_cores(), local_processes_from_environment());
-  // OMP_NUM_THREADS is how users of PyTorch set the count: taken when /threads does not say.
-  if (const char* omp = std::getenv("OMP_NUM_THREADS"); requested <= 0 && omp && *omp) {
-    char* end = nullptr;
-    const long n = std::strtol(omp, &end, 10);
-    if (*end == '\0' && n >= 1 && n <= 1024) {
-      p.intra_op = static_cast<int>(n);
-      p.source = "OMP_NUM_THREADS";
-    } else {
-      spdlog::warn("OMP_NUM_THREADS={}: not a thread count from 1 to 1024; ignored", omp);
-    }
-  }
+  const ThreadPolicy p =
+      choose_threads(requested, usable_cores(), local_processes_from_environment(), std::getenv("OMP_NUM_THREADS"));
   if (static_cast<int64_t>(p.intra_op) * p.local_processes > p.cores)
     spdlog::warn("{} intra-op threads in each of {} process(es) on {} usable core(s): the cores are oversubscribed and "
                  "step times will vary (set threads to 0 for max(1, cores / processes))",

@@ -63,10 +63,12 @@ struct ThreadPolicy {
   std::string source;       ///< "config" (/threads > 0), "OMP_NUM_THREADS" (set, /threads 0) or "auto" (max(1, cores / local_processes))
 };
 
-/// The policy: `requested` > 0 (the config's /threads) is taken as given; 0 means
-/// max(1, cores / local_processes) — one process gets every usable core, N processes on C cores
-/// get max(1, C/N) each. Does not apply it (see apply_threads).
-ThreadPolicy choose_threads(int64_t requested, int cores, int local_processes);
+/// The policy: `requested` > 0 (the config's /threads) is taken as given; else a valid
+/// `omp_num_threads` (the OMP_NUM_THREADS value, 1–1024; a malformed one is warned about on
+/// stderr and ignored), as PyTorch takes it; else max(1, cores / local_processes) — one process
+/// gets every usable core, N processes on C cores get max(1, C/N) each. Does not apply it (see
+/// apply_threads).
+ThreadPolicy choose_threads(int64_t requested, int cores, int local_processes, const char* omp_num_threads = nullptr);
 
 /// CPUs this process may run on: CPU_COUNT of sched_getaffinity (what taskset, cgroups' cpusets
 /// and SLURM's binding leave), else std::thread::hardware_concurrency(); at least 1.
@@ -77,10 +79,10 @@ int usable_cores();
 /// SLURM_TASKS_PER_NODE ("4(x2)" -> 4), else 1. A malformed value is skipped (the next source counts) with a warning on stderr.
 int local_processes_from_environment();
 
-/// choose_threads(requested, usable_cores(), local_processes_from_environment()) — except that
-/// with requested 0 a valid OMP_NUM_THREADS (1–1024) is taken, as PyTorch takes it — applied with
-/// torch::set_num_threads; warns on stderr when the processes together ask for more threads than
-/// the usable cores, and when OMP_NUM_THREADS is malformed. Returns the policy for env.threads_policy.
+/// choose_threads(requested, usable_cores(), local_processes_from_environment(),
+/// getenv("OMP_NUM_THREADS")), applied with torch::set_num_threads; warns on stderr when the
+/// processes together ask for more threads than the usable cores. Returns the policy for
+/// env.threads_policy.
 ThreadPolicy apply_threads(int64_t requested);
 
 /// {"intra_op", "cores", "local_processes", "source"} of `p`, with "omp_wait_policy" (the
