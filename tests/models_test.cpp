@@ -26,6 +26,27 @@ TEST_CASE("deep_sigmoid_net: depth x (Linear + Sigmoid), then Linear(width, 1)",
   CHECK_THROWS_AS(deep_sigmoid_net(5, 7, 0), std::invalid_argument);
 }
 
+TEST_CASE("mlp: Flatten, (Linear [+ BatchNorm1d] + ReLU) per hidden width, Linear; weights in module order", "[models]") {
+  torch::manual_seed(7);
+  auto net = mlp(/*in_dim=*/784, /*hidden=*/{16, 8}, /*out_dim=*/10);
+  REQUIRE(net->size() == 6);  // Flatten, Linear, ReLU, Linear, ReLU, Linear
+  const auto layers = linear_layers(net);
+  REQUIRE(layers.size() == 3);
+  CHECK(layers[0]->weight.sizes() == torch::IntArrayRef({16, 784}));
+  CHECK(layers[1]->weight.sizes() == torch::IntArrayRef({8, 16}));
+  CHECK(layers[2]->weight.sizes() == torch::IntArrayRef({10, 8}));
+  CHECK(net->forward(torch::randn({3, 1, 28, 28})).sizes() == torch::IntArrayRef({3, 10}));
+  // The same draws as Linear layers constructed one after the other from the same seed.
+  torch::manual_seed(7);
+  torch::nn::Linear a(784, 16), b(16, 8), c(8, 10);
+  CHECK(torch::equal(layers[0]->weight, a->weight));
+  CHECK(torch::equal(layers[1]->bias, b->bias));
+  CHECK(torch::equal(layers[2]->weight, c->weight));
+  CHECK(mlp(784, {16}, 10, /*batchnorm=*/true)->size() == 5);
+  CHECK_THROWS_AS(mlp(784, {0}, 10), std::invalid_argument);
+  CHECK_THROWS_AS(mlp(0, {4}, 10), std::invalid_argument);
+}
+
 TEST_CASE("deep_sigmoid_net draws its weights in module order, as nn.Sequential does", "[models]") {
   // The same seed gives the same net; the first layer's weight is the first draw after the seed,
   // so building nn.Linear(5, 7) alone from that seed gives the same tensor (the Python twin's order).

@@ -18,6 +18,24 @@ torch::nn::Sequential deep_sigmoid_net(int64_t in_dim, int64_t width, int64_t de
   return net;
 }
 
+torch::nn::Sequential mlp(int64_t in_dim, const std::vector<int64_t>& hidden, int64_t out_dim, bool batchnorm) {
+  if (in_dim < 1 || out_dim < 1) throw std::invalid_argument("mlp: sizes must be >= 1");
+  // Pushed one by one: in Sequential(a, b, c) C++ may construct the arguments in any order,
+  // and the order of construction is the order of the RNG draws.
+  torch::nn::Sequential net;
+  net->push_back(torch::nn::Flatten());
+  int64_t d = in_dim;
+  for (const int64_t w : hidden) {
+    if (w < 1) throw std::invalid_argument("mlp: hidden widths must be >= 1");
+    net->push_back(torch::nn::Linear(d, w));
+    if (batchnorm) net->push_back(torch::nn::BatchNorm1d(w));
+    net->push_back(torch::nn::ReLU());
+    d = w;
+  }
+  net->push_back(torch::nn::Linear(d, out_dim));
+  return net;
+}
+
 std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net) {
   std::vector<torch::nn::Linear> out;
   for (const auto& m : net->children())

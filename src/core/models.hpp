@@ -19,6 +19,15 @@ namespace mpt {
 /// Input [batch, in_dim] → output [batch, 1]. Throws std::invalid_argument for sizes < 1.
 torch::nn::Sequential deep_sigmoid_net(int64_t in_dim, int64_t width, int64_t depth);
 
+/// The Fashion-MNIST classifier MLP of the mixed-precision and parallelism lessons:
+/// Flatten, then for each width in `hidden` Linear(d→width) [+ BatchNorm1d(width)] + ReLU, then
+/// Linear(d→out_dim). Python twin: nn.Sequential(nn.Flatten(), nn.Linear(784, h), nn.ReLU(), …,
+/// nn.Linear(h, 10)), modules constructed in that order (so one torch.manual_seed gives the same
+/// weights). Input [batch, 1, 28, 28] or [batch, in_dim] → logits [batch, out_dim].
+/// Throws std::invalid_argument for a size < 1.
+torch::nn::Sequential mlp(int64_t in_dim, const std::vector<int64_t>& hidden, int64_t out_dim,
+                          bool batchnorm = false);
+
 /// Largest |a − b| over all elements (a, b of one shape), as a double: the equivalence
 /// metric every experiment reports (0.0 means bitwise equal values).
 inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {

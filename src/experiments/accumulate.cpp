@@ -74,19 +74,13 @@ ConfigSpec accumulate_spec() {
 // Helpers
 // ----------------------------------------------------------------------------
 
-/// MLP 784 → hidden → 10 (optionally BatchNorm1d after the first Linear), built from `seed`.
+/// MLP 784 → hidden [→ hidden2] → 10 (BatchNorm1d after each hidden Linear when `batchnorm`),
+/// built from `seed` (core/models' mlp).
 torch::nn::Sequential mlp(int64_t hidden, bool batchnorm, std::uint64_t seed, int64_t hidden2 = 0) {
   seed_all(seed);
-  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(784, hidden));
-  if (batchnorm) net->push_back(torch::nn::BatchNorm1d(hidden));
-  net->push_back(torch::nn::ReLU());
-  if (hidden2 > 0) {
-    net->push_back(torch::nn::Linear(hidden, hidden2));
-    net->push_back(torch::nn::ReLU());
-    hidden = hidden2;
-  }
-  net->push_back(torch::nn::Linear(hidden, 10));
-  return net;
+  std::vector<int64_t> widths{hidden};
+  if (hidden2 > 0) widths.push_back(hidden2);
+  return mpt::mlp(784, widths, 10, batchnorm);
 }
 
 /// Micro-batch [begin, end) ranges of n samples in k parts, as torch.tensor_split: the first

@@ -203,15 +203,6 @@ Table uneven_table(const Config& cfg, Report& report) {
 // ----------------------------------------------------------------------------
 // 3-4. Real data-parallel training across processes
 // ----------------------------------------------------------------------------
-torch::nn::Sequential mlp(int64_t hidden) {
-  torch::nn::Sequential net;  // in order (see small_net)
-  net->push_back(torch::nn::Flatten());
-  net->push_back(torch::nn::Linear(784, hidden));
-  net->push_back(torch::nn::ReLU());
-  net->push_back(torch::nn::Linear(hidden, 10));
-  return net;
-}
-
 torch::Tensor flat_params(const torch::nn::Sequential& net) {
   std::vector<torch::Tensor> v;
   for (const auto& p : net->parameters()) v.push_back(p.detach().reshape({-1}).to(torch::kCPU));
@@ -242,7 +233,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
                const TrainSetup& ts) {
   const int64_t n = g->size(), r = g->rank(), b = ts.global_batch / n;
   seed_all(static_cast<std::uint64_t>(ts.seed));
-  auto net = mlp(ts.hidden);
+  auto net = mlp(784, {ts.hidden}, 10);
   net->to(ts.device);
   const auto on_device = torch::TensorOptions().device(ts.device);
   dist::Reducer reducer(net->parameters(), g, ts.ropts);  // broadcasts rank 0's parameters
@@ -316,7 +307,7 @@ torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int
                              const TrainSetup& ts) {
   const int64_t b = ts.global_batch / n;
   seed_all(static_cast<std::uint64_t>(ts.seed));
-  auto net = mlp(ts.hidden);
+  auto net = mlp(784, {ts.hidden}, 10);
   net->to(ts.device);  // the same device as the ranks: the same kernels
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ts.lr));
   std::vector<torch::Tensor> shards;
