@@ -41,6 +41,7 @@ packages=(
   g++ cmake make pkg-config          # toolchain
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
   dataset-fashion-mnist              # real data: /usr/share/datasets/fashion-mnist
+  fortunes                           # real text: /usr/share/games/fortunes (the tiny GPT's corpus)
   python3-matplotlib                 # scripts/plot.py
   libgloo-dev                        # Gloo headers for c10d (PyPI's wheel ships ProcessGroupGloo.hpp, not gloo/)
 )

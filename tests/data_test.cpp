@@ -1,4 +1,6 @@
 // Fashion-MNIST loader (core/data): real files from Debian's package, and corrupt ones.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -103,4 +105,45 @@ TEST_CASE("shuffled_indices is a permutation fixed by its seed", "[data]") {
   CHECK(torch::equal(a, b));
   CHECK_FALSE(torch::equal(a, c));
   CHECK(torch::equal(std::get<0>(a.sort()), torch::arange(100)));
+}
+
+TEST_CASE("clean_fortune_text drops separators, overstrikes and non-ASCII; tabs become spaces", "[data]") {
+  const std::string raw = "A\tb\n%\nc_\bd\xc3\xa9\n%\n";
+  CHECK(clean_fortune_text(raw) == "A b\ncd\n");
+}
+
+TEST_CASE("the fortunes corpus: sorted character vocabulary, 90/10 split, decode inverts encode", "[data]") {
+  TextCorpus c;
+  try {
+    c = load_text_corpus(kFortunesDir, kDefaultFortuneFiles);
+  } catch (const RuntimeFailure& e) {
+    FAIL("Debian's fortunes package (scripts/setup.sh installs it) is missing: " << e.what());
+  }
+  CHECK(c.vocab() <= 96);
+  CHECK(c.vocab() > 60);
+  CHECK(std::is_sorted(c.chars.begin(), c.chars.end()));
+  const int64_t n = c.train.size(0) + c.val.size(0);
+  CHECK(c.train.size(0) == static_cast<int64_t>(std::floor(0.9 * static_cast<double>(n))));
+  CHECK(c.train.min().item<int64_t>() >= 0);
+  CHECK(c.train.max().item<int64_t>() < c.vocab());
+  const std::string text = c.decode(c.train);
+  CHECK(text.size() == static_cast<std::size_t>(c.train.size(0)));
+  CHECK(text.find("\n%\n") == std::string::npos);  // no separator line is left
+  CHECK(text.find('\b') == std::string::npos);
+}
+
+TEST_CASE("text_batch: windows and next-token targets, fixed by the generator's seed", "[data]") {
+  auto tokens = torch::arange(100, torch::kLong);
+  auto g1 = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto g2 = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto [x, y] = text_batch(tokens, 4, 10, g1);
+  auto [x2, y2] = text_batch(tokens, 4, 10, g2);
+  CHECK(x.sizes() == torch::IntArrayRef({4, 10}));
+  CHECK(torch::equal(y, x + 1));  // tokens are 0..99, so the next token is x + 1
+  CHECK(torch::equal(x, x2));
+  CHECK(x.max().item<int64_t>() <= 99 - 1);
+  CHECK_THROWS_AS(text_batch(tokens, 4, 100, g1), std::invalid_argument);
+  CHECK_THROWS_AS(text_batch(tokens, 0, 10, g1), std::invalid_argument);
+  CHECK_THROWS_AS(load_text_corpus("/nonexistent", {"x"}), RuntimeFailure);
+  CHECK_THROWS_AS(load_text_corpus(kFortunesDir, {}), std::invalid_argument);
 }

@@ -1,7 +1,14 @@
-// Fashion-MNIST loading. See data.hpp.
+// Fashion-MNIST and text corpus loading. See data.hpp.
 #include "core/data.hpp"
 
 #include <zlib.h>
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <sstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -113,6 +120,87 @@ Dataset load_fashion_mnist(const std::string& dir, const std::string& split, int
 torch::Tensor shuffled_indices(int64_t n, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kLong));
+}
+
+std::string TextCorpus::decode(const torch::Tensor& tokens) const {
+  auto flat = tokens.reshape({-1}).to(torch::kLong).contiguous();
+  std::string out;
+  out.reserve(static_cast<std::size_t>(flat.numel()));
+  const auto* p = flat.data_ptr<int64_t>();
+  for (int64_t i = 0; i < flat.numel(); ++i) out.push_back(chars.at(static_cast<std::size_t>(p[i])));
+  return out;
+}
+
+std::string clean_fortune_text(const std::string& raw) {
+  std::string out;
+  out.reserve(raw.size());
+  std::istringstream in(raw);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line == "%") continue;
+    const std::size_t line_start = out.size();
+    for (const char ch : line) {
+      const auto c = static_cast<unsigned char>(ch);
+      // Overstriking (nroff's underline "_\bX" and bold "X\bX"): the backspace takes back
+      // the character before it, so X is what stays.
+      if (c == '\b') {
+        if (out.size() > line_start) out.pop_back();
+      } else if (c == '\t') out.push_back(' ');
+      else if (c >= 0x20 && c <= 0x7E) out.push_back(static_cast<char>(c));
+    }
+    out.push_back('\n');
+  }
+  return out;
+}
+
+TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::string>& files, double val_fraction,
+                            std::size_t max_bytes) {
+  if (files.empty()) throw std::invalid_argument("load_text_corpus: no files");
+  if (!(val_fraction > 0.0 && val_fraction < 1.0))
+    throw std::invalid_argument(fmt::format("load_text_corpus: val_fraction must be in (0, 1), got {}", val_fraction));
+  auto fail = [](const std::string& path, const std::string& what) {
+    return RuntimeFailure(fmt::format("{}: {} (the text corpus comes from Debian's fortunes package: "
+                                      "apt-get install fortunes, or set the text path in the config)",
+                                      path, what));
+  };
+  std::string text;
+  for (const auto& name : files) {
+    const std::string path = dir + "/" + name;
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw fail(path, "cannot open");
+    std::string raw;
+    raw.resize(max_bytes + 1);
+    f.read(raw.data(), static_cast<std::streamsize>(raw.size()));
+    if (f.bad()) throw fail(path, "read error");
+    raw.resize(static_cast<std::size_t>(f.gcount()));
+    if (raw.size() > max_bytes) throw fail(path, fmt::format("larger than {} bytes", max_bytes));
+    text += clean_fortune_text(raw);
+  }
+  const std::set<char> set(text.begin(), text.end());
+  TextCorpus c;
+  c.chars.assign(set.begin(), set.end());
+  int64_t index[256];
+  for (std::size_t i = 0; i < c.chars.size(); ++i) index[static_cast<unsigned char>(c.chars[i])] = static_cast<int64_t>(i);
+  auto ids = torch::empty({static_cast<int64_t>(text.size())}, torch::kLong);
+  auto* p = ids.data_ptr<int64_t>();
+  for (std::size_t i = 0; i < text.size(); ++i) p[i] = index[static_cast<unsigned char>(text[i])];
+  const auto n_train = static_cast<int64_t>(std::floor((1.0 - val_fraction) * static_cast<double>(text.size())));
+  if (n_train < 2 || ids.size(0) - n_train < 2)
+    throw fail(dir, fmt::format("corpus of {} characters is too short to split at {}", text.size(), val_fraction));
+  c.train = ids.slice(0, 0, n_train).clone();
+  c.val = ids.slice(0, n_train).clone();
+  return c;
+}
+
+std::pair<torch::Tensor, torch::Tensor> text_batch(const torch::Tensor& tokens, int64_t batch, int64_t context,
+                                                   at::Generator& gen) {
+  const int64_t n = tokens.size(0);
+  if (batch < 1) throw std::invalid_argument("text_batch: batch must be >= 1");
+  if (n <= context)
+    throw std::invalid_argument(fmt::format("text_batch: {} tokens are too few for a context of {}", n, context));
+  auto ix = torch::randint(n - context, {batch}, gen, torch::TensorOptions().dtype(torch::kLong));
+  auto offsets = ix.unsqueeze(1) + torch::arange(context, torch::kLong).unsqueeze(0);  // [batch, context]
+  return {tokens.index({offsets}), tokens.index({offsets + 1})};
 }
 
 }  // namespace mpt

@@ -1,10 +1,12 @@
-// Data: Fashion-MNIST from Debian's `dataset-fashion-mnist` package (IDX files, gzip)
-// and synthetic data. Loading is real: the IDX headers are checked (magic numbers
+// Data: Fashion-MNIST from Debian's `dataset-fashion-mnist` package (IDX files, gzip),
+// English text from Debian's `fortunes` package (character-level corpus), and synthetic data. Loading is real: the IDX headers are checked (magic numbers
 // 0x00000803 images / 0x00000801 labels, counts agree) and a missing or corrupt file
 // is a RuntimeFailure (exit 3) naming the package and the path.
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -38,5 +40,46 @@ torch::Tensor read_idx_gz(const std::string& path, std::size_t max_bytes = kMaxI
 /// A fixed permutation of [0, n) from `seed` (independent of the global generator, so
 /// data order does not shift model initialisation): torch.randperm with its own Generator.
 torch::Tensor shuffled_indices(int64_t n, uint64_t seed);
+
+// ─────────────────────────── text (character level) ───────────────────────────
+
+/// Folder of Debian's `fortunes` package (fortune(6)'s cookie files: English text, one cookie
+/// after another, each ended by a line holding only "%").
+inline const char* kFortunesDir = "/usr/share/games/fortunes";
+/// The cookie files the text lessons read by default (plain English: 480 KB, 95 characters).
+inline const std::vector<std::string> kDefaultFortuneFiles = {"computers", "science", "literature", "wisdom"};
+
+/// A character-level corpus (nanoGPT's shakespeare_char recipe): the vocabulary is the sorted set
+/// of characters in the text, a token is a character's index in it, the first (1 − val_fraction)
+/// of the tokens are the training split and the rest the validation split.
+struct TextCorpus {
+  std::string chars;    ///< the vocabulary, sorted by byte value; token i is chars[i]
+  torch::Tensor train;  ///< [N_train] int64 token ids
+  torch::Tensor val;    ///< [N_val] int64 token ids
+  int64_t vocab() const { return static_cast<int64_t>(chars.size()); }
+  /// Tokens (any shape, int64) back to text, row-major.
+  std::string decode(const torch::Tensor& tokens) const;
+};
+
+/// fortune(6) text to plain text: the "%" separator lines are dropped, a backspace takes back the
+/// character before it (the files' nroff overstriking "_\bX", "X\bX" leaves X), tabs become
+/// spaces and only printable ASCII (0x20–0x7E) and newlines are kept (the few UTF-8 bytes go),
+/// so the vocabulary is ≤ 96 characters on every machine.
+std::string clean_fortune_text(const std::string& raw);
+
+/// Reads `files` (names inside `dir`) in order, cleans each (clean_fortune_text), joins them and
+/// splits the tokens at ⌊(1 − val_fraction)·N⌋. Throws RuntimeFailure naming the path and the
+/// `fortunes` package for a missing or unreadable file, a file over `max_bytes`, or a corpus too
+/// short to split; std::invalid_argument for val_fraction outside (0, 1) or no files.
+TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::string>& files, double val_fraction = 0.1,
+                            std::size_t max_bytes = std::size_t{64} << 20);
+
+/// A batch of `batch` random windows of `context` tokens and their next tokens, as nanoGPT's
+/// get_batch: ix = torch.randint(len(tokens) − context, (batch,), generator=gen); x[b] =
+/// tokens[ix[b] : ix[b] + context], y[b] = tokens[ix[b] + 1 : ix[b] + 1 + context].
+/// tokens [N] int64 → (x, y), each [batch, context] int64. Throws std::invalid_argument when
+/// N ≤ context or batch < 1.
+std::pair<torch::Tensor, torch::Tensor> text_batch(const torch::Tensor& tokens, int64_t batch, int64_t context,
+                                                   at::Generator& gen);
 
 }  // namespace mpt

@@ -1,0 +1,83 @@
+// A tiny GPT (part of core/models): pre-LayerNorm transformer decoder, causal multi-head
+// self-attention, GELU MLP, character-level — the model of the fp8/fp4, sharding and tensor
+// parallel lessons when an MLP is too small to show what attention and logits do.
+//
+// The architecture is GPT-2's as nanoGPT writes it (Radford et al. 2019; Karpathy's nanoGPT
+// model.py), without dropout and without weight tying, so that one module order fixes every
+// random draw: wte, wpe, then per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+// mlp.c_proj, then ln_f and lm_head. Every module keeps PyTorch's default initialisation
+// (Embedding N(0, 1); Linear kaiming_uniform_(a=√5) and U(±1/√fan_in) biases; LayerNorm 1/0),
+// so tests/parity/gpt_parity.py builds the same weights from the same torch.manual_seed and
+// the same logits, loss and gradients bit for bit in fp32 on the CPU.
+//
+// Attention is written out (q·kᵀ/√d, causal mask, softmax, ·v) instead of calling a fused
+// kernel: LibTorch 1.13 has no scaled_dot_product_attention, and each intermediate is a
+// "site" where an experiment can store the tensor in a low-precision format (GptHook) — the
+// per-operation precision policy of the mixed-precision lessons (softmax, LayerNorm and logits
+// kept in fp32 or not).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace mpt {
+
+/// Shape of a tiny GPT.
+struct GptConfig {
+  int64_t vocab = 96;    ///< tokens (characters of the corpus)
+  int64_t context = 64;  ///< longest sequence T (positions of wpe)
+  int64_t width = 128;   ///< model width C (n_embd)
+  int64_t heads = 4;     ///< attention heads; must divide width
+  int64_t layers = 2;    ///< transformer blocks
+  int64_t mlp_ratio = 4; ///< MLP hidden width / width
+};
+
+/// Throws std::invalid_argument naming the field when a size is < 1 or heads does not divide width.
+void check_gpt_config(const GptConfig& c);
+
+/// Number of parameters of a GptConfig (weights and biases; wte and lm_head counted separately,
+/// as they are not tied): V·C + T·C + L·(12C² + 13C) + 2C + V·C.
+int64_t gpt_num_params(const GptConfig& c);
+
+/// Where a forward pass may store an intermediate in another format. `site` is one of
+/// "embed" (wte + wpe), "ln" (every LayerNorm output), "qkv", "scores" (q·kᵀ/√d before the mask),
+/// "probs" (softmax output), "attn_out", "mlp_hidden" (after GELU), "mlp_out", "logits".
+/// The hook returns the tensor to use from there on (same shape); identity by default.
+using GptHook = std::function<torch::Tensor(const torch::Tensor& x, const std::string& site)>;
+
+/// One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+struct GptBlockImpl : torch::nn::Module {
+  GptBlockImpl(const GptConfig& c);
+  /// x [B, T, C] → [B, T, C]; `hook` as GptHook (may be empty).
+  torch::Tensor forward(const torch::Tensor& x, const GptHook& hook);
+  int64_t heads;
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  torch::nn::Linear c_attn{nullptr}, attn_proj{nullptr}, c_fc{nullptr}, mlp_proj{nullptr};
+};
+TORCH_MODULE(GptBlock);
+
+/// The tiny GPT: token and position embeddings, `layers` blocks, a final LayerNorm, lm_head.
+struct TinyGptImpl : torch::nn::Module {
+  /// Builds the modules in the order of the header comment. Throws std::invalid_argument for a
+  /// bad config (check_gpt_config).
+  explicit TinyGptImpl(const GptConfig& c);
+  /// idx [B, T] int64 token ids in [0, vocab), T ≤ context → logits [B, T, vocab] (float32
+  /// unless a hook changes it). Throws c10::Error for T > context or an id out of range.
+  torch::Tensor forward(const torch::Tensor& idx, const GptHook& hook = {});
+  GptConfig cfg;
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  std::vector<GptBlock> blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+};
+TORCH_MODULE(TinyGpt);
+
+/// Mean cross-entropy of next-token prediction: logits [B, T, V], targets [B, T] int64 → scalar
+/// (F.cross_entropy(logits.view(-1, V), targets.view(-1)), computed in fp32).
+torch::Tensor gpt_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+}  // namespace mpt
