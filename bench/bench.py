@@ -15,7 +15,7 @@ Benchmarks (--only NAME, repeatable; default: all):
   time and peak RSS (wait4 rusage); the defaults (target <= 0.67) and, unless --quick, one
   larger config. Where the reference covers part of an experiment, both sides run that part:
   underflow    defaults; configs/underflow_depth_sweep.json
-  lossscale    the static loss-scale sweep (train.enabled=false); defaults and a 64-128x24-1 net
+  lossscale    the static loss-scale sweep (train.enabled=false, gpt.enabled=false); defaults and a 64-128x24-1 net
   accumulate   every section but the memory table, which mpt shrinks to one row of batch 1
                (timing.repeats=1); defaults and hidden 256, batch 128
   dataparallel sections 1-2, shard equivalence and uneven shards (train.enabled=false, --nproc 1);
@@ -176,7 +176,7 @@ class Bench:
 
     def lossscale(self):
         # The reference covers section 1 (the static loss-scale sweep); training is off on both sides.
-        off = ["lossscale", "--set", "train.enabled=false"]
+        off = ["lossscale", "--set", "train.enabled=false", "--set", "gpt.enabled=false"]
         self.pairs(("lossscale_sweep", off, "lossscale_ref.py", "defaults, sweep only (train.enabled=false)"),
                    ("lossscale_sweep_large", off + ["--set", "sweep.model.width=128", "--set", "sweep.model.depth=24",
                                                     "--set", "sweep.model.input_dim=64", "--set", "sweep.data.batch=512"],

@@ -73,6 +73,7 @@ TEST_CASE("TinyGpt calls the hook at every site, and what it returns is used", "
   CHECK(seen.count("embed") == 1);
   CHECK(seen.count("ln") == 2 * 2 + 1);
   for (const char* s : {"qkv", "scores", "probs", "attn_out", "mlp_hidden", "mlp_out"}) CHECK(seen.count(s) == 2);
+  CHECK(seen.count("residual") == 2 * 2);
   CHECK(seen.count("logits") == 1);
   auto zero = m->forward(idx, [](const torch::Tensor& x, const std::string& site) {
     return site == "logits" ? torch::zeros_like(x) : x;

@@ -305,4 +305,29 @@ UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, 
   return counts;
 }
 
+SgdMomentum::SgdMomentum(std::vector<torch::Tensor> params, double lr, double momentum)
+    : params_(std::move(params)), buffers_(params_.size()), lr_(lr), momentum_(momentum) {
+  if (!(lr > 0)) throw std::invalid_argument("SgdMomentum: lr must be > 0");
+  if (!(momentum >= 0 && momentum < 1)) throw std::invalid_argument("SgdMomentum: momentum must be in [0, 1)");
+}
+
+void SgdMomentum::step() {
+  torch::NoGradGuard ng;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& g = params_[i].grad();
+    if (!g.defined()) continue;
+    auto d = g;
+    if (momentum_ != 0) {
+      if (!buffers_[i].defined()) buffers_[i] = g.detach().clone();
+      else buffers_[i].mul_(momentum_).add_(g);  // dampening 0: alpha = 1 − dampening = 1
+      d = buffers_[i];
+    }
+    params_[i].add_(d, -lr_);
+  }
+}
+
+void SgdMomentum::zero_grad() {
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+}
+
 }  // namespace mpt

@@ -160,4 +160,24 @@ struct UpdateCounts {
 /// `g` has w's shape. Throws std::invalid_argument when the shapes differ.
 UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, float lr, Format stored);
 
+/// SGD with momentum as torch.optim.SGD(params, lr, momentum) steps on the CPU (its single-tensor
+/// path; no dampening, weight decay or Nesterov): the first step b = g.clone(), later
+/// b.mul_(momentum).add_(g), then p.add_(b, alpha=−lr) — the same ATen operations in the same
+/// order as PyTorch-Python, so a twin written with torch.optim.SGD matches bit for bit.
+/// Parameters are updated in place (no autograd); those whose grad is undefined are skipped.
+class SgdMomentum {
+ public:
+  /// `params`: leaves whose .grad() the step reads. Throws std::invalid_argument for lr ≤ 0 or
+  /// momentum outside [0, 1).
+  SgdMomentum(std::vector<torch::Tensor> params, double lr, double momentum);
+  /// One step over every parameter with a gradient.
+  void step();
+  /// Drops every gradient (zero_grad(set_to_none=True)).
+  void zero_grad();
+
+ private:
+  std::vector<torch::Tensor> params_, buffers_;
+  double lr_, momentum_;
+};
+
 }  // namespace mpt

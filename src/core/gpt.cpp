@@ -12,6 +12,14 @@ torch::Tensor at_site(const GptHook& hook, const torch::Tensor& x, const char* s
   return hook ? hook(x, site) : x;
 }
 
+// ATen's linear, as Python's nn.Linear calls it. The C++ frontend's LinearImpl::forward does not:
+// for an input of more than two dimensions it computes matmul and then `+= bias`, where ATen
+// folds the input to 2-D and adds the bias inside the GEMM (addmm) — other roundings, so a model
+// of [B, T, C] activations would not match its Python twin bit for bit.
+torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
+  return torch::linear(x, l->weight, l->bias);
+}
+
 }  // namespace
 
 void check_gpt_config(const GptConfig& c) {
@@ -49,7 +57,7 @@ torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook)
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / heads;
   // Attention: nanoGPT's CausalSelfAttention with the "slow" path written out.
   auto h = at_site(hook, ln_1->forward(x), "ln");
-  auto qkv = at_site(hook, c_attn->forward(h), "qkv");
+  auto qkv = at_site(hook, linear(c_attn, h), "qkv");
   auto parts = qkv.split(C, /*dim=*/2);
   auto q = parts[0].view({B, T, heads, hd}).transpose(1, 2);  // [B, nh, T, hd]
   auto k = parts[1].view({B, T, heads, hd}).transpose(1, 2);
@@ -60,13 +68,13 @@ torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook)
   att = att.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
   att = at_site(hook, torch::softmax(att, /*dim=*/-1), "probs");
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
-  y = at_site(hook, attn_proj->forward(y), "attn_out");
-  auto r = x + y;
+  y = at_site(hook, linear(attn_proj, y), "attn_out");
+  auto r = at_site(hook, x + y, "residual");
   // MLP.
   auto m = at_site(hook, ln_2->forward(r), "ln");
-  m = at_site(hook, torch::gelu(c_fc->forward(m)), "mlp_hidden");
-  m = at_site(hook, mlp_proj->forward(m), "mlp_out");
-  return r + m;
+  m = at_site(hook, torch::gelu(linear(c_fc, m)), "mlp_hidden");
+  m = at_site(hook, linear(mlp_proj, m), "mlp_out");
+  return at_site(hook, r + m, "residual");
 }
 
 TinyGptImpl::TinyGptImpl(const GptConfig& c) : cfg(c) {
@@ -85,7 +93,7 @@ torch::Tensor TinyGptImpl::forward(const torch::Tensor& idx, const GptHook& hook
   auto x = at_site(hook, wte->forward(idx) + wpe->forward(pos), "embed");
   for (auto& b : blocks) x = b->forward(x, hook);
   x = at_site(hook, ln_f->forward(x), "ln");
-  return at_site(hook, lm_head->forward(x), "logits");
+  return at_site(hook, linear(lm_head, x), "logits");
 }
 
 torch::Tensor gpt_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -10,6 +10,9 @@
 // so tests/parity/gpt_parity.py builds the same weights from the same torch.manual_seed and
 // the same logits, loss and gradients bit for bit in fp32 on the CPU.
 //
+// Every Linear is applied through ATen's linear (torch::linear), as Python's nn.Linear does; the
+// C++ frontend's Linear module rounds differently on [B, T, C] inputs (see gpt.cpp).
+//
 // Attention is written out (q·kᵀ/√d, causal mask, softmax, ·v) instead of calling a fused
 // kernel: LibTorch 1.13 has no scaled_dot_product_attention, and each intermediate is a
 // "site" where an experiment can store the tensor in a low-precision format (GptHook) — the
@@ -45,7 +48,8 @@ int64_t gpt_num_params(const GptConfig& c);
 
 /// Where a forward pass may store an intermediate in another format. `site` is one of
 /// "embed" (wte + wpe), "ln" (every LayerNorm output), "qkv", "scores" (q·kᵀ/√d before the mask),
-/// "probs" (softmax output), "attn_out", "mlp_hidden" (after GELU), "mlp_out", "logits".
+/// "probs" (softmax output), "attn_out", "mlp_hidden" (after GELU), "mlp_out", "residual" (each
+/// block's two residual sums), "logits".
 /// The hook returns the tensor to use from there on (same shape); identity by default.
 using GptHook = std::function<torch::Tensor(const torch::Tensor& x, const std::string& site)>;
 

@@ -23,11 +23,18 @@
  *               that many updates fall below half an ulp of the stored weight — pure bf16
  *               loses most of them and lags fp32; the master-weight recipes match fp32.
  *
- * Section 1 equals PyTorch-Python bit for bit (tests/parity/lossscale_ref.py).
+ *  3. gpt:      a tiny GPT (core/gpt) trained on Debian's fortunes text under per-operation
+ *               precision policies — which intermediates are stored in fp16/bf16 and which
+ *               (softmax, LayerNorm, logits) stay fp32: losses, and what flushed or overflowed
+ *               where (src/experiments/lossscale_gpt.cpp).
+ *
+ * Section 1 equals PyTorch-Python bit for bit (tests/parity/lossscale_ref.py), and so does
+ * section 3's fp32 policy (tests/parity/lossscale_gpt_ref.py).
  *
  *   mpt lossscale
  *   mpt lossscale --config configs/lossscale_overflow.json   # sweep to 2^60: the window is empty
  *   mpt lossscale --config configs/lossscale_full.json       # longer training
+ *   mpt lossscale --config configs/lossscale_gpt.json        # section 3 alone, the tiny GPT at 2 x 128
  */
 #include <algorithm>
 #include <cmath>
@@ -42,6 +49,7 @@
 #include "core/runtime.hpp"
 #include "core/timing.hpp"
 #include "core/experiment.hpp"
+#include "experiments/lossscale_parts.hpp"
 
 namespace mpt {
 
@@ -112,6 +120,8 @@ ConfigSpec lossscale_spec() {
   floor.min = 1.1754943508222875e-38;
   s.add("/train/scaler/min_scale", floor);
   s.choice("/train/scaler/min_scale_policy", "clamp", {"clamp", "error"}, "at the floor: clamp, or stop with an error");
+  // 3. the tiny GPT (lossscale_gpt.cpp)
+  add_gpt_spec(s);
   return s;
 }
 
@@ -396,6 +406,8 @@ struct RecipeRun {
   int64_t peak_bytes = 0;
 };
 
+}  // namespace
+
 GradScaler::Options scaler_options(const Config& cfg) {
   GradScaler::Options o;
   o.init_scale = cfg.number("/train/scaler/init_scale");
@@ -408,9 +420,12 @@ GradScaler::Options scaler_options(const Config& cfg) {
   return o;
 }
 
+namespace {
+
 /// Cross-key checks before any work (exit 2): with training on, GradScaler's floor is not
 /// above its initial scale.
 void validate_lossscale(const Config& cfg, int /*world_size*/) {
+  validate_gpt(cfg);
   if (!cfg.boolean("/train/enabled")) return;
   const double init = cfg.number("/train/scaler/init_scale"), floor = cfg.number("/train/scaler/min_scale");
   if (floor > init)
@@ -691,6 +706,11 @@ Report run_lossscale(const Context& ctx) {
     training_section(ctx, report);
     report.timings["train_s"] = now_seconds() - t0;
   }
+  if (ctx.cfg.boolean("/gpt/enabled")) {
+    t0 = now_seconds();
+    gpt_section(ctx, report);
+    report.timings["gpt_s"] = now_seconds() - t0;
+  }
   return report;
 }
 
@@ -709,6 +729,10 @@ MemoryEstimate lossscale_memory(const Config& cfg, int /*world_size*/) {
   MemoryEstimate sweep;
   add_mlp_training(sweep, "sweep net", sweep_widths, cfg.integer("/sweep/data/batch"), 6, 3,
                    "/sweep/model/width, /sweep/model/depth", "/sweep/data/batch, /sweep/model/width, /sweep/model/depth");
+  if (cfg.boolean("/gpt/enabled")) {
+    MemoryEstimate gpt = gpt_memory(cfg);
+    if (gpt.total() > sweep.total()) sweep = gpt;
+  }
   if (!cfg.boolean("/train/enabled")) return sweep;
   std::vector<int64_t> widths{784};
   widths.insert(widths.end(), static_cast<std::size_t>(cfg.integer("/train/hidden/depth")),

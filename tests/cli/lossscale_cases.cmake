@@ -1,9 +1,11 @@
 # `mpt lossscale` CLI cases (tiny configs; see cli_case in tests/CMakeLists.txt).
 set(LS_TINY --set train.train_samples=200 --set train.test_samples=100 --set train.steps=20 --set train.batch=20
-    --set train.hidden.depth=2 --set train.hidden.width=16)
+    --set train.hidden.depth=2 --set train.hidden.width=16
+    --set gpt.steps=3 --set gpt.model.width=16 --set gpt.model.context=8 --set gpt.batch=4 --set gpt.eval_batches=1)
+set(LS_NO_GPT --set gpt.enabled=false)
 cli_case(lossscale_tiny 0 "safe window" lossscale ${LS_TINY})
-cli_case(lossscale_overflow 0 "safe window: EMPTY" lossscale --config configs/lossscale_overflow.json)
-cli_case(lossscale_sweep_only 0 "2\\^28" lossscale --set train.enabled=false)
+cli_case(lossscale_overflow 0 "safe window: EMPTY" lossscale --config configs/lossscale_overflow.json ${LS_NO_GPT})
+cli_case(lossscale_sweep_only 0 "2\\^28" lossscale --set train.enabled=false ${LS_NO_GPT})
 # bad inputs: exit 2 naming the key; missing data: exit 3 naming the package
 cli_case(lossscale_bad_negative_scale 2 "/sweep/scales/1: expected a number > 0, got -4" lossscale --set "sweep.scales=[1,-4]")
 cli_case(lossscale_bad_static_scale 2 "/train/static_scale: expected a number > 0, got -1" lossscale --set train.static_scale=-1)
@@ -22,7 +24,7 @@ add_test(NAME cli.lossscale_deterministic
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 # compute modes (/train/compute, /sweep/compute) and the loss-in-low-precision switch
 cli_case(lossscale_compute_emulated 0 "compute: bf16 emulated, fp16 emulated" lossscale ${LS_TINY} --set train.compute=emulated)
-cli_case(lossscale_sweep_emulated 0 "S\\*loss in fp16 \\(emulated\\)" lossscale --set train.enabled=false --set sweep.compute=emulated)
+cli_case(lossscale_sweep_emulated 0 "S\\*loss in fp16 \\(emulated\\)" lossscale --set train.enabled=false --set sweep.compute=emulated ${LS_NO_GPT})
 cli_case(lossscale_bad_compute 2 "/train/compute" lossscale --set train.compute=fast)
 if(Torch_VERSION VERSION_LESS 2)
   # Debian's LibTorch 1.13 has no CPU fp16 matmul: asking for native fp16 is refused, naming why.
@@ -50,3 +52,11 @@ set_tests_properties(cli.lossscale_native_bf16_isa_avx2 PROPERTIES ENVIRONMENT "
 add_test(NAME cli.lossscale_loss_in_low_precision COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/lossscale_low_loss.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.lossscale_loss_in_low_precision PROPERTIES TIMEOUT 300)
+# section 3, the tiny GPT under per-operation precision policies
+cli_case(lossscale_gpt_policies 0 "Per-operation precision: tiny GPT 2x16 \\(4 heads, T = 8" lossscale --set train.enabled=false ${LS_TINY}
+         --set "gpt.policies=[\"fp32\",\"fp16+fp32_softmax\"]")
+cli_case(lossscale_gpt_bad_site 2 "/gpt/policies/1: policy 'fp16\\+fp32_attention': expected modifiers \\+fp32_<site>" lossscale
+         --set "gpt.policies=[\"fp32\",\"fp16+fp32_attention\"]")
+cli_case(lossscale_gpt_bad_format 2 "/gpt/policies/0: policy 'fp8' must start with fp32, fp16 or bf16" lossscale --set "gpt.policies=[\"fp8\"]")
+cli_case(lossscale_gpt_bad_heads 2 "/gpt/model/heads: expected a divisor of /gpt/model/width \\(64\\), got 3" lossscale --set gpt.model.heads=3)
+cli_case(lossscale_gpt_no_text 3 "/no/such/dir/computers: cannot open.*fortunes" lossscale --set train.enabled=false --set gpt.text_dir=/no/such/dir)

@@ -5,7 +5,7 @@
 set -eu
 mpt=$1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-args=(lossscale -q --set train.enabled=true --set sweep.scales='[1]' --set train.train_samples=300
+args=(lossscale -q --set train.enabled=true --set gpt.enabled=false --set sweep.scales='[1]' --set train.train_samples=300
       --set train.test_samples=100 --set train.steps=30 --set train.batch=30 --set train.hidden.width=16
       --set 'train.recipes=["fp32","fp16","bf16"]')
 "$mpt" "${args[@]}" --out "$tmp/fp32loss.json"

@@ -6,7 +6,7 @@
 set -eu
 mpt=$1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-"$mpt" lossscale -q --out "$tmp/r.json" --set "sweep.scales=[1,65536]" \
+"$mpt" lossscale -q --out "$tmp/r.json" --set "sweep.scales=[1,65536]" --set gpt.enabled=false \
   --set train.train_samples=400 --set train.test_samples=200 --set train.steps=60 --set train.batch=32 \
   --set train.hidden.depth=2 --set train.hidden.width=32 --set train.hidden.activation=sigmoid \
   --set train.lr=0.5 --set train.log_every=20 \

@@ -25,7 +25,7 @@ capped = e["hardware"]["onednn"]["isa"] in ("default", "sse41", "avx", "avx2", "
 print("refuse" if old and avx512 and capped else "train")
 PY
 )
-"$mpt" lossscale "$@" --device cpu --set train.compute=native --set 'train.recipes=["bf16"]' --out "$tmp/r.json" \
+"$mpt" lossscale "$@" --device cpu --set gpt.enabled=false --set train.compute=native --set 'train.recipes=["bf16"]' --out "$tmp/r.json" \
   > "$tmp/out.txt" 2>&1
 code=$?
 if [ "$expect" = refuse ]; then

@@ -24,7 +24,7 @@ import sys
 mpt, fmt, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
 device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
 recipes = {"fp16": ["fp16", "fp16+master", "fp16+master+dynamic"], "bf16": ["bf16", "bf16+master"]}[fmt]
-common = ["lossscale", "--device", device, "-q",
+common = ["lossscale", "--device", device, "-q", "--set", "/gpt/enabled=false",
           "--set", "/train/train_samples=2000", "--set", "/train/test_samples=500",
           "--set", "/train/steps=150", "--set", "/train/log_every=50",
           "--set", "/train/recipes=" + json.dumps(recipes)]
