@@ -11,6 +11,11 @@
 # with exit codes, fp32/fp16/bf16 step times of the lossscale recipes), plus every result file and
 # log. Exit 0 when every step passed, 1 otherwise. Needs no network.
 set -uo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) echo "gpu-check: unknown argument '$1' (it takes none; see --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 out=${MPT_REPORT_DIR:-gpu-report}
 build=${MPT_BUILD_DIR:-build-gpu}

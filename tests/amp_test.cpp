@@ -368,3 +368,20 @@ TEST_CASE("sgd_update_counting_lost equals ATen's unfused update and counts bit 
   auto bad = torch::zeros({3});
   CHECK_THROWS_AS(sgd_update_counting_lost(bad, torch::zeros({4}), 0.1f, Format::FP32), std::invalid_argument);
 }
+
+TEST_CASE("SgdMomentum: b = g, then b = m*b + g; p -= lr*b (torch.optim.SGD's single-tensor step)", "[amp]") {
+  auto p = torch::ones({2}).requires_grad_(true);
+  SgdMomentum opt({p}, /*lr=*/0.5, /*momentum=*/0.5);
+  p.mutable_grad() = torch::full({2}, 0.25f);
+  opt.step();  // b = 0.25, p = 1 - 0.125
+  CHECK(p[0].item<float>() == 0.875f);
+  p.mutable_grad() = torch::full({2}, 0.5f);
+  opt.step();  // b = 0.5*0.25 + 0.5 = 0.625, p = 0.875 - 0.3125
+  CHECK(p[1].item<float>() == 0.5625f);
+  opt.zero_grad();
+  CHECK_FALSE(p.grad().defined());
+  opt.step();  // no gradient: nothing moves
+  CHECK(p[0].item<float>() == 0.5625f);
+  CHECK_THROWS_AS(SgdMomentum({p}, 0.0, 0.5), std::invalid_argument);
+  CHECK_THROWS_AS(SgdMomentum({p}, 0.1, 1.0), std::invalid_argument);
+}

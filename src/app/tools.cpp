@@ -1,6 +1,7 @@
 // `mpt compare` and `mpt env`: the tools around result files. See tools.hpp.
 #include "app/tools.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -79,17 +80,24 @@ int run_env(const std::string& device_name, bool as_json) {
     if (as_json) {
       emit(env.dump(2) + "\n");
     } else {
-      // One "path  value" line per leaf, in the order of the JSON document.
+      // One "path  value" line per leaf, in the order of the JSON document, the values in one
+      // column after the longest path.
+      std::vector<std::pair<std::string, std::string>> lines;
       std::function<void(const json&, const std::string&)> walk = [&](const json& j, const std::string& path) {
         if (j.is_object() && !j.empty()) {
           for (auto it = j.begin(); it != j.end(); ++it) walk(it.value(), path.empty() ? it.key() : path + "." + it.key());
         } else if (j.is_array() && !j.empty()) {
           for (std::size_t i = 0; i < j.size(); ++i) walk(j[i], fmt::format("{}[{}]", path, i));
         } else {
-          emit(fmt::format("{:<34} {}\n", path, j.is_string() ? j.get<std::string>() : j.dump()));
+          lines.emplace_back(path, j.is_string() ? j.get<std::string>() : j.dump());
         }
       };
       walk(env, "");
+      std::size_t width = 0;
+      for (const auto& [path, value] : lines) width = std::max(width, path.size());
+      std::string out;
+      for (const auto& [path, value] : lines) out += fmt::format("{:<{}}  {}\n", path, width, value);
+      emit(out);
     }
     return kExitOk;
   } catch (const RuntimeFailure& e) {

@@ -90,6 +90,9 @@ add_test(NAME cli.plot_hostile
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_cases.py plot
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.plot_hostile PROPERTIES SKIP_RETURN_CODE 77)
+add_test(NAME cli.gpu_check_args
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_cases.py gpucheck
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 
 # --- found by trying mpt as a new user ---
 add_test(NAME cli.bad_out_empty

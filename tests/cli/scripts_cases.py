@@ -323,6 +323,19 @@ def plot_same_experiment():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def gpu_check_args():
+    """scripts/gpu-check.sh --help prints its usage and an unknown argument is refused (exit 2),
+    both before it looks for LibTorch or builds anything (no gpu-report/ is made)."""
+    script = os.path.join(ROOT, "scripts", "gpu-check.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, MPT_REPORT_DIR=os.path.join(tmp, "report"), MPT_BUILD_DIR=os.path.join(tmp, "build"))
+        p = run(["bash", script, "--help"], env=env)
+        check(p.returncode == 0 and "NVIDIA GPU" in p.stdout, "gpu-check --help: exit 0 and the usage")
+        p = run(["bash", script, "--bogus"], env=env)
+        check(p.returncode == 2 and "unknown argument '--bogus'" in p.stderr, "gpu-check --bogus: exit 2 naming it")
+        check(not os.path.exists(os.path.join(tmp, "report")), "gpu-check: nothing made before the arguments are read")
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "sweep":
@@ -339,8 +352,10 @@ def main():
             sys.exit(77)
         plot_malformed()
         plot_same_experiment()
+    elif what == "gpucheck":
+        gpu_check_args()
     else:
-        sys.exit("usage: scripts_cases.py sweep MPT | plot")
+        sys.exit("usage: scripts_cases.py sweep MPT | plot | gpucheck")
     if failures:
         print(f"{len(failures)} check(s) failed:\n  " + "\n  ".join(failures))
         sys.exit(1)
