@@ -54,11 +54,15 @@ Config resolve_for(const ConfigSpec& spec, const RunOptions& opts) {
   try {
     return resolve_config(spec, opts.config_file, sets);
   } catch (const ConfigError& e) {
-    // --seed N goes through the schema as `seed=N`: name the option the user typed.
-    const std::string as_set = opts.seed ? "--set '" + printable_text("seed=" + *opts.seed) + "'" : "";
+    // --seed N and --nproc N go through the schema as `seed=N`, `nproc=N`: name the option the
+    // user typed.
     const std::string msg = e.what();
-    if (!as_set.empty() && msg.rfind(as_set, 0) == 0)
-      throw ConfigError("--seed '" + printable_text(*opts.seed) + "'" + msg.substr(as_set.size()));
+    auto typed = [&](const std::string& key, const std::string& value, const std::string& option) {
+      const std::string as_set = "--set '" + printable_text(key + "=" + value) + "'";
+      if (msg.rfind(as_set, 0) == 0) throw ConfigError(option + " '" + printable_text(value) + "'" + msg.substr(as_set.size()));
+    };
+    if (opts.seed) typed("seed", *opts.seed, "--seed");
+    if (opts.nproc) typed("nproc", std::to_string(*opts.nproc), "--nproc");
     throw;
   }
 }

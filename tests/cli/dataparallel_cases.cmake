@@ -15,7 +15,7 @@ cli_case(dataparallel_uneven 0 "n2 +[0-9]+ +[0-9]+ +1 +63 " ${DPQ} --set train.s
 cli_case(dataparallel_killed_rank 3 "rank 1 of 2 failed" ${DPQ} --set fault.rank=1 --set fault.step=1
          --set dist.timeout_s=5)
 # Bad inputs.
-cli_case(dataparallel_nproc_zero 2 "/nproc: expected an integer >= 1" dataparallel --nproc 0)
+cli_case(dataparallel_nproc_zero 2 "config error: --nproc .0.: /nproc: expected an integer >= 1" dataparallel --nproc 0)
 cli_case(dataparallel_bucket_zero 2 "/ddp/bucket_cap_mb: expected a number > 0" dataparallel --set ddp.bucket_cap_mb=0)
 cli_case(dataparallel_batch_not_multiple 2 "/train/global_batch: expected a multiple" ${DPQ} --set train.global_batch=63)
 cli_case(dataparallel_nproc_elsewhere 2 "nproc" underflow --nproc 2)
