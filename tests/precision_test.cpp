@@ -1,5 +1,8 @@
 // Format facts and rounding (core/precision).
+#include <cmath>
+
 #include "catch.hpp"
+#include "core/compat.hpp"
 #include "core/precision.hpp"
 
 using namespace mpt;
@@ -45,7 +48,14 @@ TEST_CASE("fp8 emulation: E4M3 and E5M2 grids", "[precision]") {
   CHECK(r(448.0, Format::FP8_E4M3) == 448.0);
   CHECK(r(17.0, Format::FP8_E4M3) == 16.0);   // grid spacing 2 in [16,32): tie -> even (16)
   CHECK(r(19.0, Format::FP8_E4M3) == 20.0);   // tie between 18 and 20 -> even mantissa (20)
-  CHECK(std::isnan(r(1000.0, Format::FP8_E4M3)));  // no inf in E4M3
+  CHECK(r(1000.0, Format::FP8_E4M3) == 448.0);  // no inf in E4M3: LibTorch 2.x's cast saturates
+  CHECK(r(-INFINITY, Format::FP8_E4M3) == -448.0);
+  CHECK(std::isnan(r(NAN, Format::FP8_E4M3)));
+  CHECK(r(460.0, Format::FP8_E4M3) == 448.0);  // below the midpoint 464 to the next binade step
+  auto big = torch::tensor({100.0f, 460.0f, 470.0f, 1e6f});
+  CHECK(cast_stats(big, Format::FP8_E4M3).overflow == 2);  // 470 and 1e6 round past 448: saturated
+  CHECK(cast_stats(big, Format::FP8_E5M2).overflow == 1);  // 1e6 -> inf
+  CHECK(cast_stats(torch::tensor({6e4f, 1e6f}), Format::FP8_E5M2).overflow == 1);
   CHECK(r(std::ldexp(1.0, -10), Format::FP8_E4M3) == 0.0);  // half the smallest subnormal: tie to 0
   CHECK(r(std::ldexp(3.0, -11), Format::FP8_E4M3) == std::ldexp(1.0, -9));
   const auto& e5 = format_info(Format::FP8_E5M2);
@@ -77,4 +87,21 @@ TEST_CASE("cast_stats counts underflow, subnormals and overflow", "[precision]")
 TEST_CASE("parse_format rejects unknown names", "[precision]") {
   CHECK(parse_format("bf16") == Format::BF16);
   CHECK_THROWS_AS(parse_format("fp12"), std::invalid_argument);
+}
+
+TEST_CASE("round_to fp8 equals LibTorch 2.x's float8 casts on every bf16 bit pattern", "[precision]") {
+#if TORCH_VERSION_MAJOR >= 2
+  auto bits = torch::arange(0, 1 << 16, torch::kInt).to(torch::kShort);  // all 2^16 patterns (wraps to int16)
+  auto x = bits.view(torch::kBFloat16).to(torch::kFloat);
+  for (const auto& [f, dtype] : {std::pair{Format::FP8_E4M3, torch::kFloat8_e4m3fn}, std::pair{Format::FP8_E5M2, torch::kFloat8_e5m2}}) {
+    auto mine = round_to(x, f);
+    auto torch_cast = x.to(dtype).to(torch::kFloat);
+    const auto both_nan = torch::isnan(mine) & torch::isnan(torch_cast);
+    const auto same = (mine == torch_cast) | both_nan;
+    INFO(format_name(f));
+    CHECK(same.all().item<bool>());
+  }
+#else
+  WARN("LibTorch " << compat::torch_version() << " has no float8 dtypes: checked on the 2.x route (and tests/quant/ tables)");
+#endif
 }

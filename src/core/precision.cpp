@@ -2,7 +2,10 @@
 #include "core/precision.hpp"
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
+
+#include "core/quant.hpp"
 
 namespace mpt {
 
@@ -29,24 +32,14 @@ const std::vector<FormatInfo>& table() {
   return t;
 }
 
-// Generic round-to-nearest-even onto a grid with `mbits` fraction bits, exponents
-// clamped below at `emin` (subnormals), for an fp32 tensor. frexp is exact, so the
-// grid spacing q = 2^(e − mbits) is exact and x / q is an exact scaling.
-torch::Tensor round_emulated(const torch::Tensor& x32, const FormatInfo& fi) {
-  auto fr = torch::frexp(x32);          // x = m · 2^e, m in [0.5, 1)
-  auto e = std::get<1>(fr).to(torch::kFloat) - 1.0;  // floor(log2|x|) for x != 0
-  e = torch::clamp_min(e, static_cast<double>(fi.emin));
-  auto q = torch::exp2(e - fi.mantissa_bits);
-  auto r = torch::round(x32 / q) * q;  // torch.round: half to even
-  auto over = r.abs() > fi.max;
-  auto ovf_value = fi.has_inf ? torch::full_like(r, INFINITY) * torch::sign(x32)
-                              : torch::full_like(r, NAN);
-  r = torch::where(over, ovf_value, r);
-  // Keep inf/nan inputs as they are (E4M3 has no inf: NaN).
-  auto nonfinite = ~torch::isfinite(x32);
-  auto keep = fi.has_inf ? x32 : torch::full_like(x32, NAN);
-  r = torch::where(nonfinite, torch::where(torch::isnan(x32), x32, keep), r);
-  return r;
+// fp8 through core/quant: the cast of the LibTorch 2.x fp8 dtypes, bit for bit (E4M3
+// saturates, E5M2 overflows to inf), on every route (1.13 has no fp8 dtype).
+quant::Element fp8_element(Format f) { return f == Format::FP8_E4M3 ? quant::Element::E4M3 : quant::Element::E5M2; }
+
+torch::Tensor round_fp8(const torch::Tensor& x32, Format f, std::optional<quant::Overflow> overflow = std::nullopt) {
+  quant::CastOptions o;
+  o.overflow = overflow;
+  return quant::cast(x32.cpu(), fp8_element(f), o).to(x32.device());
 }
 
 }  // namespace
@@ -73,7 +66,7 @@ torch::Tensor round_to(const torch::Tensor& x, Format f) {
     case Format::FP32: return x32;
     case Format::FP16: return x32.to(torch::kHalf).to(torch::kFloat);
     case Format::BF16: return x32.to(torch::kBFloat16).to(torch::kFloat);
-    default: return round_emulated(x32, format_info(f));
+    default: return round_fp8(x32, f);
   }
 }
 
@@ -99,7 +92,10 @@ CastStats cast_stats(const torch::Tensor& x, Format f) {
   s.zero_before = (~nz).sum().item<int64_t>();
   s.underflow = (nz & (r == 0)).sum().item<int64_t>();
   s.subnormal = (nz & (r != 0) & (r.abs() < format_info(f).min_normal)).sum().item<int64_t>();
-  s.overflow = (torch::isfinite(x32) & ~torch::isfinite(r)).sum().item<int64_t>();
+  // Overflow: beyond the format's range after rounding — inf where the format has it; for E4M3,
+  // which saturates at ±448, the values its non-saturating cast would turn into NaN.
+  const auto beyond = (f == Format::FP8_E4M3) ? round_fp8(x32, f, quant::Overflow::NonSaturating) : r;
+  s.overflow = (torch::isfinite(x32) & ~torch::isfinite(beyond)).sum().item<int64_t>();
   return s;
 }
 

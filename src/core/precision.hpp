@@ -1,7 +1,8 @@
 // Number formats and rounding: fp32, fp16, bf16 through LibTorch casts (IEEE 754
 // round-to-nearest-even, subnormals kept, overflow to inf), and fp8 E4M3 / E5M2
-// emulated in fp32 (OCP 8-bit floating point spec, 2023: E4M3 max 448 with no inf,
-// overflow gives NaN as torch.float8_e4m3fn does; E5M2 max 57344, overflow to inf).
+// emulated in fp32 by core/quant (OCP 8-bit floating point spec, 2023: E4M3 max 448 with no
+// inf, E5M2 max 57344; overflow as LibTorch 2.x's casts: E4M3 saturates to ±448 — PyTorch ≤ 2.11
+// gave NaN — and E5M2 goes to ±inf).
 //
 // Emulated compute ("fp16 storage with fp32 math", what CUDA's half kernels and
 // Tensor Cores do): arithmetic in fp32, every stored tensor rounded with round_to().
@@ -41,7 +42,7 @@ struct FormatInfo {
   double min_normal;     ///< smallest positive normal (torch.finfo.tiny)
   double min_subnormal;  ///< smallest positive subnormal
   double eps;            ///< machine epsilon: 2^−mantissa_bits (torch.finfo.eps)
-  bool has_inf;          ///< false for E4M3 (overflow is NaN)
+  bool has_inf;          ///< false for E4M3 (its cast saturates at ±448 instead)
 };
 
 /// Facts about `f`.
@@ -55,7 +56,9 @@ inline const std::string& format_name(Format f) { return format_info(f).name; }
 torch::ScalarType storage_dtype(Format f);
 
 /// Rounds a floating tensor to format `f` and returns it as fp32 (same shape):
-/// the value the format would store. Round to nearest, ties to even.
+/// the value the format would store. Round to nearest, ties to even. fp8 follows LibTorch 2.x's
+/// casts to float8_e4m3fn / float8_e5m2 (core/quant's cast, on every route): E4M3 saturates at
+/// ±448 (inf too), E5M2 overflows to ±inf; NaN stays NaN.
 torch::Tensor round_to(const torch::Tensor& x, Format f);
 
 /// Rounds one double through fp32 and then to `f` (the path of a Python float
@@ -71,7 +74,8 @@ struct CastStats {
   long long zero_before = 0;   ///< exactly zero already in fp32
   long long underflow = 0;     ///< nonzero in fp32, zero after the cast
   long long subnormal = 0;     ///< nonzero and below the smallest normal after the cast
-  long long overflow = 0;      ///< finite in fp32, inf (or NaN for E4M3) after the cast
+  long long overflow = 0;      ///< finite in fp32, beyond the range after rounding: inf (for E4M3,
+                               ///< which saturates, the values its non-saturating cast makes NaN)
 };
 /// Counts what casting fp32 tensor `x` to `f` does to its elements.
 CastStats cast_stats(const torch::Tensor& x, Format f);
