@@ -111,7 +111,7 @@ BenchPattern bench_pattern(torch::ScalarType dtype, int nranks, int64_t rep) {
   if (nranks < 1 || nranks > e)
     throw std::invalid_argument(fmt::format("bench_pattern: expected 1 .. {} ranks for {}, got {}", e,
                                             c10::toString(dtype), nranks));
-  const int64_t vmax = e / nranks;  // n · vmax <= E
+  const int64_t vmax = std::min<int64_t>(e, int64_t{1} << 24) / nranks;  // n · vmax <= E, and < 2^31
   BenchPattern p;
   p.b_mod = std::min<int64_t>(nranks, std::max<int64_t>(1, vmax / 2));
   p.a_mod = vmax - p.b_mod + 1;  // (a_mod − 1) + (b_mod − 1) = vmax − 1
@@ -121,11 +121,16 @@ BenchPattern bench_pattern(torch::ScalarType dtype, int nranks, int64_t rep) {
 
 namespace {
 
-// a(i) = (7·i + 3·rep) mod a_mod for i = offset .. offset + count − 1, as int64.
+// a(i) = (7·i + 3·rep) mod a_mod for i = offset .. offset + count − 1: int32 while 7·i + 3·rep
+// fits (half the memory traffic of int64; values and their sums over the ranks stay below
+// 2^31 by bench_pattern's cap), int64 beyond (i < 2^40 for any buffer mpt can hold).
 torch::Tensor index_term(const BenchPattern& p, int64_t offset, int64_t count, torch::Device device) {
-  auto i = torch::arange(offset, offset + count, torch::TensorOptions().dtype(torch::kInt64).device(device));
-  // 7·i + 3·rep stays far from int64's limit: i < 2^40 for any buffer mpt can hold.
-  return i.mul_(7).add_((3 * p.rep) % p.a_mod).remainder_(p.a_mod);
+  const int64_t shift = (3 * p.rep) % p.a_mod;
+  const bool narrow = 7 * (offset + count) + shift < (int64_t{1} << 31) - 1;
+  auto i = torch::arange(offset, offset + count,
+                         torch::TensorOptions().dtype(narrow ? torch::kInt32 : torch::kInt64).device(device));
+  i.mul_(7).add_(shift).remainder_(p.a_mod);
+  return narrow ? i : i.to(torch::kInt32);  // a < a_mod < 2^31
 }
 
 int64_t rank_term(const BenchPattern& p, int rank) { return rank % p.b_mod; }
@@ -185,6 +190,26 @@ int64_t count_wrong(const torch::Tensor& got, const torch::Tensor& expected) {
     throw std::invalid_argument(fmt::format("count_wrong: shapes differ: {} vs {}", c10::str(got.sizes()),
                                             c10::str(expected.sizes())));
   return got.ne(expected).sum().item<int64_t>();  // NaN != anything: counted
+}
+
+int64_t coll_count_wrong(Coll op, const BenchPattern& p, ReduceOp redop, int rank, int nranks, int root,
+                         const CollCounts& c, const torch::Tensor& recv) {
+  if (recv.numel() != c.recv_count)
+    throw std::invalid_argument(fmt::format("coll_count_wrong: expected {} received elements, got {}", c.recv_count,
+                                            recv.numel()));
+  const auto opts = recv.options();
+  const int64_t k = c.count;
+  int64_t wrong = 0;
+  switch (op) {
+    case Coll::AllGather:
+      for (int j = 0; j < nranks; ++j) wrong += count_wrong(recv.narrow(0, j * k, k), pattern_values(p, j, 0, k, opts));
+      return wrong;
+    case Coll::AllToAll:
+      for (int j = 0; j < nranks; ++j)
+        wrong += count_wrong(recv.narrow(0, j * k, k), pattern_values(p, j, rank * k, k, opts));
+      return wrong;
+    default: return count_wrong(recv, coll_expected(op, p, redop, rank, nranks, root, c, opts));
+  }
 }
 
 double corrupting_value(Coll op, ReduceOp redop, torch::ScalarType dtype) {

@@ -103,9 +103,10 @@ struct BenchPattern {
   int64_t b_mod = 1;  ///< period of the rank term (>= 1)
   int64_t rep = 0;    ///< which run's data (nccl-tests' rep)
 };
-/// The pattern for `nranks` ranks in `dtype`: per-rank values up to vmax = E / n (E from
-/// exact_integer_limit), the rank term b_mod = min(n, max(1, vmax / 2)), the index term
-/// a_mod = vmax − b_mod + 1. Throws std::invalid_argument for nranks < 1 or more ranks than E.
+/// The pattern for `nranks` ranks in `dtype`: per-rank values up to vmax = min(E, 2^24) / n
+/// (E from exact_integer_limit; 2^24 keeps every sum within int32), the rank term
+/// b_mod = min(n, max(1, vmax / 2)), the index term a_mod = vmax − b_mod + 1. Throws
+/// std::invalid_argument for nranks < 1 or more ranks than E.
 BenchPattern bench_pattern(torch::ScalarType dtype, int nranks, int64_t rep);
 
 /// v(rank, i) for i = offset .. offset + count − 1 (a 1-D tensor of `opts`' dtype and device).
@@ -137,6 +138,11 @@ inline constexpr double kUnwritten = -1.0;
 /// Elements of `got` that differ from `expected` (exact comparison; NaN counts as wrong).
 /// Throws std::invalid_argument when the shapes differ.
 int64_t count_wrong(const torch::Tensor& got, const torch::Tensor& expected);
+/// count_wrong(recv, coll_expected(...)) computed chunk by chunk, without the whole expected
+/// buffer (less memory and time at large sizes). Throws std::invalid_argument when `recv` does
+/// not have c.recv_count elements.
+int64_t coll_count_wrong(Coll op, const BenchPattern& p, ReduceOp redop, int rank, int nranks, int root,
+                         const CollCounts& c, const torch::Tensor& recv);
 /// A value that makes the element it replaces wrong whatever the other ranks send: −1 for
 /// min (below every v), E for sum and max (above every sum of v), −1 for the rest.
 double corrupting_value(Coll op, ReduceOp redop, torch::ScalarType dtype);

@@ -5,16 +5,17 @@
  * NCCL on CUDA — and verified element by element on every row.
  *
  * For each operation and each message size (8 B, 16 B, ... 64 MiB by default):
- *   1. fill the buffers (core/dist_bench: small integers, different per rank and element);
+ *   1. validate before timing: fill the buffers with data every rank can predict
+ *      (core/dist_bench: small integers, different per rank and element), run once, count
+ *      the received elements that differ from the prediction (#wrong, summed over the ranks).
+ *      The integers are small enough that every partial sum is exact in the dtype, so the
+ *      comparison is exact;
  *   2. warm up (/warmup_iters calls), line the ranks up with a one-element all-reduce;
  *   3. time /iters calls back to back:  time = elapsed / iters, averaged over the ranks;
  *   4. algbw = size / time;  busbw = algbw · factor, the traffic each rank's link carries:
  *        all_reduce 2(n−1)/n   all_gather, reduce_scatter, alltoall (n−1)/n
  *        broadcast, sendrecv 1
- *      "size" is the larger buffer: all_gather's output, reduce_scatter's input;
- *   5. refill with new data, run once, count the received elements that differ from what
- *      every rank can compute for them (#wrong, summed over the ranks). Inputs are integers
- *      small enough that every partial sum is exact in the dtype, so the comparison is exact.
+ *      "size" is the larger buffer: all_gather's output, reduce_scatter's input.
  * A row with #wrong > 0 fails the run's check (exit 1), as nccl-tests' "Out of bounds values".
  * The footer of each table gives the average busbw over its rows ("# Avg bus bandwidth").
  *
@@ -53,8 +54,10 @@ ConfigSpec collectives_spec() {
            "element type of the buffers (nccl-tests -d float, double, half, bfloat16)");
   s.choice("/redop", "sum", {"sum", "min", "max"}, "reduction of all_reduce and reduce_scatter (nccl-tests -o)");
   s.integer("/root", 0, "root rank of broadcast (nccl-tests -r)", 0, 63);
-  s.integer("/iters", 20, "timed calls per size; the time is their average (nccl-tests -n)", 1, 100000);
-  s.integer("/warmup_iters", 5, "untimed calls before the timed ones, per size (nccl-tests -w)", 0, 100000);
+  s.integer("/iters", 10, "timed calls per size; the time is their average (nccl-tests -n, default 20 there)", 1,
+            100000);
+  s.integer("/warmup_iters", 1, "untimed calls after the verified one, before the timed ones, per size (nccl-tests -w)",
+            0, 100000);
   s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
   s.integer("/check/corrupt_rank", -1,
             "for testing the verification: this rank overwrites the first element it sends before each verified "
@@ -96,6 +99,7 @@ struct Measurement {
 void fill(const Bench& b, Coll op, const dist::BenchPattern& p, const dist::CollCounts& c, torch::Tensor& send,
           torch::Tensor& recv) {
   const int me = b.g->rank(), n = b.g->size();
+  send = recv = torch::Tensor();  // the previous run's buffers go first: peak memory stays one run's
   send = dist::coll_send_values(op, p, me, n, b.root, c, b.opts);
   recv = dist::coll_in_place(op) ? send : torch::full({c.recv_count}, dist::kUnwritten, b.opts);
 }
@@ -107,37 +111,37 @@ Measurement bench_time(const Bench& b, Coll op, const dist::CollCounts& c, int64
   dist::Group& g = *b.g;
   const torch::Device dev = g.device();
   const auto dtype = b.opts.dtype().toScalarType();
-  torch::Tensor send, recv;
-  fill(b, op, dist::bench_pattern(dtype, g.size(), /*rep=*/0), c, send, recv);
 
+  // Validate before timing: data every rank can predict, one call, the wrong elements counted.
+  const dist::BenchPattern p = dist::bench_pattern(dtype, g.size(), rep);
+  torch::Tensor send, recv;
+  fill(b, op, p, c, send, recv);
+  if (g.rank() == b.corrupt_rank) send.index_put_({0}, dist::corrupting_value(op, b.redop, dtype));
+  dist::run_collective(g, op, send, recv, b.redop, b.root);
+  sync_device(dev);
+  const int64_t wrong = dist::coll_count_wrong(op, p, b.redop, g.rank(), g.size(), b.root, c, recv);
+
+  // Then time, on the same buffers (an in-place all-reduce keeps summing: the values, not the
+  // time, change): warm-up calls, the ranks lined up, /iters calls back to back.
   for (int64_t i = 0; i < b.warmup; ++i) dist::run_collective(g, op, send, recv, b.redop, b.root);
   sync_device(dev);
   g.allreduce(torch::zeros({1}, torch::TensorOptions().device(dev)));  // the ranks start together
   sync_device(dev);
-
   const double t0 = now_seconds();
   for (int64_t i = 0; i < b.iters; ++i) dist::run_collective(g, op, send, recv, b.redop, b.root);
   sync_device(dev);
   const double per_call = (now_seconds() - t0) / static_cast<double>(b.iters);
   dist::note_progress();
 
-  // The average over the ranks (nccl-tests: Allreduce(&deltaSec, average)).
-  auto t = torch::tensor({per_call}, torch::TensorOptions().dtype(torch::kFloat64).device(dev));
+  // The time averaged over the ranks (nccl-tests: Allreduce(&deltaSec, average)) and the wrong
+  // elements summed over them (exact in a double), in one all-reduce.
+  auto t = torch::tensor({per_call, static_cast<double>(wrong)},
+                         torch::TensorOptions().dtype(torch::kFloat64).device(dev));
   g.allreduce(t);
+  t = t.cpu();
   Measurement m;
-  m.seconds = t.item<double>() / g.size();
-
-  // Verification: new data, one run, compare with what every rank can compute.
-  const dist::BenchPattern p = dist::bench_pattern(dtype, g.size(), rep);
-  fill(b, op, p, c, send, recv);
-  if (g.rank() == b.corrupt_rank) send.index_put_({0}, dist::corrupting_value(op, b.redop, dtype));
-  dist::run_collective(g, op, send, recv, b.redop, b.root);
-  sync_device(dev);
-  const int64_t wrong = dist::count_wrong(recv, dist::coll_expected(op, p, b.redop, g.rank(), g.size(), b.root, c,
-                                                                    b.opts));
-  auto w = torch::tensor({wrong}, torch::TensorOptions().dtype(torch::kInt64).device(dev));
-  g.allreduce(w);
-  m.wrong = w.item<int64_t>();
+  m.seconds = t[0].item<double>() / g.size();
+  m.wrong = static_cast<int64_t>(t[1].item<double>());
   return m;
 }
 
@@ -152,7 +156,7 @@ struct OpResult {
 };
 
 OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, const std::string& type,
-                    const std::string& redop, bool emulated, World& w, int64_t& step) {
+                    const std::string& redop, bool emulated, World& w, int64_t& step, Progress& progress) {
   const int n = b.g->size();
   const std::string name = dist::coll_name(op);
   const int64_t elem = static_cast<int64_t>(b.opts.dtype().itemsize());
@@ -161,7 +165,7 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
   std::vector<Column> cols{int_col("size", "size", "B"),        int_col("count", "count", "elements"),
                            text_col("type", "type"),            text_col("redop", "redop"),
                            int_col("root", "root"),             text_col("place", "place"),
-                           float_col("time_us", "time", "us"),  float_col("algbw_gbps", "algbw", "GB/s"),
+                           float_col("time_us", "time", "us", 5),  float_col("algbw_gbps", "algbw", "GB/s"),
                            float_col("busbw_gbps", "busbw", "GB/s"), int_col("wrong", "#wrong")};
   if (op == Coll::ReduceScatter) cols.push_back(text_col("via", "via"));
   r.timed = Table{name,
@@ -180,6 +184,7 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
     w.fault_point(step);
     const Measurement m = bench_time(b, op, c, /*rep=*/step + 1);
     ++step;
+    progress.update(step, fmt::format("{} {} B", name, c.size_bytes));
     const double algbw = dist::algbw_gbps(c.size_bytes, m.seconds);
     const double busbw = algbw * dist::busbw_factor(op, n);
     json det = {{"name", std::to_string(c.size_bytes)},
@@ -247,16 +252,21 @@ Report run_collectives(const Context& ctx) {
                                        "1.13's ProcessGroupGloo has no reduce_scatter); busbw not comparable"
                                      : "c10d reduce_scatter"}};
   report.results["schedule_bytes"] = sizes;
-  int64_t step = 0;
+  int64_t rows = 0, step = 0;  // step: the measurements so far (/fault/step counts them)
+  for (const std::string& name : cfg.strings("/ops"))
+    for (int64_t bytes : sizes)
+      rows += dist::coll_counts(dist::coll_from_name(name), bytes, b.opts.dtype().itemsize(), group->size()).count > 0;
+  Progress progress(ctx.tty, "collectives", rows, "measurements");
   for (const std::string& name : cfg.strings("/ops")) {
     const Coll op = dist::coll_from_name(name);
     OpResult r = measure_op(b, op, sizes, cfg.str("/dtype"), cfg.str("/redop"), op == Coll::ReduceScatter && emulated_rs,
-                            w, step);
+                            w, step, progress);
     report.check(fmt::format("{}: #wrong elements ({} sizes)", name, r.rows.size()), static_cast<double>(r.wrong), 0.0);
     report.results[name] = std::move(r.rows);
     report.timings["avg_busbw_gbps"][name] = r.avg_busbw;
     report.add(std::move(r.timed), Store::Timings);  // timings.<op>: times and bandwidths vary run to run
   }
+  progress.finish();
   return report;
 }
 
@@ -268,7 +278,6 @@ void validate_collectives(const Config& cfg, int world_size) {
   if (lo > hi)
     throw ConfigError(fmt::format("/min_bytes: expected at most /max_bytes ({}), got {}", hi, lo));
   const auto ops = cfg.strings("/ops");
-  if (ops.empty()) throw ConfigError("/ops: expected at least one operation, got []");
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype_of(cfg.str("/dtype"))));
   for (std::size_t i = 0; i < ops.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j)
@@ -295,14 +304,15 @@ void validate_collectives(const Config& cfg, int world_size) {
 }
 
 /// Memory of a run per process (core/memory), times the processes spawned here: at the largest
-/// size, the send, receive and expected buffers (at most 3 x max_bytes) and the verification's
-/// temporaries (an int64 index per element, the comparison's bool mask: 9 bytes per element).
+/// size, the send and receive buffers and the expected values (at most 3 x max_bytes; the
+/// chunked operations compare chunk by chunk), and the verification's temporaries (an int32
+/// or int64 index per element, the comparison's bool mask: at most 9 bytes per element).
 MemoryEstimate collectives_memory(const Config& cfg, int world_size) {
   const double hi = static_cast<double>(cfg.integer("/max_bytes"));
   const double elem = static_cast<double>(c10::elementSize(dtype_of(cfg.str("/dtype"))));
   MemoryEstimate e;
   e.add("send, receive and expected buffers", "/max_bytes", 3 * hi);
-  e.add("verification temporaries (int64 index, bool mask)", "/max_bytes, /dtype", hi / elem * 9);
+  e.add("verification temporaries (index, bool mask)", "/max_bytes, /dtype", hi / elem * 9);
   e.times(world_size, "processes (/nproc)");
   return e;
 }
