@@ -8,6 +8,7 @@
 #                                 exit 1, the result is written, every op counts wrong elements
 #   collectives.sh MPT torchrun   two ranks started by hand with torchrun's variables: both exit 0,
 #                                 rank 0 alone prints and writes the result
+#   collectives.sh MPT plot       scripts/plot.py draws busbw and time against size as PNGs (77: no matplotlib)
 set -u
 mpt=$1 mode=$2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -88,5 +89,14 @@ case $mode in
     [ ! -s "$tmp/out1" ] || { echo "FAIL: rank 1 printed on stdout"; exit 1; }
     grep -q '^# sendrecv: 2 ranks' "$tmp/out0" || { cat "$tmp/out0"; echo "FAIL: rank 0 printed no sendrecv table"; exit 1; }
     check "$tmp/r0.json" 2 ok ;;
+  plot)
+    /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || { echo "SKIPPED: python3-matplotlib missing"; exit 77; }
+    run_ok --nproc 2
+    /usr/bin/python3 scripts/plot.py "$tmp/r.json" --out-dir "$tmp/plots" > "$tmp/list" || { echo "FAIL: plot.py"; exit 1; }
+    for p in busbw time; do
+      f="$tmp/plots/r_$p.png"
+      grep -qx "$f" "$tmp/list" && head -c 8 "$f" | od -An -c | grep -q 'P   N   G' || { cat "$tmp/list"; echo "FAIL: no PNG $f"; exit 1; }
+    done
+    echo "ok: $(wc -l < "$tmp/list") plots" ;;
   *) echo "collectives.sh: unknown mode $mode"; exit 2 ;;
 esac
