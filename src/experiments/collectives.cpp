@@ -27,8 +27,6 @@
  *   mpt collectives --nproc 4 --set ops='["all_reduce"]' --set max_bytes=1073741824
  *   torchrun --nproc_per_node 2 --no-python mpt collectives --device cuda
  */
-#include <cmath>
-
 #include "core/compat.hpp"
 #include "core/dist.hpp"
 #include "core/dist_bench.hpp"
@@ -87,7 +85,7 @@ struct Bench {
   torch::TensorOptions opts;  // dtype and the group's device
   dist::ReduceOp redop = dist::ReduceOp::Sum;
   int root = 0, corrupt_rank = -1;
-  int64_t iters = 20, warmup = 5;
+  int64_t iters = 10, warmup = 1;
 };
 
 struct Measurement {
@@ -99,7 +97,6 @@ struct Measurement {
 void fill(const Bench& b, Coll op, const dist::BenchPattern& p, const dist::CollCounts& c, torch::Tensor& send,
           torch::Tensor& recv) {
   const int me = b.g->rank(), n = b.g->size();
-  send = recv = torch::Tensor();  // the previous run's buffers go first: peak memory stays one run's
   send = dist::coll_send_values(op, p, me, n, b.root, c, b.opts);
   recv = dist::coll_in_place(op) ? send : torch::full({c.recv_count}, dist::kUnwritten, b.opts);
 }
@@ -149,12 +146,14 @@ Measurement bench_time(const Bench& b, Coll op, const dist::CollCounts& c, int64
 // One table per operation
 // ----------------------------------------------------------------------------
 struct OpResult {
-  Table timed;          // printed; stored under timings.<op>
+  Table timed;                // printed; stored under timings.<op>
   json rows = json::array();  // the deterministic columns, stored under results.<op>
   int64_t wrong = 0, wrong_rows = 0;
   double avg_busbw = 0;
 };
 
+// Every size of `op` (nccl-tests' TimeTest): one row each, the footer's "Out of bounds values"
+// and "Avg bus bandwidth". `step` counts the measurements of the run (the fault point's index).
 OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, const std::string& type,
                     const std::string& redop, bool emulated, World& w, int64_t& step, Progress& progress) {
   const int n = b.g->size();
@@ -162,11 +161,16 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
   const int64_t elem = static_cast<int64_t>(b.opts.dtype().itemsize());
   const bool in_place = dist::coll_in_place(op);
   OpResult r;
-  std::vector<Column> cols{int_col("size", "size", "B"),        int_col("count", "count", "elements"),
-                           text_col("type", "type"),            text_col("redop", "redop"),
-                           int_col("root", "root"),             text_col("place", "place"),
-                           float_col("time_us", "time", "us", 5),  float_col("algbw_gbps", "algbw", "GB/s"),
-                           float_col("busbw_gbps", "busbw", "GB/s"), int_col("wrong", "#wrong")};
+  std::vector<Column> cols{int_col("size", "size", "B"),
+                           int_col("count", "count", "elements"),
+                           text_col("type", "type"),
+                           text_col("redop", "redop"),
+                           int_col("root", "root"),
+                           text_col("place", "place"),
+                           float_col("time_us", "time", "us", 5),
+                           float_col("algbw_gbps", "algbw", "GB/s"),
+                           float_col("busbw_gbps", "busbw", "GB/s"),
+                           int_col("wrong", "#wrong")};
   if (op == Coll::ReduceScatter) cols.push_back(text_col("via", "via"));
   r.timed = Table{name,
                   fmt::format("{}: {} ranks, {}, {} iters after {} warm-up per size, busbw = algbw x {:.4g}{}", name, n,
