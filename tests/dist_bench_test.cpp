@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "catch.hpp"
+#include "core/compat.hpp"
 #include "core/dist.hpp"
 #include "core/dist_bench.hpp"
 
@@ -219,13 +220,14 @@ std::vector<std::string> on_two_ranks(const std::string& prefix, const std::func
 
 }  // namespace
 
-TEST_CASE("run_collective on two Gloo ranks delivers what coll_expected says, in every dtype", "[dist_bench]") {
+TEST_CASE("run_collective on two Gloo ranks delivers what coll_expected says, in every dtype Gloo has", "[dist_bench]") {
   // wrong[type][op][rank]; -1 = not run
   std::vector<std::vector<std::vector<int64_t>>> wrong(kTypes.size(),
                                                        std::vector<std::vector<int64_t>>(kAll.size(), {-1, -1}));
   const auto errors = on_two_ranks("bench_pair/", [&](dist::Group& g, int r) {
     for (std::size_t ti = 0; ti < kTypes.size(); ++ti)
       for (std::size_t oi = 0; oi < kAll.size(); ++oi) {
+        if (kTypes[ti] == torch::kBFloat16 && !compat::kGlooHasBFloat16) continue;  // LibTorch 1.13's Gloo
         const Coll op = kAll[oi];
         const auto opts = torch::TensorOptions().dtype(kTypes[ti]);
         const auto c = dist::coll_counts(op, 4096, static_cast<int64_t>(c10::elementSize(kTypes[ti])), 2);
@@ -241,6 +243,7 @@ TEST_CASE("run_collective on two Gloo ranks delivers what coll_expected says, in
   for (std::size_t ti = 0; ti < kTypes.size(); ++ti)
     for (std::size_t oi = 0; oi < kAll.size(); ++oi) {
       INFO(dist::coll_name(kAll[oi]) << " " << c10::toString(kTypes[ti]));
+      if (kTypes[ti] == torch::kBFloat16 && !compat::kGlooHasBFloat16) continue;
       CHECK(wrong[ti][oi] == std::vector<int64_t>{0, 0});
     }
 }

@@ -300,6 +300,14 @@ void validate_collectives(const Config& cfg, int world_size) {
                                     "of {} bytes per rank), got {}",
                                     elem * world_size, ops[i], world_size, cfg.str("/dtype"), elem, hi));
   }
+  // Gloo (the CPU) in LibTorch 1.13 has no bfloat16; NCCL (CUDA) has.
+  const std::string device = cfg.str("/device");
+  const bool on_cpu = device == "cpu" || (device == "auto" && !compat::cuda_available());
+  if (cfg.str("/dtype") == "bfloat16" && on_cpu && !compat::kGlooHasBFloat16)
+    throw ConfigError(fmt::format("/dtype: expected float32, float64 or float16 on the CPU with LibTorch {} (its Gloo "
+                                  "has no bfloat16: \"Invalid scalar type\"), got \"bfloat16\"; LibTorch 2.x's Gloo "
+                                  "and NCCL (--device cuda) have it",
+                                  compat::torch_version()));
   const int64_t root = cfg.integer("/root");
   if (root >= world_size)
     throw ConfigError(fmt::format("/root: expected a rank 0 .. {}, got {}", world_size - 1, root));

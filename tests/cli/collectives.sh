@@ -8,6 +8,8 @@
 #                                 exit 1, the result is written, every op counts wrong elements
 #   collectives.sh MPT torchrun   two ranks started by hand with torchrun's variables: both exit 0,
 #                                 rank 0 alone prints and writes the result
+#   collectives.sh MPT bfloat16   bfloat16 with redop max: passes on LibTorch 2.x; on 1.13 (whose Gloo has no
+#                                 bfloat16) exit 2 naming /dtype, before any worker
 #   collectives.sh MPT plot       scripts/plot.py draws busbw and time against size as PNGs (77: no matplotlib)
 set -u
 mpt=$1 mode=$2
@@ -89,6 +91,18 @@ case $mode in
     [ ! -s "$tmp/out1" ] || { echo "FAIL: rank 1 printed on stdout"; exit 1; }
     grep -q '^# sendrecv: 2 ranks' "$tmp/out0" || { cat "$tmp/out0"; echo "FAIL: rank 0 printed no sendrecv table"; exit 1; }
     check "$tmp/r0.json" 2 ok ;;
+  bfloat16)
+    if "$mpt" --version | grep -q 'LibTorch 1\.'; then
+      "$mpt" "${quick[@]}" --set dtype=bfloat16 --out "$tmp/r.json" > "$tmp/out" 2> "$tmp/err"
+      code=$?
+      cat "$tmp/err"
+      [ $code = 2 ] && grep -q '/dtype: expected float32, float64 or float16 on the CPU' "$tmp/err" && [ ! -e "$tmp/r.json" ] \
+        || { echo "FAIL: exit $code, expected 2 naming /dtype"; exit 1; }
+      echo "ok: LibTorch 1.x refuses bfloat16 on Gloo (exit 2)"
+    else
+      run_ok --nproc 2 --set dtype=bfloat16 --set redop=max
+      check "$tmp/r.json" 2 ok
+    fi ;;
   plot)
     /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || { echo "SKIPPED: python3-matplotlib missing"; exit 77; }
     run_ok --nproc 2

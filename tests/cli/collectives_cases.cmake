@@ -4,8 +4,8 @@ set(CQ collectives --config configs/collectives_quick.json)
 
 # Result-document cases (tests/cli/collectives.sh): 2 and 3 processes pass with #wrong 0 and
 # nccl-tests' size/count/busbw; a corrupted rank fails the check (exit 1); a torchrun-style launch.
-# scripts/plot.py draws the busbw and time plots (skipped without matplotlib).
-foreach(mode pass three corrupt torchrun plot)
+# bfloat16 (refused with exit 2 on LibTorch 1.13, whose Gloo has none); scripts/plot.py draws the busbw and time plots (skipped without matplotlib).
+foreach(mode pass three corrupt torchrun bfloat16 plot)
   add_test(NAME cli.collectives_${mode}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/collectives.sh $<TARGET_FILE:mpt> ${mode}
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -14,7 +14,6 @@ endforeach()
 # One process: every operation but sendrecv (which needs a peer) runs; all_reduce's busbw factor is 0.
 cli_case(collectives_one_process 0 "all_reduce: 1 ranks, gloo, .*busbw = algbw x 0" ${CQ} --nproc 1
          --set "ops=[\"all_reduce\",\"all_gather\",\"reduce_scatter\",\"broadcast\",\"alltoall\"]")
-cli_case(collectives_bfloat16 0 "OK: 6 of 6 checks passed" ${CQ} --set dtype=bfloat16 --set redop=max)
 cli_case(collectives_float16_min 0 "OK: 6 of 6 checks passed" ${CQ} --set dtype=float16 --set redop=min)
 cli_case(collectives_row_format 0 " 32768 +8192 +float32 +sum +-1 +in +[0-9.]+ " ${CQ} --set "ops=[\"all_reduce\"]")
 add_test(NAME cli.collectives_deterministic
