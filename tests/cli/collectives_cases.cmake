@@ -25,7 +25,7 @@ set_tests_properties(cli.collectives_deterministic PROPERTIES TIMEOUT 180)
 cli_case(collectives_killed_rank 3 "rank 1 of 2 failed" ${CQ} --set fault.rank=1 --set fault.step=3
          --set dist.timeout_s=5)
 # A rank hangs (alive, silent): rank 0's collective times out after 3 s naming rank 1 (exit 3).
-cli_case(collectives_hung_rank 3 "rank 1" ${CQ} --set fault.rank=1 --set fault.step=3 --set fault.mode=hang
+cli_case(collectives_hung_rank 3 "rank 1 of 2 failed \\(did not answer" ${CQ} --set fault.rank=1 --set fault.step=3 --set fault.mode=hang
          --set dist.timeout_s=3)
 
 # Bad input: exit 2 naming the key, before any worker is spawned, nothing written.
