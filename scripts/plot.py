@@ -253,8 +253,35 @@ def plot_checkpoint(doc, out, fmt):
     return paths
 
 
+def plot_collectives(doc, out, fmt):
+    """busbw and time against message size (log-log), one line per operation (timings.<op>)."""
+    tim, paths = doc.get("timings", {}), []
+    ops = [op for op in doc["config"]["ops"] if tim.get(op)]
+    env = doc.get("env", {}).get("collectives", {})
+    where = f"{env.get('ranks', '?')} ranks, {env.get('backend', '?')}, {doc['config'].get('dtype', '')}"
+    for key, label, name in (("busbw_gbps", "busbw (GB/s)", "busbw"), ("time_us", "time per call (us)", "time")):
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        for op in ops:
+            rows = [r for r in tim[op] if num(r[key]) > 0]  # busbw is 0 on one rank: nothing to draw on a log axis
+            if not rows:
+                continue
+            emulated = any(r.get("via") == "all_reduce" for r in rows)
+            ax.plot([r["size"] for r in rows], [num(r[key]) for r in rows], "--" if emulated else "-", marker=".",
+                    label=op + (" (emulated by all-reduce: busbw not comparable)" if emulated else ""))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes; nccl-tests' size: the larger buffer)")
+        ax.set_ylabel(label)
+        ax.set_title(f"mpt collectives: {name} against size ({where}; run-dependent timings)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        save(fig, out, name, fmt, paths)
+    return paths
+
+
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
-            "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint}
+            "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint,
+            "collectives": plot_collectives}
 
 
 MAX_BYTES = 64 * 2**20  # the most plot.py reads of one result file

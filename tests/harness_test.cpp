@@ -196,8 +196,8 @@ TEST_CASE("result_document refuses a timings table whose key a timings value alr
   CHECK_THROWS_AS(result_document(toy, cfg, r, json::object(), 0.0), std::logic_error);
 }
 
-TEST_CASE("the registry lists six experiments, each with a spec that resolves to its defaults", "[harness]") {
-  REQUIRE(experiments().size() == 6);
+TEST_CASE("the registry lists seven experiments, each with a spec that resolves to its defaults", "[harness]") {
+  REQUIRE(experiments().size() == 7);
   for (const auto& e : experiments()) {
     INFO(e.name);
     CHECK(find_experiment(e.name) == &e);
@@ -302,5 +302,6 @@ TEST_CASE("every registered experiment validates, and the multi-process ones hav
   }
   CHECK(find_experiment("dataparallel")->processes == Processes::Multi);
   CHECK(find_experiment("pipeline")->processes == Processes::Multi);
+  CHECK(find_experiment("collectives")->processes == Processes::Multi);
   CHECK(find_experiment("underflow")->processes == Processes::Single);
 }

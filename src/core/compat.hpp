@@ -15,6 +15,9 @@ inline constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
 /// ProcessGroupGloo implements reduce_scatter in LibTorch 2.x; 1.13's throws "ProcessGroupGloo
 /// does not support reduce_scatter" (dist::Group::reduce_scatter falls back to an all-reduce there).
 inline constexpr bool kGlooHasReduceScatter = kTorch2;
+/// ProcessGroupGloo moves bfloat16 tensors in LibTorch 2.x; 1.13's refuses them in every
+/// collective and in send/recv ("Invalid scalar type").
+inline constexpr bool kGlooHasBFloat16 = kTorch2;
 
 /// LibTorch version string, e.g. "1.13.1" (from <torch/version.h>).
 inline std::string torch_version() { return TORCH_VERSION; }
