@@ -143,11 +143,16 @@ void validate_fp8(const Config& cfg, int /*world_size*/) {
   for (const auto& name : recipes) {
     if (!is_fp8(name)) continue;
     const q::QuantRecipe r = core_recipe(name, o);
-    const std::string key = name == "blockwise" ? "/blockwise/tile or /blockwise/weight_block"
-                            : name.rfind("mxfp8", 0) == 0 ? "/mx/block" : "/model/fp8_layers";
+    q::RecipeOptions tile_only = o;  // blockwise: which of its two block sizes fails
+    tile_only.weight_block = 1;
     for (std::size_t l = 0; l + 1 < w.size(); ++l) {
       if (!layer_is_fp8(cfg, l, w.size() - 1)) continue;
       const std::string err = q::shape_error(r, m, w[l], w[l + 1]);
+      const std::string key =
+          name == "blockwise" ? (q::shape_error(core_recipe(name, tile_only), m, w[l], w[l + 1]).empty() ? "/blockwise/weight_block"
+                                                                                                           : "/blockwise/tile")
+          : name.rfind("mxfp8", 0) == 0 ? "/mx/block"
+                                        : "/model/fp8_layers";
       if (!err.empty())
         throw ConfigError(fmt::format("{}: recipe {} on layer {} ({} -> {}, batch /train/batch = {}): {}; expected block sizes "
                                       "that divide /model/hidden, /train/batch and (with /model/fp8_layers = \"all\") 784 and 10",
