@@ -508,9 +508,11 @@ void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init,
   t.notes.push_back("sat: elements of x clamped at the fp8 max; ->0: nonzero elements quantized to 0; err: ||C - C_fp32|| / ||C_fp32|| "
                     "of the layer's out GEMM");
   t.notes.push_back(fmt::format("current scaling takes s from this batch's own amax, so the outlier step itself fits; delayed "
-                                "scaling uses the history of earlier steps: at the outlier it saturates, and while the outlier's "
-                                "amax stays in the history ('max': {} steps; 'most_recent': 1) the small scale pushes the normal "
-                                "batches' values down the fp8 grid (subnormals, zeros) and the GEMM error grows", len));
+                                "scaling uses the history of earlier steps, so at the outlier it saturates; while the outlier's "
+                                "amax stays in the history ('max': {} steps; 'most_recent': 1) the scale is about 1/factor of "
+                                "normal and moves the normal batches' values log2(factor) binades down the fp8 grid: those below "
+                                "the smallest subnormal flush (->0), the others keep fp8's relative precision until they reach "
+                                "the subnormals", len));
   t.notes.push_back("dmax s: the delayed ('max') scale s of q = cast(x·s) each step; current's is fp8_max / amax of the batch");
   report.add(std::move(t));
 }
