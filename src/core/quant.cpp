@@ -589,7 +589,7 @@ OperandLedger operand_ledger(const Quantized& q) {
 }
 
 const std::vector<std::string>& recipe_names() {
-  static const std::vector<std::string> v = {"fp32", "bf16", "tensorwise", "rowwise", "blockwise", "mxfp8", "mxfp8_floor", "nvfp4"};
+  static const std::vector<std::string> v = {"fp32", "bf16", "tensorwise", "rowwise", "blockwise", "mxfp8", "mxfp8_floor", "nvfp4", "mxfp4"};
   return v;
 }
 
@@ -620,6 +620,8 @@ QuantRecipe recipe(const std::string& name, const RecipeOptions& opt) {
     QuantSpec s = spec(Element::E4M3, {1, opt.mx_block}, ScaleFormat::E8M0);
     s.rule = name == "mxfp8" ? E8M0Rule::RCEIL : E8M0Rule::FLOOR;
     all(s);
+  } else if (name == "mxfp4") {  // OCP MX v1.0 MXFP4: E2M1 in 1x32 blocks, E8M0 scales, the spec's FLOOR rule
+    all(spec(Element::E2M1, {1, opt.mx_block}, ScaleFormat::E8M0));
   } else if (name == "nvfp4") {  // NVFP4 paper §4: 2-D weights, SR on gradients, RHT on wgrad
     QuantSpec act = spec(Element::E2M1, {1, 16}, ScaleFormat::UE4M3);
     act.tensor_scale = true;
@@ -636,7 +638,7 @@ QuantRecipe recipe(const std::string& name, const RecipeOptions& opt) {
     r.wgrad.rht = true;
   } else {
     throw std::invalid_argument("unknown quantization recipe \"" + name +
-                                "\" (expected fp32, bf16, tensorwise, rowwise, blockwise, mxfp8, mxfp8_floor, nvfp4)");
+                                "\" (expected fp32, bf16, tensorwise, rowwise, blockwise, mxfp8, mxfp8_floor, nvfp4, mxfp4)");
   }
   if (opt.grad_element) {
     if (*opt.grad_element != Element::E4M3 && *opt.grad_element != Element::E5M2)

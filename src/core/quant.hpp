@@ -219,7 +219,7 @@ struct QuantRecipe {
 struct RecipeOptions {
   std::int64_t tile = 128;          ///< blockwise: activation and gradient tiles 1 x tile (DeepSeek-V3: 128)
   std::int64_t weight_block = 128;  ///< blockwise: weight blocks weight_block x weight_block (DeepSeek-V3: 128)
-  std::int64_t mx_block = 32;       ///< mxfp8 / mxfp8_floor: 1 x mx_block blocks (OCP MX v1.0: 32)
+  std::int64_t mx_block = 32;       ///< mxfp8 / mxfp8_floor / mxfp4: 1 x mx_block blocks (OCP MX v1.0: 32)
   /// The element of the gradient operands (dy in dgrad and wgrad): unset = the recipe's own
   /// (tensorwise E5M2, the others E4M3); E4M3 = "e4m3 everywhere", E5M2 = TE's HYBRID format.
   std::optional<Element> grad_element;
@@ -228,7 +228,8 @@ struct RecipeOptions {
 /// "rowwise" (E4M3, per-row power-of-two scales, torchao ROWWISE); "blockwise" (DeepSeek-V3: 1x128
 /// activation / gradient tiles, 128x128 weight blocks, E4M3, fp32 scales); "mxfp8" (E4M3, 1x32,
 /// E8M0 RCEIL); "mxfp8_floor" (same, FLOOR); "nvfp4" (E2M1, 1x16 with UE4M3 scales and an fp32
-/// tensor scale, 16x16 weight blocks, SR on dy, RHT on wgrad; NVFP4 paper). Throws
+/// tensor scale, 16x16 weight blocks, SR on dy, RHT on wgrad; NVFP4 paper); "mxfp4" (E2M1, 1x32, E8M0 FLOOR:
+/// OCP MX v1.0). Throws
 /// std::invalid_argument for another name.
 QuantRecipe recipe(const std::string& name, const RecipeOptions& options = {});
 /// The names recipe() accepts, in a stable order.

@@ -14,5 +14,6 @@ Experiment dataparallel_experiment();
 Experiment checkpoint_experiment();
 Experiment accumulate_experiment();
 Experiment fp8_experiment();
+Experiment fp4_experiment();
 
 }  // namespace mpt

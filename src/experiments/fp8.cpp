@@ -43,6 +43,7 @@
 #include "core/errors.hpp"
 #include "core/models.hpp"
 #include "core/quant.hpp"
+#include "core/quant_train.hpp"
 #include "core/runtime.hpp"
 #include "core/experiment.hpp"
 
@@ -171,150 +172,32 @@ void validate_fp8(const Config& cfg, int /*world_size*/) {
 // Training
 // ----------------------------------------------------------------------------
 
-/// The MLP as parameter leaves plus one QuantLinear per layer (holding recipe, ledger, fp8 meta;
-/// its own weight is unused: quantized_linear takes the leaves).
-struct Net {
-  std::vector<torch::Tensor> params;  // W1, b1, W2, b2, ...
-  std::vector<q::QuantLinear> layers;
-  std::vector<bool> fp8;
-};
-
-Net make_net(const Config& cfg, const std::vector<torch::Tensor>& init, const std::string& recipe) {
-  Net n;
+/// The MLP under `recipe`: fp8 layers per model.fp8_layers, the others bf16 (all fp32 for "fp32");
+/// "delayed" switches the fp8 layers to TE's delayed scaling.
+q::QuantMlp make_net(const Config& cfg, const std::vector<torch::Tensor>& init, const std::string& recipe,
+                     std::vector<bool>* fp8_layers = nullptr) {
   const std::size_t L = init.size() / 2;
   const q::RecipeOptions o = recipe_options(cfg);
-  for (const auto& p : init) n.params.push_back(p.detach().clone().requires_grad_(true));
+  std::vector<q::QuantRecipe> recipes;
+  std::vector<bool> fp8(L);
   for (std::size_t l = 0; l < L; ++l) {
-    const bool fp8 = is_fp8(recipe) && layer_is_fp8(cfg, l, L);
-    // fp32 stays fp32 everywhere; the other recipes keep non-fp8 layers in bf16.
-    q::QuantLinear ql(1, 1, core_recipe(fp8 ? recipe : recipe == "fp32" ? "fp32" : "bf16", o), /*bias=*/false);
-    ql->keep_ledger = false;
-    if (fp8 && recipe == "delayed") ql->set_delayed_scaling(delayed_options(cfg));
-    n.layers.push_back(ql);
-    n.fp8.push_back(fp8);
+    fp8[l] = is_fp8(recipe) && layer_is_fp8(cfg, l, L);
+    recipes.push_back(core_recipe(fp8[l] ? recipe : recipe == "fp32" ? "fp32" : "bf16", o));
   }
+  q::QuantMlp n = q::make_quant_mlp(init, recipes);
+  for (std::size_t l = 0; l < L; ++l)
+    if (fp8[l] && recipe == "delayed") n.layers[l]->set_delayed_scaling(delayed_options(cfg));
+  if (fp8_layers) *fp8_layers = fp8;
   return n;
 }
 
-/// Captured fp32 operands of one step (for the MX table): x, W and dy of every layer.
-struct Operands {
-  std::vector<torch::Tensor> x, w, dy;
-};
-
-torch::Tensor forward(Net& n, const torch::Tensor& images, std::vector<torch::Tensor>* outputs = nullptr) {
-  auto h = images.reshape({images.size(0), -1});
-  const std::size_t L = n.layers.size();
-  for (std::size_t l = 0; l < L; ++l) {
-    auto z = q::quantized_linear(h, n.params[2 * l], n.params[2 * l + 1], *n.layers[l]);
-    if (outputs) outputs->push_back(z);
-    h = l + 1 < L ? torch::relu(z) : z;
-  }
-  return h;
-}
-
-struct Evaluation {
-  double loss, accuracy;
-};
-
-Evaluation evaluate(Net& n, const Dataset& d) {
-  torch::NoGradGuard ng;
-  for (auto& l : n.layers) l->eval();  // delayed scaling: scales frozen, no amax recorded
-  double loss = 0, correct = 0;
-  const int64_t chunk = 1000;
-  for (int64_t i = 0; i < d.size(); i += chunk) {
-    const int64_t c = std::min(chunk, d.size() - i);
-    auto logits = forward(n, d.images.narrow(0, i, c));
-    auto y = d.labels.narrow(0, i, c);
-    loss += torch::nn::functional::cross_entropy(logits, y).item<double>() * static_cast<double>(c);
-    correct += (logits.argmax(1) == y).sum().item<double>();
-  }
-  for (auto& l : n.layers) l->train();
-  return {loss / static_cast<double>(d.size()), correct / static_cast<double>(d.size())};
-}
-
-struct Run {
-  std::vector<double> loss;
-  Evaluation test{0, 0};
-  std::vector<std::vector<q::GemmLedger>> ledger;  // per layer: the GEMMs of the recorded steps
-  double step_s = 0;
-};
-
-/// Batches of the run: a fixed permutation per epoch (as lossscale's), the outlier batch scaled.
-torch::Tensor batch_indices(const Dataset& train, int64_t step, int64_t batch, std::uint64_t seed) {
-  const int64_t per_epoch = train.size() / batch;
-  const int64_t epoch = step / per_epoch;
-  auto perm = shuffled_indices(train.size(), seed + 1000003ULL * static_cast<std::uint64_t>(epoch + 1));
-  return perm.narrow(0, (step % per_epoch) * batch, batch);
-}
-
-struct TrainPlan {
-  int64_t steps = 0;
-  std::vector<int64_t> ledger_steps;  // steps whose GEMMs are recorded
-  int64_t outlier_step = -1;
-  double outlier_factor = 1;
-  bool skip_outlier_update = false;
-  Operands* capture = nullptr;        // fp32 operands at capture_step
-  int64_t capture_step = -1;
-  bool evaluate = true;
-};
-
-Run train(const Context& ctx, Net& n, const Dataset& train_set, const Dataset& test_set, const TrainPlan& plan,
-          const std::string& label) {
-  const auto& cfg = ctx.cfg;
-  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train_set.size());
-  const float lr = static_cast<float>(cfg.number("/train/lr"));
-  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
-  Run run;
-  run.ledger.resize(n.layers.size());
-  Progress progress(ctx.tty, "fp8: " + label, plan.steps, "steps");
-  const double t0 = now_seconds();
-  for (int64_t step = 0; step < plan.steps; ++step) {
-    const bool record = std::find(plan.ledger_steps.begin(), plan.ledger_steps.end(), step) != plan.ledger_steps.end();
-    for (auto& l : n.layers) l->keep_ledger = record;
-    auto idx = batch_indices(train_set, step, batch, seed);
-    auto x = train_set.images.index_select(0, idx);
-    auto y = train_set.labels.index_select(0, idx);
-    if (step == plan.outlier_step) x = x * static_cast<float>(plan.outlier_factor);
-    clear_grads(n.params);
-    std::vector<torch::Tensor> outs;
-    const bool capture = plan.capture && step == plan.capture_step;
-    auto loss = torch::nn::functional::cross_entropy(forward(n, x, capture ? &outs : nullptr), y);
-    if (capture)
-      for (auto& z : outs) z.retain_grad();
-    loss.backward();
-    if (capture) {
-      auto h = x.reshape({x.size(0), -1});
-      for (std::size_t l = 0; l < outs.size(); ++l) {
-        plan.capture->x.push_back(h.detach().clone());
-        plan.capture->w.push_back(n.params[2 * l].detach().clone());
-        plan.capture->dy.push_back(outs[l].grad().detach().clone());
-        h = torch::relu(outs[l]).detach();
-      }
-    }
-    if (!(step == plan.outlier_step && plan.skip_outlier_update)) {
-      torch::NoGradGuard ng;
-      for (auto& p : n.params) p.add_(p.grad(), -lr);  // SGD (torch.optim.SGD's unfused update: p - lr*g)
-    }
-    for (auto& l : n.layers) l->update_scales();  // delayed scaling: the next step's scales
-    run.loss.push_back(loss.item<double>());
-    progress.update(step + 1, fmt::format("loss {:.4f}", run.loss.back()));
-  }
-  run.step_s = (now_seconds() - t0) / static_cast<double>(plan.steps);
-  progress.finish();
-  for (std::size_t l = 0; l < n.layers.size(); ++l) {
-    run.ledger[l] = n.layers[l]->ledger();
-    n.layers[l]->keep_ledger = false;
-  }
-  if (plan.evaluate) {
-    run.test = evaluate(n, test_set);
-  }
-  return run;
-}
-
-const q::GemmLedger* find_gemm(const std::vector<q::GemmLedger>& v, int64_t step, const std::string& gemm) {
-  for (const auto& g : v)
-    if (g.step == step && g.gemm == gemm) return &g;
-  return nullptr;
+q::TrainPlan base_plan(const Config& cfg) {
+  q::TrainPlan p;
+  p.steps = cfg.integer("/train/steps");
+  p.batch = cfg.integer("/train/batch");
+  p.lr = cfg.number("/train/lr");
+  p.seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  return p;
 }
 
 // ----------------------------------------------------------------------------
@@ -393,7 +276,7 @@ void accumulator_section(const Context& ctx, Report& report) {
 }
 
 /// MXFP8 per 1x32 block, FLOOR against RCEIL, on the same fp32 operands.
-void mx_section(const Context& ctx, const Operands& ops, const std::vector<int64_t>& w, Report& report) {
+void mx_section(const Context& ctx, const q::Operands& ops, const std::vector<int64_t>& w, Report& report) {
   const auto& cfg = ctx.cfg;
   const int64_t block = cfg.integer("/mx/block");
   const q::Element grad = cfg.str("/format") == "hybrid" ? q::Element::E5M2 : q::Element::E4M3;
@@ -456,7 +339,7 @@ void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init,
   // The first fp8 layer: its x is the first input the outlier reaches in fp8.
   std::size_t layer = 0;
   while (layer + 1 < w.size() - 1 && !layer_is_fp8(cfg, layer, w.size() - 1)) ++layer;
-  TrainPlan plan;
+  q::TrainPlan plan = base_plan(cfg);
   plan.steps = last + 1;
   plan.outlier_step = at;
   plan.outlier_factor = cfg.number("/outlier/factor");
@@ -470,16 +353,17 @@ void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init,
   const std::vector<Variant> variants = {{"current", "current", std::nullopt},
                                          {"delayed_max", "delayed max", q::AmaxComputeAlgo::Max},
                                          {"delayed_recent", "delayed most_recent", q::AmaxComputeAlgo::MostRecent}};
-  std::vector<Run> runs;
+  std::vector<q::TrainRun> runs;
   for (const auto& v : variants) {
-    Net n = make_net(cfg, init, "tensorwise");
+    std::vector<bool> fp8;
+    q::QuantMlp n = make_net(cfg, init, "tensorwise", &fp8);
     if (v.algo) {
       q::DelayedScaling d = delayed_options(cfg);
       d.amax_compute_algo = *v.algo;
       for (std::size_t l = 0; l < n.layers.size(); ++l)
-        if (n.fp8[l]) n.layers[l]->set_delayed_scaling(d);
+        if (fp8[l]) n.layers[l]->set_delayed_scaling(d);
     }
-    runs.push_back(train(ctx, n, tr, te, plan, "outlier, " + v.label));
+    runs.push_back(q::train(n, tr, te, plan, ctx.tty, "fp8: outlier, " + v.label));
   }
   Table t{"outlier",
           fmt::format("Outlier: step {}'s inputs x {:g}; {} x operand of the out GEMM, tensorwise current vs delayed scaling "
@@ -496,7 +380,7 @@ void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init,
   for (int64_t s = first; s <= last; ++s) {
     json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
     for (std::size_t i = 0; i < variants.size(); ++i) {
-      const q::GemmLedger* g = find_gemm(runs[i].ledger[layer], s, "out");
+      const q::GemmLedger* g = q::find_gemm(runs[i].ledger[layer], s, "out");
       row[variants[i].key + "_saturated"] = g ? num(g->a.saturated_frac) : json(nullptr);
       row[variants[i].key + "_flushed"] = g ? num(g->a.flushed_frac) : json(nullptr);
       row[variants[i].key + "_rel_error"] = g ? num(g->rel_error) : json(nullptr);
@@ -560,19 +444,15 @@ Report run_fp8(const Context& ctx) {
                 sci_col("b_scale", "B scale", "-", 3), pct_col("b_saturated", "B sat", 3), pct_col("b_flushed", "B ->0", 3),
                 sci_col("rel_error", "rel err", "-", 3)}};
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
-  std::map<std::string, Run> runs;
-  Operands ops;
+  std::map<std::string, q::TrainRun> runs;
   for (const auto& name : recipes) {
-    Net n = make_net(cfg, init, name);
-    TrainPlan plan;
-    plan.steps = steps;
+    std::vector<bool> fp8;
+    q::QuantMlp n = make_net(cfg, init, name, &fp8);
+    q::TrainPlan plan = base_plan(cfg);
     plan.ledger_steps = {ledger_step};
-    if (name == "fp32") {
-      plan.capture = &ops;
-      plan.capture_step = ledger_step;
-    }
-    runs[name] = train(ctx, n, train_set, test_set, plan, name);
-    const Run& r = runs[name];
+    if (name == "fp32") plan.capture_step = ledger_step;
+    runs[name] = q::train(n, train_set, test_set, plan, ctx.tty, "fp8: " + name);
+    const q::TrainRun& r = runs[name];
     // Memory: every layer under its own recipe (fp8 or the bf16 of the edges).
     q::StoredBytes total;
     for (std::size_t l = 0; l < L; ++l) {
@@ -581,9 +461,9 @@ Report run_fp8(const Context& ctx) {
       total.activations += b.activations;
       total.gradients += b.gradients;
       total.scales += b.scales;
-      if (!is_fp8(name) || !n.fp8[l]) continue;
-      const q::GemmLedger* gs[] = {find_gemm(r.ledger[l], ledger_step, "out"), find_gemm(r.ledger[l], ledger_step, "dgrad"),
-                                   find_gemm(r.ledger[l], ledger_step, "wgrad")};
+      if (!fp8[l]) continue;
+      const q::GemmLedger* gs[] = {q::find_gemm(r.ledger[l], ledger_step, "out"), q::find_gemm(r.ledger[l], ledger_step, "dgrad"),
+                                   q::find_gemm(r.ledger[l], ledger_step, "wgrad")};
       for (const q::GemmLedger* g : gs) {
         if (!g) continue;
         // scale as x ≈ q·scale; for per-tensor fp32 scales report s of x·s (TE / torchao's scale): 1/scale.
@@ -604,7 +484,7 @@ Report run_fp8(const Context& ctx) {
   const bool have_bf16 = runs.count("bf16") > 0;
   json history = json::object();
   for (const auto& name : recipes) {
-    const Run& r = runs[name];
+    const q::TrainRun& r = runs[name];
     t.rows.push_back({{"name", name}, {"test_loss", num(r.test.loss)}, {"test_accuracy", num(r.test.accuracy)},
                       {"loss_gap_bf16", have_bf16 ? num(r.test.loss - runs["bf16"].test.loss) : json(nullptr)},
                       {"accuracy_gap_bf16", have_bf16 ? num(r.test.accuracy - runs["bf16"].test.accuracy) : json(nullptr)},
@@ -646,7 +526,7 @@ Report run_fp8(const Context& ctx) {
     return false;
   }();
   if (cfg.boolean("/outlier/enabled") && has_fp8_layer) outlier_section(ctx, init, train_set, test_set, w, report);
-  mx_section(ctx, ops, w, report);
+  mx_section(ctx, runs["fp32"].captured, w, report);
   accumulator_section(ctx, report);
   report.add(std::move(cost), Store::TimingsByName);
   return report;
