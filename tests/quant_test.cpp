@@ -1,6 +1,7 @@
 // Quantizers (core/quant) against PyTorch's casts and torchao, through the tables under tests/quant/
 // (made by tests/quant/make_tables.py with torch 2.15 and torchao 0.18.0), so Debian's LibTorch 1.13
 // (no float8 dtypes) is checked against the same references.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -474,4 +475,172 @@ TEST_CASE("QuantLinear trains under each named recipe and keeps a ledger per GEM
     }
   }
   CHECK_THROWS_AS(recipe("fp9"), std::invalid_argument);
+}
+
+// ───────────────────────────── issue 18: mpt fp8's additions ─────────────────────────────
+
+TEST_CASE("delayed scaling follows Transformer Engine's amax history, step by step", "[quant][delayed]") {
+  // TE (transformer_engine/pytorch/fp8.py): history[0] = this step's amax; at the step's end
+  // amax = max(history) (or history[0]), scale = (fp8_max / amax) / 2^margin where amax > 0 and
+  // finite, then torch.roll(history, -1) and history[0] = 0. The scale starts at 1.
+  DelayedScaling d;
+  d.amax_history_len = 3;
+  AmaxHistory h(d, 448.0);
+  CHECK(h.scale() == 1.0);
+  const double amaxes[] = {2.0, 1.0, 1.0, 1.0, 1.0};
+  // An amax of 2 at step 0 keeps the scale at 448/2 for the 3 steps the history holds it (steps 1..3),
+  // then 448/1.
+  const double expect[] = {224.0, 224.0, 224.0, 448.0, 448.0};
+  for (int s = 0; s < 5; ++s) {
+    h.record(amaxes[s]);
+    h.update();
+    INFO("step " << s);
+    CHECK(h.scale() == expect[s]);
+    CHECK(h.history()[0] == 0.0);
+  }
+  d.amax_compute_algo = AmaxComputeAlgo::MostRecent;
+  d.margin = 1;
+  AmaxHistory r(d, 57344.0);
+  r.record(4.0);
+  r.update();
+  CHECK(r.scale() == 57344.0 / 4.0 / 2.0);
+  r.record(1.0);
+  r.update();
+  CHECK(r.scale() == 57344.0 / 2.0);  // the most recent amax only
+  // amax 0, inf or NaN keep the previous scale (torch.where(amax > 0 & isfinite(amax), sf, scale)).
+  for (double bad : {0.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    r.record(bad);
+    r.update();
+    CHECK(r.scale() == 57344.0 / 2.0);
+  }
+  d.amax_history_len = 0;
+  CHECK_THROWS_AS(AmaxHistory(d, 448.0), std::invalid_argument);
+  CHECK(parse_amax_compute_algo("most_recent") == AmaxComputeAlgo::MostRecent);
+  CHECK_THROWS_AS(parse_amax_compute_algo("mean"), std::invalid_argument);
+}
+
+TEST_CASE("a static (delayed) scale: x·s cast and clamped, saturation counted; bf16 elements", "[quant][delayed]") {
+  QuantSpec s;
+  s.element = Element::E4M3;
+  s.static_scale = 224.0;  // the scale of amax 2, applied to a tensor of amax 1000
+  auto x = torch::tensor({1.0f, 2.0f, 1000.0f, -3.0f});
+  const Quantized q = quantize(x, s);
+  CHECK(q.saturated == 2);  // 1000·224 and 3·224 > 448
+  CHECK(q.saturated_blocks == 1);
+  CHECK(q.values[0].item<float>() == 1.0f);
+  CHECK(q.values[2].item<float>() == 2.0f);  // 448 / 224
+  CHECK(q.values[3].item<float>() == -2.0f);
+  s.static_scale = -1;
+  CHECK_THROWS_AS(quantize(x, s), std::invalid_argument);
+  s.static_scale = 2;
+  s.scale = ScaleFormat::E8M0;
+  CHECK_THROWS_AS(quantize(x, s), std::invalid_argument);
+
+  QuantSpec b;
+  b.element = Element::BF16;
+  auto y = torch::tensor({3.4e38f, 1e-45f, 1.0f + 1.0f / 256, 0.0f});
+  const Quantized qb = quantize(y, b);
+  CHECK(torch::equal(qb.values, y.to(torch::kBFloat16).to(torch::kFloat)));
+  CHECK(qb.saturated == 1);  // 3.4e38 rounds above bf16's max: inf
+  CHECK(qb.flushed == 1);    // an fp32 subnormal below bf16's
+  CHECK(qb.amax == Approx(3.4e38));
+  CHECK(torch::equal(cast(y, Element::BF16), qb.values));
+  CHECK_THROWS_AS(encode_value(1.0f, Element::BF16), std::invalid_argument);
+}
+
+TEST_CASE("saturated blocks: MX FLOOR clips a block whose amax mantissa exceeds 1.75, RCEIL does not", "[quant]") {
+  auto x = torch::full({2, 32}, 0.5f);
+  x[0][7] = 1.9f;  // FLOOR: 2^(0 - 8) → 1.9·256 = 486.4 > 448
+  QuantSpec s;
+  s.element = Element::E4M3;
+  s.block = {1, 32};
+  s.scale = ScaleFormat::E8M0;
+  s.rule = E8M0Rule::FLOOR;
+  const Quantized f = quantize(x, s);
+  CHECK(f.blocks == 2);
+  CHECK(f.saturated_blocks == 1);
+  CHECK(f.saturated == 1);
+  s.rule = E8M0Rule::RCEIL;
+  const Quantized r = quantize(x, s);
+  CHECK(r.saturated_blocks == 0);
+  CHECK(r.saturated == 0);
+}
+
+TEST_CASE("recipe options, shape errors and stored bytes", "[quant]") {
+  RecipeOptions o;
+  o.grad_element = Element::E4M3;
+  CHECK(recipe("tensorwise", o).dgrad.a.element == Element::E4M3);
+  CHECK(recipe("tensorwise").wgrad.a.element == Element::E5M2);
+  o.grad_element = Element::E5M2;
+  CHECK(recipe("mxfp8", o).wgrad.a.element == Element::E5M2);
+  CHECK(recipe("mxfp8", o).out.a.element == Element::E4M3);
+  o.tile = 64;
+  o.weight_block = 32;
+  const QuantRecipe bw = recipe("blockwise", o);
+  CHECK(bw.out.a.block.cols == 64);
+  CHECK(bw.out.b.block.rows == 32);
+  CHECK(recipe("bf16").out.a.element == Element::BF16);
+  CHECK(std::find(recipe_names().begin(), recipe_names().end(), "bf16") != recipe_names().end());
+  o.mx_block = 0;
+  CHECK_THROWS_AS(recipe("mxfp8", o), std::invalid_argument);
+
+  CHECK(shape_error(recipe("blockwise"), 128, 256, 256).empty());
+  CHECK(shape_error(recipe("blockwise"), 128, 784, 256).find("out operand A (x [128, 784])") != std::string::npos);
+  CHECK(shape_error(recipe("blockwise"), 128, 256, 10).find("out operand B (W [10, 256])") != std::string::npos);
+  CHECK(shape_error(recipe("mxfp8"), 48, 256, 256).find("wgrad operand A (dy^T [256, 48])") != std::string::npos);
+  CHECK(shape_error(recipe("tensorwise"), 7, 784, 10).empty());
+
+  // tensorwise, [256, 256], m = 128: fp32 master W, b + one E4M3 copy of W (per tensor: W^T is the same
+  // tensor); x kept in E4M3; fp32 gradients; fp32 scales of W and x^T.
+  const StoredBytes t = stored_bytes(recipe("tensorwise"), 128, 256, 256);
+  CHECK(t.weights == (65536 + 256) * 4 + 65536);
+  CHECK(t.activations == 128 * 256);
+  CHECK(t.gradients == (65536 + 256) * 4);
+  CHECK(t.scales == 8);
+  // mxfp8: a row-wise and a column-wise copy of W, each with 256·8 E8M0 scales; x^T [256, 128] 1x32: 1024.
+  const StoredBytes m = stored_bytes(recipe("mxfp8"), 128, 256, 256);
+  CHECK(m.weights == (65536 + 256) * 4 + 2 * 65536);
+  CHECK(m.scales == 2 * 2048 + 1024);
+  const StoredBytes f = stored_bytes(recipe("fp32"), 128, 256, 256);
+  CHECK(f.weights == (65536 + 256) * 4);
+  CHECK(f.activations == 128 * 256 * 4);
+  CHECK(f.scales == 0);
+}
+
+TEST_CASE("QuantLinear with delayed scaling: scale 1 first, then the previous step's amax; saturates on a jump", "[quant][delayed]") {
+  torch::manual_seed(4);
+  QuantLinear cur(64, 32, recipe("tensorwise"));
+  QuantLinear del(64, 32, recipe("tensorwise"));
+  del->weight.data().copy_(cur->weight);
+  del->bias.data().copy_(cur->bias);
+  DelayedScaling d;
+  d.amax_history_len = 2;
+  del->set_delayed_scaling(d);
+  REQUIRE(del->amax_.size() == 3);
+  auto x = torch::rand({16, 64}) * 0.5;  // amax < 0.5: scale 1 fits without saturation
+  for (auto* l : {&cur, &del}) {
+    (*l)->forward(x).sum().backward();
+    (*l)->update_scales();
+  }
+  // The first step quantized x with scale 1 (E4M3 of x itself).
+  QuantSpec one;
+  one.element = Element::E4M3;
+  one.static_scale = 1.0;
+  const auto first_out = del->ledger()[0];
+  CHECK(first_out.a.scale_max == 1.0);
+  CHECK(del->amax_[0].scale() == static_cast<double>(448.0f / static_cast<float>(x.abs().max().item<float>())));
+  // A batch 10x larger: current scaling fits it, delayed saturates with the old scale.
+  auto big = x * 10;
+  cur->forward(big).sum().backward();
+  del->forward(big).sum().backward();
+  CHECK(cur->ledger()[3].a.saturated_frac <= 1.0 / big.numel());
+  CHECK(del->ledger()[3].a.saturated_frac > 0.5);
+  // Eval mode records nothing: the history is unchanged by a forward.
+  del->update_scales();
+  const auto before = del->amax_[0].history();
+  del->eval();
+  del->forward(x * 1000);
+  CHECK(del->amax_[0].history() == before);
+  QuantLinear rw(64, 32, recipe("rowwise"));
+  CHECK_THROWS_AS(rw->set_delayed_scaling(d), std::invalid_argument);
 }

@@ -10,6 +10,7 @@ const std::vector<Experiment>& experiments() {
       underflow_experiment(),    lossscale_experiment(), dataparallel_experiment(),
       pipeline_experiment(),     accumulate_experiment(), checkpoint_experiment(),
       collectives_experiment(),
+      fp8_experiment(),          fp4_experiment(),
   };
   return all;
 }

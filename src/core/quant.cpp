@@ -2,6 +2,7 @@
 #include "core/quant.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -55,6 +56,7 @@ const std::vector<ElementInfo>& infos() {
       {Element::E3M2, "e3m2", 6, 3, 2, -2, 28.0, 0.0625, false, false},
       {Element::E2M1, "e2m1", 4, 2, 1, 0, 6.0, 0.5, false, false},
       {Element::E8M0, "e8m0", 8, 8, 0, -127, std::ldexp(1.0, 127), std::ldexp(1.0, -127), false, true},
+      {Element::BF16, "bf16", 16, 8, 7, -126, 3.3895313892515355e38, std::ldexp(1.0, -133), true, true},
   };
   return v;
 }
@@ -156,12 +158,13 @@ const ElementInfo& element_info(Element e) { return infos().at(static_cast<std::
 Element parse_element(const std::string& name) {
   for (const auto& i : infos())
     if (i.name == name) return i.element;
-  throw std::invalid_argument("unknown element format \"" + name + "\" (expected fp32, e4m3, e5m2, e2m3, e3m2, e2m1, e8m0)");
+  throw std::invalid_argument("unknown element format \"" + name + "\" (expected fp32, e4m3, e5m2, e2m3, e3m2, e2m1, e8m0, bf16)");
 }
 
 Overflow default_overflow(Element e) { return e == Element::E5M2 ? Overflow::NonSaturating : Overflow::Saturate; }
 
 std::uint8_t encode_value(float x, Element e, const CastOptions& opt, std::uint64_t rnd) {
+  if (e == Element::BF16) throw std::invalid_argument("encode: bf16 has no 8-bit code (expected e4m3, e5m2, e2m3, e3m2, e2m1, e8m0)");
   if (e == Element::FP32) throw std::invalid_argument("encode: fp32 has no 8-bit code (expected e4m3, e5m2, e2m3, e3m2, e2m1, e8m0)");
   if (e == Element::E8M0) return encode_e8m0(x);
   return encode_impl(x, e, overflow_of(e, opt), opt.rounding == Rounding::Stochastic, rnd);
@@ -169,7 +172,7 @@ std::uint8_t encode_value(float x, Element e, const CastOptions& opt, std::uint6
 
 float decode_value(std::uint8_t c, Element e) {
   if (e == Element::E8M0) return c == 0xFF ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, static_cast<int>(c) - 127);
-  if (e == Element::FP32) throw std::invalid_argument("decode: fp32 has no 8-bit code");
+  if (e == Element::FP32 || e == Element::BF16) throw std::invalid_argument("decode: fp32 and bf16 have no 8-bit code");
   const ElementInfo& fi = element_info(e);
   const Codes cc = codes_of(e);
   const std::uint32_t mag = c & ((1u << (fi.bits - 1)) - 1);
@@ -194,6 +197,7 @@ torch::Tensor encode(const torch::Tensor& x, Element e, const CastOptions& opt) 
   const float* p = xf.data_ptr<float>();
   std::uint8_t* q = out.data_ptr<std::uint8_t>();
   const auto n = xf.numel();
+  if (e == Element::BF16) throw std::invalid_argument("encode: bf16 has no 8-bit code (expected e4m3, e5m2, e2m3, e3m2, e2m1, e8m0)");
   if (e == Element::FP32) throw std::invalid_argument("encode: fp32 has no 8-bit code (expected e4m3, e5m2, e2m3, e3m2, e2m1, e8m0)");
   if (e == Element::E8M0) {
     for (std::int64_t i = 0; i < n; ++i) q[i] = encode_e8m0(p[i]);
@@ -217,6 +221,7 @@ torch::Tensor decode(const torch::Tensor& codes, Element e) {
 
 torch::Tensor cast(const torch::Tensor& x, Element e, const CastOptions& opt) {
   if (e == Element::FP32) return x.detach().to(torch::kFloat);
+  if (e == Element::BF16) return x.detach().to(torch::kBFloat16).to(torch::kFloat);
   auto xf = x.detach().to(torch::kFloat);
   auto v = decode(encode(xf, e, opt), e).to(x.device());
   // E2M3 / E3M2 / E2M1 have no NaN: the emulation carries a NaN input through as NaN.
@@ -245,28 +250,58 @@ Quantized quantize(const torch::Tensor& x, const QuantSpec& spec) {
     throw std::invalid_argument(fmt::format(
         "quantize: block {}x{} does not divide the tensor viewed as [{} rows, {} cols] (expected rows a multiple of {} "
         "and the last dimension a multiple of {})", spec.block.rows, spec.block.cols, R, C, br, bc));
-  if (spec.element == Element::FP32) {
-    out.values = x.scalar_type() == torch::kFloat ? x.detach() : x.detach().to(torch::kFloat);
-    out.amax = out.numel ? out.values.abs().max().item<double>() : 0.0;
+  out.blocks = (R / br) * (C / bc);
+  if (spec.element == Element::FP32 || spec.element == Element::BF16) {
+    auto xf = x.scalar_type() == torch::kFloat ? x.detach() : x.detach().to(torch::kFloat);
     out.scale = torch::ones({R / br, C / bc});
+    if (spec.element == Element::FP32) {
+      out.values = xf;
+      out.amax = out.numel ? xf.abs().max().item<double>() : 0.0;
+      return out;
+    }
+    out.values = xf.to(torch::kBFloat16).to(torch::kFloat);
+    // amax (NaN wins, as torch.amax), overflow to inf and flush to zero in one pass.
+    auto xc = xf.to(torch::kCPU).contiguous(), vc = out.values.to(torch::kCPU).contiguous();
+    const float* px = xc.data_ptr<float>();
+    const float* pv = vc.data_ptr<float>();
+    float am = 0.0f;
+    for (std::int64_t i = 0; i < out.numel; ++i) {
+      const float ax = std::fabs(px[i]);
+      if (std::isnan(ax) || ax > am) am = std::isnan(am) ? am : ax;
+      out.saturated += std::isfinite(px[i]) && std::isinf(pv[i]);
+      out.flushed += px[i] != 0.0f && pv[i] == 0.0f;
+    }
+    out.amax = am;
+    out.saturated_blocks = out.saturated > 0;  // bf16 has no blocks: the tensor is one
     return out;
   }
+  if (spec.static_scale < 0 || std::isnan(spec.static_scale) ||
+      (spec.static_scale > 0 && spec.scale != ScaleFormat::FP32))
+    throw std::invalid_argument(fmt::format("quantize: static scale {} (expected 0, or > 0 with fp32 scales)", spec.static_scale));
   if (spec.element == Element::E8M0) throw std::invalid_argument("quantize: e8m0 is a scale format (expected e4m3, e5m2, e2m3, e3m2 or e2m1 elements)");
   const ElementInfo& fi = element_info(spec.element);
   const float emax = static_cast<float>(fi.max);
   auto xf = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
   const float* p = xf.data_ptr<float>();
   const std::int64_t nbr = R / br, nbc = C / bc;
-  auto blk = [&](std::int64_t i) { return (i / C / br) * nbc + (i % C) / bc; };
+  // Block of element i = r·C + c: (r / br)·nbc + c / bc, with c / bc from a table (no division per element).
+  std::vector<std::int64_t> col_block(static_cast<std::size_t>(C));
+  for (std::int64_t c = 0; c < C; ++c) col_block[static_cast<std::size_t>(c)] = c / bc;
+  auto for_each = [&](auto&& f) {
+    for (std::int64_t r = 0, i = 0; r < R; ++r) {
+      const std::int64_t base = (r / br) * nbc;
+      for (std::int64_t c = 0; c < C; ++c, ++i) f(i, static_cast<std::size_t>(base + col_block[static_cast<std::size_t>(c)]));
+    }
+  };
 
   // Block amax (NaN if any element of the block is NaN, as torch.amax).
   std::vector<float> amax(static_cast<std::size_t>(nbr * nbc), 0.0f);
   float tmax = 0.0f;
-  for (std::int64_t i = 0; i < out.numel; ++i) {
-    float& m = amax[static_cast<std::size_t>(blk(i))];
+  for_each([&](std::int64_t i, std::size_t b) {
+    float& m = amax[b];
     const float v = std::fabs(p[i]);
     if (std::isnan(v) || v > m) m = std::isnan(m) ? m : v;
-  }
+  });
   for (float m : amax)
     if (std::isnan(m) || m > tmax) tmax = std::isnan(tmax) ? tmax : m;
   out.amax = tmax;
@@ -285,6 +320,7 @@ Quantized quantize(const torch::Tensor& x, const QuantSpec& spec) {
       // torchao _round_scale_down_to_power_of_2: exp2(floor(log2 s)) with an fp32 log2, which rounds up
       // to 2^k for s just below 2^k (then the block max clips at elem_max), as torchao's eager path does.
       if (spec.pow2_scale) s = std::exp2(std::floor(std::log2(s)));
+      if (spec.static_scale > 0) s = static_cast<float>(spec.static_scale);  // delayed scaling
       mul[b] = s;
       deq[b] = s;  // divided by (torchao: data / scale)
     }
@@ -344,22 +380,29 @@ Quantized quantize(const torch::Tensor& x, const QuantSpec& spec) {
   std::uint8_t* q = codes.data_ptr<std::uint8_t>();
   float* v = values.data_ptr<float>();
   const bool sr = spec.rounding == Rounding::Stochastic;
-  for (std::int64_t i = 0; i < out.numel; ++i) {
-    const auto b = static_cast<std::size_t>(blk(i));
+  std::vector<char> block_saturated(amax.size(), 0);
+  // Decoding through a table of the format's codes (bits <= 8) instead of decode_value per element.
+  std::array<float, 256> table{};
+  for (int c = 0; c < (1 << fi.bits); ++c) table[static_cast<std::size_t>(c)] = decode_value(static_cast<std::uint8_t>(c), spec.element);
+  for_each([&](std::int64_t i, std::size_t b) {
     float t = p[i] * mul[b];
-    if (std::fabs(t) > emax) ++out.saturated;
+    if (std::fabs(t) > emax) {
+      ++out.saturated;
+      block_saturated[b] = 1;
+    }
     t = clampf(t, -emax, emax);
     q[i] = encode_impl(t, spec.element, Overflow::Saturate, sr, sr ? random_bits(spec.seed, static_cast<std::uint64_t>(i)) : 0);
-    const float d = decode_value(q[i], spec.element);
+    const float d = table[q[i]];
     v[i] = std::isnan(t) ? t : fp32_scale ? d / deq[b] : d * deq[b];
     if (p[i] != 0.0f && v[i] == 0.0f) ++out.flushed;
-  }
+  });
   out.values = values.view(x.sizes()).to(x.device());
   out.codes = codes.view(x.sizes());
   out.scale = torch::empty({nbr, nbc});
   float* sp = out.scale.data_ptr<float>();
   for (std::size_t b = 0; b < amax.size(); ++b) sp[b] = fp32_scale ? 1.0f / deq[b] : deq[b];
   if (!fp32_scale) out.scale_codes = scale_codes;
+  for (char c : block_saturated) out.saturated_blocks += c;
   return out;
 }
 
@@ -433,7 +476,8 @@ QuantSpec spec(Element e, BlockShape b, ScaleFormat s = ScaleFormat::FP32) {
 
 /// C = Q(A)·Q(Bt)ᵀ (+ bias), with the ledger.
 torch::Tensor gemm_with_bias(const torch::Tensor& a, const torch::Tensor& bt, const torch::Tensor& bias,
-                             const GemmRecipe& r, std::uint64_t seed, GemmLedger* ledger) {
+                             const GemmRecipe& r, std::uint64_t seed, GemmLedger* ledger, double* amax_a = nullptr,
+                             double* amax_b = nullptr) {
   torch::Tensor a_in = a, b_in = bt;
   if (r.rht) {
     const std::uint64_t s = splitmix64(seed ^ 0x52485431ULL);
@@ -444,6 +488,8 @@ torch::Tensor gemm_with_bias(const torch::Tensor& a, const torch::Tensor& bt, co
   sa.seed = splitmix64(seed + 1);
   sb.seed = splitmix64(seed + 2);
   const Quantized qa = quantize(a_in, sa), qb = quantize(b_in, sb);
+  if (amax_a) *amax_a = qa.amax;
+  if (amax_b) *amax_b = qb.amax;
   torch::Tensor c;
   if (r.acc.significand_bits == 0)
     c = bias.defined() ? torch::addmm(bias, qa.values, qb.values.t()) : qa.values.mm(qb.values.t());
@@ -476,8 +522,19 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     GemmLedger lg;
     lg.step = L->step_;
     lg.gemm = "out";
-    auto y = gemm_with_bias(x, w, b, L->recipe_.out, gemm_seed(L->recipe_.seed, L->step_, 0), L->keep_ledger ? &lg : nullptr);
+    GemmRecipe r = L->recipe_.out;
+    const bool delayed = !L->amax_.empty();
+    if (delayed) {  // roles x, W, dy
+      r.a.static_scale = L->amax_[0].scale();
+      r.b.static_scale = L->amax_[1].scale();
+    }
+    double ax = 0, aw = 0;
+    auto y = gemm_with_bias(x, w, b, r, gemm_seed(L->recipe_.seed, L->step_, 0), L->keep_ledger ? &lg : nullptr, &ax, &aw);
     if (L->keep_ledger) L->ledger_.push_back(lg);
+    if (delayed && L->is_training()) {
+      L->amax_[0].record(ax);
+      L->amax_[1].record(aw);
+    }
     return y;
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::tensor_list g) {
@@ -492,8 +549,17 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     ld.gemm = "dgrad";
     lw.gemm = "wgrad";
     const bool keep = L->keep_ledger;
-    auto dx = gemm_with_bias(dy, w.t(), torch::Tensor(), L->recipe_.dgrad, gemm_seed(L->recipe_.seed, step, 1), keep ? &ld : nullptr);
-    auto dw = gemm_with_bias(dy.t(), x.t(), torch::Tensor(), L->recipe_.wgrad, gemm_seed(L->recipe_.seed, step, 2), keep ? &lw : nullptr);
+    GemmRecipe rd = L->recipe_.dgrad, rw = L->recipe_.wgrad;
+    const bool delayed = !L->amax_.empty();
+    if (delayed) {  // the same three scales, read transposed: dy, W^T; dy^T, x^T
+      rd.a.static_scale = rw.a.static_scale = L->amax_[2].scale();
+      rd.b.static_scale = L->amax_[1].scale();
+      rw.b.static_scale = L->amax_[0].scale();
+    }
+    double ady = 0;
+    auto dx = gemm_with_bias(dy, w.t(), torch::Tensor(), rd, gemm_seed(L->recipe_.seed, step, 1), keep ? &ld : nullptr, &ady);
+    auto dw = gemm_with_bias(dy.t(), x.t(), torch::Tensor(), rw, gemm_seed(L->recipe_.seed, step, 2), keep ? &lw : nullptr);
+    if (delayed && L->is_training()) L->amax_[2].record(ady);
     if (keep) {
       L->ledger_.push_back(ld);
       L->ledger_.push_back(lw);
@@ -522,12 +588,24 @@ OperandLedger operand_ledger(const Quantized& q) {
   return l;
 }
 
-QuantRecipe recipe(const std::string& name) {
+const std::vector<std::string>& recipe_names() {
+  static const std::vector<std::string> v = {"fp32", "bf16", "tensorwise", "rowwise", "blockwise", "mxfp8", "mxfp8_floor", "nvfp4", "mxfp4"};
+  return v;
+}
+
+QuantRecipe recipe(const std::string& name, const RecipeOptions& opt) {
+  if (opt.tile < 1 || opt.weight_block < 1 || opt.mx_block < 1)
+    throw std::invalid_argument(fmt::format("recipe: block sizes tile {}, weight_block {}, mx_block {} (expected >= 1)", opt.tile,
+                                            opt.weight_block, opt.mx_block));
   QuantRecipe r;
   r.name = name;
   const BlockShape tensor{0, 0}, row{1, 0};
   auto all = [&](QuantSpec s) { r.out.a = r.out.b = r.dgrad.a = r.dgrad.b = r.wgrad.a = r.wgrad.b = s; };
   if (name == "fp32") return r;
+  if (name == "bf16") {  // torch.autocast(dtype=torch.bfloat16): GEMM operands in bf16, fp32 accumulation
+    all(spec(Element::BF16, tensor));
+    return r;
+  }
   if (name == "tensorwise") {  // torchao Float8LinearRecipeName.TENSORWISE
     all(spec(Element::E4M3, tensor));
     r.dgrad.a = r.wgrad.a = spec(Element::E5M2, tensor);  // grad_output in E5M2
@@ -536,12 +614,14 @@ QuantRecipe recipe(const std::string& name) {
     s.pow2_scale = true;
     all(s);
   } else if (name == "blockwise") {  // DeepSeek-V3 §3.3.1
-    all(spec(Element::E4M3, {1, 128}));
-    r.out.b = r.dgrad.b = spec(Element::E4M3, {128, 128});  // W [N,K] and Wᵀ [K,N]
+    all(spec(Element::E4M3, {1, opt.tile}));
+    r.out.b = r.dgrad.b = spec(Element::E4M3, {opt.weight_block, opt.weight_block});  // W [N,K] and Wᵀ [K,N]
   } else if (name == "mxfp8" || name == "mxfp8_floor") {
-    QuantSpec s = spec(Element::E4M3, {1, 32}, ScaleFormat::E8M0);
+    QuantSpec s = spec(Element::E4M3, {1, opt.mx_block}, ScaleFormat::E8M0);
     s.rule = name == "mxfp8" ? E8M0Rule::RCEIL : E8M0Rule::FLOOR;
     all(s);
+  } else if (name == "mxfp4") {  // OCP MX v1.0 MXFP4: E2M1 in 1x32 blocks, E8M0 scales, the spec's FLOOR rule
+    all(spec(Element::E2M1, {1, opt.mx_block}, ScaleFormat::E8M0));
   } else if (name == "nvfp4") {  // NVFP4 paper §4: 2-D weights, SR on gradients, RHT on wgrad
     QuantSpec act = spec(Element::E2M1, {1, 16}, ScaleFormat::UE4M3);
     act.tensor_scale = true;
@@ -558,9 +638,117 @@ QuantRecipe recipe(const std::string& name) {
     r.wgrad.rht = true;
   } else {
     throw std::invalid_argument("unknown quantization recipe \"" + name +
-                                "\" (expected fp32, tensorwise, rowwise, blockwise, mxfp8, mxfp8_floor, nvfp4)");
+                                "\" (expected fp32, bf16, tensorwise, rowwise, blockwise, mxfp8, mxfp8_floor, nvfp4, mxfp4)");
+  }
+  if (opt.grad_element) {
+    if (*opt.grad_element != Element::E4M3 && *opt.grad_element != Element::E5M2)
+      throw std::invalid_argument("recipe: gradient element " + element_info(*opt.grad_element).name + " (expected e4m3 or e5m2)");
+    r.dgrad.a.element = r.wgrad.a.element = *opt.grad_element;
   }
   return r;
+}
+
+namespace {
+bool divides(BlockShape b, std::int64_t rows, std::int64_t cols) {
+  return (b.rows == 0 || rows % b.rows == 0) && (b.cols == 0 || cols % b.cols == 0);
+}
+bool quantized(const QuantSpec& s) { return s.element != Element::FP32 && s.element != Element::BF16; }
+/// Scale values of a [rows, cols] operand under `s`, and their bytes.
+std::int64_t scale_count(const QuantSpec& s, std::int64_t rows, std::int64_t cols) {
+  if (!quantized(s)) return 0;
+  return (s.block.rows ? rows / s.block.rows : 1) * (s.block.cols ? cols / s.block.cols : 1);
+}
+std::int64_t scale_bytes(const QuantSpec& s, std::int64_t rows, std::int64_t cols) {
+  if (!quantized(s)) return 0;
+  const std::int64_t per = s.scale == ScaleFormat::FP32 ? 4 : 1;
+  return scale_count(s, rows, cols) * per + (s.scale == ScaleFormat::UE4M3 && s.tensor_scale ? 4 : 0);
+}
+std::int64_t element_bytes(const QuantSpec& s, std::int64_t numel) {
+  const int bits = element_info(s.element).bits;
+  return (numel * bits + 7) / 8;
+}
+/// Whether quantizing W^T under `t` gives the same tensor (transposed) as W under `w`.
+bool same_under_transpose(const QuantSpec& w, const QuantSpec& t) {
+  return w.element == t.element && w.scale == t.scale && w.rule == t.rule && w.pow2_scale == t.pow2_scale &&
+         w.block.rows == t.block.cols && w.block.cols == t.block.rows;
+}
+}  // namespace
+
+std::string shape_error(const QuantRecipe& r, std::int64_t m, std::int64_t k, std::int64_t n) {
+  struct Op {
+    const char* gemm;
+    const char* side;
+    const char* what;
+    const QuantSpec* s;
+    std::int64_t rows, cols;
+  };
+  const Op ops[] = {{"out", "A", "x", &r.out.a, m, k},          {"out", "B", "W", &r.out.b, n, k},
+                    {"dgrad", "A", "dy", &r.dgrad.a, m, n},     {"dgrad", "B", "W^T", &r.dgrad.b, k, n},
+                    {"wgrad", "A", "dy^T", &r.wgrad.a, n, m},   {"wgrad", "B", "x^T", &r.wgrad.b, k, m}};
+  for (const Op& o : ops)
+    if (quantized(*o.s) && !divides(o.s->block, o.rows, o.cols))
+      return fmt::format("{} operand {} ({} [{}, {}]): block {} does not divide it", o.gemm, o.side, o.what, o.rows, o.cols,
+                         block_name(o.s->block));
+  for (const GemmRecipe* g : {&r.out, &r.dgrad, &r.wgrad})
+    if (g->rht) {
+      const std::int64_t kk = g == &r.out ? k : g == &r.dgrad ? n : m;
+      if (kk % 16 != 0) return fmt::format("RHT: the reduction dimension {} is not a multiple of 16", kk);
+    }
+  return "";
+}
+
+StoredBytes stored_bytes(const QuantRecipe& r, std::int64_t m, std::int64_t k, std::int64_t n) {
+  StoredBytes b;
+  const std::int64_t params = n * k + n;
+  b.weights = params * 4;
+  if (quantized(r.out.b) || r.out.b.element == Element::BF16) {
+    b.weights += element_bytes(r.out.b, n * k);
+    b.scales += scale_bytes(r.out.b, n, k);
+    if (!same_under_transpose(r.out.b, r.dgrad.b)) {
+      b.weights += element_bytes(r.dgrad.b, n * k);
+      b.scales += scale_bytes(r.dgrad.b, k, n);
+    }
+  }
+  b.activations = element_bytes(r.wgrad.b, m * k);
+  b.scales += scale_bytes(r.wgrad.b, k, m);
+  b.gradients = params * 4;
+  return b;
+}
+
+AmaxComputeAlgo parse_amax_compute_algo(const std::string& name) {
+  if (name == "max") return AmaxComputeAlgo::Max;
+  if (name == "most_recent") return AmaxComputeAlgo::MostRecent;
+  throw std::invalid_argument("unknown amax_compute_algo \"" + name + "\" (expected max or most_recent)");
+}
+
+AmaxHistory::AmaxHistory(const DelayedScaling& recipe, double fp8_max) : recipe_(recipe), fp8_max_(fp8_max) {
+  if (recipe.amax_history_len < 1)
+    throw std::invalid_argument(fmt::format("delayed scaling: amax_history_len {} (expected >= 1)", recipe.amax_history_len));
+  history_.assign(static_cast<std::size_t>(recipe.amax_history_len), 0.0);
+}
+
+void AmaxHistory::record(double amax) {
+  history_[0] = std::isnan(amax) || std::isnan(history_[0]) ? std::numeric_limits<double>::quiet_NaN() : std::max(history_[0], amax);
+}
+
+void AmaxHistory::update() {
+  // TE _compute_amax_and_update_history: max over the history (torch.max: NaN wins) or history[0].
+  float amax = 0.0f;
+  if (recipe_.amax_compute_algo == AmaxComputeAlgo::MostRecent) {
+    amax = static_cast<float>(history_[0]);
+  } else {
+    for (double h : history_) {
+      if (std::isnan(h)) { amax = NAN; break; }
+      amax = std::max(amax, static_cast<float>(h));
+    }
+  }
+  // TE _default_sf_compute: sf = (fp8_max / amax) / 2^margin in fp32; where(amax > 0, sf, scale);
+  // where(isfinite(amax), sf, scale).
+  const float sf = (static_cast<float>(fp8_max_) / amax) / std::exp2(static_cast<float>(recipe_.margin));
+  if (amax > 0.0f && std::isfinite(amax)) scale_ = sf;
+  // TE _update_amax_history: torch.roll(history, -1, 0), then history[0] = 0.
+  std::rotate(history_.begin(), history_.begin() + 1, history_.end());
+  history_[0] = 0.0;
 }
 
 QuantLinearImpl::QuantLinearImpl(std::int64_t in_features, std::int64_t out_features, QuantRecipe r, bool with_bias)
@@ -584,5 +772,21 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& w, c
 }
 
 torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) { return quantized_linear(x, weight, bias, *this); }
+
+void QuantLinearImpl::set_delayed_scaling(const DelayedScaling& d) {
+  for (const GemmRecipe* g : {&recipe_.out, &recipe_.dgrad, &recipe_.wgrad})
+    for (const QuantSpec* s : {&g->a, &g->b})
+      if (!quantized(*s) || s->scale != ScaleFormat::FP32 || s->block.rows != 0 || s->block.cols != 0 || s->pow2_scale)
+        throw std::invalid_argument("delayed scaling: recipe \"" + recipe_.name +
+                                    "\" is not per tensor with fp32 scales in every operand (expected the tensorwise recipe)");
+  amax_.clear();
+  amax_.emplace_back(d, element_info(recipe_.out.a.element).max);    // x
+  amax_.emplace_back(d, element_info(recipe_.out.b.element).max);    // W
+  amax_.emplace_back(d, element_info(recipe_.dgrad.a.element).max);  // dy
+}
+
+void QuantLinearImpl::update_scales() {
+  for (auto& h : amax_) h.update();
+}
 
 }  // namespace mpt::quant

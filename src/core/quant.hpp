@@ -28,13 +28,15 @@ namespace mpt::quant {
 
 /// Element formats. FP32 is the identity (no quantization), so a recipe can leave an operand
 /// in fp32. E8M0 is the MX scale format (exponent only) exposed as an element cast.
-enum class Element { FP32, E4M3, E5M2, E2M3, E3M2, E2M1, E8M0 };
+/// BF16 is the baseline of the fp8 recipes (torch.autocast's bf16 GEMM operands): a plain round
+/// to nearest even to bfloat16 (torch's .to(torch.bfloat16)), no scale and no 8-bit code.
+enum class Element { FP32, E4M3, E5M2, E2M3, E3M2, E2M1, E8M0, BF16 };
 
 /// Facts about an element format (OCP 8-bit FP spec 2023 for E4M3/E5M2, OCP MX v1.0 §5.3
 /// for E2M3/E3M2/E2M1 and §5.4.1 for E8M0). Values equal torch.finfo where torch has the dtype.
 struct ElementInfo {
   Element element;
-  std::string name;      ///< "e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "e8m0", "fp32"
+  std::string name;      ///< "e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "e8m0", "fp32", "bf16"
   int bits;              ///< total bits of a code (sign included where the format has one)
   int exponent_bits;
   int mantissa_bits;     ///< stored fraction bits
@@ -46,7 +48,7 @@ struct ElementInfo {
 };
 /// Facts about `e`.
 const ElementInfo& element_info(Element e);
-/// Parses "fp32" | "e4m3" | "e5m2" | "e2m3" | "e3m2" | "e2m1" | "e8m0"; throws std::invalid_argument.
+/// Parses "fp32" | "e4m3" | "e5m2" | "e2m3" | "e3m2" | "e2m1" | "e8m0" | "bf16"; throws std::invalid_argument.
 Element parse_element(const std::string& name);
 
 /// Rounding of an element cast.
@@ -80,7 +82,7 @@ struct CastOptions {
 /// torchao's f32_to_f6_e2m3 / f6_e3m2 / f4 unpacked casts. `random_bits` is used only for
 /// stochastic rounding. E8M0 follows torch's float8_e8m0fnu cast: the sign is dropped, the
 /// exponent is rounded to nearest even on the fp32 mantissa bits, inf/NaN → 0xFF (NaN).
-/// FP32 is not a code format: throws std::invalid_argument.
+/// FP32 and BF16 are not 8-bit code formats: throws std::invalid_argument.
 std::uint8_t encode_value(float x, Element e, const CastOptions& opt = {}, std::uint64_t random_bits = 0);
 /// The value of code `c` in format `e` (NaN codes → NaN; E8M0 0 → 2^−127, 0xFF → NaN).
 float decode_value(std::uint8_t c, Element e);
@@ -89,7 +91,8 @@ float decode_value(std::uint8_t c, Element e);
 torch::Tensor encode(const torch::Tensor& x, Element e, const CastOptions& opt = {});
 /// fp32 values (same shape, on the CPU) of a uint8 code tensor in format `e`.
 torch::Tensor decode(const torch::Tensor& codes, Element e);
-/// Quantize-dequantize: decode(encode(x)) as fp32, same shape. FP32 returns x as fp32.
+/// Quantize-dequantize: decode(encode(x)) as fp32, same shape. FP32 returns x as fp32; BF16 returns
+/// x.to(bfloat16).to(float32) (round to nearest even, overflow to inf).
 torch::Tensor cast(const torch::Tensor& x, Element e, const CastOptions& opt = {});
 
 // ───────────────────────────── block scaling ─────────────────────────────
@@ -134,6 +137,9 @@ struct QuantSpec {
   bool pow2_scale = false;          ///< FP32 only: round the scale down to a power of two as torchao's eager
                                     ///< exp2(floor(log2 s)) does (fp32 log2: s just below 2^k gives 2^k)
   bool tensor_scale = false;        ///< UE4M3 only: two-level NVFP4 scaling
+  double static_scale = 0;          ///< FP32 only: > 0 uses this s (x·s is cast) for every block instead of
+                                    ///< fp8_max / amax: delayed scaling (TE DelayedScaling) sets it from the
+                                    ///< amax history; 0 = current scaling from this tensor's own amax
   Rounding rounding = Rounding::NearestEven;
   std::uint64_t seed = 0;           ///< stochastic rounding
 };
@@ -149,9 +155,12 @@ struct Quantized {
   std::int64_t numel = 0;
   std::int64_t saturated = 0; ///< elements with |x / scale| beyond the element max (clamped)
   std::int64_t flushed = 0;   ///< nonzero elements that became zero
+  std::int64_t blocks = 0;           ///< scale blocks (row blocks · col blocks)
+  std::int64_t saturated_blocks = 0; ///< blocks with at least one saturated element
 };
 
 /// Quantizes floating tensor `x` (any shape, at least 1-D; viewed as [numel/last, last]) per `spec`.
+/// BF16 elements: x rounded to bfloat16 (saturated counts finite values that became inf).
 /// Bit-exact with torchao 0.18: `to_mx` (E8M0), `nvfp4_quantize` (UE4M3), `hp_tensor_and_scale_to_float8`
 /// with `amax_to_scale` (FP32), on blocks of any shape. Throws std::invalid_argument when a block
 /// dimension does not divide the tensor's (naming both), or for an unsupported combination.
@@ -206,13 +215,85 @@ struct QuantRecipe {
   GemmRecipe out, dgrad, wgrad;
   std::uint64_t seed = 0;  ///< stochastic rounding and RHT seeds derive from it, the step and the GEMM
 };
-/// Named recipes: "fp32"; "tensorwise" (torchao float8: E4M3 x and W, E5M2 dy, fp32 tensor scales);
+/// Block sizes and gradient format of the named recipes (defaults: the published recipes).
+struct RecipeOptions {
+  std::int64_t tile = 128;          ///< blockwise: activation and gradient tiles 1 x tile (DeepSeek-V3: 128)
+  std::int64_t weight_block = 128;  ///< blockwise: weight blocks weight_block x weight_block (DeepSeek-V3: 128)
+  std::int64_t mx_block = 32;       ///< mxfp8 / mxfp8_floor / mxfp4: 1 x mx_block blocks (OCP MX v1.0: 32)
+  /// The element of the gradient operands (dy in dgrad and wgrad): unset = the recipe's own
+  /// (tensorwise E5M2, the others E4M3); E4M3 = "e4m3 everywhere", E5M2 = TE's HYBRID format.
+  std::optional<Element> grad_element;
+};
+/// Named recipes: "fp32"; "bf16" (every GEMM operand cast to bf16, fp32 accumulation: autocast); "tensorwise" (torchao float8: E4M3 x and W, E5M2 dy, fp32 tensor scales);
 /// "rowwise" (E4M3, per-row power-of-two scales, torchao ROWWISE); "blockwise" (DeepSeek-V3: 1x128
 /// activation / gradient tiles, 128x128 weight blocks, E4M3, fp32 scales); "mxfp8" (E4M3, 1x32,
 /// E8M0 RCEIL); "mxfp8_floor" (same, FLOOR); "nvfp4" (E2M1, 1x16 with UE4M3 scales and an fp32
-/// tensor scale, 16x16 weight blocks, SR on dy, RHT on wgrad; NVFP4 paper). Throws
+/// tensor scale, 16x16 weight blocks, SR on dy, RHT on wgrad; NVFP4 paper); "mxfp4" (E2M1, 1x32, E8M0 FLOOR:
+/// OCP MX v1.0). Throws
 /// std::invalid_argument for another name.
-QuantRecipe recipe(const std::string& name);
+QuantRecipe recipe(const std::string& name, const RecipeOptions& options = {});
+/// The names recipe() accepts, in a stable order.
+const std::vector<std::string>& recipe_names();
+
+/// Why a linear layer of `m` samples, `k` inputs and `n` outputs cannot run under `r`: the first GEMM
+/// operand (shapes as GemmRecipe) whose dimensions a block does not divide, as
+/// "dgrad operand B (W^T [k, n]): block 1x128 does not divide ..."; "" when every block divides.
+std::string shape_error(const QuantRecipe& r, std::int64_t m, std::int64_t k, std::int64_t n);
+
+/// Bytes a linear layer [n, k] (with bias) of a training step on m samples keeps under `r`, counted
+/// at the formats' own widths (emulation holds fp32 tensors; a real kernel stores the narrow codes).
+/// weights: the fp32 master W and b plus the quantized copies of W the GEMMs read (out's B, and
+///          dgrad's B when its blocks differ from out's under transposition: rowwise and MX keep a
+///          row-wise and a column-wise copy, as TE's MXFP8 tensors do);
+/// activations: x saved for the weight gradient, in wgrad's B format;
+/// gradients: the fp32 weight and bias gradients;
+/// scales: the scale values of every stored quantized tensor (fp32: 4 bytes, E8M0 / UE4M3: 1, plus 4
+///         for an NVFP4 tensor scale).
+struct StoredBytes {
+  std::int64_t weights = 0, activations = 0, gradients = 0, scales = 0;
+};
+StoredBytes stored_bytes(const QuantRecipe& r, std::int64_t m, std::int64_t k, std::int64_t n);
+
+// ───────────────────────────── delayed scaling ─────────────────────────────
+
+/// How a delayed scale comes from the amax history (TE DelayedScaling.amax_compute_algo).
+enum class AmaxComputeAlgo { Max, MostRecent };
+/// Parses "max" | "most_recent"; throws std::invalid_argument.
+AmaxComputeAlgo parse_amax_compute_algo(const std::string& name);
+
+/// Transformer Engine's DelayedScaling recipe (transformer_engine.common.recipe): each tensor
+/// role keeps the amax of its last `amax_history_len` steps; the scale a step uses comes from the
+/// history of the steps before it: amax = max(history) or the most recent entry, and
+/// scale = (fp8_max / amax) / 2^margin, kept unchanged when amax is 0 or not finite. The scale
+/// starts at 1.
+struct DelayedScaling {
+  std::int64_t amax_history_len = 1024;  ///< TE's default; >= 1
+  int margin = 0;                        ///< TE's default
+  AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::Max;
+};
+
+/// The fp8 meta of one tensor role (TE's amax_history and scale of an FP8 tensor): history[0]
+/// holds this step's amax, history[1..] the earlier ones.
+class AmaxHistory {
+ public:
+  /// fp8_max: the role's element max (448 for E4M3, 57344 for E5M2). Throws std::invalid_argument
+  /// for amax_history_len < 1.
+  AmaxHistory(const DelayedScaling& recipe, double fp8_max);
+  /// The scale this step's quantization uses (x·scale is cast).
+  double scale() const { return scale_; }
+  /// Records this step's amax (TE writes it into amax_history[0]; a second call in one step keeps the max).
+  void record(double amax);
+  /// End of step (TE's _compute_amax_and_update_history and _default_sf_compute): amax from the
+  /// history, the new scale, then the history rolled by one with slot 0 cleared. In fp32 as TE.
+  void update();
+  const std::vector<double>& history() const { return history_; }
+
+ private:
+  DelayedScaling recipe_;
+  double fp8_max_;
+  double scale_ = 1.0;
+  std::vector<double> history_;
+};
 
 /// What one operand's quantization did.
 struct OperandLedger {
@@ -258,6 +339,16 @@ class QuantLinearImpl : public torch::nn::Module {
   std::vector<GemmLedger> ledger_;
   std::int64_t step_ = 0;
   bool keep_ledger = true;  ///< false: no ledger (saves the fp32 reference GEMMs)
+
+  /// Switches the per-tensor fp32 scales of the three roles x, W, dy to delayed scaling (TE
+  /// DelayedScaling; amax recorded in training mode only). Throws std::invalid_argument unless every
+  /// operand of the recipe is per tensor with an fp32 scale (the tensorwise recipe).
+  void set_delayed_scaling(const DelayedScaling& d);
+  /// End of a training step: every role's scale from its history (AmaxHistory::update). No-op
+  /// without delayed scaling.
+  void update_scales();
+  /// The roles' fp8 meta (x, W, dy), empty without delayed scaling.
+  std::vector<AmaxHistory> amax_;
 };
 TORCH_MODULE(QuantLinear);
 

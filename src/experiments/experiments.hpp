@@ -14,5 +14,7 @@ Experiment dataparallel_experiment();
 Experiment checkpoint_experiment();
 Experiment accumulate_experiment();
 Experiment collectives_experiment();
+Experiment fp8_experiment();
+Experiment fp4_experiment();
 
 }  // namespace mpt

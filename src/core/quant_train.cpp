@@ -1,0 +1,117 @@
+// Training an MLP with quantized Linear layers: see quant_train.hpp.
+#include "core/quant_train.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "core/models.hpp"
+#include "core/runtime.hpp"
+
+namespace mpt::quant {
+
+QuantMlp make_quant_mlp(const std::vector<torch::Tensor>& init, const std::vector<QuantRecipe>& recipes) {
+  if (init.size() != 2 * recipes.size())
+    throw std::invalid_argument(fmt::format("make_quant_mlp: {} parameters for {} recipes (expected W and b per layer)", init.size(),
+                                            recipes.size()));
+  QuantMlp n;
+  for (const auto& p : init) n.params.push_back(p.detach().clone().requires_grad_(true));
+  for (const auto& r : recipes) {
+    QuantLinear ql(1, 1, r, /*bias=*/false);
+    ql->keep_ledger = false;
+    n.layers.push_back(ql);
+  }
+  return n;
+}
+
+torch::Tensor forward(QuantMlp& n, const torch::Tensor& images, std::vector<torch::Tensor>* outputs) {
+  auto h = images.reshape({images.size(0), -1});
+  const std::size_t L = n.layers.size();
+  for (std::size_t l = 0; l < L; ++l) {
+    auto z = quantized_linear(h, n.params[2 * l], n.params[2 * l + 1], *n.layers[l]);
+    if (outputs) outputs->push_back(z);
+    h = l + 1 < L ? torch::relu(z) : z;
+  }
+  return h;
+}
+
+Evaluation evaluate(QuantMlp& n, const Dataset& d, std::int64_t chunk) {
+  torch::NoGradGuard ng;
+  for (auto& l : n.layers) l->eval();
+  double loss = 0, correct = 0;
+  for (std::int64_t i = 0; i < d.size(); i += chunk) {
+    const std::int64_t c = std::min(chunk, d.size() - i);
+    auto logits = forward(n, d.images.narrow(0, i, c));
+    auto y = d.labels.narrow(0, i, c);
+    loss += torch::nn::functional::cross_entropy(logits, y).item<double>() * static_cast<double>(c);
+    correct += (logits.argmax(1) == y).sum().item<double>();
+  }
+  for (auto& l : n.layers) l->train();
+  return {loss / static_cast<double>(d.size()), correct / static_cast<double>(d.size())};
+}
+
+TrainRun train(QuantMlp& n, const Dataset& train_set, const Dataset& test_set, const TrainPlan& plan, bool tty,
+               const std::string& progress_label) {
+  const std::int64_t batch = std::min<std::int64_t>(plan.batch, train_set.size());
+  const std::int64_t per_epoch = train_set.size() / batch;
+  const float lr = static_cast<float>(plan.lr);
+  TrainRun run;
+  run.ledger.resize(n.layers.size());
+  Progress progress(tty, progress_label, plan.steps, "steps");
+  torch::Tensor perm;
+  std::int64_t perm_epoch = -1;
+  const double t0 = now_seconds();
+  for (std::int64_t step = 0; step < plan.steps; ++step) {
+    const bool record = std::find(plan.ledger_steps.begin(), plan.ledger_steps.end(), step) != plan.ledger_steps.end();
+    for (auto& l : n.layers) l->keep_ledger = record;
+    const std::int64_t epoch = step / per_epoch;
+    if (epoch != perm_epoch) {
+      perm = shuffled_indices(train_set.size(), plan.seed + 1000003ULL * static_cast<std::uint64_t>(epoch + 1));
+      perm_epoch = epoch;
+    }
+    auto idx = perm.narrow(0, (step % per_epoch) * batch, batch);
+    auto x = train_set.images.index_select(0, idx);
+    auto y = train_set.labels.index_select(0, idx);
+    if (step == plan.outlier_step) x = x * static_cast<float>(plan.outlier_factor);
+    clear_grads(n.params);
+    std::vector<torch::Tensor> outs;
+    const bool capture = step == plan.capture_step;
+    auto loss = torch::nn::functional::cross_entropy(forward(n, x, capture ? &outs : nullptr), y);
+    if (capture)
+      for (auto& z : outs) z.retain_grad();
+    loss.backward();
+    if (capture) {
+      auto h = x.reshape({x.size(0), -1});
+      for (std::size_t l = 0; l < outs.size(); ++l) {
+        run.captured.x.push_back(h.detach().clone());
+        run.captured.w.push_back(n.params[2 * l].detach().clone());
+        run.captured.dy.push_back(outs[l].grad().detach().clone());
+        h = torch::relu(outs[l]).detach();
+      }
+    }
+    if (!(step == plan.outlier_step && plan.skip_outlier_update)) {
+      torch::NoGradGuard ng;
+      for (auto& p : n.params) p.add_(p.grad(), -lr);
+    }
+    for (auto& l : n.layers) l->update_scales();
+    run.loss.push_back(loss.item<double>());
+    progress.update(step + 1, fmt::format("loss {:.4f}", run.loss.back()));
+  }
+  run.step_s = (now_seconds() - t0) / static_cast<double>(std::max<std::int64_t>(plan.steps, 1));
+  progress.finish();
+  for (std::size_t l = 0; l < n.layers.size(); ++l) {
+    run.ledger[l] = n.layers[l]->ledger();
+    n.layers[l]->keep_ledger = false;
+  }
+  if (plan.evaluate) run.test = evaluate(n, test_set);
+  return run;
+}
+
+const GemmLedger* find_gemm(const std::vector<GemmLedger>& v, std::int64_t step, const std::string& gemm) {
+  for (const auto& g : v)
+    if (g.step == step && g.gemm == gemm) return &g;
+  return nullptr;
+}
+
+}  // namespace mpt::quant

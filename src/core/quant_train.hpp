@@ -1,0 +1,79 @@
+// Training an MLP whose Linear layers run quantized GEMMs (core/quant), shared by `mpt fp8` and
+// `mpt fp4`: the Fashion-MNIST classifier of core/models' mlp() (Linear, ReLU, ..., Linear) with
+// one QuantRecipe per layer, plain SGD on fp32 master weights, the batches of a fixed permutation
+// per epoch (core/data's shuffled_indices, as `lossscale` draws them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "core/data.hpp"
+#include "core/quant.hpp"
+
+namespace mpt::quant {
+
+/// The MLP as parameter leaves W1, b1, W2, b2, ... (fp32 master weights) and one QuantLinear per
+/// layer holding that layer's recipe, ledger and fp8 meta (its own weight is unused: the forward
+/// calls quantized_linear on the leaves).
+struct QuantMlp {
+  std::vector<torch::Tensor> params;
+  std::vector<QuantLinear> layers;
+};
+
+/// Copies `init` (W1, b1, ... as from mlp()'s Linear layers, W [out, in]) into leaves and gives
+/// layer l the recipe recipes[l]. Throws std::invalid_argument when the sizes do not match.
+QuantMlp make_quant_mlp(const std::vector<torch::Tensor>& init, const std::vector<QuantRecipe>& recipes);
+
+/// Logits [batch, out] of images [batch, ...] (flattened to [batch, in]): quantized Linear, ReLU,
+/// ..., quantized Linear. `outputs`, if given, receives every layer's pre-activation [batch, width].
+torch::Tensor forward(QuantMlp& net, const torch::Tensor& images, std::vector<torch::Tensor>* outputs = nullptr);
+
+/// Mean cross-entropy and argmax accuracy over a data set, in chunks of `chunk` samples (each
+/// chunk's tensors quantized on their own), in eval mode (delayed scaling records no amax).
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+Evaluation evaluate(QuantMlp& net, const Dataset& d, std::int64_t chunk = 1000);
+
+/// What train() does. Batch b of step t is the slice t mod (N / batch) of the permutation
+/// shuffled_indices(N, seed + 1000003·(epoch + 1)).
+struct TrainPlan {
+  std::int64_t steps = 0;
+  std::int64_t batch = 128;
+  double lr = 0.1;
+  std::uint64_t seed = 0;
+  std::vector<std::int64_t> ledger_steps;  ///< steps whose GEMMs the layers' ledgers record
+  std::int64_t outlier_step = -1;          ///< the step whose inputs are multiplied by outlier_factor
+  double outlier_factor = 1;
+  bool skip_outlier_update = false;        ///< run that step's forward and backward, skip its SGD update
+  std::int64_t capture_step = -1;          ///< the step whose fp32 operands x, W, dy are captured
+  bool evaluate = true;                    ///< evaluate the test set at the end
+};
+
+/// The fp32 operands every layer saw at TrainPlan::capture_step: x [batch, in], W [out, in], dy [batch, out].
+struct Operands {
+  std::vector<torch::Tensor> x, w, dy;
+};
+
+/// What a run produced.
+struct TrainRun {
+  std::vector<double> loss;                        ///< training loss of every step
+  Evaluation test;                                 ///< the final weights on the test set
+  std::vector<std::vector<GemmLedger>> ledger;     ///< per layer: the GEMMs of the ledger steps
+  Operands captured;                               ///< filled at capture_step
+  double step_s = 0;                               ///< mean wall time of a step (run-dependent)
+};
+
+/// Trains `net` with SGD (p ← p − lr·g, torch.optim.SGD's unfused update) and cross-entropy, and
+/// calls update_scales() on every layer after each step (delayed scaling). `progress_label`: the
+/// stderr progress line, shown when `tty`.
+TrainRun train(QuantMlp& net, const Dataset& train_set, const Dataset& test_set, const TrainPlan& plan, bool tty,
+               const std::string& progress_label);
+
+/// The entry of `ledger` for `step` and `gemm` ("out", "dgrad", "wgrad"), or nullptr.
+const GemmLedger* find_gemm(const std::vector<GemmLedger>& ledger, std::int64_t step, const std::string& gemm);
+
+}  // namespace mpt::quant

@@ -1,0 +1,203 @@
+/*
+ * mpt fp4 — 4-bit training recipes emulated bit for bit (core/quant): the NVFP4 recipe and its
+ * ablations, and MXFP4, on the Fashion-MNIST MLP of `mpt fp8` (core/quant_train).
+ *
+ * NVFP4 (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv 2509.25149, §4): E2M1
+ * elements in 1x16 blocks with UE4M3 block scales under an fp32 tensor scale, and four choices:
+ *   2-D weights  W in 16x16 blocks, so that the forward (W) and the backward (W^T) see the same
+ *                quantized weights
+ *   SR           stochastic rounding of the gradient dy (dgrad and wgrad), round to nearest elsewhere
+ *   RHT          a 16x16 random Hadamard transform of both wgrad operands along the batch, which
+ *                spreads outliers before the 4-bit cast
+ *   bf16 layers  the first and last Linear kept in bf16
+ * The ablation grid trains the full recipe, then the recipe without each choice, and MXFP4 (OCP MX
+ * v1.0: E2M1 in 1x32 blocks, E8M0 scales, FLOOR), beside fp32 and bf16, from one seed on the same
+ * batches. Table: test loss and accuracy, the gap of each to bf16 and to the full NVFP4 recipe, and
+ * the relative error of each GEMM (out, dgrad, wgrad) at one step, averaged over the 4-bit layers.
+ * The last Linear (10 outputs) stays bf16 in every variant: 10 fits no 16-element block.
+ *
+ *   mpt fp4
+ *   mpt fp4 --set "variants=[\"bf16\",\"nvfp4\",\"nvfp4_no_rht\"]" --set train.steps=400
+ */
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/data.hpp"
+#include "core/errors.hpp"
+#include "core/models.hpp"
+#include "core/quant.hpp"
+#include "core/quant_train.hpp"
+#include "core/runtime.hpp"
+#include "core/experiment.hpp"
+
+namespace mpt {
+
+namespace {
+
+namespace q = mpt::quant;
+
+const std::vector<std::string> kVariants = {"fp32",         "bf16",          "nvfp4",       "nvfp4_no_sr",
+                                            "nvfp4_no_rht", "nvfp4_no_2d",   "nvfp4_no_bf16", "mxfp4"};
+
+ConfigSpec fp4_spec() {
+  ConfigSpec s;
+  s.integer("/seed", 0, "seed of the model (torch.manual_seed), the data order and the stochastic rounding", 0);
+  s.string("/data/dir", kFashionMnistDir, "folder with the Fashion-MNIST IDX .gz files");
+  s.integer("/data/train_samples", 10000, "training samples used (first N of the 60000)", 1, 60000);
+  s.integer("/data/test_samples", 1000, "test samples used (first N of the 10000)", 1, 10000);
+  s.integers("/model/hidden", {256, 256, 256}, "hidden widths of the MLP 784 - hidden... - 10 (multiples of 32 for MXFP4, 16 for NVFP4)", 1, 8192);
+  s.strings("/variants", kVariants, kVariants, "recipes of the ablation grid");
+  s.integer("/train/steps", 150, "SGD steps per variant", 1, 1'000'000);
+  s.integer("/train/batch", 128, "samples per step (a multiple of 16 and 32: wgrad reduces over it)", 1, 60000);
+  s.number("/train/lr", 0.1, "SGD learning rate", 0.0, 100.0);
+  s.integer("/train/log_every", 50, "loss-curve sampling interval (steps)", 1, 1'000'000);
+  s.integer("/ledger/step", 75, "training step (0-based) whose GEMM errors the table shows", 0, 1'000'000);
+  return s;
+}
+
+/// Variant → per-layer recipes (L layers; the last one bf16 always, the first bf16 unless "no_bf16").
+std::vector<q::QuantRecipe> variant_recipes(const std::string& v, std::size_t L, std::uint64_t seed) {
+  std::vector<q::QuantRecipe> rs;
+  for (std::size_t l = 0; l < L; ++l) {
+    const bool edge = l + 1 == L || (l == 0 && v != "nvfp4_no_bf16");
+    if (v == "fp32" || v == "bf16" || edge) {
+      rs.push_back(q::recipe(v == "fp32" ? "fp32" : "bf16"));
+      continue;
+    }
+    q::QuantRecipe r = q::recipe(v == "mxfp4" ? "mxfp4" : "nvfp4");
+    if (v == "nvfp4_no_sr") r.dgrad.a.rounding = r.wgrad.a.rounding = q::Rounding::NearestEven;
+    if (v == "nvfp4_no_rht") r.wgrad.rht = false;
+    if (v == "nvfp4_no_2d") r.out.b.block = r.dgrad.b.block = {1, 16};  // W and W^T each in 1x16 along its own k
+    r.name = v;
+    r.seed = seed + 7919 * (l + 1);
+    rs.push_back(r);
+  }
+  return rs;
+}
+
+std::vector<int64_t> widths(const Config& cfg) {
+  std::vector<int64_t> w{784};
+  for (long long h : cfg.integers("/model/hidden")) w.push_back(h);
+  w.push_back(10);
+  return w;
+}
+
+/// Cross-key checks before any work (exit 2): every 4-bit layer's GEMM operands divisible by its blocks.
+void validate_fp4(const Config& cfg, int /*world_size*/) {
+  const auto w = widths(cfg);
+  const int64_t m = cfg.integer("/train/batch");
+  for (const auto& v : cfg.strings("/variants")) {
+    const auto rs = variant_recipes(v, w.size() - 1, 0);
+    for (std::size_t l = 0; l < rs.size(); ++l) {
+      const std::string err = q::shape_error(rs[l], m, w[l], w[l + 1]);
+      if (!err.empty())
+        throw ConfigError(fmt::format("/model/hidden or /train/batch: variant {} on layer {} ({} -> {}, batch {}): {}; expected "
+                                      "hidden widths and a batch that are multiples of {}",
+                                      v, l + 1, w[l], w[l + 1], m, err, v == "mxfp4" ? 32 : 16));
+    }
+  }
+  if (cfg.integer("/ledger/step") >= cfg.integer("/train/steps"))
+    throw ConfigError(fmt::format("/ledger/step: expected a step below /train/steps = {}, got {}", cfg.integer("/train/steps"),
+                                  cfg.integer("/ledger/step")));
+}
+
+Report run_fp4(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  Dataset train_set = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/data/train_samples"));
+  Dataset test_set = load_fashion_mnist(cfg.str("/data/dir"), "test", cfg.integer("/data/test_samples"));
+  const auto w = widths(cfg);
+  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  seed_all(seed);
+  std::vector<torch::Tensor> init;
+  {
+    auto net = mlp(784, std::vector<int64_t>(w.begin() + 1, w.end() - 1), 10);
+    for (auto& lin : linear_layers(net)) {
+      init.push_back(lin->weight.detach().clone());
+      init.push_back(lin->bias.detach().clone());
+    }
+  }
+  const std::size_t L = w.size() - 1;
+  const int64_t steps = cfg.integer("/train/steps"), ledger_step = cfg.integer("/ledger/step");
+  const auto variants = cfg.strings("/variants");
+  Table t{"variants",
+          fmt::format("4-bit ablation grid: MLP {} on Fashion-MNIST, {} steps of {}, SGD lr {:g}", fmt::join(w, "-"), steps,
+                      cfg.integer("/train/batch"), cfg.number("/train/lr")),
+          {text_col("name", "variant"), float_col("test_loss", "test loss"), pct_col("test_accuracy", "test acc"),
+           float_col("loss_gap_bf16", "loss - bf16", "-", 3), float_col("loss_gap_nvfp4", "loss - nvfp4", "-", 3),
+           pct_col("accuracy_gap_bf16", "acc - bf16", 2), sci_col("out_error", "out err", "-", 3),
+           sci_col("dgrad_error", "dgrad err", "-", 3), sci_col("wgrad_error", "wgrad err", "-", 3)}};
+  Table cost{"cost", "Emulation cost per variant (run-dependent: timings; emulation in software, not a speed claim)",
+             {text_col("name", "variant"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
+  Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
+  std::map<std::string, q::TrainRun> runs;
+  std::map<std::string, std::map<std::string, double>> errors;
+  for (const auto& v : variants) {
+    q::QuantMlp n = q::make_quant_mlp(init, variant_recipes(v, L, seed));
+    q::TrainPlan plan;
+    plan.steps = steps;
+    plan.batch = cfg.integer("/train/batch");
+    plan.lr = cfg.number("/train/lr");
+    plan.seed = seed;
+    plan.ledger_steps = {ledger_step};
+    runs[v] = q::train(n, train_set, test_set, plan, ctx.tty, "fp4: " + v);
+    // Mean GEMM error over the 4-bit layers (the bf16 edges of the 4-bit variants left out).
+    for (const char* g : {"out", "dgrad", "wgrad"}) {
+      double sum = 0;
+      int count = 0;
+      for (std::size_t l = 0; l < L; ++l) {
+        const auto& r = n.layers[l]->recipe();
+        const bool four_bit = r.out.a.element == q::Element::E2M1;
+        if (v != "fp32" && v != "bf16" && !four_bit) continue;
+        if (const q::GemmLedger* e = q::find_gemm(runs[v].ledger[l], ledger_step, g)) {
+          sum += e->rel_error;
+          ++count;
+        }
+      }
+      errors[v][g] = count ? sum / count : NAN;
+    }
+    curve.columns.push_back(float_col(v, v));
+  }
+  auto gap = [&](const std::string& base, const std::string& v) {
+    return runs.count(base) ? num(runs[v].test.loss - runs[base].test.loss) : json(nullptr);
+  };
+  json history = json::object();
+  for (const auto& v : variants) {
+    const q::TrainRun& r = runs[v];
+    t.rows.push_back({{"name", v}, {"test_loss", num(r.test.loss)}, {"test_accuracy", num(r.test.accuracy)},
+                      {"loss_gap_bf16", gap("bf16", v)}, {"loss_gap_nvfp4", gap("nvfp4", v)},
+                      {"accuracy_gap_bf16", runs.count("bf16") ? num(r.test.accuracy - runs["bf16"].test.accuracy) : json(nullptr)},
+                      {"out_error", num(errors[v]["out"])}, {"dgrad_error", num(errors[v]["dgrad"])},
+                      {"wgrad_error", num(errors[v]["wgrad"])}, {"last_loss", num(r.loss.back())}});
+    json h = json::array();
+    for (double x : r.loss) h.push_back(num(x));
+    history[v] = h;
+    const double base = runs.count("fp32") ? runs["fp32"].step_s : NAN;
+    cost.rows.push_back({{"name", v}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", num(r.step_s / base)}, {"step_time_s", r.step_s}});
+  }
+  for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {
+    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
+    for (const auto& v : variants) row[v] = num(runs[v].loss[static_cast<std::size_t>(s)]);
+    curve.rows.push_back(row);
+  }
+  t.notes.push_back("nvfp4: E2M1 1x16 blocks, UE4M3 scales under an fp32 tensor scale, 16x16 weight blocks, SR on dy, RHT on "
+                    "wgrad, first and last Linear in bf16; each no_* variant drops one of these; mxfp4: E2M1 1x32, E8M0 FLOOR");
+  t.notes.push_back(fmt::format("errors: ||C - C_fp32|| / ||C_fp32|| of each GEMM at step {}, mean over the 4-bit layers (all "
+                                "layers for fp32 and bf16); the last Linear stays bf16 everywhere (10 outputs fit no 16-block)",
+                                ledger_step));
+  report.add(std::move(t));
+  report.add(std::move(curve));
+  report.results["history"] = history;
+  report.add(std::move(cost), Store::TimingsByName);
+  return report;
+}
+
+}  // namespace
+
+Experiment fp4_experiment() {
+  return {"fp4", "4-bit training emulated bit for bit: the NVFP4 recipe, its ablations (SR, RHT, 2-D weights, bf16 layers), MXFP4",
+          fp4_spec, run_fp4, validate_fp4};
+}
+
+}  // namespace mpt

@@ -1,0 +1,542 @@
+/*
+ * mpt fp8 — fp8 training recipes, emulated bit for bit on the CPU (core/quant), on the
+ * Fashion-MNIST MLP of the mixed-precision lessons.
+ *
+ * Every recipe trains the same MLP (core/models' mlp(784, hidden, 10), one seed) on the same
+ * batches with plain SGD. A quantized Linear layer runs its three GEMMs (out = x·Wᵀ,
+ * dgrad = dy·W, wgrad = dyᵀ·x) on quantize-dequantized operands and accumulates in fp32:
+ *
+ *   fp32         no quantization (the reference)
+ *   bf16         every GEMM operand cast to bf16 (torch.autocast)
+ *   tensorwise   one fp32 scale per tensor from its own amax: s = fp8_max / amax (torchao
+ *                TENSORWISE, TE Float8CurrentScaling); q = cast(clamp(x·s)), x̂ = q / s
+ *   delayed      the same, but s comes from the amax history of the steps before this one:
+ *                s = (fp8_max / max(history)) / 2^margin, or the most recent amax (TE DelayedScaling)
+ *   rowwise      one power-of-two scale per row along the reduction dim (torchao ROWWISE)
+ *   blockwise    1x128 activation / gradient tiles, 128x128 weight blocks (DeepSeek-V3 §3.3)
+ *   mxfp8        1x32 blocks, E8M0 scales, torchao's RCEIL rule (OCP MX v1.0)
+ *   mxfp8_floor  the same with the OCP spec's FLOOR rule, which can clip a block's max
+ *
+ * Element format: E4M3 everywhere, or HYBRID (E4M3 forward, E5M2 for the gradient dy).
+ * Layers: by default the first and the last Linear stay bf16 (784 and 10 divide no 32 or 128
+ * block; torchao and TE skip such layers too); model.fp8_layers = "all" quantizes every one.
+ *
+ * Tables: final loss and test accuracy per recipe and the gap to bf16; the GEMM ledger at one
+ * step (amax, scale, % saturated, % flushed to zero, error against the fp32 GEMM); an outlier
+ * batch (inputs × factor) under current and delayed scaling, step by step; MXFP8 saturation per
+ * 1x32 block under FLOOR and RCEIL on the same fp32 operands; the limited-precision accumulator
+ * at K = 4096 without and with promotion every N_C = 128 (DeepSeek-V3 §3.3.2); the bytes each
+ * recipe stores. Times (emulated step / fp32 step) go to timings: emulation cost, no speed claim.
+ *
+ * The tensorwise recipe equals a PyTorch-Python twin that quantizes with torch.float8_e4m3fn /
+ * float8_e5m2 casts, step for step (tests/parity/fp8_ref.py).
+ *
+ *   mpt fp8
+ *   mpt fp8 --set format=e4m3 --set "recipes=[\"fp32\",\"tensorwise\",\"delayed\"]"
+ *   mpt fp8 --set delayed.amax_history_len=4 --set outlier.factor=100
+ */
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/data.hpp"
+#include "core/errors.hpp"
+#include "core/models.hpp"
+#include "core/quant.hpp"
+#include "core/quant_train.hpp"
+#include "core/runtime.hpp"
+#include "core/experiment.hpp"
+
+namespace mpt {
+
+namespace {
+
+namespace q = mpt::quant;
+
+const std::vector<std::string> kRecipes = {"fp32", "bf16", "tensorwise", "delayed", "rowwise", "blockwise", "mxfp8", "mxfp8_floor"};
+
+ConfigSpec fp8_spec() {
+  ConfigSpec s;
+  s.integer("/seed", 0, "seed before building the model (torch.manual_seed); data order and the accumulator inputs derive from it", 0);
+  s.string("/data/dir", kFashionMnistDir, "folder with the Fashion-MNIST IDX .gz files");
+  s.integer("/data/train_samples", 10000, "training samples used (first N of the 60000)", 1, 60000);
+  s.integer("/data/test_samples", 1000, "test samples used (first N of the 10000)", 1, 10000);
+  s.integers("/model/hidden", {256, 256, 256}, "hidden widths of the MLP 784 - hidden... - 10", 1, 8192);
+  s.choice("/model/fp8_layers", "inner", {"inner", "all"},
+           "inner: the first and last Linear stay bf16 (their 784 inputs and 10 outputs divide no block); all: every Linear "
+           "is quantized (every dimension must then divide the recipes' blocks)");
+  s.strings("/recipes", kRecipes, kRecipes, "recipes to train (fp32 is required: the reference of the timings and the MX table)");
+  s.choice("/format", "hybrid", {"hybrid", "e4m3"}, "hybrid: E4M3 for x and W, E5M2 for the gradient dy (TE's HYBRID); e4m3: E4M3 everywhere");
+  s.integer("/train/steps", 200, "SGD steps per recipe", 1, 1'000'000);
+  s.integer("/train/batch", 128, "samples per step (a multiple of the blocks: wgrad reduces over it)", 1, 60000);
+  s.number("/train/lr", 0.1, "SGD learning rate", 0.0, 100.0);
+  s.integer("/train/log_every", 50, "loss-curve sampling interval (steps)", 1, 1'000'000);
+  s.integer("/delayed/amax_history_len", 16, "TE DelayedScaling.amax_history_len (TE: 1024; >= 1)", 1, 1'000'000);
+  s.integer("/delayed/margin", 0, "TE DelayedScaling.margin: scale = (fp8_max / amax) / 2^margin", 0, 64);
+  s.choice("/delayed/amax_compute_algo", "max", {"max", "most_recent"}, "TE DelayedScaling.amax_compute_algo");
+  s.integer("/blockwise/tile", 128, "blockwise: activation and gradient tiles 1 x tile (DeepSeek-V3: 128)", 1, 8192);
+  s.integer("/blockwise/weight_block", 128, "blockwise: weight blocks B x B (DeepSeek-V3: 128)", 1, 8192);
+  s.integer("/mx/block", 32, "mxfp8: 1 x block elements share an E8M0 scale (OCP MX v1.0: 32)", 1, 8192);
+  s.integer("/ledger/step", 100, "training step (0-based) whose GEMMs the ledger and the MX table show", 0, 1'000'000);
+  s.boolean("/outlier/enabled", true, "run the outlier section (tensorwise current vs delayed scaling)");
+  s.integer("/outlier/step", 20, "step (0-based) whose batch is multiplied by the factor", 0, 1'000'000);
+  s.number("/outlier/factor", 1000.0, "factor on that batch's inputs", 1e-30, 1e30);
+  s.boolean("/outlier/skip_update", true,
+            "skip the outlier batch's SGD update (its forward and backward run and its amaxes enter the history), so the "
+            "table isolates the scaling; false: every variant trains on it (at lr 0.1 the x factor diverges even fp32)");
+  s.integer("/outlier/after", 4, "steps shown after the outlier's history has passed", 0, 1000);
+  s.integer("/accumulator/k", 4096, "reduction length K of the accumulator GEMM", 1, 1 << 20);
+  s.integer("/accumulator/m", 16, "rows of A (outputs m x n)", 1, 4096);
+  s.integer("/accumulator/n", 16, "rows of Bt", 1, 4096);
+  s.integer("/accumulator/significand_bits", 14, "accumulator significand bits (DeepSeek-V3: about 14 on H800)", 1, 24);
+  s.integer("/accumulator/chunk", 4, "products summed in fp32 before each accumulator add (Fasi et al.: 4)", 1, 4096);
+  s.integer("/accumulator/promote_every", 128, "N_C: promotion to fp32 every N_C elements of K (DeepSeek-V3: 128)", 1, 1 << 20);
+  return s;
+}
+
+bool is_fp8(const std::string& r) { return r != "fp32" && r != "bf16"; }
+
+q::RecipeOptions recipe_options(const Config& cfg) {
+  q::RecipeOptions o;
+  o.tile = cfg.integer("/blockwise/tile");
+  o.weight_block = cfg.integer("/blockwise/weight_block");
+  o.mx_block = cfg.integer("/mx/block");
+  o.grad_element = cfg.str("/format") == "hybrid" ? q::Element::E5M2 : q::Element::E4M3;
+  return o;
+}
+
+/// The core recipe of an experiment recipe name ("delayed" is tensorwise plus DelayedScaling).
+q::QuantRecipe core_recipe(const std::string& name, const q::RecipeOptions& o) {
+  q::QuantRecipe r = q::recipe(name == "delayed" ? "tensorwise" : name, name == "fp32" || name == "bf16" ? q::RecipeOptions{} : o);
+  r.name = name;
+  return r;
+}
+
+q::DelayedScaling delayed_options(const Config& cfg) {
+  q::DelayedScaling d;
+  d.amax_history_len = cfg.integer("/delayed/amax_history_len");
+  d.margin = static_cast<int>(cfg.integer("/delayed/margin"));
+  d.amax_compute_algo = q::parse_amax_compute_algo(cfg.str("/delayed/amax_compute_algo"));
+  return d;
+}
+
+/// Layer widths 784, hidden..., 10.
+std::vector<int64_t> widths(const Config& cfg) {
+  std::vector<int64_t> w{784};
+  for (long long h : cfg.integers("/model/hidden")) w.push_back(h);
+  w.push_back(10);
+  return w;
+}
+bool layer_is_fp8(const Config& cfg, std::size_t layer, std::size_t layers) {
+  return cfg.str("/model/fp8_layers") == "all" || (layer > 0 && layer + 1 < layers);
+}
+
+/// Cross-key checks before any work (exit 2): fp32 among the recipes, every fp8 layer's GEMM
+/// operands divisible by the recipes' blocks, the ledger and outlier steps inside the run.
+void validate_fp8(const Config& cfg, int /*world_size*/) {
+  const auto recipes = cfg.strings("/recipes");
+  if (std::find(recipes.begin(), recipes.end(), "fp32") == recipes.end())
+    throw ConfigError("/recipes: expected a list containing \"fp32\" (the reference of the timings and of the MX table), got " +
+                      cfg.json_value()["recipes"].dump());
+  const auto w = widths(cfg);
+  const int64_t m = cfg.integer("/train/batch");
+  const q::RecipeOptions o = recipe_options(cfg);
+  for (const auto& name : recipes) {
+    if (!is_fp8(name)) continue;
+    const q::QuantRecipe r = core_recipe(name, o);
+    q::RecipeOptions tile_only = o;  // blockwise: which of its two block sizes fails
+    tile_only.weight_block = 1;
+    for (std::size_t l = 0; l + 1 < w.size(); ++l) {
+      if (!layer_is_fp8(cfg, l, w.size() - 1)) continue;
+      const std::string err = q::shape_error(r, m, w[l], w[l + 1]);
+      const std::string key =
+          name == "blockwise" ? (q::shape_error(core_recipe(name, tile_only), m, w[l], w[l + 1]).empty() ? "/blockwise/weight_block"
+                                                                                                           : "/blockwise/tile")
+          : name.rfind("mxfp8", 0) == 0 ? "/mx/block"
+                                        : "/model/fp8_layers";
+      if (!err.empty())
+        throw ConfigError(fmt::format("{}: recipe {} on layer {} ({} -> {}, batch /train/batch = {}): {}; expected block sizes "
+                                      "that divide /model/hidden, /train/batch and (with /model/fp8_layers = \"all\") 784 and 10",
+                                      key, name, l + 1, w[l], w[l + 1], m, err));
+    }
+  }
+  const int64_t steps = cfg.integer("/train/steps");
+  if (cfg.integer("/ledger/step") >= steps)
+    throw ConfigError(fmt::format("/ledger/step: expected a step below /train/steps = {}, got {}", steps, cfg.integer("/ledger/step")));
+  if (cfg.integer("/accumulator/promote_every") % cfg.integer("/accumulator/chunk") != 0)
+    throw ConfigError(fmt::format("/accumulator/promote_every: expected a multiple of /accumulator/chunk = {}, got {}",
+                                  cfg.integer("/accumulator/chunk"), cfg.integer("/accumulator/promote_every")));
+}
+
+// ----------------------------------------------------------------------------
+// Training
+// ----------------------------------------------------------------------------
+
+/// The MLP under `recipe`: fp8 layers per model.fp8_layers, the others bf16 (all fp32 for "fp32");
+/// "delayed" switches the fp8 layers to TE's delayed scaling.
+q::QuantMlp make_net(const Config& cfg, const std::vector<torch::Tensor>& init, const std::string& recipe,
+                     std::vector<bool>* fp8_layers = nullptr) {
+  const std::size_t L = init.size() / 2;
+  const q::RecipeOptions o = recipe_options(cfg);
+  std::vector<q::QuantRecipe> recipes;
+  std::vector<bool> fp8(L);
+  for (std::size_t l = 0; l < L; ++l) {
+    fp8[l] = is_fp8(recipe) && layer_is_fp8(cfg, l, L);
+    recipes.push_back(core_recipe(fp8[l] ? recipe : recipe == "fp32" ? "fp32" : "bf16", o));
+  }
+  q::QuantMlp n = q::make_quant_mlp(init, recipes);
+  for (std::size_t l = 0; l < L; ++l)
+    if (fp8[l] && recipe == "delayed") n.layers[l]->set_delayed_scaling(delayed_options(cfg));
+  if (fp8_layers) *fp8_layers = fp8;
+  return n;
+}
+
+q::TrainPlan base_plan(const Config& cfg) {
+  q::TrainPlan p;
+  p.steps = cfg.integer("/train/steps");
+  p.batch = cfg.integer("/train/batch");
+  p.lr = cfg.number("/train/lr");
+  p.seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  return p;
+}
+
+// ----------------------------------------------------------------------------
+// Sections
+// ----------------------------------------------------------------------------
+
+std::string layer_name(std::size_t l, const std::vector<int64_t>& w) { return fmt::format("L{} {}x{}", l + 1, w[l], w[l + 1]); }
+
+json operand_json(const q::OperandLedger& o) {
+  return {{"amax", num(o.amax)}, {"scale_min", num(o.scale_min)}, {"scale_max", num(o.scale_max)},
+          {"saturated", num(o.saturated_frac)}, {"flushed", num(o.flushed_frac)}};
+}
+
+/// The limited-precision accumulator at K (DeepSeek-V3 §3.3.2). Operands from U[0,1) (seeded): fp32 ones,
+/// whose bits below the accumulator's last place are uniform (the derivation's assumption; the checks),
+/// and the same cast to E4M3 (what an fp8 GEMM multiplies: every product exact in fp32, on a coarse grid).
+/// The reference is the float64 GEMM of the same operands.
+void accumulator_section(const Context& ctx, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const int64_t K = cfg.integer("/accumulator/k"), m = cfg.integer("/accumulator/m"), n = cfg.integer("/accumulator/n");
+  const int p = static_cast<int>(cfg.integer("/accumulator/significand_bits"));
+  const int c = static_cast<int>(cfg.integer("/accumulator/chunk"));
+  const int nc = static_cast<int>(std::min<int64_t>(cfg.integer("/accumulator/promote_every"), K));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(cfg.integer("/seed")) + 4096);
+  const auto a32 = torch::rand({m, K}, gen), b32 = torch::rand({n, K}, gen);
+  Table t{"accumulator",
+          fmt::format("Accumulator precision: C = A·Bᵀ, A [{},{}], B [{},{}] from U[0,1) (seeded), against float64", m, K, n, K),
+          {text_col("name", "operands / accumulation"), sci_col("mean_rel_error", "mean rel err", "-", 3),
+           sci_col("max_rel_error", "max rel err", "-", 3), sci_col("expected_low", "expected from", "-", 3),
+           sci_col("expected_high", "to", "-", 3)}};
+  // Each truncation to p bits loses on average half an ulp of the accumulator a, and ulp(a)/a ∈ (2^-p, 2^-(p-1)].
+  // Over j = 1..s adds of equal expected size a_j = (j/s)·S, so the losses sum to (s+1)/2 half-ulps of S:
+  // rel error ∈ (s+1)/2 · [2^-(p+1), 2^-p], s = K/c adds (no promotion) or N_C/c per promoted partial sum.
+  auto range = [&](int64_t len) {
+    const double adds = std::ceil(static_cast<double>(len) / c);
+    return std::make_pair((adds + 1) / 2 * std::ldexp(1.0, -(p + 1)), (adds + 1) / 2 * std::ldexp(1.0, -p));
+  };
+  const auto [lo, hi] = range(K);
+  const auto [lo_p, hi_p] = range(nc);
+  double checked[2] = {0, 0};
+  for (const bool fp8 : {false, true}) {
+    const auto a = fp8 ? q::cast(a32, q::Element::E4M3) : a32, b = fp8 ? q::cast(b32, q::Element::E4M3) : b32;
+    const auto ref = a.to(torch::kDouble).mm(b.to(torch::kDouble).t());
+    auto err = [&](const torch::Tensor& got) {
+      auto r = (got.to(torch::kDouble) - ref).abs() / ref.abs();
+      return std::make_pair(r.mean().item<double>(), r.max().item<double>());
+    };
+    const std::string op = fp8 ? "E4M3" : "fp32";
+    const auto [f_mean, f_max] = err(q::gemm(a, b, q::Accumulator{}));
+    const auto [t_mean, t_max] = err(q::gemm(a, b, q::Accumulator{p, c, 0}));
+    const auto [pr_mean, pr_max] = err(q::gemm(a, b, q::Accumulator{p, c, nc}));
+    t.rows.push_back({{"name", op + ", fp32"}, {"mean_rel_error", num(f_mean)}, {"max_rel_error", num(f_max)},
+                      {"expected_low", nullptr}, {"expected_high", nullptr}});
+    t.rows.push_back({{"name", fmt::format("{}, {}-bit", op, p)}, {"mean_rel_error", num(t_mean)}, {"max_rel_error", num(t_max)},
+                      {"expected_low", fp8 ? json(nullptr) : json(lo)}, {"expected_high", fp8 ? json(nullptr) : json(hi)}});
+    t.rows.push_back({{"name", fmt::format("{}, {}-bit, promote every {}", op, p, nc)}, {"mean_rel_error", num(pr_mean)},
+                      {"max_rel_error", num(pr_max)}, {"expected_low", fp8 ? json(nullptr) : json(lo_p)},
+                      {"expected_high", fp8 ? json(nullptr) : json(hi_p)}});
+    if (!fp8) {
+      checked[0] = t_mean;
+      checked[1] = pr_mean;
+    }
+  }
+  t.notes.push_back(fmt::format("{}-bit: products of {} consecutive k summed in fp32, added to the accumulator, the sum truncated "
+                                "to {} significant bits (DeepSeek-V3 §3.3.2 measured about 14 bits on H800); promotion: the "
+                                "accumulator added into an fp32 sum and cleared every N_C = {} elements of K", p, c, p, nc));
+  t.notes.push_back("expected: (s+1)/2 · [2^-(p+1), 2^-p] for s accumulator adds (K/c, or N_C/c with promotion): half an ulp "
+                    "lost per add on an accumulator that grows linearly; shown for fp32 operands, whose low bits are uniform. "
+                    "E4M3 products sit on a coarse grid, so short sums lose less than half an ulp");
+  auto outside = [](double v, double l, double h) { return std::max({0.0, l - v, v - h}); };
+  report.check("accumulator: mean error of the truncated sum in its expected range", outside(checked[0], lo, hi), 0.0,
+               fmt::format("{:.3e} in [{:.3e}, {:.3e}]", checked[0], lo, hi));
+  report.check("accumulator: mean error with promotion every N_C in its expected range", outside(checked[1], lo_p, hi_p), 0.0,
+               fmt::format("{:.3e} in [{:.3e}, {:.3e}]", checked[1], lo_p, hi_p));
+  report.add(std::move(t));
+}
+
+/// MXFP8 per 1x32 block, FLOOR against RCEIL, on the same fp32 operands.
+void mx_section(const Context& ctx, const q::Operands& ops, const std::vector<int64_t>& w, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const int64_t block = cfg.integer("/mx/block");
+  const q::Element grad = cfg.str("/format") == "hybrid" ? q::Element::E5M2 : q::Element::E4M3;
+  Table t{"mx_saturation",
+          fmt::format("MXFP8 1x{} blocks, E8M0 scales, FLOOR vs RCEIL: the fp32 run's operands at step {}", block,
+                      cfg.integer("/ledger/step")),
+          {text_col("name", "operand"), int_col("blocks", "blocks"), int_col("floor_saturated_blocks", "FLOOR sat blk"),
+           pct_col("floor_saturated", "FLOOR sat", 3), sci_col("floor_rel_error", "FLOOR err", "-", 3),
+           int_col("rceil_saturated_blocks", "RCEIL sat blk"), pct_col("rceil_saturated", "RCEIL sat", 3),
+           sci_col("rceil_rel_error", "RCEIL err", "-", 3), pct_col("rceil_flushed", "RCEIL ->0", 3)}};
+  auto rel = [](const torch::Tensor& v, const torch::Tensor& x) {
+    const double d = x.norm().item<double>();
+    return d > 0 ? (v - x).norm().item<double>() / d : 0.0;
+  };
+  int64_t floor_blocks = 0, rceil_blocks = 0;
+  for (std::size_t l = 0; l < ops.x.size(); ++l) {
+    struct Op {
+      std::string what;
+      torch::Tensor t;
+      q::Element e;
+    };
+    // Blocks along the reduction dim of the out GEMM (x, W) and of dgrad (dy).
+    for (const Op& o : {Op{"x", ops.x[l], q::Element::E4M3}, Op{"W", ops.w[l], q::Element::E4M3}, Op{"dy", ops.dy[l], grad}}) {
+      if (o.t.size(-1) % block != 0) continue;
+      q::QuantSpec s;
+      s.element = o.e;
+      s.block = {1, block};
+      s.scale = q::ScaleFormat::E8M0;
+      s.rule = q::E8M0Rule::FLOOR;
+      const q::Quantized f = q::quantize(o.t, s);
+      s.rule = q::E8M0Rule::RCEIL;
+      const q::Quantized r = q::quantize(o.t, s);
+      floor_blocks += f.saturated_blocks;
+      rceil_blocks += r.saturated_blocks;
+      t.rows.push_back({{"name", fmt::format("{} {} ({})", layer_name(l, w), o.what, q::element_info(o.e).name)},
+                        {"blocks", f.blocks},
+                        {"floor_saturated_blocks", f.saturated_blocks},
+                        {"floor_saturated", static_cast<double>(f.saturated) / static_cast<double>(f.numel)},
+                        {"floor_rel_error", num(rel(f.values, o.t))},
+                        {"rceil_saturated_blocks", r.saturated_blocks},
+                        {"rceil_saturated", static_cast<double>(r.saturated) / static_cast<double>(r.numel)},
+                        {"rceil_rel_error", num(rel(r.values, o.t))},
+                        {"rceil_flushed", static_cast<double>(r.flushed) / static_cast<double>(r.numel)}});
+    }
+  }
+  t.notes.push_back("FLOOR (OCP MX v1.0 §6.3): 2^(floor(log2 amax) - emax_elem); a block whose amax has a mantissa above the "
+                    "element max's (amax/2^floor > 1.75 for E4M3) clips at ±max. RCEIL (torchao): 2^ceil(log2(amax/max)) never "
+                    "clips in exact arithmetic, at up to one binade less resolution");
+  t.notes.push_back("operands whose last dimension the block does not divide (784 inputs, 10 outputs) are left out");
+  report.results["mx_saturated_blocks"] = {{"floor", floor_blocks}, {"rceil", rceil_blocks}};
+  report.add(std::move(t));
+}
+
+/// The outlier: tensorwise current scaling against delayed scaling (both amax algorithms), step by step.
+void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init, const Dataset& tr, const Dataset& te,
+                     const std::vector<int64_t>& w, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const int64_t at = cfg.integer("/outlier/step"), len = cfg.integer("/delayed/amax_history_len");
+  const int64_t first = std::max<int64_t>(0, at - 2), last = at + len + cfg.integer("/outlier/after");
+  // The first fp8 layer: its x is the first input the outlier reaches in fp8.
+  std::size_t layer = 0;
+  while (layer + 1 < w.size() - 1 && !layer_is_fp8(cfg, layer, w.size() - 1)) ++layer;
+  q::TrainPlan plan = base_plan(cfg);
+  plan.steps = last + 1;
+  plan.outlier_step = at;
+  plan.outlier_factor = cfg.number("/outlier/factor");
+  plan.skip_outlier_update = cfg.boolean("/outlier/skip_update");
+  plan.evaluate = false;
+  for (int64_t s = first; s <= last; ++s) plan.ledger_steps.push_back(s);
+  struct Variant {
+    std::string key, label;
+    std::optional<q::AmaxComputeAlgo> algo;
+  };
+  const std::vector<Variant> variants = {{"current", "current", std::nullopt},
+                                         {"delayed_max", "delayed max", q::AmaxComputeAlgo::Max},
+                                         {"delayed_recent", "delayed most_recent", q::AmaxComputeAlgo::MostRecent}};
+  std::vector<q::TrainRun> runs;
+  for (const auto& v : variants) {
+    std::vector<bool> fp8;
+    q::QuantMlp n = make_net(cfg, init, "tensorwise", &fp8);
+    if (v.algo) {
+      q::DelayedScaling d = delayed_options(cfg);
+      d.amax_compute_algo = *v.algo;
+      for (std::size_t l = 0; l < n.layers.size(); ++l)
+        if (fp8[l]) n.layers[l]->set_delayed_scaling(d);
+    }
+    runs.push_back(q::train(n, tr, te, plan, ctx.tty, "fp8: outlier, " + v.label));
+  }
+  Table t{"outlier",
+          fmt::format("Outlier: step {}'s inputs x {:g}; {} x operand of the out GEMM, tensorwise current vs delayed scaling "
+                      "(history {}, margin {})", at, plan.outlier_factor, layer_name(layer, w), len, cfg.integer("/delayed/margin")),
+          {int_col("step", "step")}};
+  for (const auto& v : variants) {
+    t.columns.push_back(pct_col(v.key + "_saturated", v.label + " sat", 2));
+    t.columns.push_back(pct_col(v.key + "_flushed", "->0", 2));
+    t.columns.push_back(sci_col(v.key + "_rel_error", "err", "-", 2));
+  }
+  t.columns.push_back(sci_col("delayed_max_scale", "dmax s", "-", 3));
+  t.columns.push_back(float_col("current_loss", "loss cur"));
+  t.columns.push_back(float_col("delayed_max_loss", "loss dmax"));
+  for (int64_t s = first; s <= last; ++s) {
+    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      const q::GemmLedger* g = q::find_gemm(runs[i].ledger[layer], s, "out");
+      row[variants[i].key + "_saturated"] = g ? num(g->a.saturated_frac) : json(nullptr);
+      row[variants[i].key + "_flushed"] = g ? num(g->a.flushed_frac) : json(nullptr);
+      row[variants[i].key + "_rel_error"] = g ? num(g->rel_error) : json(nullptr);
+      row[variants[i].key + "_scale"] = g ? num(1.0 / g->a.scale_max) : json(nullptr);  // s of x·s
+      row[variants[i].key + "_loss"] = num(runs[i].loss[static_cast<std::size_t>(s)]);
+    }
+    t.rows.push_back(row);
+  }
+  t.notes.push_back("sat: elements of x clamped at the fp8 max; ->0: nonzero elements quantized to 0; err: ||C - C_fp32|| / ||C_fp32|| "
+                    "of the layer's out GEMM");
+  t.notes.push_back(fmt::format("current scaling takes s from this batch's own amax, so the outlier step itself fits; delayed "
+                                "scaling uses the history of earlier steps, so at the outlier it saturates; while the outlier's "
+                                "amax stays in the history ('max': {} steps; 'most_recent': 1) the scale is about 1/factor of "
+                                "normal and moves the normal batches' values log2(factor) binades down the fp8 grid: those below "
+                                "the smallest subnormal flush (->0), the others keep fp8's relative precision until they reach "
+                                "the subnormals", len));
+  t.notes.push_back("dmax s: the delayed ('max') scale s of q = cast(x·s) each step; current's is fp8_max / amax of the batch");
+  report.add(std::move(t));
+}
+
+Report run_fp8(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  if (ctx.device.type() != torch::kCPU) report.env["fp8_note"] = "core/quant emulates on the CPU; the run uses the CPU";
+  const std::string dir = cfg.str("/data/dir");
+  Dataset train_set = load_fashion_mnist(dir, "train", cfg.integer("/data/train_samples"));
+  Dataset test_set = load_fashion_mnist(dir, "test", cfg.integer("/data/test_samples"));
+  const auto w = widths(cfg);
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  std::vector<torch::Tensor> init;
+  {
+    std::vector<int64_t> hidden(w.begin() + 1, w.end() - 1);
+    auto net = mlp(784, hidden, 10);
+    for (auto& lin : linear_layers(net)) {
+      init.push_back(lin->weight.detach().clone());
+      init.push_back(lin->bias.detach().clone());
+    }
+  }
+  const std::size_t L = w.size() - 1;
+  const int64_t steps = cfg.integer("/train/steps"), ledger_step = cfg.integer("/ledger/step");
+  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train_set.size());
+  const auto recipes = cfg.strings("/recipes");
+
+  // 1. The recipes.
+  Table t{"recipes",
+          fmt::format("fp8 recipes ({}): MLP {} on Fashion-MNIST, {} steps of {}, SGD lr {:g}; {} layers in fp8", cfg.str("/format"),
+                      fmt::join(w, "-"), steps, batch, cfg.number("/train/lr"),
+                      cfg.str("/model/fp8_layers") == "all" ? std::string("all") : std::string("inner (first, last: bf16)")),
+          {text_col("name", "recipe"), float_col("test_loss", "test loss"), pct_col("test_accuracy", "test acc"),
+           float_col("loss_gap_bf16", "loss - bf16", "-", 3), pct_col("accuracy_gap_bf16", "acc - bf16", 2),
+           float_col("last_loss", "last step loss")}};
+  Table cost{"cost", "Emulation cost per recipe (run-dependent: timings; emulation in software, not a speed claim)",
+             {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
+  Table mem{"memory", fmt::format("Bytes stored per recipe (computed at the formats' widths), batch {}", batch),
+            {text_col("name", "recipe"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
+             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes")}};
+  Table ledger{"ledger",
+               fmt::format("GEMM ledger at step {}: A and B operands (out: x, W; dgrad: dy, W^T; wgrad: dy^T, x^T)", ledger_step),
+               {text_col("name", "recipe / layer / GEMM"), sci_col("a_amax", "A amax", "-", 3), sci_col("a_scale", "A scale", "-", 3),
+                pct_col("a_saturated", "A sat", 3), pct_col("a_flushed", "A ->0", 3), sci_col("b_amax", "B amax", "-", 3),
+                sci_col("b_scale", "B scale", "-", 3), pct_col("b_saturated", "B sat", 3), pct_col("b_flushed", "B ->0", 3),
+                sci_col("rel_error", "rel err", "-", 3)}};
+  Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
+  std::map<std::string, q::TrainRun> runs;
+  for (const auto& name : recipes) {
+    std::vector<bool> fp8;
+    q::QuantMlp n = make_net(cfg, init, name, &fp8);
+    q::TrainPlan plan = base_plan(cfg);
+    plan.ledger_steps = {ledger_step};
+    if (name == "fp32") plan.capture_step = ledger_step;
+    runs[name] = q::train(n, train_set, test_set, plan, ctx.tty, "fp8: " + name);
+    const q::TrainRun& r = runs[name];
+    // Memory: every layer under its own recipe (fp8 or the bf16 of the edges).
+    q::StoredBytes total;
+    for (std::size_t l = 0; l < L; ++l) {
+      const q::StoredBytes b = q::stored_bytes(n.layers[l]->recipe(), batch, w[l], w[l + 1]);
+      total.weights += b.weights;
+      total.activations += b.activations;
+      total.gradients += b.gradients;
+      total.scales += b.scales;
+      if (!fp8[l]) continue;
+      const q::GemmLedger* gs[] = {q::find_gemm(r.ledger[l], ledger_step, "out"), q::find_gemm(r.ledger[l], ledger_step, "dgrad"),
+                                   q::find_gemm(r.ledger[l], ledger_step, "wgrad")};
+      for (const q::GemmLedger* g : gs) {
+        if (!g) continue;
+        // scale as x ≈ q·scale; for per-tensor fp32 scales report s of x·s (TE / torchao's scale): 1/scale.
+        auto sc = [](const q::OperandLedger& op) { return op.scale_max > 0 ? num(1.0 / op.scale_max) : json(nullptr); };
+        ledger.rows.push_back({{"name", fmt::format("{} / {} / {}", name, layer_name(l, w), g->gemm)},
+                               {"recipe", name}, {"layer", l + 1}, {"gemm", g->gemm},
+                               {"a_amax", num(g->a.amax)}, {"a_scale", sc(g->a)}, {"a_saturated", num(g->a.saturated_frac)},
+                               {"a_flushed", num(g->a.flushed_frac)}, {"b_amax", num(g->b.amax)}, {"b_scale", sc(g->b)},
+                               {"b_saturated", num(g->b.saturated_frac)}, {"b_flushed", num(g->b.flushed_frac)},
+                               {"rel_error", num(g->rel_error)}, {"a", operand_json(g->a)}, {"b", operand_json(g->b)}});
+      }
+    }
+    mem.rows.push_back({{"name", name}, {"weights", total.weights}, {"activations", total.activations},
+                        {"gradients", total.gradients}, {"scales", total.scales},
+                        {"total", total.weights + total.activations + total.gradients + total.scales}});
+    curve.columns.push_back(float_col(name, name));
+  }
+  const bool have_bf16 = runs.count("bf16") > 0;
+  json history = json::object();
+  for (const auto& name : recipes) {
+    const q::TrainRun& r = runs[name];
+    t.rows.push_back({{"name", name}, {"test_loss", num(r.test.loss)}, {"test_accuracy", num(r.test.accuracy)},
+                      {"loss_gap_bf16", have_bf16 ? num(r.test.loss - runs["bf16"].test.loss) : json(nullptr)},
+                      {"accuracy_gap_bf16", have_bf16 ? num(r.test.accuracy - runs["bf16"].test.accuracy) : json(nullptr)},
+                      {"last_loss", num(r.loss.back())}});
+    json h = json::array();
+    for (double v : r.loss) h.push_back(num(v));
+    history[name] = h;
+    cost.rows.push_back({{"name", name}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", r.step_s / runs["fp32"].step_s},
+                         {"step_time_s", r.step_s}});
+  }
+  for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {
+    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
+    for (const auto& name : recipes) row[name] = num(runs[name].loss[static_cast<std::size_t>(s)]);
+    curve.rows.push_back(row);
+  }
+  t.notes.push_back("test loss and accuracy: the final weights on the test subset, forward under the recipe (delayed: its "
+                    "last scales, no amax recorded), in chunks of 1000; gaps: recipe - bf16 (null without bf16); last step "
+                    "loss: the training batch's loss at the last step");
+  t.notes.push_back("delayed: " + fmt::format("amax_history_len {}, margin {}, amax_compute_algo {}",
+                                              cfg.integer("/delayed/amax_history_len"), cfg.integer("/delayed/margin"),
+                                              cfg.str("/delayed/amax_compute_algo")));
+  ledger.notes.push_back("scale: the s of q = cast(x·s) (TE / torchao's scale) of the block with the largest amax, i.e. the "
+                         "smallest s over the blocks (E8M0: 2^-e of the largest block exponent; bf16: 1)");
+  ledger.notes.push_back("sat: elements clamped at the element max; ->0: nonzero elements quantized to 0; rel err: "
+                         "||C - C_fp32|| / ||C_fp32|| against the fp32 GEMM of the unquantized operands");
+  mem.notes.push_back("weights: fp32 master W, b plus the quantized copies the GEMMs read (two for rowwise and MX: row- and "
+                      "column-wise); activations: x kept for wgrad in its format; gradients: fp32; scales: every stored "
+                      "quantized tensor's scales (fp32 4 bytes, E8M0 1)");
+  report.add(std::move(t));
+  report.add(std::move(curve));
+  if (!ledger.rows.empty()) report.add(std::move(ledger));
+  report.add(std::move(mem));
+  report.results["history"] = history;
+
+  // 2. The outlier, the MX blocks, the accumulator.
+  const bool has_fp8_layer = [&] {
+    for (std::size_t l = 0; l < L; ++l)
+      if (layer_is_fp8(cfg, l, L)) return true;
+    return false;
+  }();
+  if (cfg.boolean("/outlier/enabled") && has_fp8_layer) outlier_section(ctx, init, train_set, test_set, w, report);
+  mx_section(ctx, runs["fp32"].captured, w, report);
+  accumulator_section(ctx, report);
+  report.add(std::move(cost), Store::TimingsByName);
+  return report;
+}
+
+}  // namespace
+
+Experiment fp8_experiment() {
+  return {"fp8", "fp8 training recipes emulated bit for bit: tensorwise, delayed, rowwise, blockwise, MXFP8 on Fashion-MNIST",
+          fp8_spec, run_fp8, validate_fp8};
+}
+
+}  // namespace mpt

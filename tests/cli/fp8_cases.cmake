@@ -1,0 +1,51 @@
+# CLI cases of `mpt fp8` (issue 18). A tiny config: every recipe, two fp8-sized hidden layers of 128
+# (the blockwise tiles and MX blocks divide them and the batch), 8 steps: about a second.
+set(FP8_TINY fp8 --set train.steps=8 --set data.train_samples=1024 --set data.test_samples=200
+             --set "model.hidden=[128,128]" --set ledger.step=3 --set outlier.step=3 --set delayed.amax_history_len=3
+             --set outlier.after=1 --set accumulator.k=1024)
+
+cli_case(fp8_tiny 0 "OK: 2 of 2 checks passed" ${FP8_TINY})
+cli_case(fp8_list 0 "fp8 +fp8 training recipes" list)
+cli_case(fp8_tiny_e4m3_all 0 "OK: 2 of 2 checks passed" ${FP8_TINY} --set format=e4m3 --set model.fp8_layers=all
+         --set "recipes=[\"fp32\",\"tensorwise\",\"delayed\",\"rowwise\"]")
+add_test(NAME cli.fp8_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${FP8_TINY}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# The lesson's claims on the result: delayed scaling saturates at the outlier step and current does not;
+# its scale stays small exactly while the history holds the outlier; FLOOR clips blocks, RCEIL none.
+add_test(NAME cli.fp8_lessons
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/fp8_checks.sh $<TARGET_FILE:mpt> ${FP8_TINY}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.fp8_lessons PROPERTIES TIMEOUT 300)
+
+# Bad input: exit 2 naming the key, nothing written (run_case.sh checks the result file).
+cli_case(fp8_bad_tile 2 "/blockwise/tile: recipe blockwise on layer 2 .*block 1x96 does not divide" ${FP8_TINY}
+         --set blockwise.tile=96)
+cli_case(fp8_bad_weight_block 2 "/blockwise/weight_block: recipe blockwise on layer 2 .*block 96x96 does not divide" ${FP8_TINY}
+         --set blockwise.weight_block=96)
+cli_case(fp8_bad_mx_block 2 "/mx/block: recipe mxfp8 on layer 2 .*block 1x48 does not divide" ${FP8_TINY} --set mx.block=48)
+cli_case(fp8_bad_all_layers 2 "/blockwise/tile: recipe blockwise on layer 1 \\(784 -> 128.*block 1x128 does not divide" ${FP8_TINY}
+         --set model.fp8_layers=all)
+cli_case(fp8_unknown_recipe 2 "/recipes/1: expected one of .*got \"tensorwize\" \\(did you mean \"tensorwise\"\\?\\)" ${FP8_TINY}
+         --set "recipes=[\"fp32\",\"tensorwize\"]")
+cli_case(fp8_history_zero 2 "/delayed/amax_history_len: expected an integer >= 1" ${FP8_TINY} --set delayed.amax_history_len=0)
+cli_case(fp8_no_fp32 2 "/recipes: expected a list containing \"fp32\"" ${FP8_TINY} --set "recipes=[\"bf16\",\"tensorwise\"]")
+cli_case(fp8_bad_ledger_step 2 "/ledger/step: expected a step below /train/steps = 8, got 8" ${FP8_TINY} --set ledger.step=8)
+cli_case(fp8_unknown_algo 2 "/delayed/amax_compute_algo: expected one of \"max\", \"most_recent\", got \"mostrecent\" \\(did you mean \"most_recent\"\\?\\)"
+         ${FP8_TINY} --set delayed.amax_compute_algo=mostrecent)
+cli_case(fp8_missing_data 3 "fashion" ${FP8_TINY} --set data.dir=/nonexistent/fashion)
+
+# --- fp4 (issue 18): the ablation grid on a tiny config ---
+set(FP4_TINY fp4 --set train.steps=6 --set data.train_samples=1024 --set data.test_samples=200 --set "model.hidden=[64,64]"
+             --set ledger.step=2)
+cli_case(fp4_tiny 0 "nvfp4_no_rht" ${FP4_TINY})
+cli_case(fp4_list 0 "fp4 +4-bit training" list)
+add_test(NAME cli.fp4_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${FP4_TINY}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+cli_case(fp4_bad_hidden 2 "/model/hidden or /train/batch: variant mxfp4 on layer 2 \\(48 -> 48, batch 128\\).*block 1x32 does not divide"
+         ${FP4_TINY} --set "model.hidden=[48,48]")
+cli_case(fp4_bad_batch 2 "/model/hidden or /train/batch: variant nvfp4 on layer 2 .*wgrad operand A \\(dy\\^T \\[64, 40\\]\\)"
+         ${FP4_TINY} --set train.batch=40)
+cli_case(fp4_unknown_variant 2 "/variants/0: expected one of .*got \"nvfp4_no_hrt\" \\(did you mean \"nvfp4_no_rht\"\\?\\)"
+         ${FP4_TINY} --set "variants=[\"nvfp4_no_hrt\"]")

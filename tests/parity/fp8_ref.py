@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""PyTorch-Python twin of `mpt fp8`'s training for the recipes fp32, bf16 and tensorwise
+(run with the Python of the LibTorch mpt was built against: MPT_REF_PYTHON).
+
+Reads the resolved config from an mpt result file and trains the same MLP on the same batches
+with the same SGD steps. The tensorwise recipe quantizes with PyTorch's own fp8 dtypes, as
+torchao's float8 tensorwise path does (hp_tensor_and_scale_to_float8 with amax_to_scale):
+
+    s = float32(fp8_max / max(amax, 1e-12))   (the division in float64)
+    x_hat = (x * s).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn | float8_e5m2).float() / s
+
+and the three GEMMs of each Linear (out = x W^T + b, dgrad = dy W, wgrad = dy^T x) multiply the
+quantized operands in fp32 in a torch.autograd.Function; bf16 layers cast the operands to
+bfloat16 and back. It prints the reference `results` (the loss of every step, the final train
+loss and test accuracy); compare.py checks mpt's numbers against it exactly. Exit 77 when this
+torch has no float8 dtypes (Debian's 1.13).
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fmnist  # noqa: E402
+import mpt_threads  # noqa: E402
+
+if not hasattr(torch, "float8_e4m3fn"):
+    print(f"SKIPPED: torch {torch.__version__} has no float8 dtypes", file=sys.stderr)
+    sys.exit(77)
+
+doc = json.load(open(sys.argv[1]))
+mpt_threads.use(sys.argv[1])
+cfg = doc["config"]
+seed = cfg["seed"]
+for r in cfg["recipes"]:
+    if r not in ("fp32", "bf16", "tensorwise"):
+        sys.exit(f"fp8_ref.py: no twin for recipe {r} (expected fp32, bf16, tensorwise)")
+
+train_x, train_y = fmnist.load(cfg["data"]["dir"], "train", cfg["data"]["train_samples"])
+test_x, test_y = fmnist.load(cfg["data"]["dir"], "test", cfg["data"]["test_samples"])
+widths = [784] + cfg["model"]["hidden"] + [10]
+L = len(widths) - 1
+grad_dtype = torch.float8_e5m2 if cfg["format"] == "hybrid" else torch.float8_e4m3fn
+
+
+def quant(t, kind):
+    """The dequantized operand as mpt's core/quant gives it (fp8: a contiguous copy first)."""
+    if kind == "fp32":
+        return t
+    if kind == "bf16":
+        return t.to(torch.bfloat16).to(torch.float32)
+    t = t.contiguous()
+    fmax = torch.finfo(kind).max
+    amax = t.abs().max().to(torch.float64)
+    s = (fmax / torch.clamp(amax, min=1e-12)).to(torch.float32)
+    return (t * s).clamp(-fmax, fmax).to(kind).to(torch.float32) / s
+
+
+class QLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, kinds):
+        ctx.save_for_backward(x, w)
+        ctx.kinds = kinds
+        return torch.addmm(b, quant(x, kinds["x"]), quant(w, kinds["w"]).t())
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        k = ctx.kinds
+        dx = quant(dy, k["dy"]).mm(quant(w.t(), k["w"]).t())
+        dw = quant(dy.t(), k["dy"]).mm(quant(x.t(), k["x"]).t())
+        return dx, dw, dy.sum(0), None
+
+
+def kinds_of(recipe, layer):
+    fp8 = recipe == "tensorwise" and (cfg["model"]["fp8_layers"] == "all" or 0 < layer < L - 1)
+    if fp8:
+        return {"x": torch.float8_e4m3fn, "w": torch.float8_e4m3fn, "dy": grad_dtype}
+    k = "fp32" if recipe == "fp32" else "bf16"
+    return {"x": k, "w": k, "dy": k}
+
+
+torch.manual_seed(seed)
+mods = [nn.Flatten()]
+for i in range(L):
+    mods.append(nn.Linear(widths[i], widths[i + 1]))
+    if i + 1 < L:
+        mods.append(nn.ReLU())
+init = [p.detach().clone() for p in nn.Sequential(*mods).parameters()]
+
+
+def forward(params, kinds, x):
+    h = x.reshape(x.shape[0], -1)
+    for i in range(L):
+        z = QLinear.apply(h, params[2 * i], params[2 * i + 1], kinds[i])
+        h = torch.relu(z) if i + 1 < L else z
+    return h
+
+
+def evaluate(params, kinds, xs, ys):
+    loss, correct = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, xs.shape[0], 1000):
+            x, y = xs[i:i + 1000], ys[i:i + 1000]
+            logits = forward(params, kinds, x)
+            loss += F.cross_entropy(logits, y).item() * x.shape[0]
+            correct += (logits.argmax(1) == y).sum().item()
+    return loss / xs.shape[0], correct / xs.shape[0]
+
+
+steps, lr = cfg["train"]["steps"], cfg["train"]["lr"]
+batch = min(cfg["train"]["batch"], train_x.shape[0])
+per_epoch = train_x.shape[0] // batch
+history, rows = {}, []
+for recipe in cfg["recipes"]:
+    params = [p.clone().requires_grad_(True) for p in init]
+    kinds = [kinds_of(recipe, i) for i in range(L)]
+    losses = []
+    for step in range(steps):
+        epoch = step // per_epoch
+        perm = torch.randperm(train_x.shape[0], generator=torch.Generator().manual_seed(seed + 1000003 * (epoch + 1)))
+        idx = perm[(step % per_epoch) * batch:(step % per_epoch) * batch + batch]
+        x, y = train_x.index_select(0, idx), train_y.index_select(0, idx)
+        for p in params:
+            p.grad = None
+        loss = F.cross_entropy(forward(params, kinds, x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-lr)
+        losses.append(loss.item())
+    te_loss, te_acc = evaluate(params, kinds, test_x, test_y)
+    history[recipe] = losses
+    rows.append({"name": recipe, "test_loss": te_loss, "test_accuracy": te_acc, "last_loss": losses[-1]})
+
+print(json.dumps({"history": history, "recipes": rows}))
