@@ -9,6 +9,7 @@ const std::vector<Experiment>& experiments() {
   static const std::vector<Experiment> all = {
       underflow_experiment(),    lossscale_experiment(), dataparallel_experiment(),
       pipeline_experiment(),     accumulate_experiment(), checkpoint_experiment(),
+      shard_experiment(),
   };
   return all;
 }

@@ -13,5 +13,6 @@ Experiment pipeline_experiment();
 Experiment dataparallel_experiment();
 Experiment checkpoint_experiment();
 Experiment accumulate_experiment();
+Experiment shard_experiment();
 
 }  // namespace mpt
