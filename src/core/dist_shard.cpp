@@ -42,40 +42,85 @@ torch::Tensor shard_dim0(const torch::Tensor& full, int rank, int world) {
   return full.detach().narrow(0, s.offset, s.rows).clone().contiguous();
 }
 
-void all_gather_dim0(Group& g, const torch::Tensor& shard, torch::Tensor full) {
+void all_gather_dim0(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls) {
+  if (shards.size() != fulls.size() || fulls.empty())
+    throw std::invalid_argument("all_gather_dim0: expected as many shards as full tensors, at least one");
   const int n = g.size();
-  const Dim0Split s = dim0_split(full.size(0), g.rank(), n);
-  if (shard.dim() != full.dim() || shard.size(0) != s.rows || shard.sizes().slice(1) != full.sizes().slice(1))
-    throw std::invalid_argument(fmt::format("all_gather_dim0: expected a shard of {} rows of {}, got {}", s.rows,
-                                            c10::str(full.sizes()), c10::str(shard.sizes())));
   torch::NoGradGuard ng;
-  auto padded = torch::zeros(with_rows(full, s.chunk), full.options().requires_grad(false));
-  if (s.rows > 0) padded.narrow(0, 0, s.rows).copy_(shard);
-  auto out = torch::empty(with_rows(full, n * s.chunk), padded.options());
-  g.all_gather(padded, out);
-  full.copy_(out.narrow(0, 0, s.dim0));
+  // FSDP2's foreach all-gather copy-in: this rank's padded shards side by side, C elements.
+  std::vector<Dim0Split> sp;
+  std::vector<int64_t> off{0};
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const auto& full = fulls[i];
+    const auto& shard = shards[i];
+    sp.push_back(dim0_split(full.size(0), g.rank(), n));
+    if (shard.dim() != full.dim() || shard.size(0) != sp[i].rows || shard.sizes().slice(1) != full.sizes().slice(1))
+      throw std::invalid_argument(fmt::format("all_gather_dim0: expected a shard of {} rows of {}, got {}", sp[i].rows,
+                                              c10::str(full.sizes()), c10::str(shard.sizes())));
+    off.push_back(off.back() + sp[i].chunk * (full.numel() / full.size(0)));
+  }
+  const auto opts = fulls[0].options().requires_grad(false);
+  auto in = torch::zeros({off.back()}, opts);
+  for (std::size_t i = 0; i < fulls.size(); ++i)
+    if (sp[i].rows > 0) in.narrow(0, off[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
+  auto out = torch::empty({n * off.back()}, opts);
+  g.all_gather(in, out);
+  // Copy-out: rank r's block holds its chunk of every tensor.
+  auto blocks = out.view({n, off.back()});
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const int64_t len = off[i + 1] - off[i];
+    auto rows = blocks.narrow(1, off[i], len).reshape(with_rows(fulls[i], n * sp[i].chunk));
+    fulls[i].copy_(rows.narrow(0, 0, sp[i].dim0));
+  }
+}
+
+void all_gather_dim0(Group& g, const torch::Tensor& shard, torch::Tensor full) {
+  all_gather_dim0(g, std::vector<torch::Tensor>{shard}, std::vector<torch::Tensor>{std::move(full)});
+}
+
+void reduce_scatter_dim0(Group& g, const std::vector<torch::Tensor>& fulls, const std::vector<torch::Tensor>& outs,
+                         torch::ScalarType reduce_dtype, double divide, bool accumulate) {
+  if (outs.size() != fulls.size() || fulls.empty())
+    throw std::invalid_argument("reduce_scatter_dim0: expected as many outputs as full tensors, at least one");
+  const int n = g.size();
+  torch::NoGradGuard ng;
+  std::vector<Dim0Split> sp;
+  std::vector<int64_t> off{0};
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const auto& full = fulls[i];
+    const auto& out = outs[i];
+    sp.push_back(dim0_split(full.size(0), g.rank(), n));
+    if (out.dim() != full.dim() || out.size(0) != sp[i].rows || out.sizes().slice(1) != full.sizes().slice(1))
+      throw std::invalid_argument(fmt::format("reduce_scatter_dim0: expected an output of {} rows of {}, got {}",
+                                              sp[i].rows, c10::str(full.sizes()), c10::str(out.sizes())));
+    off.push_back(off.back() + sp[i].chunk * (full.numel() / full.size(0)));
+  }
+  // Copy-in: block r = chunk r of every tensor (zero padding past dim0), cast and pre-divided.
+  const auto opts = torch::TensorOptions().dtype(reduce_dtype).device(fulls[0].device());
+  auto in = torch::zeros({n, off.back()}, opts);
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const int64_t len = off[i + 1] - off[i];
+    auto padded = torch::zeros(with_rows(fulls[i], n * sp[i].chunk), opts);
+    auto body = padded.narrow(0, 0, sp[i].dim0);
+    body.copy_(fulls[i]);
+    if (divide != 1.0) body.div_(divide);
+    in.narrow(1, off[i], len).copy_(padded.view({n, len}));
+  }
+  auto part = torch::empty({off.back()}, opts);
+  g.reduce_scatter(in.view({-1}), part);
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    auto mine = part.narrow(0, off[i], off[i + 1] - off[i]).view(with_rows(fulls[i], sp[i].chunk)).narrow(0, 0, sp[i].rows);
+    if (accumulate)
+      outs[i].add_(mine);
+    else
+      outs[i].copy_(mine);
+  }
 }
 
 void reduce_scatter_dim0(Group& g, const torch::Tensor& full, torch::Tensor out, torch::ScalarType reduce_dtype,
                          double divide, bool accumulate) {
-  const int n = g.size();
-  const Dim0Split s = dim0_split(full.size(0), g.rank(), n);
-  if (out.dim() != full.dim() || out.size(0) != s.rows || out.sizes().slice(1) != full.sizes().slice(1))
-    throw std::invalid_argument(fmt::format("reduce_scatter_dim0: expected an output of {} rows of {}, got {}", s.rows,
-                                            c10::str(full.sizes()), c10::str(out.sizes())));
-  torch::NoGradGuard ng;
-  auto opts = full.options().dtype(reduce_dtype).requires_grad(false);
-  auto padded = torch::zeros(with_rows(full, n * s.chunk), opts);
-  auto body = padded.narrow(0, 0, s.dim0);
-  body.copy_(full);
-  if (divide != 1.0) body.div_(divide);
-  auto part = torch::empty(with_rows(full, s.chunk), opts);
-  g.reduce_scatter(padded, part);
-  auto mine = part.narrow(0, 0, s.rows);
-  if (accumulate)
-    out.add_(mine);
-  else
-    out.copy_(mine);
+  reduce_scatter_dim0(g, std::vector<torch::Tensor>{full}, std::vector<torch::Tensor>{std::move(out)}, reduce_dtype,
+                      divide, accumulate);
 }
 
 void allreduce_flat(Group& g, const std::vector<torch::Tensor>& ins, const std::vector<torch::Tensor>& outs,
@@ -117,6 +162,12 @@ struct ShardedDataParallel::Op {
 
 namespace {
 
+std::vector<std::size_t> ids(int64_t w, int64_t b) {
+  std::vector<std::size_t> v{static_cast<std::size_t>(w)};
+  if (b >= 0) v.push_back(static_cast<std::size_t>(b));
+  return v;
+}
+
 // Stage 3's Linear: all-gather before forward and before backward, free after each (FSDP2's
 // unshard / reshard), reduce-scatter the weight and bias gradients in backward.
 struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
@@ -130,9 +181,8 @@ struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
     ctx->saved_data["x_grad"] = x.requires_grad();
     (void)w_shard;
     (void)b_shard;  // the shards are inputs so that autograd routes their gradients
-    const auto full_w = e->gather_param(static_cast<std::size_t>(w));
-    const auto full_b = b >= 0 ? e->gather_param(static_cast<std::size_t>(b)) : torch::Tensor();
-    return F::linear(x, full_w, full_b);  // full_w, full_b freed on return
+    const auto full = e->gather_params(ids(w, b));  // one all-gather for the layer (FSDP2's param group)
+    return F::linear(x, full[0], b >= 0 ? full[1] : torch::Tensor());  // freed on return (reshard)
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -145,18 +195,22 @@ struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
     // Gather again and run LibTorch's own backward of the same linear on the same values.
     torch::AutoGradMode on(true);
     auto xd = x.detach().requires_grad_(x_grad);
-    auto wd = e->gather_param(w).requires_grad_(true);
+    auto full = e->gather_params(ids(static_cast<int64_t>(w), b));
+    auto wd = full[0].requires_grad_(true);
     torch::Tensor bd;
     std::vector<torch::Tensor> inputs{wd};
     if (b >= 0) {
-      bd = e->gather_param(static_cast<std::size_t>(b)).requires_grad_(true);
+      bd = full[1].requires_grad_(true);
       inputs.push_back(bd);
     }
     if (x_grad) inputs.push_back(xd);
     auto y = F::linear(xd, wd, bd);
     auto g = torch::autograd::grad({y}, inputs, {gy[0]});
-    torch::Tensor gw = e->reduce_param_grad(w, g[0]);
-    torch::Tensor gb = b >= 0 ? e->reduce_param_grad(static_cast<std::size_t>(b), g[1]) : torch::Tensor();
+    std::vector<torch::Tensor> gs{g[0]};
+    if (b >= 0) gs.push_back(g[1]);
+    auto red = e->reduce_param_grads(ids(static_cast<int64_t>(w), b), gs);  // one reduce-scatter
+    torch::Tensor gw = red[0];
+    torch::Tensor gb = b >= 0 ? red[1] : torch::Tensor();
     torch::Tensor gx = x_grad ? g.back() : torch::Tensor();
     return {gx, gw, gb, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -222,30 +276,39 @@ ShardedDataParallel::ShardedDataParallel(const torch::nn::Sequential& net, std::
 
 ShardedDataParallel::~ShardedDataParallel() = default;
 
-torch::Tensor ShardedDataParallel::gather_param(std::size_t i) {
-  Param& p = params_[i];
-  auto full = torch::empty(p.shape, torch::TensorOptions().dtype(opts_.param_dtype));
-  all_gather_dim0(*group_, p.master.detach(), full);
-  return full;
+std::vector<torch::Tensor> ShardedDataParallel::gather_params(const std::vector<std::size_t>& ids) {
+  std::vector<torch::Tensor> shards, fulls;
+  for (auto i : ids) {
+    shards.push_back(params_[i].master.detach());
+    fulls.push_back(torch::empty(params_[i].shape, torch::TensorOptions().dtype(opts_.param_dtype)));
+  }
+  all_gather_dim0(*group_, shards, fulls);
+  return fulls;
 }
 
-torch::Tensor ShardedDataParallel::reduce_param_grad(std::size_t i, const torch::Tensor& g) {
-  Param& p = params_[i];
-  torch::Tensor full = g;
-  if (!opts_.reduce_every_micro_batch) {
-    // FSDP2 without gradient sync: accumulate the unsharded gradient locally, in the order the
-    // AccumulateGrad of stages 0-2 sums it (the first copied, the next ones added).
-    if (p.unsharded_grad.defined()) full = p.unsharded_grad + g;
-    if (!syncing_) {
-      p.unsharded_grad = p.unsharded_grad.defined() ? full : g.clone();
-      return torch::Tensor();  // nothing reaches the shard yet
+std::vector<torch::Tensor> ShardedDataParallel::reduce_param_grads(const std::vector<std::size_t>& ids,
+                                                                  const std::vector<torch::Tensor>& grads) {
+  std::vector<torch::Tensor> fulls, outs;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    Param& p = params_[ids[k]];
+    torch::Tensor full = grads[k];
+    if (!opts_.reduce_every_micro_batch) {
+      // FSDP2 without gradient sync: accumulate the unsharded gradient locally, in the order the
+      // AccumulateGrad of stages 0-2 sums it (the first copied, the next ones added).
+      if (p.unsharded_grad.defined()) full = p.unsharded_grad + grads[k];
+      if (!syncing_) {
+        p.unsharded_grad = p.unsharded_grad.defined() ? full : grads[k].clone();
+        continue;
+      }
+      p.unsharded_grad = torch::Tensor();
     }
-    p.unsharded_grad = torch::Tensor();
+    fulls.push_back(full);
+    outs.push_back(torch::empty(with_rows(p.master, p.split.rows), torch::TensorOptions().dtype(torch::kFloat32)));
   }
-  auto out = torch::empty(with_rows(p.master, p.split.rows), torch::TensorOptions().dtype(torch::kFloat32));
-  reduce_scatter_dim0(*group_, full, out, opts_.reduce_dtype, static_cast<double>(group_->size()),
+  if (fulls.empty()) return std::vector<torch::Tensor>(ids.size());  // nothing reaches the shards yet
+  reduce_scatter_dim0(*group_, fulls, outs, opts_.reduce_dtype, static_cast<double>(group_->size()),
                       /*accumulate=*/false);
-  return out;  // AccumulateGrad adds it to the shard's .grad
+  return outs;  // AccumulateGrad adds them to the shards' .grad
 }
 
 torch::Tensor ShardedDataParallel::forward(const torch::Tensor& x) {
@@ -278,12 +341,17 @@ void ShardedDataParallel::reduce_unsharded(bool accumulate) {
     allreduce_flat(*group_, ins, outs, opts_.reduce_dtype, n);
     return;
   }
+  // One reduce-scatter for every parameter (FSDP2's foreach reduce-scatter; DeepSpeed's buckets).
+  const bool have = accumulate && params_.front().master.grad().defined();
+  std::vector<torch::Tensor> fulls, outs;
   for (auto& p : params_) {
-    const bool have = accumulate && p.master.grad().defined();
     if (!have) p.master.mutable_grad() = torch::empty(with_rows(p.master, p.split.rows), torch::kFloat32);
-    reduce_scatter_dim0(*group_, p.compute.grad(), p.master.grad(), opts_.reduce_dtype, n, /*accumulate=*/have);
-    if (opts_.stage == 2) p.compute.mutable_grad() = torch::Tensor();  // only the shard is kept
+    fulls.push_back(p.compute.grad());
+    outs.push_back(p.master.grad());
   }
+  reduce_scatter_dim0(*group_, fulls, outs, opts_.reduce_dtype, n, /*accumulate=*/have);
+  if (opts_.stage == 2)
+    for (auto& p : params_) p.compute.mutable_grad() = torch::Tensor();  // only the shard is kept
 }
 
 void ShardedDataParallel::backward(const torch::Tensor& loss, bool last) {
@@ -298,10 +366,14 @@ void ShardedDataParallel::step() {
   opt_->step();
   {
     torch::NoGradGuard ng;
+    std::vector<torch::Tensor> shards, fulls;
     for (auto& p : params_) {
       if (opts_.stage == 0 && !p.master_is_compute) p.compute.copy_(p.master);
-      if (opts_.stage == 1 || opts_.stage == 2) all_gather_dim0(*group_, p.master.detach(), p.compute.detach());
+      shards.push_back(p.master.detach());
+      if (p.compute.defined()) fulls.push_back(p.compute.detach());
     }
+    // Stages 1-2: one all-gather of the updated shards, cast to param_dtype first (FSDP2).
+    if (opts_.stage == 1 || opts_.stage == 2) all_gather_dim0(*group_, shards, fulls);
   }
   note_held();
   for (auto& p : params_) {  // zero_grad(set_to_none=True)
@@ -311,16 +383,12 @@ void ShardedDataParallel::step() {
 }
 
 std::vector<torch::Tensor> ShardedDataParallel::full_parameters() {
-  std::vector<torch::Tensor> out;
+  std::vector<torch::Tensor> out, shards;
   for (auto& p : params_) {
-    if (opts_.stage == 0) {
-      out.push_back(p.master.detach().clone());
-    } else {
-      auto full = torch::empty(p.shape, torch::kFloat32);
-      all_gather_dim0(*group_, p.master.detach(), full);
-      out.push_back(full);
-    }
+    out.push_back(opts_.stage == 0 ? p.master.detach().clone() : torch::empty(p.shape, torch::kFloat32));
+    shards.push_back(p.master.detach());
   }
+  if (opts_.stage > 0) all_gather_dim0(*group_, shards, out);
   return out;
 }
 

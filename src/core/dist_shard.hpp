@@ -46,17 +46,26 @@ Dim0Split dim0_split(int64_t dim0, int rank, int world);
 /// Rank `rank`'s rows of `full` (a contiguous copy, shape [rows, ...]).
 torch::Tensor shard_dim0(const torch::Tensor& full, int rank, int world);
 
-/// All-gather of dim-0 shards (FSDP2's unshard): every rank's `shard` ([rows_r, ...], its
-/// dim0_split of full.size(0)) is zero-padded to [chunk, ...], gathered into [N·chunk, ...]
-/// (Group::all_gather, one call) and the first dim0 rows copied into `full` (any dtype: the
-/// shard is cast to full's). Throws std::invalid_argument for a shard of the wrong shape.
+/// All-gather of dim-0 shards (FSDP2's unshard with its foreach copy-in): every rank's
+/// `shards[i]` ([rows_r, ...], its dim0_split of fulls[i].size(0)) is cast to fulls[i]'s dtype
+/// and zero-padded to chunk rows; the padded shards lie side by side in one buffer of C
+/// elements, gathered into [N, C] in ONE Group::all_gather, and each tensor's first dim0 rows
+/// are copied out into fulls[i]. All fulls share one dtype. Throws std::invalid_argument for a
+/// shard of the wrong shape or mismatched lists.
+void all_gather_dim0(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls);
+/// The same for one tensor.
 void all_gather_dim0(Group& g, const torch::Tensor& shard, torch::Tensor full);
 
-/// Reduce-scatter of a full-size tensor along dim 0 (FSDP2's post-backward reduce-scatter):
-/// `full` ([dim0, ...], every rank's own) is cast to `reduce_dtype`, divided by `divide`
-/// (DDP's and FSDP's gradient pre-divide; 1 = none), zero-padded to [N·chunk, ...] and summed
-/// over the ranks (Group::reduce_scatter, one call); this rank's `rows` rows are added to
-/// `out` ([rows, ...], any dtype; accumulate = true) or copied into it.
+/// Reduce-scatter of full-size tensors along dim 0 (FSDP2's post-backward foreach
+/// reduce-scatter): each `fulls[i]` ([dim0, ...], this rank's own) is cast to `reduce_dtype`,
+/// divided by `divide` (DDP's and FSDP's gradient pre-divide; 1 = none) and zero-padded to
+/// N·chunk rows; block r of the [N, C] input holds chunk r of every tensor; ONE
+/// Group::reduce_scatter sums the blocks over the ranks, and this rank's rows of each tensor are
+/// added to `outs[i]` ([rows, ...], any dtype; accumulate = true) or copied into it.
+/// Throws std::invalid_argument for an output of the wrong shape or mismatched lists.
+void reduce_scatter_dim0(Group& g, const std::vector<torch::Tensor>& fulls, const std::vector<torch::Tensor>& outs,
+                         torch::ScalarType reduce_dtype, double divide, bool accumulate);
+/// The same for one tensor.
 void reduce_scatter_dim0(Group& g, const torch::Tensor& full, torch::Tensor out, torch::ScalarType reduce_dtype,
                          double divide, bool accumulate);
 
@@ -98,9 +107,11 @@ struct HeldBytes {
 /// Every rank must build `net` with the same values; rank 0's are broadcast at construction.
 /// Forward runs the modules in order, each Linear as torch::nn::functional::linear (the op
 /// LinearImpl::forward calls), so its numbers are those of the module itself. At stage 3 a
-/// Linear is an autograd function that all-gathers its parameters in forward, frees them, and in
-/// backward gathers them again and recomputes the local linear to take the same backward as
-/// LibTorch's (its gradients are AddmmBackward's, bit for bit), then reduce-scatters them.
+/// Linear is an autograd function that all-gathers its weight and bias (one call, FSDP2's
+/// per-module group) in forward, frees them, and in backward gathers them again and recomputes
+/// the local linear to take the same backward as LibTorch's (its gradients are AddmmBackward's,
+/// bit for bit), then reduce-scatters them (one call). Stages 1-2 reduce-scatter all gradients
+/// in one call and all-gather all updated shards in one call per step.
 class ShardedDataParallel {
  public:
   /// Throws std::invalid_argument for a stage outside 0..3, a module with parameters that is
@@ -138,12 +149,15 @@ class ShardedDataParallel {
   const ShardOptions& options() const { return opts_; }
   Group& group() { return *group_; }
 
-  /// Stage 3: gathers parameter `i` (fp32 shard, cast to param_dtype) into a fresh full tensor.
-  /// Public for the autograd function of stage 3 only.
-  torch::Tensor gather_param(std::size_t i);
-  /// Stage 3: the reduce-scatter (or accumulation) of parameter i's full gradient `g` into its
-  /// shard gradient, returned as the gradient of the shard. Public for the autograd function only.
-  torch::Tensor reduce_param_grad(std::size_t i, const torch::Tensor& g);
+  /// Stage 3: gathers parameters `ids` (fp32 shards, cast to param_dtype) into fresh full
+  /// tensors, in one all-gather. Public for the autograd function of stage 3 only.
+  std::vector<torch::Tensor> gather_params(const std::vector<std::size_t>& ids);
+  /// Stage 3: the reduce-scatter (one call) of the full gradients `grads` of parameters `ids`,
+  /// returned as the gradients of their shards — or, before the last micro-batch without
+  /// reduce_every_micro_batch, their local accumulation (undefined tensors returned).
+  /// Public for the autograd function only.
+  std::vector<torch::Tensor> reduce_param_grads(const std::vector<std::size_t>& ids,
+                                                const std::vector<torch::Tensor>& grads);
 
  private:
   struct Param;
