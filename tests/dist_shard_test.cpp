@@ -141,12 +141,15 @@ TEST_CASE("ShardedDataParallel: stages 0-3 on two Gloo ranks equal one process's
       std::vector<std::vector<torch::Tensor>> got(2);
       std::vector<dist::HeldBytes> held(2);
       std::vector<std::map<std::string, dist::CommCount>> counts(2);
+      // Built here, not on the rank threads: torch::manual_seed and the initialisers share one
+      // generator, which two threads drawing at once would interleave.
+      const std::vector<torch::nn::Sequential> nets = {small_mlp(), small_mlp()};
       const auto errors = on_two_ranks(fmt::format("sdp_{}_{}/", stage, every), [&](std::shared_ptr<dist::Group> g, int r) {
         const auto i = static_cast<std::size_t>(r);
         dist::ShardOptions o;
         o.stage = stage;
         o.reduce_every_micro_batch = every;
-        dist::ShardedDataParallel model(small_mlp(), g, o, adam);
+        dist::ShardedDataParallel model(nets[i], g, o, adam);
         g->reset_comm_counts();
         for (int s = 0; s < steps; ++s) {
           auto xm = xs[i].tensor_split(micro), ym = ys[i].tensor_split(micro);
