@@ -35,4 +35,8 @@ add_test(NAME cli.shard_deterministic
 add_test(NAME cli.shard_hung_rank
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/shard_hang.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-set_tests_properties(cli.shard_deterministic cli.shard_hung_rank PROPERTIES TIMEOUT 120)
+# torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) instead of --nproc.
+add_test(NAME cli.shard_torchrun_env
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> shard
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.shard_deterministic cli.shard_hung_rank cli.shard_torchrun_env PROPERTIES TIMEOUT 120)
