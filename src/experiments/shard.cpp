@@ -291,6 +291,7 @@ RunOut train(const Dataset& data, const torch::Tensor& perm, World& w, const Set
   return out;
 }
 
+/// Largest |a - b| over two trajectories of flat parameters (core/models' max_abs_diff).
 double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   return max_abs_diff(a, b);
 }
@@ -299,17 +300,18 @@ double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Te
 // Formulas
 // ----------------------------------------------------------------------------
 
+/// Model-state bytes of one rank by role, as real numbers (a formula's value).
+struct Bytes {
+  double params = 0, grads = 0, optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+
 /// Model-state bytes per rank of this implementation (dist::ShardedDataParallel), at the
 /// optimizer step: bp = bytes of param_dtype, S = optimizer state bytes per element, Ψ, N.
 /// The fp32 master is the parameter itself in fp32 stage 0 and a separate 4-byte copy otherwise
 /// (stages 1-2: a shard; stage 3: the sharded parameter is the master, FSDP2's fp32 shard).
 /// `sharded` is the element count of the sharded terms: Ψ for the formula, or the elements the
 /// largest rank really holds times N (Ψ' = Σ N·ceil(dim0/N)·row size) for its upper bound.
-struct Bytes {
-  double params = 0, grads = 0, optimizer = 0;
-  double total() const { return params + grads + optimizer; }
-};
-
 Bytes formula_bytes(int stage, int64_t bp_, int64_t S_, double psi, double sharded, int n) {
   const double bp = static_cast<double>(bp_), S = static_cast<double>(S_), m = bp_ != 4 ? 4.0 : 0.0;
   const double shard = sharded / n;
@@ -323,6 +325,7 @@ Bytes formula_bytes(int stage, int64_t bp_, int64_t S_, double psi, double shard
   return f;
 }
 
+/// x rounded to the nearest integer (bytes for display).
 int64_t rounded(double x) { return static_cast<int64_t>(std::llround(x)); }
 
 /// The ZeRO paper's model-state bytes per rank (Rajbhandari et al. 2020, §5, Figure 1) for
