@@ -50,7 +50,8 @@ torch::Tensor shard_dim0(const torch::Tensor& full, int rank, int world);
 /// `shards[i]` ([rows_r, ...], its dim0_split of fulls[i].size(0)) is cast to fulls[i]'s dtype
 /// and zero-padded to chunk rows; the padded shards lie side by side in one buffer of C
 /// elements, gathered into [N, C] in ONE Group::all_gather, and each tensor's first dim0 rows
-/// are copied out into fulls[i]. All fulls share one dtype. Throws std::invalid_argument for a
+/// are copied out into fulls[i]. All fulls share one dtype; bf16 travels as int16 (the same
+/// bits and bytes: LibTorch 1.13's Gloo has no bf16). Throws std::invalid_argument for a
 /// shard of the wrong shape or mismatched lists.
 void all_gather_dim0(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls);
 /// The same for one tensor.
@@ -62,7 +63,8 @@ void all_gather_dim0(Group& g, const torch::Tensor& shard, torch::Tensor full);
 /// N·chunk rows; block r of the [N, C] input holds chunk r of every tensor; ONE
 /// Group::reduce_scatter sums the blocks over the ranks, and this rank's rows of each tensor are
 /// added to `outs[i]` ([rows, ...], any dtype; accumulate = true) or copied into it.
-/// Throws std::invalid_argument for an output of the wrong shape or mismatched lists.
+/// Throws std::invalid_argument for an output of the wrong shape or mismatched lists;
+/// RuntimeFailure where the backend cannot reduce `reduce_dtype` (bf16 on LibTorch 1.13's Gloo).
 void reduce_scatter_dim0(Group& g, const std::vector<torch::Tensor>& fulls, const std::vector<torch::Tensor>& outs,
                          torch::ScalarType reduce_dtype, double divide, bool accumulate);
 /// The same for one tensor.

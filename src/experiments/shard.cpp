@@ -429,7 +429,9 @@ Report run_shard(const Context& ctx) {
   const std::size_t mixed_first = runs.size();
   const int mstage = static_cast<int>(cfg.integer("/mixed/stage"));
   if (cfg.boolean("/mixed/compare")) {
-    for (auto [p, q] : std::vector<std::pair<std::string, std::string>>{{"fp32", "fp32"}, {"bf16", "fp32"}, {"bf16", "bf16"}}) {
+    std::vector<std::pair<std::string, std::string>> policies{{"fp32", "fp32"}, {"bf16", "fp32"}};
+    if (compat::kTorch2) policies.emplace_back("bf16", "bf16");  // 1.13's Gloo cannot sum bf16
+    for (auto [p, q] : policies) {
       RunSpec r{fmt::format("stage{}_{}_{}", mstage, p, q), {}};
       r.opts.stage = mstage;
       r.opts.param_dtype = dtype_of(p);
@@ -650,6 +652,9 @@ Report run_shard(const Context& ctx) {
                        "the gradient sum too, and halves the reduce-scatter bytes");
     if (mstage == 3 || mstage == 0)
       mp.notes.push_back("the fp32 row is the same computation as the stage's own run above: its difference is 0");
+    if (!compat::kTorch2)
+      mp.notes.push_back("no bf16 reduction row: LibTorch " + compat::torch_version() +
+                         "'s Gloo has no bf16 all-reduce (its bf16 all-gathers travel as int16)");
     report.add(std::move(mp));
   }
   return report;
@@ -699,6 +704,9 @@ void validate_shard(const Config& cfg, int world_size) {
       throw ConfigError(fmt::format("/nproc: stage 3 (/train/stages or /mixed/stage) shards the output layer's 10 "
                                     "rows over the ranks: expected at most 10 ranks, got {}", world_size));
   }
+  if (!compat::kTorch2 && cfg.str("/mixed/reduce_dtype") == "bf16")
+    throw ConfigError("/mixed/reduce_dtype: expected fp32 with LibTorch " + compat::torch_version() +
+                      " (its Gloo has no bf16 all-reduce or reduce-scatter), got \"bf16\"");
   const int64_t fault = cfg.integer("/fault/rank");
   if (fault >= world_size)
     throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
