@@ -64,9 +64,9 @@ void all_gather_dim0(Group& g, const std::vector<torch::Tensor>& shards, const s
   for (std::size_t i = 0; i < fulls.size(); ++i)
     if (sp[i].rows > 0) in.narrow(0, off[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
   auto out = torch::empty({n * off.back()}, opts);
-  // An all-gather only moves bits: bf16 travels as int16 (LibTorch 1.13's Gloo has no bf16).
+  // An all-gather only moves bits: bf16 travels as bytes (LibTorch 1.13 Gloo has no bf16).
   if (in.scalar_type() == torch::kBFloat16)
-    g.all_gather(in.view(torch::kInt16), out.view(torch::kInt16));
+    g.all_gather(in.view(torch::kUInt8), out.view(torch::kUInt8));
   else
     g.all_gather(in, out);
   // Copy-out: rank r's block holds its chunk of every tensor.

@@ -654,7 +654,7 @@ Report run_shard(const Context& ctx) {
       mp.notes.push_back("the fp32 row is the same computation as the stage's own run above: its difference is 0");
     if (!compat::kTorch2)
       mp.notes.push_back("no bf16 reduction row: LibTorch " + compat::torch_version() +
-                         "'s Gloo has no bf16 all-reduce (its bf16 all-gathers travel as int16)");
+                         "'s Gloo has no bf16 all-reduce (its bf16 all-gathers travel as bytes)");
     report.add(std::move(mp));
   }
   return report;
