@@ -50,7 +50,7 @@ torch::Tensor shard_dim0(const torch::Tensor& full, int rank, int world);
 /// `shards[i]` ([rows_r, ...], its dim0_split of fulls[i].size(0)) is cast to fulls[i]'s dtype
 /// and zero-padded to chunk rows; the padded shards lie side by side in one buffer of C
 /// elements, gathered into [N, C] in ONE Group::all_gather, and each tensor's first dim0 rows
-/// are copied out into fulls[i]. All fulls share one dtype; bf16 travels as int16 (the same
+/// are copied out into fulls[i]. All fulls share one dtype; bf16 travels as uint8 (the same
 /// bits and bytes: LibTorch 1.13's Gloo has no bf16). Throws std::invalid_argument for a
 /// shard of the wrong shape or mismatched lists.
 void all_gather_dim0(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls);

@@ -428,9 +428,11 @@ Report run_shard(const Context& ctx) {
   }
   const std::size_t mixed_first = runs.size();
   const int mstage = static_cast<int>(cfg.integer("/mixed/stage"));
+  const KernelProbe bf16 = probe_kernels(torch::kCPU, torch::kBFloat16);
   if (cfg.boolean("/mixed/compare")) {
-    std::vector<std::pair<std::string, std::string>> policies{{"fp32", "fp32"}, {"bf16", "fp32"}};
-    if (compat::kTorch2) policies.emplace_back("bf16", "bf16");  // 1.13's Gloo cannot sum bf16
+    std::vector<std::pair<std::string, std::string>> policies{{"fp32", "fp32"}};
+    if (bf16.runs) policies.emplace_back("bf16", "fp32");  // where this LibTorch's bf16 GEMM runs
+    if (bf16.runs && compat::kTorch2) policies.emplace_back("bf16", "bf16");  // 1.13's Gloo cannot sum bf16
     for (auto [p, q] : policies) {
       RunSpec r{fmt::format("stage{}_{}_{}", mstage, p, q), {}};
       r.opts.stage = mstage;
@@ -652,6 +654,7 @@ Report run_shard(const Context& ctx) {
                        "the gradient sum too, and halves the reduce-scatter bytes");
     if (mstage == 3 || mstage == 0)
       mp.notes.push_back("the fp32 row is the same computation as the stage's own run above: its difference is 0");
+    if (!bf16.runs) mp.notes.push_back("no bf16 rows: this LibTorch's bf16 matrix product does not run here (" + bf16.reason + ")");
     if (!compat::kTorch2)
       mp.notes.push_back("no bf16 reduction row: LibTorch " + compat::torch_version() +
                          "'s Gloo has no bf16 all-reduce (its bf16 all-gathers travel as bytes)");
@@ -703,6 +706,12 @@ void validate_shard(const Config& cfg, int world_size) {
     if (10 < world_size)
       throw ConfigError(fmt::format("/nproc: stage 3 (/train/stages or /mixed/stage) shards the output layer's 10 "
                                     "rows over the ranks: expected at most 10 ranks, got {}", world_size));
+  }
+  if (cfg.str("/mixed/param_dtype") == "bf16") {
+    const KernelProbe bf16 = probe_kernels(torch::kCPU, torch::kBFloat16);
+    if (!bf16.runs)
+      throw ConfigError("/mixed/param_dtype: expected fp32: this LibTorch's bf16 matrix product does not run here (" +
+                        bf16.reason + "), got \"bf16\"");
   }
   if (!compat::kTorch2 && cfg.str("/mixed/reduce_dtype") == "bf16")
     throw ConfigError("/mixed/reduce_dtype: expected fp32 with LibTorch " + compat::torch_version() +
