@@ -276,12 +276,42 @@ def plot_collectives(doc, out, fmt):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         save(fig, out, name, fmt, paths)
+def plot_shard(doc, out, fmt):
+    """Bytes per rank of each ZeRO stage: measured model states (stacked by role) against this
+    implementation's formula and the ZeRO paper's; and the loss curves of the stages."""
+    paths, res = [], doc["results"]
+    mem = [r for r in res.get("memory", []) if re.fullmatch(r"stage[0-3]", r["name"])]
+    if mem:
+        names = [r["name"] for r in mem]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        bottom = [0.0] * len(mem)
+        for role, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states")):
+            vals = [r[role] / 2**20 for r in mem]
+            ax.bar(names, vals, bottom=bottom, label=f"{label} (measured)")
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.plot(names, [r["total_formula"] / 2**20 for r in mem], "kD", label="formula (this implementation)")
+        ax.plot(names, [r["paper"] / 2**20 for r in mem], "r_", markersize=20, mew=2, label="ZeRO paper")
+        ax.set_xlabel("ZeRO stage")
+        ax.set_ylabel("model states per rank (MiB)")
+        ax.set_title("Bytes per rank vs formula")
+        ax.legend(fontsize=8)
+        save(fig, out, "bytes_per_rank", fmt, paths)
+    loss = res.get("loss", [])
+    if loss:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for key in [k for k in loss[0] if k.startswith("stage") or k == "single"]:
+            ax.plot([r["step"] for r in loss], [num(r[key]) for r in loss], marker=".", label=key)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (cross-entropy)")
+        ax.set_title("Loss per step, every ZeRO stage and one process")
+        ax.legend(fontsize=8)
+        save(fig, out, "loss", fmt, paths)
     return paths
 
 
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint,
-            "collectives": plot_collectives}
+            "collectives": plot_collectives, "shard": plot_shard}
 
 
 MAX_BYTES = 64 * 2**20  # the most plot.py reads of one result file

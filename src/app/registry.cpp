@@ -11,6 +11,7 @@ const std::vector<Experiment>& experiments() {
       pipeline_experiment(),     accumulate_experiment(), checkpoint_experiment(),
       collectives_experiment(),
       fp8_experiment(),          fp4_experiment(),
+      shard_experiment(),
   };
   return all;
 }

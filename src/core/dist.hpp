@@ -17,10 +17,12 @@
 //    does (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training").
 //
 // The module is split by job: dist_launch.hpp (launch), dist_group.hpp (store, heartbeats,
-// groups, collectives, point to point), dist_reducer.hpp (the reducer). This header includes all three.
+// groups, collectives, point to point), dist_reducer.hpp (the reducer), dist_shard.hpp (ZeRO stages 0-3,
+// FSDP2-style dim-0 shards). This header includes all four.
 
 #pragma once
 
 #include "core/dist_group.hpp"
 #include "core/dist_launch.hpp"
 #include "core/dist_reducer.hpp"
+#include "core/dist_shard.hpp"

@@ -656,7 +656,33 @@ std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size,
 
 Group::~Group() = default;
 
+void Group::count(const char* kind, int64_t payload_bytes, double sent_bytes, bool emulated) {
+  std::lock_guard<std::mutex> lock(count_mu_);
+  CommCount& c = counts_[kind];
+  ++c.calls;
+  c.payload_bytes += payload_bytes;
+  c.sent_bytes += size_ > 1 ? sent_bytes : 0.0;
+  if (emulated) ++c.emulated;
+}
+
+std::map<std::string, CommCount> Group::comm_counts() const {
+  std::lock_guard<std::mutex> lock(count_mu_);
+  return counts_;
+}
+
+void Group::reset_comm_counts() {
+  std::lock_guard<std::mutex> lock(count_mu_);
+  counts_.clear();
+}
+
+namespace {
+int64_t nbytes_of(const torch::Tensor& t) { return static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()); }
+// (N−1)/N of `bytes`: what one rank sends in a ring all-gather / reduce-scatter of that payload.
+double ring_share(int64_t bytes, int n) { return static_cast<double>(bytes) * (n - 1) / n; }
+}  // namespace
+
 Work Group::allreduce_async(torch::Tensor t, ReduceOp op) {
+  count("all_reduce", nbytes_of(t), 2.0 * ring_share(nbytes_of(t), size_));
   std::vector<at::Tensor> ts{std::move(t)};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
@@ -665,6 +691,7 @@ Work Group::allreduce_async(torch::Tensor t, ReduceOp op) {
 }
 
 void Group::broadcast(torch::Tensor t, int root) {
+  count("broadcast", nbytes_of(t), ring_share(nbytes_of(t), size_));
   std::vector<at::Tensor> ts{std::move(t)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
@@ -674,6 +701,7 @@ void Group::broadcast(torch::Tensor t, int root) {
 
 void Group::all_gather(const torch::Tensor& in, torch::Tensor out) {
   check_chunks("all_gather", out, in, size_);
+  count("all_gather", nbytes_of(out), ring_share(nbytes_of(out), size_));
   std::vector<at::Tensor> inputs{in};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size_; ++r) outputs[0].push_back(out.chunk(size_, 0)[static_cast<std::size_t>(r)]);
@@ -689,10 +717,17 @@ void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp 
     // reduce_scatter"): all-reduce a copy and keep this rank's chunk. Same values, but each rank
     // receives the whole tensor instead of 1/size of it.
     auto full = in.clone();
-    allreduce(full, op);
+    count("reduce_scatter", nbytes_of(in), 2.0 * ring_share(nbytes_of(in), size_), /*emulated=*/true);
+    std::vector<at::Tensor> ts{full};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    post_collective("reduce-scatter (as an all-reduce) failed on " + impl_->where, impl_->monitor,
+                    [&] { return impl_->pg->allreduce(ts, o); })
+        .wait();
     out.copy_(full.chunk(size_, 0)[static_cast<std::size_t>(rank_)]);
     return;
   }
+  count("reduce_scatter", nbytes_of(in), ring_share(nbytes_of(in), size_));
   std::vector<at::Tensor> outputs{out};
   std::vector<std::vector<at::Tensor>> inputs(1);
   for (int r = 0; r < size_; ++r) inputs[0].push_back(in.chunk(size_, 0)[static_cast<std::size_t>(r)]);
@@ -709,6 +744,7 @@ void Group::all_to_all(const torch::Tensor& in, torch::Tensor out) {
     throw std::invalid_argument(fmt::format("all_to_all: expected two contiguous tensors of one shape, dtype and "
                                             "device whose first dimension divides by {}, got {} and {}", size_,
                                             c10::str(in.sizes()), c10::str(out.sizes())));
+  count("all_to_all", nbytes_of(in), ring_share(nbytes_of(in), size_));
   at::Tensor input = in, output = out;
   std::vector<int64_t> equal_splits;  // empty: size equal chunks (all_to_all_single's default)
   post_collective("all-to-all failed on " + impl_->where, impl_->monitor, [&] {
@@ -717,6 +753,7 @@ void Group::all_to_all(const torch::Tensor& in, torch::Tensor out) {
 }
 
 Work Group::send_async(torch::Tensor t, int dst, int tag) {
+  count("send", nbytes_of(t), static_cast<double>(nbytes_of(t)));
   std::vector<at::Tensor> ts{std::move(t)};
   auto impl = std::make_shared<WorkImpl>();
   impl->what = fmt::format("send to rank {} (tag {}) failed on {}", dst, tag, impl_->where);
@@ -730,6 +767,7 @@ Work Group::send_async(torch::Tensor t, int dst, int tag) {
 }
 
 Work Group::recv_async(torch::Tensor t, int src, int tag) {
+  count("recv", nbytes_of(t), 0.0);
   std::vector<at::Tensor> ts{std::move(t)};
   auto impl = std::make_shared<WorkImpl>();
   impl->what = fmt::format("recv from rank {} (tag {}) failed on {}", src, tag, impl_->where);

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +72,24 @@ class Work {
 
 enum class ReduceOp { Sum, Min, Max };
 
+/// What one kind of collective of a Group has cost so far (Group::comm_counts()).
+/// `payload_bytes` is the size of the tensor the caller hands over, as nccl-tests counts it: the
+/// buffer of an all-reduce or broadcast, the *output* of an all-gather, the *input* of a
+/// reduce-scatter, `in` of an all-to-all, the tensor of a send or recv. `sent_bytes` is what
+/// this rank puts on the wire under the ring algorithm (NCCL's ring; Gloo's ring / ring-chunked
+/// all-reduce), from the payload S and the group size N:
+///   all-reduce 2(N−1)/N·S (reduce-scatter then all-gather), all-gather (N−1)/N·S,
+///   reduce-scatter (N−1)/N·S, broadcast and all-to-all (N−1)/N·S, send S, recv 0.
+/// Where LibTorch 1.13's Gloo has no reduce-scatter, Group::reduce_scatter all-reduces a copy:
+/// it is counted under "reduce_scatter" with the all-reduce's 2(N−1)/N·S it really sends, and
+/// `emulated` counts those calls. One rank: nothing is sent (0).
+struct CommCount {
+  int64_t calls = 0;
+  int64_t payload_bytes = 0;
+  double sent_bytes = 0;
+  int64_t emulated = 0;  ///< calls carried out by another collective (1.13's reduce-scatter)
+};
+
 /// A group of processes that run collectives together: c10d::ProcessGroupGloo for CPU tensors,
 /// c10d::ProcessGroupNCCL for CUDA tensors (compiled only against a CUDA LibTorch), as
 /// torch.distributed.init_process_group("gloo" | "nccl") gives.
@@ -131,6 +151,14 @@ class Group {
   /// its last sign of work. Then a one-element all-reduce lets every rank leave together.
   void barrier();
 
+  /// Bytes and calls per collective kind since creation or reset_comm_counts(), keyed
+  /// "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send", "recv"
+  /// (kinds never called are absent). Counted when the call is posted, at the collective layer
+  /// (CommCount says how); barrier()'s one-element all-reduce counts as an all-reduce. Thread-safe.
+  std::map<std::string, CommCount> comm_counts() const;
+  /// Sets every counter of comm_counts() back to zero.
+  void reset_comm_counts();
+
   /// Point-to-point send of a contiguous CPU tensor to rank `dst` (c10d ProcessGroupGloo::send,
   /// the call under torch.distributed.isend). Returns at once; the Work keeps the tensor alive
   /// until the receiver has it, so keep the Work and wait() on it before reusing or dropping
@@ -146,11 +174,14 @@ class Group {
 
  private:
   Group() = default;
+  void count(const char* kind, int64_t payload_bytes, double sent_bytes, bool emulated = false);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
   std::string backend_ = "gloo";
   torch::Device device_ = torch::kCPU;
+  mutable std::mutex count_mu_;
+  std::map<std::string, CommCount> counts_;
 };
 
 /// The store connection of this job, shared by the groups created from it.

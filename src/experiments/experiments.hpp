@@ -16,5 +16,6 @@ Experiment accumulate_experiment();
 Experiment collectives_experiment();
 Experiment fp8_experiment();
 Experiment fp4_experiment();
+Experiment shard_experiment();
 
 }  // namespace mpt

@@ -1,0 +1,424 @@
+// core/dist, sharding: ZeRO stages 0-3 with FSDP2's dim-0 sharding. See dist_shard.hpp.
+#include "core/dist_shard.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace mpt::dist {
+
+namespace F = torch::nn::functional;
+
+namespace {
+
+int64_t nbytes(const torch::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+std::vector<int64_t> with_rows(const torch::Tensor& t, int64_t rows) {
+  auto s = t.sizes().vec();
+  s[0] = rows;
+  return s;
+}
+
+}  // namespace
+
+Dim0Split dim0_split(int64_t dim0, int rank, int world) {
+  if (dim0 < 1 || world < 1 || rank < 0 || rank >= world)
+    throw std::invalid_argument(fmt::format("dim0_split: expected dim0 >= 1 and 0 <= rank < world, got dim0 {}, "
+                                            "rank {}, world {}", dim0, rank, world));
+  Dim0Split s;
+  s.dim0 = dim0;
+  s.chunk = (dim0 + world - 1) / world;
+  s.offset = std::min<int64_t>(dim0, s.chunk * rank);
+  s.rows = std::max<int64_t>(0, std::min<int64_t>(s.chunk, dim0 - s.chunk * rank));
+  return s;
+}
+
+torch::Tensor shard_dim0(const torch::Tensor& full, int rank, int world) {
+  const Dim0Split s = dim0_split(full.size(0), rank, world);
+  return full.detach().narrow(0, s.offset, s.rows).clone().contiguous();
+}
+
+void all_gather_dim0(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls) {
+  if (shards.size() != fulls.size() || fulls.empty())
+    throw std::invalid_argument("all_gather_dim0: expected as many shards as full tensors, at least one");
+  const int n = g.size();
+  torch::NoGradGuard ng;
+  // FSDP2's foreach all-gather copy-in: this rank's padded shards side by side, C elements.
+  std::vector<Dim0Split> sp;
+  std::vector<int64_t> off{0};
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const auto& full = fulls[i];
+    const auto& shard = shards[i];
+    sp.push_back(dim0_split(full.size(0), g.rank(), n));
+    if (shard.dim() != full.dim() || shard.size(0) != sp[i].rows || shard.sizes().slice(1) != full.sizes().slice(1))
+      throw std::invalid_argument(fmt::format("all_gather_dim0: expected a shard of {} rows of {}, got {}", sp[i].rows,
+                                              c10::str(full.sizes()), c10::str(shard.sizes())));
+    off.push_back(off.back() + sp[i].chunk * (full.numel() / full.size(0)));
+  }
+  const auto opts = fulls[0].options().requires_grad(false);
+  auto in = torch::zeros({off.back()}, opts);
+  for (std::size_t i = 0; i < fulls.size(); ++i)
+    if (sp[i].rows > 0) in.narrow(0, off[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
+  auto out = torch::empty({n * off.back()}, opts);
+  // An all-gather only moves bits: bf16 travels as bytes (LibTorch 1.13 Gloo has no bf16).
+  if (in.scalar_type() == torch::kBFloat16)
+    g.all_gather(in.view(torch::kUInt8), out.view(torch::kUInt8));
+  else
+    g.all_gather(in, out);
+  // Copy-out: rank r's block holds its chunk of every tensor.
+  auto blocks = out.view({n, off.back()});
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const int64_t len = off[i + 1] - off[i];
+    auto rows = blocks.narrow(1, off[i], len).reshape(with_rows(fulls[i], n * sp[i].chunk));
+    fulls[i].copy_(rows.narrow(0, 0, sp[i].dim0));
+  }
+}
+
+void all_gather_dim0(Group& g, const torch::Tensor& shard, torch::Tensor full) {
+  all_gather_dim0(g, std::vector<torch::Tensor>{shard}, std::vector<torch::Tensor>{std::move(full)});
+}
+
+void reduce_scatter_dim0(Group& g, const std::vector<torch::Tensor>& fulls, const std::vector<torch::Tensor>& outs,
+                         torch::ScalarType reduce_dtype, double divide, bool accumulate) {
+  if (outs.size() != fulls.size() || fulls.empty())
+    throw std::invalid_argument("reduce_scatter_dim0: expected as many outputs as full tensors, at least one");
+  const int n = g.size();
+  torch::NoGradGuard ng;
+  std::vector<Dim0Split> sp;
+  std::vector<int64_t> off{0};
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const auto& full = fulls[i];
+    const auto& out = outs[i];
+    sp.push_back(dim0_split(full.size(0), g.rank(), n));
+    if (out.dim() != full.dim() || out.size(0) != sp[i].rows || out.sizes().slice(1) != full.sizes().slice(1))
+      throw std::invalid_argument(fmt::format("reduce_scatter_dim0: expected an output of {} rows of {}, got {}",
+                                              sp[i].rows, c10::str(full.sizes()), c10::str(out.sizes())));
+    off.push_back(off.back() + sp[i].chunk * (full.numel() / full.size(0)));
+  }
+  // Copy-in: block r = chunk r of every tensor (zero padding past dim0), cast and pre-divided.
+  const auto opts = torch::TensorOptions().dtype(reduce_dtype).device(fulls[0].device());
+  auto in = torch::zeros({n, off.back()}, opts);
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const int64_t len = off[i + 1] - off[i];
+    auto padded = torch::zeros(with_rows(fulls[i], n * sp[i].chunk), opts);
+    auto body = padded.narrow(0, 0, sp[i].dim0);
+    body.copy_(fulls[i]);
+    if (divide != 1.0) body.div_(divide);
+    in.narrow(1, off[i], len).copy_(padded.view({n, len}));
+  }
+  auto part = torch::empty({off.back()}, opts);
+  g.reduce_scatter(in.view({-1}), part);
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    auto mine = part.narrow(0, off[i], off[i + 1] - off[i]).view(with_rows(fulls[i], sp[i].chunk)).narrow(0, 0, sp[i].rows);
+    if (accumulate)
+      outs[i].add_(mine);
+    else
+      outs[i].copy_(mine);
+  }
+}
+
+void reduce_scatter_dim0(Group& g, const torch::Tensor& full, torch::Tensor out, torch::ScalarType reduce_dtype,
+                         double divide, bool accumulate) {
+  reduce_scatter_dim0(g, std::vector<torch::Tensor>{full}, std::vector<torch::Tensor>{std::move(out)}, reduce_dtype,
+                      divide, accumulate);
+}
+
+void allreduce_flat(Group& g, const std::vector<torch::Tensor>& ins, const std::vector<torch::Tensor>& outs,
+                    torch::ScalarType reduce_dtype, double divide) {
+  if (ins.size() != outs.size()) throw std::invalid_argument("allreduce_flat: expected as many outputs as inputs");
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> flat;
+  for (const auto& t : ins) flat.push_back(t.reshape({-1}).to(reduce_dtype));
+  auto buf = torch::cat(flat);
+  if (divide != 1.0) buf.div_(divide);
+  g.allreduce(buf);
+  int64_t off = 0;
+  for (std::size_t i = 0; i < ins.size(); ++i) {
+    const int64_t k = ins[i].numel();
+    outs[i].copy_(buf.narrow(0, off, k).view(outs[i].sizes()));
+    off += k;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// ShardedDataParallel
+// ----------------------------------------------------------------------------
+
+struct ShardedDataParallel::Param {
+  std::vector<int64_t> shape;
+  Dim0Split split;
+  torch::Tensor compute;  // stages 0-2: the unsharded parameter forward uses (param_dtype, a leaf)
+  torch::Tensor master;   // the fp32 leaf the optimizer updates: stage 0 unsharded, stages 1-3 the shard
+  bool master_is_compute = false;  // stage 0 in fp32: one tensor
+  torch::Tensor unsharded_grad;    // stage 3, reduce after the last micro-batch: the local sum so far
+};
+
+struct ShardedDataParallel::Op {
+  bool linear = false;
+  std::size_t w = 0, b = 0;
+  bool has_bias = false;
+  torch::nn::AnyModule module;  // parameter-free modules
+};
+
+namespace {
+
+std::vector<std::size_t> ids(int64_t w, int64_t b) {
+  std::vector<std::size_t> v{static_cast<std::size_t>(w)};
+  if (b >= 0) v.push_back(static_cast<std::size_t>(b));
+  return v;
+}
+
+// Stage 3's Linear: all-gather before forward and before backward, free after each (FSDP2's
+// unshard / reshard), reduce-scatter the weight and bias gradients in backward.
+struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& w_shard, const torch::Tensor& b_shard, ShardedDataParallel* e,
+                               int64_t w, int64_t b) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["engine"] = static_cast<int64_t>(reinterpret_cast<std::intptr_t>(e));
+    ctx->saved_data["w"] = w;
+    ctx->saved_data["b"] = b;
+    ctx->saved_data["x_grad"] = x.requires_grad();
+    (void)w_shard;
+    (void)b_shard;  // the shards are inputs so that autograd routes their gradients
+    const auto full = e->gather_params(ids(w, b));  // one all-gather for the layer (FSDP2's param group)
+    return F::linear(x, full[0], b >= 0 ? full[1] : torch::Tensor());  // freed on return (reshard)
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list gy) {
+    auto* e = reinterpret_cast<ShardedDataParallel*>(static_cast<std::intptr_t>(ctx->saved_data["engine"].toInt()));
+    const auto w = static_cast<std::size_t>(ctx->saved_data["w"].toInt());
+    const int64_t b = ctx->saved_data["b"].toInt();
+    const bool x_grad = ctx->saved_data["x_grad"].toBool();
+    const auto x = ctx->get_saved_variables()[0];
+    // Gather again and run LibTorch's own backward of the same linear on the same values.
+    torch::AutoGradMode on(true);
+    auto xd = x.detach().requires_grad_(x_grad);
+    auto full = e->gather_params(ids(static_cast<int64_t>(w), b));
+    auto wd = full[0].requires_grad_(true);
+    torch::Tensor bd;
+    std::vector<torch::Tensor> inputs{wd};
+    if (b >= 0) {
+      bd = full[1].requires_grad_(true);
+      inputs.push_back(bd);
+    }
+    if (x_grad) inputs.push_back(xd);
+    auto y = F::linear(xd, wd, bd);
+    auto g = torch::autograd::grad({y}, inputs, {gy[0]});
+    std::vector<torch::Tensor> gs{g[0]};
+    if (b >= 0) gs.push_back(g[1]);
+    auto red = e->reduce_param_grads(ids(static_cast<int64_t>(w), b), gs);  // one reduce-scatter
+    torch::Tensor gw = red[0];
+    torch::Tensor gb = b >= 0 ? red[1] : torch::Tensor();
+    torch::Tensor gx = x_grad ? g.back() : torch::Tensor();
+    return {gx, gw, gb, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+ShardedDataParallel::ShardedDataParallel(const torch::nn::Sequential& net, std::shared_ptr<Group> group,
+                                         ShardOptions opts, const OptimizerFactory& make_optimizer)
+    : group_(std::move(group)), opts_(opts) {
+  if (opts_.stage < 0 || opts_.stage > 3)
+    throw std::invalid_argument(fmt::format("ShardedDataParallel: expected a ZeRO stage 0..3, got {}", opts_.stage));
+  const int n = group_->size(), r = group_->rank();
+  auto add = [&](const torch::Tensor& t, const std::string& what) {
+    torch::NoGradGuard ng;
+    Param p;
+    auto full = t.detach().to(torch::kFloat32).clone().contiguous();
+    group_->broadcast(full, 0);  // DDP / FSDP: every rank starts from rank 0's values
+    p.shape = full.sizes().vec();
+    if (opts_.stage == 3 && full.size(0) < n)
+      throw std::invalid_argument(fmt::format("ShardedDataParallel: stage 3 shards {} ({} rows) over {} ranks: "
+                                              "expected at least one row per rank", what, full.size(0), n));
+    p.split = dim0_split(full.size(0), r, n);
+    numel_ += full.numel();
+    padded_numel_ += n * p.split.chunk * (full.numel() / full.size(0));
+    if (opts_.stage == 0) {
+      if (opts_.param_dtype == torch::kFloat32) {
+        p.compute = full.requires_grad_(true);
+        p.master = p.compute;
+        p.master_is_compute = true;
+      } else {
+        p.compute = full.to(opts_.param_dtype).requires_grad_(true);
+        p.master = full.requires_grad_(true);
+      }
+    } else {
+      if (opts_.stage < 3) p.compute = full.to(opts_.param_dtype).clone().requires_grad_(true);
+      p.master = shard_dim0(full, r, n).requires_grad_(true);
+    }
+    params_.push_back(std::move(p));
+    return params_.size() - 1;
+  };
+  for (const auto& m : *net) {
+    Op op;
+    if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m.ptr())) {
+      op.linear = true;
+      op.w = add(lin->weight, fmt::format("a Linear weight {}", c10::str(lin->weight.sizes())));
+      if (lin->bias.defined()) {
+        op.has_bias = true;
+        op.b = add(lin->bias, fmt::format("a Linear bias {}", c10::str(lin->bias.sizes())));
+      }
+    } else {
+      if (!m.ptr()->parameters().empty())
+        throw std::invalid_argument("ShardedDataParallel: expected Linear layers and parameter-free modules, got " +
+                                    m.ptr()->name());
+      op.module = m;
+    }
+    ops_.push_back(std::move(op));
+  }
+  std::vector<torch::Tensor> masters;
+  for (auto& p : params_) masters.push_back(p.master);
+  opt_ = make_optimizer(masters);
+}
+
+ShardedDataParallel::~ShardedDataParallel() = default;
+
+std::vector<torch::Tensor> ShardedDataParallel::gather_params(const std::vector<std::size_t>& ids) {
+  std::vector<torch::Tensor> shards, fulls;
+  for (auto i : ids) {
+    shards.push_back(params_[i].master.detach());
+    fulls.push_back(torch::empty(params_[i].shape, torch::TensorOptions().dtype(opts_.param_dtype)));
+  }
+  all_gather_dim0(*group_, shards, fulls);
+  return fulls;
+}
+
+std::vector<torch::Tensor> ShardedDataParallel::reduce_param_grads(const std::vector<std::size_t>& ids,
+                                                                  const std::vector<torch::Tensor>& grads) {
+  std::vector<torch::Tensor> fulls, outs;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    Param& p = params_[ids[k]];
+    torch::Tensor full = grads[k];
+    if (!opts_.reduce_every_micro_batch) {
+      // FSDP2 without gradient sync: accumulate the unsharded gradient locally, in the order the
+      // AccumulateGrad of stages 0-2 sums it (the first copied, the next ones added).
+      if (p.unsharded_grad.defined()) full = p.unsharded_grad + grads[k];
+      if (!syncing_) {
+        p.unsharded_grad = p.unsharded_grad.defined() ? full : grads[k].clone();
+        continue;
+      }
+      p.unsharded_grad = torch::Tensor();
+    }
+    fulls.push_back(full);
+    outs.push_back(torch::empty(with_rows(p.master, p.split.rows), torch::TensorOptions().dtype(torch::kFloat32)));
+  }
+  if (fulls.empty()) return std::vector<torch::Tensor>(ids.size());  // nothing reaches the shards yet
+  reduce_scatter_dim0(*group_, fulls, outs, opts_.reduce_dtype, static_cast<double>(group_->size()),
+                      /*accumulate=*/false);
+  return outs;  // AccumulateGrad adds them to the shards' .grad
+}
+
+torch::Tensor ShardedDataParallel::forward(const torch::Tensor& x) {
+  torch::Tensor h = x.to(opts_.param_dtype);
+  for (auto& op : ops_) {
+    if (!op.linear) {
+      h = op.module.forward(h);
+      continue;
+    }
+    if (opts_.stage < 3) {
+      h = F::linear(h, params_[op.w].compute, op.has_bias ? params_[op.b].compute : torch::Tensor());
+    } else {
+      h = GatheredLinear::apply(h, params_[op.w].master, op.has_bias ? params_[op.b].master : torch::Tensor(), this,
+                                static_cast<int64_t>(op.w), op.has_bias ? static_cast<int64_t>(op.b) : int64_t{-1});
+    }
+  }
+  return h;
+}
+
+void ShardedDataParallel::reduce_unsharded(bool accumulate) {
+  const double n = static_cast<double>(group_->size());
+  torch::NoGradGuard ng;
+  if (opts_.stage == 0) {
+    std::vector<torch::Tensor> ins, outs;
+    for (auto& p : params_) {
+      ins.push_back(p.compute.grad());
+      if (!p.master_is_compute) p.master.mutable_grad() = torch::empty(p.shape, torch::kFloat32);
+      outs.push_back(p.master.grad());
+    }
+    allreduce_flat(*group_, ins, outs, opts_.reduce_dtype, n);
+    return;
+  }
+  // One reduce-scatter for every parameter (FSDP2's foreach reduce-scatter; DeepSpeed's buckets).
+  const bool have = accumulate && params_.front().master.grad().defined();
+  std::vector<torch::Tensor> fulls, outs;
+  for (auto& p : params_) {
+    if (!have) p.master.mutable_grad() = torch::empty(with_rows(p.master, p.split.rows), torch::kFloat32);
+    fulls.push_back(p.compute.grad());
+    outs.push_back(p.master.grad());
+  }
+  reduce_scatter_dim0(*group_, fulls, outs, opts_.reduce_dtype, n, /*accumulate=*/have);
+  if (opts_.stage == 2)
+    for (auto& p : params_) p.compute.mutable_grad() = torch::Tensor();  // only the shard is kept
+}
+
+void ShardedDataParallel::backward(const torch::Tensor& loss, bool last) {
+  syncing_ = last || opts_.reduce_every_micro_batch;
+  loss.backward();
+  if (opts_.stage < 2 && last) reduce_unsharded(false);
+  if (opts_.stage == 2 && syncing_) reduce_unsharded(/*accumulate=*/true);
+}
+
+void ShardedDataParallel::step() {
+  note_held();
+  opt_->step();
+  {
+    torch::NoGradGuard ng;
+    std::vector<torch::Tensor> shards, fulls;
+    for (auto& p : params_) {
+      if (opts_.stage == 0 && !p.master_is_compute) p.compute.copy_(p.master);
+      shards.push_back(p.master.detach());
+      if (p.compute.defined()) fulls.push_back(p.compute.detach());
+    }
+    // Stages 1-2: one all-gather of the updated shards, cast to param_dtype first (FSDP2).
+    if (opts_.stage == 1 || opts_.stage == 2) all_gather_dim0(*group_, shards, fulls);
+  }
+  note_held();
+  for (auto& p : params_) {  // zero_grad(set_to_none=True)
+    if (p.compute.defined()) p.compute.mutable_grad() = torch::Tensor();
+    p.master.mutable_grad() = torch::Tensor();
+  }
+}
+
+std::vector<torch::Tensor> ShardedDataParallel::full_parameters() {
+  std::vector<torch::Tensor> out, shards;
+  for (auto& p : params_) {
+    out.push_back(opts_.stage == 0 ? p.master.detach().clone() : torch::empty(p.shape, torch::kFloat32));
+    shards.push_back(p.master.detach());
+  }
+  if (opts_.stage > 0) all_gather_dim0(*group_, shards, out);
+  return out;
+}
+
+HeldBytes ShardedDataParallel::held() const {
+  HeldBytes h;
+  for (const auto& p : params_) {
+    h.params += opts_.stage < 3 ? nbytes(p.compute) : nbytes(p.master);
+    if (p.compute.defined()) h.grads += nbytes(p.compute.grad());
+    if (!p.master_is_compute) h.grads += nbytes(p.master.grad());
+    h.grads += nbytes(p.unsharded_grad);
+    if (opts_.stage < 3 && !p.master_is_compute) h.optimizer += nbytes(p.master);
+  }
+  for (const auto& kv : opt_->state()) {
+    if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(kv.second.get()))
+      h.optimizer += nbytes(a->exp_avg()) + nbytes(a->exp_avg_sq()) + nbytes(a->max_exp_avg_sq());
+    else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(kv.second.get()))
+      h.optimizer += nbytes(s->momentum_buffer());
+  }
+  return h;
+}
+
+void ShardedDataParallel::note_held() {
+  const HeldBytes h = held();
+  held_peak_.params = std::max(held_peak_.params, h.params);
+  held_peak_.grads = std::max(held_peak_.grads, h.grads);
+  held_peak_.optimizer = std::max(held_peak_.optimizer, h.optimizer);
+}
+
+}  // namespace mpt::dist

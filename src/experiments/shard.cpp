@@ -1,0 +1,745 @@
+/*
+ * mpt shard — sharded data parallelism: ZeRO stages 0-3 (Rajbhandari et al. 2020) with
+ * FSDP2's per-parameter dim-0 sharding, trained for real across processes (c10d, Gloo on CPU),
+ * each stage proven equal to DDP and to one process, step by step.
+ *
+ * Ψ parameters, N ranks, optimizer states of K bytes per parameter. A data-parallel rank of
+ * DDP (stage 0) holds everything; ZeRO shards, per stage, one more of the model states:
+ *   stage 1  optimizer states (fp32 master + Adam's m, v)   bytes/rank  bpΨ + bgΨ + KΨ/N
+ *   stage 2  + gradients (reduce-scatter instead of all-reduce)         bpΨ + (bg + K)Ψ/N
+ *   stage 3  + parameters (all-gather before forward and backward)      (bp + bg + K)Ψ/N
+ * (the paper's mixed-precision case: bp = bg = 2, K = 12 → 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N).
+ * Communication per step and rank, ring algorithm: DDP's all-reduce = reduce-scatter +
+ * all-gather = 2Ψ elements; stages 1-2 the same 2Ψ (reduce-scatter the gradients, all-gather
+ * the updated parameters); stage 3 3Ψ (all-gather in forward, again in backward, reduce-scatter).
+ *
+ *  1. training: the Fashion-MNIST MLP (core/models' mlp(784, hidden, 10)), every stage from
+ *     the same initial weights and the same global batches (rank r reads samples r, r+N, ...
+ *     of a fixed permutation, as DistributedSampler), micro-batches accumulated, Adam or SGD.
+ *  2. equivalence, every step: the parameters of each stage vs the DDP run and vs one process
+ *     accumulating the same local batches in rank order (bitwise where the sums are in the
+ *     same order: N ≤ 2 — one addition is commutative and ÷2 exact), and vs one process on the
+ *     whole batch (different GEMM blocking: reported).
+ *  3. memory per rank: bytes of parameters, gradients and optimizer states held, counted from
+ *     the tensors, against the formulas for the dtypes in use; the allocator's peak per step.
+ *  4. communication per step: bytes counted by the process group (core/dist_group's counters)
+ *     against the formulas.
+ *  5. mixed precision (FSDP2 MixedPrecisionPolicy): bf16 parameters with fp32 or bf16 gradient
+ *     reduction against fp32, on an fp32 master shard.
+ *
+ *   mpt shard                                   # 2 processes, stages 0-3, Adam
+ *   mpt shard --nproc 4 --config configs/shard_n4.json
+ *   torchrun --nproc_per_node 2 --no-python mpt shard
+ */
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "core/compat.hpp"
+#include "core/data.hpp"
+#include "core/dist.hpp"
+#include "core/dist_shard.hpp"
+#include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "core/models.hpp"
+#include "core/runtime.hpp"
+
+namespace mpt {
+
+namespace {
+
+using torch::indexing::None;
+using torch::indexing::Slice;
+
+ConfigSpec shard_spec() {
+  ConfigSpec s;
+  s.integer("/seed", 1, "seed before building each model (torch.manual_seed) and of the data order", 0);
+  s.integer("/nproc", 2, "worker processes spawned on this machine (--nproc N); ignored under torchrun/SLURM", 1,
+            64);
+  s.integers("/model/hidden", {128}, "hidden widths of the MLP 784-hidden...-10", 1, 8192);
+  s.integers("/train/stages", {0, 1, 2, 3}, "ZeRO stages to train (0 = DDP); each is compared with stage 0", 0, 3);
+  s.integer("/train/samples", 2048, "Fashion-MNIST training samples used (the first ones, then shuffled)", 1, 60000);
+  s.integer("/train/global_batch", 64, "samples per step over all ranks (a multiple of N x micro_batches)", 1,
+            60000);
+  s.integer("/train/micro_batches", 2, "micro-batches per rank and step (gradient accumulation)", 1, 1024);
+  s.integer("/train/steps", 12, "optimizer steps per run", 1, 100000);
+  s.choice("/optimizer/name", "adam", {"adam", "sgd"}, "torch.optim.Adam or torch.optim.SGD");
+  s.number("/optimizer/lr", 1e-3, "learning rate", 0.0);
+  s.number("/optimizer/beta1", 0.9, "Adam beta1", 0.0, 1.0);
+  s.number("/optimizer/beta2", 0.999, "Adam beta2", 0.0, 1.0);
+  s.number("/optimizer/eps", 1e-8, "Adam eps", 0.0);
+  s.number("/optimizer/weight_decay", 0.0, "L2 weight decay (both optimizers)", 0.0);
+  s.number("/optimizer/momentum", 0.0, "SGD momentum (a state of 4 bytes per parameter when > 0)", 0.0, 1.0);
+  s.choice("/mixed/param_dtype", "fp32", {"fp32", "bf16"},
+           "compute dtype of the training runs (FSDP2 MixedPrecisionPolicy.param_dtype)");
+  s.choice("/mixed/reduce_dtype", "fp32", {"fp32", "bf16"}, "gradient reduction dtype of the training runs");
+  s.boolean("/mixed/compare", true, "train /mixed/stage with bf16 parameters (fp32 and bf16 reduction) vs fp32");
+  s.integer("/mixed/stage", 3, "the ZeRO stage of the mixed-precision comparison", 0, 3);
+  s.boolean("/zero/reduce_every_micro_batch", false,
+            "stages 2-3: reduce-scatter after every micro-batch (DeepSpeed) instead of after the last (FSDP2 no-sync)");
+  s.boolean("/zero/compare_every_micro_batch", true,
+            "also train stage 2 with the other /zero/reduce_every_micro_batch setting and report the difference");
+  s.string("/data/dir", kFashionMnistDir, "folder with Fashion-MNIST's IDX .gz files");
+  s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
+  s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step (-1: none)", -1, 63);
+  s.integer("/fault/step", 2, "for testing: the step (of the first run) at which /fault/rank fails", 0);
+  s.choice("/fault/mode", "exit", {"exit", "hang"},
+           "for testing: how /fault/rank fails: exit (the process ends) or hang (alive but silent)");
+  return s;
+}
+
+torch::ScalarType dtype_of(const std::string& name) { return name == "bf16" ? torch::kBFloat16 : torch::kFloat32; }
+int64_t bytes_of(torch::ScalarType t) { return t == torch::kBFloat16 ? 2 : 4; }
+
+std::vector<int64_t> hidden_of(const Config& cfg) {
+  std::vector<int64_t> h;
+  for (auto v : cfg.integers("/model/hidden")) h.push_back(v);
+  return h;
+}
+
+struct Setup {
+  int64_t seed = 1, global_batch = 64, micro = 1, steps = 1;
+  std::vector<int64_t> hidden;
+  std::string optimizer = "adam";
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0, momentum = 0;
+};
+
+Setup setup_of(const Config& cfg) {
+  Setup s;
+  s.seed = cfg.integer("/seed");
+  s.global_batch = cfg.integer("/train/global_batch");
+  s.micro = cfg.integer("/train/micro_batches");
+  s.steps = cfg.integer("/train/steps");
+  s.hidden = hidden_of(cfg);
+  s.optimizer = cfg.str("/optimizer/name");
+  s.lr = cfg.number("/optimizer/lr");
+  s.beta1 = cfg.number("/optimizer/beta1");
+  s.beta2 = cfg.number("/optimizer/beta2");
+  s.eps = cfg.number("/optimizer/eps");
+  s.weight_decay = cfg.number("/optimizer/weight_decay");
+  s.momentum = cfg.number("/optimizer/momentum");
+  return s;
+}
+
+/// torch.optim.Adam / SGD with the config's options, over `params` (full tensors or shards).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& s, std::vector<torch::Tensor> params) {
+  if (s.optimizer == "adam")
+    return std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(s.lr).betas(std::make_tuple(s.beta1, s.beta2)).eps(s.eps).weight_decay(
+                    s.weight_decay));
+  return std::make_unique<torch::optim::SGD>(
+      params, torch::optim::SGDOptions(s.lr).momentum(s.momentum).weight_decay(s.weight_decay));
+}
+
+/// Optimizer state bytes per parameter element: Adam's m and v (fp32), SGD's momentum buffer.
+int64_t state_bytes(const Setup& s) { return s.optimizer == "adam" ? 8 : (s.momentum > 0 ? 4 : 0); }
+
+/// Rank r's samples of step `step`: the DistributedSampler shard perm[r::n], local batch b.
+torch::Tensor local_indices(const torch::Tensor& perm, int64_t r, int64_t n, int64_t step, int64_t b) {
+  return perm.index({Slice(r, None, n)}).index({Slice(step * b, (step + 1) * b)});
+}
+
+torch::Tensor flat(const std::vector<torch::Tensor>& ts) {
+  std::vector<torch::Tensor> v;
+  for (const auto& t : ts) v.push_back(t.detach().reshape({-1}).to(torch::kFloat32));
+  return torch::cat(v);
+}
+
+// ----------------------------------------------------------------------------
+// References in one process
+// ----------------------------------------------------------------------------
+
+/// One process, LibTorch's own modules and optimizer: each step the gradient is the sum, in
+/// rank order, of (local gradient of rank r) / N, each local gradient accumulated over the
+/// micro-batches as the ranks do (whole = false); or the mean over the whole global batch in
+/// one backward (whole = true). Returns the flat parameters after every step and the losses.
+struct Trajectory {
+  std::vector<torch::Tensor> params;
+  std::vector<double> losses;
+};
+
+Trajectory single_process(const Dataset& data, const torch::Tensor& perm, int64_t n, const Setup& s, bool whole) {
+  seed_all(static_cast<std::uint64_t>(s.seed));
+  auto net = mlp(784, s.hidden, 10);
+  auto opt = make_optimizer(s, net->parameters());
+  const int64_t b = s.global_batch / n;
+  Trajectory t;
+  for (int64_t step = 0; step < s.steps; ++step) {
+    dist::note_progress();
+    if (whole) {
+      std::vector<torch::Tensor> parts;
+      for (int64_t r = 0; r < n; ++r) parts.push_back(local_indices(perm, r, n, step, b));
+      auto idx = torch::cat(parts);
+      opt->zero_grad();
+      auto loss = torch::cross_entropy_loss(net->forward(data.images.index_select(0, idx)),
+                                            data.labels.index_select(0, idx));
+      loss.backward();
+      t.losses.push_back(loss.item<double>());
+    } else {
+      std::vector<torch::Tensor> sum;
+      double loss_sum = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        clear_grads(net->parameters());
+        auto idx = local_indices(perm, r, n, step, b);
+        auto xs = data.images.index_select(0, idx).tensor_split(s.micro);
+        auto ys = data.labels.index_select(0, idx).tensor_split(s.micro);
+        double local = 0;
+        for (int64_t m = 0; m < s.micro; ++m) {
+          auto loss = torch::cross_entropy_loss(net->forward(xs[m]), ys[m]) / static_cast<double>(s.micro);
+          loss.backward();
+          local += loss.item<double>();
+        }
+        loss_sum += local;
+        const auto ps = net->parameters();
+        for (std::size_t i = 0; i < ps.size(); ++i) {
+          auto term = n == 1 ? ps[i].grad().clone() : ps[i].grad() / static_cast<double>(n);
+          if (r == 0)
+            sum.push_back(term);
+          else
+            sum[i] = sum[i] + term;
+        }
+      }
+      const auto ps = net->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i];
+      t.losses.push_back(loss_sum / static_cast<double>(n));
+    }
+    opt->step();
+    t.params.push_back(flat(net->parameters()));
+  }
+  return t;
+}
+
+// ----------------------------------------------------------------------------
+// One sharded run
+// ----------------------------------------------------------------------------
+
+struct RunSpec {
+  std::string name;
+  dist::ShardOptions opts;
+};
+
+struct RunOut {
+  std::vector<double> losses;
+  std::vector<torch::Tensor> params;  // rank 0: flat parameters after every step
+  dist::HeldBytes held;               // the largest over the ranks, per role
+  std::map<std::string, dist::CommCount> comm;  // this rank's counters over the training steps
+  int64_t numel = 0, padded = 0;
+  double step_s = 0;
+  int64_t transient_peak = 0;  // allocator: bytes above a step's start, largest over steps >= 1 and ranks
+};
+
+RunOut train(const Dataset& data, const torch::Tensor& perm, World& w, const Setup& s, const RunSpec& spec,
+             int index, bool faults) {
+  const int n = w.size(), r = w.rank();
+  const int64_t b = s.global_batch / n;
+  auto g = w.new_group(fmt::format("shard_{}/", index), n, torch::kCPU);
+  seed_all(static_cast<std::uint64_t>(s.seed));
+  auto net = mlp(784, s.hidden, 10);
+  dist::ShardedDataParallel model(net, g, spec.opts, [&](auto ps) { return make_optimizer(s, std::move(ps)); });
+  g->reset_comm_counts();  // the initial broadcast is not a training step's traffic
+  RunOut out;
+  out.numel = model.numel();
+  out.padded = model.padded_numel();
+  std::map<std::string, dist::CommCount> comm;
+  double timed = 0;
+  for (int64_t step = 0; step < s.steps; ++step) {
+    if (faults) w.fault_point(step);
+    dist::note_progress();
+    auto idx = local_indices(perm, r, n, step, b);
+    auto xs = data.images.index_select(0, idx).tensor_split(s.micro);
+    auto ys = data.labels.index_select(0, idx).tensor_split(s.micro);
+    PeakScope peak(torch::kCPU);
+    const double t0 = now_seconds();
+    double local = 0;
+    for (int64_t m = 0; m < s.micro; ++m) {
+      auto logits = model.forward(xs[m]).to(torch::kFloat32);
+      auto loss = torch::cross_entropy_loss(logits, ys[m]) / static_cast<double>(s.micro);
+      model.backward(loss, m + 1 == s.micro);
+      local += loss.item<double>();
+    }
+    model.step();
+    if (step > 0) {
+      timed += now_seconds() - t0;
+      out.transient_peak = std::max(out.transient_peak, peak.peak_bytes());
+    }
+    // Outside the step: the global loss and the parameters for the equivalence check.
+    const auto counts = g->comm_counts();
+    auto l = torch::tensor({local}, torch::kFloat64);
+    w.group()->allreduce(l);
+    out.losses.push_back(l.item<double>() / n);
+    auto full = flat(model.full_parameters());
+    if (r == 0) out.params.push_back(full);
+    g->reset_comm_counts();
+    for (const auto& kv : counts) {
+      auto& c = comm[kv.first];
+      c.calls += kv.second.calls;
+      c.payload_bytes += kv.second.payload_bytes;
+      c.sent_bytes += kv.second.sent_bytes;
+      c.emulated += kv.second.emulated;
+    }
+  }
+  out.comm = comm;
+  out.step_s = s.steps > 1 ? timed / static_cast<double>(s.steps - 1) : 0.0;
+  // Memory: the largest over the ranks (the first ranks hold the larger shards).
+  const dist::HeldBytes h = model.held_peak();
+  auto m = torch::tensor({h.params, h.grads, h.optimizer, out.transient_peak}, torch::kInt64).to(torch::kFloat64);
+  w.group()->allreduce(m, dist::ReduceOp::Max);
+  out.held.params = static_cast<int64_t>(m[0].item<double>());
+  out.held.grads = static_cast<int64_t>(m[1].item<double>());
+  out.held.optimizer = static_cast<int64_t>(m[2].item<double>());
+  out.transient_peak = static_cast<int64_t>(m[3].item<double>());
+  return out;
+}
+
+/// Largest |a - b| over two trajectories of flat parameters (core/models' max_abs_diff).
+double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  return max_abs_diff(a, b);
+}
+
+// ----------------------------------------------------------------------------
+// Formulas
+// ----------------------------------------------------------------------------
+
+/// Model-state bytes of one rank by role, as real numbers (a formula's value).
+struct Bytes {
+  double params = 0, grads = 0, optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+
+/// Model-state bytes per rank of this implementation (dist::ShardedDataParallel), at the
+/// optimizer step: bp = bytes of param_dtype, S = optimizer state bytes per element, Ψ, N.
+/// The fp32 master is the parameter itself in fp32 stage 0 and a separate 4-byte copy otherwise
+/// (stages 1-2: a shard; stage 3: the sharded parameter is the master, FSDP2's fp32 shard).
+/// `sharded` is the element count of the sharded terms: Ψ for the formula, or the elements the
+/// largest rank really holds times N (Ψ' = Σ N·ceil(dim0/N)·row size) for its upper bound.
+Bytes formula_bytes(int stage, int64_t bp_, int64_t S_, double psi, double sharded, int n) {
+  const double bp = static_cast<double>(bp_), S = static_cast<double>(S_), m = bp_ != 4 ? 4.0 : 0.0;
+  const double shard = sharded / n;
+  Bytes f;
+  switch (stage) {
+    case 0: f = {bp * psi, bp * psi + m * psi, m * psi + S * psi}; break;
+    case 1: f = {bp * psi, bp * psi + 4 * shard, (4 + S) * shard}; break;
+    case 2: f = {bp * psi, 4 * shard, (4 + S) * shard}; break;
+    default: f = {4 * shard, 4 * shard, S * shard};
+  }
+  return f;
+}
+
+/// x rounded to the nearest integer (bytes for display).
+int64_t rounded(double x) { return static_cast<int64_t>(std::llround(x)); }
+
+/// The ZeRO paper's model-state bytes per rank (Rajbhandari et al. 2020, §5, Figure 1) for
+/// parameters and gradients of bp bytes and K bytes of optimizer state per element.
+double paper_bytes(int stage, double bp, double k, double psi, int n) {
+  switch (stage) {
+    case 0: return (bp + bp + k) * psi;
+    case 1: return bp * psi + bp * psi + k * psi / n;
+    case 2: return bp * psi + (bp + k) * psi / n;
+    default: return (bp + bp + k) * psi / n;
+  }
+}
+
+/// Payload bytes per step and rank of each collective kind (what the caller hands to the group:
+/// all-reduce buffer, all-gather output, reduce-scatter input; see dist::CommCount), for Ψ
+/// elements (Ψ' = padded for the dim-0 sharded collectives) and M micro-batches:
+///   stage 0  all-reduce Ψ·b_r;  stages 1-2  reduce-scatter R·Ψ'·b_r + all-gather Ψ'·b_p;
+///   stage 3  all-gather 2M·Ψ'·b_p (forward and backward of every micro-batch) + reduce-scatter R·Ψ'·b_r,
+/// R = M when reducing every micro-batch (stages 2-3), else 1.
+std::map<std::string, double> formula_payload(const dist::ShardOptions& o, double psi, double padded, int64_t micro) {
+  const double bp = bytes_of(o.param_dtype), br = bytes_of(o.reduce_dtype);
+  const double reductions = o.reduce_every_micro_batch && o.stage >= 2 ? static_cast<double>(micro) : 1.0;
+  std::map<std::string, double> f;
+  if (o.stage == 0) {
+    f["all_reduce"] = psi * br;
+  } else if (o.stage < 3) {
+    f["reduce_scatter"] = reductions * padded * br;
+    f["all_gather"] = padded * bp;
+  } else {
+    f["all_gather"] = 2.0 * static_cast<double>(micro) * padded * bp;
+    f["reduce_scatter"] = reductions * padded * br;
+  }
+  return f;
+}
+
+/// Bytes one rank sends for a payload of `payload` bytes of collective `kind` under the ring
+/// algorithm, N ranks: all-reduce 2(N−1)/N, the others (N−1)/N (dist::CommCount).
+double ring_sent(const std::string& kind, double payload, int n) {
+  return (kind == "all_reduce" ? 2.0 : 1.0) * payload * (n - 1) / n;
+}
+
+// ----------------------------------------------------------------------------
+// The experiment
+// ----------------------------------------------------------------------------
+
+Report run_shard(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  World& w = *ctx.world;
+  const int n = w.size(), rank = w.rank();
+  const Setup s = setup_of(cfg);
+  install_counting_allocator();  // before the tensors whose peaks are measured
+
+  Dataset data = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/train/samples"));
+  const torch::Tensor perm = shuffled_indices(data.size(), static_cast<std::uint64_t>(s.seed));
+
+  report.env["shard_reduce_scatter"] =
+      compat::kGlooHasReduceScatter
+          ? "c10d ProcessGroupGloo::reduce_scatter"
+          : "emulated: LibTorch " + compat::torch_version() +
+                "'s Gloo has no reduce_scatter; an all-reduce of a copy, keeping this rank's chunk "
+                "(2(N-1)/N instead of (N-1)/N of the bytes: counted as sent)";
+  report.env["shard_world_size"] = n;
+
+  // 1. The references, in one process (rank 0; the others wait in the barrier below).
+  Trajectory same, whole;
+  if (rank == 0) {
+    same = single_process(data, perm, n, s, /*whole=*/false);
+    whole = single_process(data, perm, n, s, /*whole=*/true);
+  }
+  w.group()->barrier();
+
+  // 2. The runs: every stage asked for, then the other micro-batch reduction, then mixed precision.
+  const torch::ScalarType pd = dtype_of(cfg.str("/mixed/param_dtype")), rd = dtype_of(cfg.str("/mixed/reduce_dtype"));
+  const bool every = cfg.boolean("/zero/reduce_every_micro_batch");
+  std::vector<RunSpec> runs;
+  for (auto st : cfg.integers("/train/stages")) {
+    RunSpec r{fmt::format("stage{}", st), {}};
+    r.opts.stage = static_cast<int>(st);
+    r.opts.param_dtype = pd;
+    r.opts.reduce_dtype = rd;
+    r.opts.reduce_every_micro_batch = every;
+    runs.push_back(r);
+  }
+  const bool has0 = !runs.empty() && runs.front().opts.stage == 0;
+  if (!has0) {  // the DDP baseline every stage is compared with
+    RunSpec r{"stage0", {}};
+    r.opts.param_dtype = pd;
+    r.opts.reduce_dtype = rd;
+    runs.insert(runs.begin(), r);
+  }
+  const std::size_t main_runs = runs.size();
+  if (cfg.boolean("/zero/compare_every_micro_batch") && s.micro > 1) {
+    RunSpec r{every ? "stage2_reduce_after_last" : "stage2_reduce_every_micro_batch", {}};
+    r.opts.stage = 2;
+    r.opts.param_dtype = pd;
+    r.opts.reduce_dtype = rd;
+    r.opts.reduce_every_micro_batch = !every;
+    runs.push_back(r);
+  }
+  const std::size_t mixed_first = runs.size();
+  const int mstage = static_cast<int>(cfg.integer("/mixed/stage"));
+  const KernelProbe bf16 = probe_kernels(torch::kCPU, torch::kBFloat16);
+  if (cfg.boolean("/mixed/compare")) {
+    std::vector<std::pair<std::string, std::string>> policies{{"fp32", "fp32"}};
+    if (bf16.runs) policies.emplace_back("bf16", "fp32");  // where this LibTorch's bf16 GEMM runs
+    if (bf16.runs && compat::kTorch2) policies.emplace_back("bf16", "bf16");  // 1.13's Gloo cannot sum bf16
+    for (auto [p, q] : policies) {
+      RunSpec r{fmt::format("stage{}_{}_{}", mstage, p, q), {}};
+      r.opts.stage = mstage;
+      r.opts.param_dtype = dtype_of(p);
+      r.opts.reduce_dtype = dtype_of(q);
+      r.opts.reduce_every_micro_batch = every;
+      runs.push_back(r);
+    }
+  }
+  std::vector<RunOut> outs;
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    outs.push_back(train(data, perm, w, s, runs[i], static_cast<int>(i), /*faults=*/i == 0));
+  if (rank != 0) return report;
+
+  // 3. Equivalence, every step.
+  const bool order_same = n <= 2;
+  const bool fp32 = pd == torch::kFloat32 && rd == torch::kFloat32;
+  Table eq{"equivalence",
+           fmt::format("Parameters every step vs DDP and vs one process ({} ranks, {} steps, {} micro-batches, {})", n,
+                       s.steps, s.micro, s.optimizer),
+           {text_col("name", "run"), int_col("stage", "stage"), sci_col("vs_ddp", "vs DDP"),
+            sci_col("vs_single", "vs 1-proc"), sci_col("vs_whole_batch", "vs 1-proc whole"),
+            float_col("final_loss", "final loss")}};
+  const RunOut& ddp = outs[0];
+  for (std::size_t i = 0; i < mixed_first; ++i) {
+    const RunOut& o = outs[i];
+    const double vd = max_diff(o.params, ddp.params), vs = max_diff(o.params, same.params),
+                 vw = max_diff(o.params, whole.params);
+    eq.rows.push_back({{"name", runs[i].name}, {"stage", runs[i].opts.stage}, {"vs_ddp", vd}, {"vs_single", vs},
+                       {"vs_whole_batch", vw}, {"final_loss", o.losses.back()}});
+    if (i >= main_runs) continue;  // the other micro-batch order: a different sum (reported)
+    // Reducing every micro-batch (stages 2-3 with /zero/reduce_every_micro_batch) sums the N*M
+    // terms in another order than DDP's local accumulation: reported, checked below among themselves.
+    if (every && runs[i].opts.stage >= 2) continue;
+    if (order_same)
+      report.check(fmt::format("{}: parameters equal DDP's bitwise, every step (N = {})", runs[i].name, n), vd, 0.0);
+    if (order_same && fp32)
+      report.check(fmt::format("{}: parameters equal one process's bitwise, every step (N = {})", runs[i].name, n), vs,
+                   0.0);
+  }
+  // Runs whose reductions are the same calls on the same buffers add in the same order at any N:
+  // stages 1 and 2 (one reduce-scatter of every gradient after the last micro-batch); with
+  // reduce_every_micro_batch at N <= 2, stages 2 and 3 (per micro-batch, accumulated alike).
+  auto find = [&](int stage) -> int {
+    for (std::size_t i = 0; i < main_runs; ++i)
+      if (runs[i].opts.stage == stage) return static_cast<int>(i);
+    return -1;
+  };
+  const int i1 = find(1), i2 = find(2), i3 = find(3);
+  if (!order_same && i1 >= 0 && i2 >= 0 && !every)
+    report.check("stage2 vs stage1: parameters equal bitwise, every step (the same reduce-scatter)",
+                 max_diff(outs[static_cast<std::size_t>(i2)].params, outs[static_cast<std::size_t>(i1)].params), 0.0);
+  if (order_same && every && i2 >= 0 && i3 >= 0)
+    report.check("stage3 vs stage2, reducing every micro-batch: parameters equal bitwise, every step",
+                 max_diff(outs[static_cast<std::size_t>(i3)].params, outs[static_cast<std::size_t>(i2)].params), 0.0);
+  eq.notes.push_back("max |param difference| over all steps and parameters; 0 = bitwise equal at every step");
+  eq.notes.push_back(
+      "vs DDP / vs 1-proc: the gradient of every rank is divided by N, then summed over the ranks; with N <= 2 that "
+      "sum is one addition (commutative) and /2 is exact, so every stage must match bit for bit. With N > 2 Gloo's "
+      "collectives may add the N terms in other orders (the order depends on the algorithm and on an element's place "
+      "in the buffer): then only stages 1 and 2 (the same reduce-scatter call) must match each other; the others are "
+      "reported (no a-priori bound on parameters after several Adam steps: its update is not Lipschitz in g near 0)");
+  eq.notes.push_back("vs 1-proc = one process, LibTorch's own modules and optimizer, accumulating the ranks' local "
+                     "batches in rank order; vs 1-proc whole = one backward over the whole global batch (one GEMM "
+                     "over B rows instead of N*M over B/(N*M): other rounding, reported, not checked)");
+  if (mixed_first > main_runs)
+    eq.notes.push_back("stage2_reduce_*: the other micro-batch reduction — a sum of N*M terms in another order "
+                       "(sum over ranks of each micro-batch, then over micro-batches): reported, not checked");
+  if (!fp32) eq.notes.push_back("the 1-proc references train in fp32; these runs compute in bf16 or reduce in bf16");
+  report.add(std::move(eq));
+
+  // Loss curves side by side.
+  {
+    std::vector<Column> cols{int_col("step", "step")};
+    for (std::size_t i = 0; i < main_runs; ++i) cols.push_back(float_col(runs[i].name, runs[i].name));
+    cols.push_back(float_col("single", "1-proc"));
+    Table lc{"loss", fmt::format("Loss per step (mean over the global batch of {})", s.global_batch), cols};
+    for (int64_t t = 0; t < s.steps; ++t) {
+      json row = {{"name", fmt::format("step{}", t)}, {"step", t}};
+      for (std::size_t i = 0; i < main_runs; ++i) row[runs[i].name] = outs[i].losses[static_cast<std::size_t>(t)];
+      row["single"] = same.losses[static_cast<std::size_t>(t)];
+      lc.rows.push_back(row);
+    }
+    lc.notes.push_back("the loss of step t is computed before step t's update; micro-batch losses are summed per rank "
+                       "and averaged over the ranks");
+    report.add(std::move(lc));
+  }
+
+  // 4. Memory per rank against the formulas.
+  const int64_t S = state_bytes(s);
+  const double psi = static_cast<double>(ddp.numel);
+  {
+    Table mem{"memory",
+              fmt::format("Model states per rank at the optimizer step (Psi = {} parameters, N = {}, {} state {} B/param)",
+                          ddp.numel, n, s.optimizer, S),
+              {text_col("name", "run"), int_col("params", "params", "bytes"), int_col("params_formula", "formula", "bytes"),
+               int_col("grads", "grads", "bytes"), int_col("grads_formula", "formula", "bytes"),
+               int_col("optimizer", "optim", "bytes"), int_col("optimizer_formula", "formula", "bytes"),
+               int_col("total", "total", "bytes"), int_col("total_formula", "formula", "bytes"),
+               int_col("paper", "ZeRO paper", "bytes")}};
+    double worst = 0;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const auto& h = outs[i].held;
+      const int st = runs[i].opts.stage;
+      const int64_t bp = bytes_of(runs[i].opts.param_dtype);
+      const auto f = formula_bytes(st, bp, S, psi, psi, n);
+      const double k = (bp != 4 ? 4.0 : 0.0) + static_cast<double>(S);
+      mem.rows.push_back({{"name", runs[i].name}, {"params", h.params}, {"params_formula", rounded(f.params)},
+                          {"grads", h.grads}, {"grads_formula", rounded(f.grads)}, {"optimizer", h.optimizer},
+                          {"optimizer_formula", rounded(f.optimizer)}, {"total", h.total()},
+                          {"total_formula", rounded(f.total())},
+                          {"paper", rounded(paper_bytes(st, static_cast<double>(bp), k, psi, n))}});
+      // Per role: formula(Ψ) <= held <= formula(Ψ'): the largest rank holds ceil(dim0/N) rows of
+      // every sharded tensor, Ψ'/N elements (equal when N divides every dim 0).
+      const auto up = formula_bytes(st, bp, S, psi, static_cast<double>(outs[i].padded), n);
+      const double held[3] = {static_cast<double>(h.params), static_cast<double>(h.grads),
+                              static_cast<double>(h.optimizer)};
+      const double lo[3] = {f.params, f.grads, f.optimizer}, hi[3] = {up.params, up.grads, up.optimizer};
+      for (int q = 0; q < 3; ++q)
+        worst = std::max({worst, (held[q] - hi[q]) / std::max(hi[q], 1.0), (lo[q] - held[q]) / std::max(lo[q], 1.0)});
+    }
+    report.check("memory: held bytes per role outside [formula(Psi), formula(Psi')] (relative, largest rank)", worst,
+                 0.0);
+    mem.notes.push_back(fmt::format(
+        "formula, this implementation (bp = bytes of the param dtype: 4 fp32, 2 bf16; S = {} B optimizer state per "
+        "element; fp32 master 4 B): "
+        "stage 0 P = bp*Psi, G = bp*Psi (+4Psi fp32 master grads if bp != 4), O = S*Psi (+4Psi master if bp != 4); "
+        "stage 1 P = bp*Psi, G = bp*Psi + 4Psi/N, O = (4+S)Psi/N; stage 2 P = bp*Psi, G = 4Psi/N, O = (4+S)Psi/N; "
+        "stage 3 P = 4Psi/N (the fp32 shard is the parameter), G = 4Psi/N, O = S*Psi/N", S));
+    mem.notes.push_back(fmt::format(
+        "ZeRO paper: stage 0 (2bp+K)Psi, 1: 2bp*Psi + K*Psi/N, 2: bp*Psi + (bp+K)Psi/N, 3: (2bp+K)Psi/N with "
+        "K = S + 4 when bp != 4 (the master copy), else S; the paper's mixed-precision case is bp = 2, K = 12. "
+        "Stages 1-2 here keep an fp32 gradient shard and an fp32 master shard beside the parameters, which the "
+        "paper counts in K only"));
+    mem.notes.push_back("measured = numel * element size of the tensors each rank keeps (the largest rank; uneven "
+                        "dim-0 chunks give the first ranks ceil(dim0/N) rows), at the optimizer step; gathered "
+                        "parameters and unsharded gradients inside a step are transient: see timings.memory_peak");
+    report.add(std::move(mem));
+
+    Table peak{"memory_peak", "Allocator peak per step above the step's start, per rank (run-dependent)",
+               {text_col("name", "run"), int_col("transient_peak", "peak", "bytes"), float_col("step_ms", "step", "ms")}};
+    for (std::size_t i = 0; i < runs.size(); ++i)
+      peak.rows.push_back({{"name", runs[i].name}, {"transient_peak", outs[i].transient_peak},
+                           {"step_ms", outs[i].step_s * 1e3}});
+    peak.notes.push_back("core/memory's counting CPU allocator: activations, unsharded gradients, gathered parameters, "
+                         "communication buffers and the optimizer's temporaries of one step (largest over steps >= 1 "
+                         "and ranks); step = forward + backward + reduction + optimizer step, mean over steps >= 1");
+    report.add(std::move(peak), Store::Timings);
+  }
+
+  // 5. Communication per step, counted by the process group.
+  {
+    Table cm{"comm", fmt::format("Communication per step and rank, counted at the collective layer (N = {})", n),
+             {text_col("name", "run / collective"), float_col("calls", "calls"),
+              float_col("payload_bytes", "payload", "bytes"), float_col("payload_formula", "formula", "bytes"),
+              float_col("sent_bytes", "sent", "bytes"), float_col("formula_bytes", "formula", "bytes"),
+              float_col("psi_units", "sent", "Psi")}};
+    double worst = 0;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const auto f = formula_payload(runs[i].opts, psi, static_cast<double>(outs[i].padded), s.micro);
+      double total = 0, total_f = 0;
+      std::set<std::string> kinds;
+      for (const auto& kv : outs[i].comm) kinds.insert(kv.first);
+      for (const auto& kv : f) kinds.insert(kv.first);
+      const double steps = static_cast<double>(s.steps);
+      // The paper's unit: Ψ elements of the reduce dtype moved by a ring collective, (N−1)/N·Ψ·B.
+      const double unit = psi * static_cast<double>(bytes_of(runs[i].opts.reduce_dtype)) * (n - 1) / n;
+      for (const auto& k : kinds) {
+        const auto it = outs[i].comm.find(k);
+        const dist::CommCount c = it == outs[i].comm.end() ? dist::CommCount{} : it->second;
+        const double fp = f.count(k) ? f.at(k) : 0.0, fs = ring_sent(k, fp, n);
+        const double payload = static_cast<double>(c.payload_bytes) / steps;
+        total += c.sent_bytes / steps;
+        total_f += fs;
+        if (fp > 0 || payload > 0) worst = std::max(worst, std::abs(payload - fp) / std::max(fp, 1.0));
+        cm.rows.push_back({{"name", runs[i].name + "/" + k}, {"calls", c.calls / steps}, {"payload_bytes", payload},
+                           {"payload_formula", fp}, {"sent_bytes", c.sent_bytes / steps}, {"formula_bytes", fs},
+                           {"psi_units", n > 1 ? c.sent_bytes / steps / unit : 0.0}, {"emulated_calls", c.emulated}});
+      }
+      cm.rows.push_back({{"name", runs[i].name + "/total"}, {"sent_bytes", total}, {"formula_bytes", total_f},
+                         {"psi_units", n > 1 ? total / unit : 0.0}});
+    }
+    report.check("communication: payload bytes per step and collective vs the formula (relative)", worst, 0.0);
+    cm.notes.push_back("sent = ring-algorithm bytes of each call (all-reduce 2(N-1)/N*S, all-gather and reduce-scatter "
+                       "(N-1)/N*S of the full payload S), summed by dist::Group's counters, per step");
+    cm.notes.push_back("payload formula per step: DDP all-reduce Psi*b_r; stages 1-2 reduce-scatter R*Psi'*b_r + "
+                       "all-gather Psi'*b_p; stage 3 all-gather 2M*Psi'*b_p + reduce-scatter R*Psi'*b_r (M micro-batches, "
+                       "each gathers in forward and backward; R = M when reducing every micro-batch, else 1); Psi' = "
+                       "Psi padded to N*ceil(dim0/N) rows per parameter; sent formula = the ring share of it");
+    cm.notes.push_back("sent in Psi = sent / ((N-1)/N * Psi * b_reduce): the ZeRO paper's units — DDP 2, stages 1-2 2, "
+                       "stage 3 3 per forward+backward (here 2M+1 with M micro-batches; bf16 gathers count half)");
+    if (!compat::kGlooHasReduceScatter)
+      cm.notes.push_back("LibTorch 1.13's Gloo has no reduce_scatter: it runs as an all-reduce, which sends "
+                         "2(N-1)/N*S instead of (N-1)/N*S — counted as sent (above the formula), see env");
+    report.add(std::move(cm));
+  }
+
+  // 6. Mixed precision: bf16 parameters, fp32 or bf16 reduction, against fp32.
+  if (cfg.boolean("/mixed/compare")) {
+    Table mp{"mixed_precision",
+             fmt::format("Mixed precision at stage {} (FSDP2 MixedPrecisionPolicy; fp32 master shard)", mstage),
+             {text_col("name", "run"), text_col("param_dtype", "params"), text_col("reduce_dtype", "reduce"),
+              sci_col("vs_fp32", "max|dparam|"), sci_col("loss_diff", "max|dloss|"),
+              float_col("final_loss", "final loss"), float_col("sent_bytes", "sent/step", "bytes")}};
+    const RunOut& ref = outs[mixed_first];
+    for (std::size_t i = mixed_first; i < runs.size(); ++i) {
+      double ld = 0, sent = 0;
+      for (int64_t t = 0; t < s.steps; ++t)
+        ld = std::max(ld, std::abs(outs[i].losses[static_cast<std::size_t>(t)] - ref.losses[static_cast<std::size_t>(t)]));
+      for (const auto& kv : outs[i].comm) sent += kv.second.sent_bytes / static_cast<double>(s.steps);
+      mp.rows.push_back({{"name", runs[i].name},
+                         {"param_dtype", runs[i].opts.param_dtype == torch::kBFloat16 ? "bf16" : "fp32"},
+                         {"reduce_dtype", runs[i].opts.reduce_dtype == torch::kBFloat16 ? "bf16" : "fp32"},
+                         {"vs_fp32", max_diff(outs[i].params, ref.params)}, {"loss_diff", ld},
+                         {"final_loss", outs[i].losses.back()}, {"sent_bytes", sent}});
+    }
+    mp.notes.push_back("bf16 keeps 8 significand bits (unit roundoff 2^-8 = 3.9e-3): forward and backward in bf16 "
+                       "move the parameters by ~lr per step in other directions than fp32; reducing in bf16 rounds "
+                       "the gradient sum too, and halves the reduce-scatter bytes");
+    if (mstage == 3 || mstage == 0)
+      mp.notes.push_back("the fp32 row is the same computation as the stage's own run above: its difference is 0");
+    if (!bf16.runs) mp.notes.push_back("no bf16 rows: this LibTorch's bf16 matrix product does not run here (" + bf16.reason + ")");
+    if (!compat::kTorch2)
+      mp.notes.push_back("no bf16 reduction row: LibTorch " + compat::torch_version() +
+                         "'s Gloo has no bf16 all-reduce (its bf16 all-gathers travel as bytes)");
+    report.add(std::move(mp));
+  }
+  return report;
+}
+
+/// Memory (core/memory) per process, times the processes of this machine: the MLP's model
+/// states of the largest stage (16 bytes per parameter: parameters, gradients, Adam's m, v,
+/// plus a master copy), the single-process references (rank 0: two models and the flat
+/// parameters of every step of every run), activations of a local batch, and the data set.
+MemoryEstimate shard_memory(const Config& cfg, int world_size) {
+  std::vector<int64_t> widths{784};
+  for (auto h : cfg.integers("/model/hidden")) widths.push_back(h);
+  widths.push_back(10);
+  const double P = mlp_param_count(widths);
+  const double runs = static_cast<double>(cfg.integers("/train/stages").size()) + 5;
+  MemoryEstimate e;
+  add_mlp_training(e, "MLP model states and references", widths, cfg.integer("/train/global_batch"), 24, 4,
+                   "/model/hidden", "/train/global_batch, /model/hidden");
+  e.add("flat parameters of every step (rank 0)", "/train/steps, /train/stages, /model/hidden",
+        runs * static_cast<double>(cfg.integer("/train/steps")) * P * 4);
+  e.add("Fashion-MNIST images and labels", "/train/samples",
+        static_cast<double>(cfg.integer("/train/samples")) * (784 * 4 + 8));
+  e.times(world_size, "processes (/nproc)");
+  return e;
+}
+
+/// Cross-key checks before any work and any worker (exit 2 naming the keys).
+void validate_shard(const Config& cfg, int world_size) {
+  const int64_t gb = cfg.integer("/train/global_batch"), m = cfg.integer("/train/micro_batches");
+  if (gb % (world_size * m) != 0)
+    throw ConfigError(fmt::format("/train/global_batch: expected a multiple of N x /train/micro_batches = {} x {} = "
+                                  "{} (every rank's local batch splits into equal micro-batches), got {}",
+                                  world_size, m, world_size * m, gb));
+  const int64_t steps = cfg.integer("/train/steps"), samples = cfg.integer("/train/samples");
+  if (steps * gb > samples)
+    throw ConfigError(fmt::format("/train/samples: expected at least /train/steps x /train/global_batch = {} x {} = {} "
+                                  "(every step reads new samples), got {}", steps, gb, steps * gb, samples));
+  bool stage3 = cfg.integer("/mixed/stage") == 3 && cfg.boolean("/mixed/compare");
+  for (auto st : cfg.integers("/train/stages")) stage3 |= st == 3;
+  if (stage3) {
+    for (auto h : cfg.integers("/model/hidden"))
+      if (h < world_size)
+        throw ConfigError(fmt::format("/model/hidden: stage 3 (/train/stages or /mixed/stage) shards every parameter "
+                                      "along dim 0 over N = {} ranks: expected every width >= {}, got {}",
+                                      world_size, world_size, h));
+    if (10 < world_size)
+      throw ConfigError(fmt::format("/nproc: stage 3 (/train/stages or /mixed/stage) shards the output layer's 10 "
+                                    "rows over the ranks: expected at most 10 ranks, got {}", world_size));
+  }
+  if (cfg.str("/mixed/param_dtype") == "bf16") {
+    const KernelProbe bf16 = probe_kernels(torch::kCPU, torch::kBFloat16);
+    if (!bf16.runs)
+      throw ConfigError("/mixed/param_dtype: expected fp32: this LibTorch's bf16 matrix product does not run here (" +
+                        bf16.reason + "), got \"bf16\"");
+  }
+  if (!compat::kTorch2 && cfg.str("/mixed/reduce_dtype") == "bf16")
+    throw ConfigError("/mixed/reduce_dtype: expected fp32 with LibTorch " + compat::torch_version() +
+                      " (its Gloo has no bf16 all-reduce or reduce-scatter), got \"bf16\"");
+  const int64_t fault = cfg.integer("/fault/rank");
+  if (fault >= world_size)
+    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
+  if (cfg.integer("/fault/step") >= steps && fault >= 0)
+    throw ConfigError(fmt::format("/fault/step: expected a step < /train/steps = {}, got {}", steps,
+                                  cfg.integer("/fault/step")));
+}
+
+ProcessPlan shard_plan(const Config& cfg) {
+  ProcessPlan p;
+  p.timeout_s = cfg.number("/dist/timeout_s");
+  p.fault.rank = static_cast<int>(cfg.integer("/fault/rank"));
+  p.fault.step = cfg.integer("/fault/step");
+  p.fault.hang = cfg.str("/fault/mode") == "hang";
+  return p;
+}
+
+}  // namespace
+
+Experiment shard_experiment() {
+  return {"shard",
+          "Sharded data parallelism: ZeRO stages 0-3 (FSDP2 dim-0 shards), each equal to DDP and one process; bytes "
+          "per rank and per step against the formulas",
+          shard_spec, run_shard, validate_shard, shard_memory, Processes::Multi, shard_plan};
+}
+
+}  // namespace mpt

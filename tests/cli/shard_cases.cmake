@@ -1,0 +1,42 @@
+# CLI cases of `mpt shard` (see cli_case in tests/CMakeLists.txt). Tiny config:
+# configs/shard_quick.json trains 4 steps of a 784-32-10 MLP on 2 ranks, 2 micro-batches each.
+set(SHQ shard --config configs/shard_quick.json)
+
+# Two processes over loopback: every stage equals DDP and one process bitwise, bytes = formulas.
+cli_case(shard_two_processes 0 "OK: 10 of 10 checks passed" ${SHQ})
+# One process: the collectives are copies; every stage equals LibTorch's own Adam bitwise.
+cli_case(shard_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${SHQ} --nproc 1)
+# SGD with momentum (a 4-byte state), bf16 compute with fp32 reduction as the training runs.
+cli_case(shard_sgd_bf16 0 "OK: [0-9]+ of [0-9]+ checks passed" ${SHQ} --set optimizer.name=sgd
+         --set optimizer.momentum=0.9 --set optimizer.lr=0.05 --set mixed.param_dtype=bf16)
+# DeepSpeed's reduce-scatter after every micro-batch (stages 2-3), with FSDP2's order as the extra row.
+cli_case(shard_reduce_every_micro_batch 0 "stage2_reduce_after_last" ${SHQ} --set zero.reduce_every_micro_batch=true)
+# Three ranks: dim-0 chunks do not divide (32 and 10 rows over 3: padding), sums of 3 terms.
+cli_case(shard_three_processes 0 "OK: [0-9]+ of [0-9]+ checks passed" ${SHQ} --nproc 3 --set train.global_batch=18
+         --set train.samples=288)
+# A rank dies at step 1: the run fails (exit 3) naming rank 1, within the timeout.
+cli_case(shard_killed_rank 3 "rank 1 of 2 failed" ${SHQ} --set fault.rank=1 --set fault.step=1 --set dist.timeout_s=5)
+# Bad inputs: exit 2 naming the keys, before any process starts.
+cli_case(shard_bad_stage 2 "/train/stages.*expected.*<= 3" shard --set "train.stages=[0,4]")
+cli_case(shard_batch_not_multiple 2 "/train/global_batch: expected a multiple of N x /train/micro_batches = 2 x 2"
+         ${SHQ} --set train.global_batch=18)
+cli_case(shard_stage3_param_too_small 2 "/model/hidden: stage 3 .* over N = 4 ranks: expected every width >= 4, got 2"
+         ${SHQ} --nproc 4 --set "model.hidden=[2]")
+cli_case(shard_fault_rank_missing 2 "/fault/rank: expected -1 or a rank 0 .. 1, got 2" ${SHQ} --set fault.rank=2)
+cli_case(shard_too_few_samples 2 "/train/samples: expected at least /train/steps x /train/global_batch" ${SHQ}
+         --set train.samples=32)
+cli_case(shard_bad_dtype 2 "/mixed/param_dtype" ${SHQ} --set mixed.param_dtype=fp16)
+
+add_test(NAME cli.shard_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> shard
+                 --config configs/shard_quick.json
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# A rank hangs (alive but silent) at step 1: rank 0 names rank 1, every rank ends, nothing left running.
+add_test(NAME cli.shard_hung_rank
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/shard_hang.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) instead of --nproc.
+add_test(NAME cli.shard_torchrun_env
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> shard
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.shard_deterministic cli.shard_hung_rank cli.shard_torchrun_env PROPERTIES TIMEOUT 120)

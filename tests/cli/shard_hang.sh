@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# A hung rank (as dataparallel_hang.sh): `mpt shard --nproc 2` where rank 1 stays alive but
+# silent from step 1 on (/fault/mode = hang: it sleeps forever). Checks that
+#  - mpt exits 3 within a bound (timeout + report window + start-up, far below "forever");
+#  - rank 0's error names rank 1 as the rank that did not answer;
+#  - the launcher names rank 1 as the failed rank (not rank 0, which only gave up waiting);
+#  - no result file is written and no process of the run is left behind (pgrep -f on the
+#    run's unique scratch path, which every worker carries in its command line).
+#   shard_hang.sh MPT
+set -u
+mpt=$1
+timeout_s=3
+tmp=$(mktemp -d /tmp/mpt-shard-hang.XXXXXX)
+cleanup() { for p in $(pgrep -f -- "$tmp"); do kill -KILL "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- stderr:"; cat "$tmp/err"; exit 1; }
+start=$(date +%s%N)
+"$mpt" shard --config configs/shard_quick.json \
+  --set fault.rank=1 --set fault.step=1 --set fault.mode=hang --set dist.timeout_s=$timeout_s \
+  --out "$tmp/result.json" > "$tmp/out" 2> "$tmp/err"
+code=$?
+took_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[ "$code" = 3 ] || fail "exit code $code, expected 3"
+grep -Eq "all-reduce failed on rank 0 of 2: .*rank 1 did not answer" "$tmp/err" \
+  || fail "rank 0's message does not name rank 1 as the rank that did not answer"
+grep -Eq "rank 1 of 2 failed: did not answer" "$tmp/err" || fail "the launcher does not blame rank 1"
+grep -Eq "rank 0 of 2 failed" "$tmp/err" && fail "the launcher blames rank 0, which only timed out"
+[ ! -e "$tmp/result.json" ] || fail "a result file was written"
+[ "$took_ms" -le $(( (timeout_s + 25) * 1000 )) ] || fail "took ${took_ms} ms for a ${timeout_s} s timeout"
+sleep 0.3
+left=$(pgrep -f -- "$tmp")
+[ -z "$left" ] || fail "processes left behind: $(ps -o pid=,args= -p "$(echo $left | tr ' ' ,)")"
+grep -E "did not answer|killing" "$tmp/err"
+echo "ok: hung rank 1 reported, mpt exited 3 after ${took_ms} ms, no process left"

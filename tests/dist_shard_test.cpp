@@ -1,0 +1,228 @@
+// Unit tests of core/dist_shard: FSDP2's dim-0 split, the padded all-gather / reduce-scatter,
+// and ShardedDataParallel at ZeRO stages 0-3 on a real two-rank Gloo group (two threads of
+// this process meeting in the job's store as two processes would). Catch2's assertions are not
+// thread-safe: the ranks only compute, the checks run on the main thread afterwards.
+#include <functional>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "catch.hpp"
+#include "core/compat.hpp"
+#include "core/dist.hpp"
+#include "core/dist_shard.hpp"
+
+using namespace mpt;
+
+namespace {
+
+// Runs body(group, rank) on ranks 0 and 1 of a fresh two-rank Gloo group named `prefix`.
+// Returns each rank's error message ("" when it finished).
+std::vector<std::string> on_two_ranks(const std::string& prefix,
+                                      const std::function<void(std::shared_ptr<dist::Group>, int)>& body) {
+  using std::chrono::milliseconds;
+  dist::connect_store(dist::LaunchInfo{}, milliseconds(10000));  // one process, no launcher: a HashStore
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto g = dist::Group::create({}, r, 2, prefix, milliseconds(10000));
+        body(g, r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
+torch::nn::Sequential small_mlp() {
+  torch::manual_seed(11);
+  torch::nn::Sequential net;
+  net->push_back(torch::nn::Linear(6, 5));  // 5 rows over 2 ranks: chunks of 3, rank 1 holds 2 (padding)
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::Linear(5, 3));
+  return net;
+}
+
+std::unique_ptr<torch::optim::Optimizer> adam(std::vector<torch::Tensor> ps) {
+  return std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(0.01));
+}
+
+}  // namespace
+
+TEST_CASE("dim0_split: torch.chunk's split as FSDP2 Shard(0) makes it (chunk ceil(d/N), last ranks short)",
+          "[dist][shard]") {
+  auto a = dist::dim0_split(10, 3, 4);  // chunks 3, 3, 3, 1
+  CHECK(a.chunk == 3);
+  CHECK(a.offset == 9);
+  CHECK(a.rows == 1);
+  auto b = dist::dim0_split(5, 3, 4);  // chunks 2, 2, 1, 0: the last rank holds nothing, sends padding
+  CHECK(b.chunk == 2);
+  CHECK(b.rows == 0);
+  CHECK(b.offset == 5);
+  CHECK(dist::dim0_split(5, 2, 4).rows == 1);
+  CHECK(dist::dim0_split(8, 1, 2).rows == 4);
+  CHECK_THROWS_AS(dist::dim0_split(0, 0, 2), std::invalid_argument);
+  CHECK_THROWS_AS(dist::dim0_split(4, 2, 2), std::invalid_argument);
+}
+
+TEST_CASE("all_gather_dim0 and reduce_scatter_dim0 on two Gloo ranks, uneven rows (padding)", "[dist][shard]") {
+  const auto full = torch::arange(15, torch::kFloat32).view({5, 3});
+  std::vector<torch::Tensor> gathered(2), reduced(2), acc(2);
+  std::vector<std::map<std::string, dist::CommCount>> counts(2);
+  const auto errors = on_two_ranks("shard_collectives/", [&](std::shared_ptr<dist::Group> g, int r) {
+    const auto i = static_cast<std::size_t>(r);
+    gathered[i] = torch::empty({5, 3});
+    dist::all_gather_dim0(*g, dist::shard_dim0(full, r, 2), gathered[i]);
+    // Rank r holds (r + 1) * full; the sum over ranks / 2 is 1.5 * full; rank r keeps its rows.
+    reduced[i] = torch::empty({r == 0 ? 3 : 2, 3});
+    dist::reduce_scatter_dim0(*g, full * (r + 1.0), reduced[i], torch::kFloat32, 2.0, /*accumulate=*/false);
+    acc[i] = torch::ones({r == 0 ? 3 : 2, 3});
+    // bf16 reduction (LibTorch 1.13's Gloo has none: fp32 there, the same exact integers).
+    dist::reduce_scatter_dim0(*g, full * (r + 1.0), acc[i], compat::kTorch2 ? torch::kBFloat16 : torch::kFloat32, 1.0,
+                              /*accumulate=*/true);
+    counts[i] = g->comm_counts();
+  });
+  REQUIRE(errors == std::vector<std::string>{"", ""});
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(torch::equal(gathered[i], full));
+    CHECK(torch::equal(reduced[i], dist::shard_dim0(full * 1.5, r, 2)));
+    // bf16 reduction: 3 * full in bf16 (integers < 256 are exact), added to ones.
+    CHECK(torch::equal(acc[i], dist::shard_dim0(full * 3.0 + 1.0, r, 2)));
+    // The counters: one all-gather of the padded 6x3 fp32 output (72 bytes, half of it sent),
+    // two reduce-scatters of 6x3 (fp32 72 bytes, bf16 36 bytes), (N-1)/N sent.
+    const auto& c = counts[i];
+    REQUIRE(c.count("all_gather") == 1);
+    CHECK(c.at("all_gather").calls == 1);
+    CHECK(c.at("all_gather").payload_bytes == 72);
+    CHECK(c.at("all_gather").sent_bytes == 36.0);
+    REQUIRE(c.count("reduce_scatter") == 1);
+    CHECK(c.at("reduce_scatter").calls == 2);
+    const double rs = compat::kTorch2 ? 72 + 36 : 72 + 72;
+    CHECK(c.at("reduce_scatter").payload_bytes == rs);
+    CHECK(c.at("reduce_scatter").sent_bytes == (c.at("reduce_scatter").emulated ? rs : rs / 2));
+  }
+}
+
+TEST_CASE("ShardedDataParallel: stages 0-3 on two Gloo ranks equal one process's torch::optim::Adam bit for bit",
+          "[dist][shard]") {
+  torch::manual_seed(5);
+  const std::vector<torch::Tensor> xs = {torch::randn({4, 6}), torch::randn({4, 6})};  // rank r's local batch
+  const std::vector<torch::Tensor> ys = {torch::randint(0, 3, {4}), torch::randint(0, 3, {4})};
+  const int steps = 3, micro = 2;
+  // The reference: one process, LibTorch's modules and Adam; the gradient of a step is
+  // g_0/2 + g_1/2, g_r accumulated over rank r's two micro-batches.
+  std::vector<torch::Tensor> want;
+  {
+    auto net = small_mlp();
+    auto opt = adam(net->parameters());
+    for (int s = 0; s < steps; ++s) {
+      std::vector<torch::Tensor> sum;
+      for (std::size_t r = 0; r < 2; ++r) {
+        for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+        auto xm = xs[r].tensor_split(micro), ym = ys[r].tensor_split(micro);
+        for (int m = 0; m < micro; ++m)
+          (torch::cross_entropy_loss(net->forward(xm[m]), ym[m]) / static_cast<double>(micro)).backward();
+        const auto ps = net->parameters();
+        for (std::size_t i = 0; i < ps.size(); ++i) {
+          auto t = ps[i].grad() / 2.0;
+          if (r == 0) sum.push_back(t); else sum[i] = sum[i] + t;
+        }
+      }
+      const auto ps = net->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i];
+      opt->step();
+    }
+    for (const auto& p : net->parameters()) want.push_back(p.detach().clone());
+  }
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const bool every : {false, true}) {
+      if (every && stage < 2) continue;
+      std::vector<std::vector<torch::Tensor>> got(2);
+      std::vector<dist::HeldBytes> held(2);
+      std::vector<std::map<std::string, dist::CommCount>> counts(2);
+      // Built here, not on the rank threads: torch::manual_seed and the initialisers share one
+      // generator, which two threads drawing at once would interleave.
+      const std::vector<torch::nn::Sequential> nets = {small_mlp(), small_mlp()};
+      const auto errors = on_two_ranks(fmt::format("sdp_{}_{}/", stage, every), [&](std::shared_ptr<dist::Group> g, int r) {
+        const auto i = static_cast<std::size_t>(r);
+        dist::ShardOptions o;
+        o.stage = stage;
+        o.reduce_every_micro_batch = every;
+        dist::ShardedDataParallel model(nets[i], g, o, adam);
+        g->reset_comm_counts();
+        for (int s = 0; s < steps; ++s) {
+          auto xm = xs[i].tensor_split(micro), ym = ys[i].tensor_split(micro);
+          for (int m = 0; m < micro; ++m)
+            model.backward(torch::cross_entropy_loss(model.forward(xm[m]), ym[m]) / static_cast<double>(micro),
+                           m + 1 == micro);
+          model.step();
+        }
+        counts[i] = g->comm_counts();
+        held[i] = model.held_peak();
+        got[i] = model.full_parameters();
+      });
+      INFO("stage " << stage << ", reduce every micro-batch " << every);
+      REQUIRE(errors == std::vector<std::string>{"", ""});
+      for (std::size_t r = 0; r < 2; ++r)
+        for (std::size_t p = 0; p < want.size(); ++p) {
+          INFO("rank " << r << ", parameter " << p);
+          // Reducing every micro-batch sums the 4 terms in another order: not bitwise (the experiment
+          // reports that case without a check); here only that the path runs and stays close.
+          if (every)
+            CHECK(torch::allclose(got[r][p], want[p], /*rtol=*/0, /*atol=*/1e-5));
+          else
+            CHECK(torch::equal(got[r][p], want[p]));
+        }
+      // Ψ = 6*5 + 5 + 5*3 + 3 = 53; padded rows: 5 -> 6 (weight 5x6 -> 6x6, bias 5 -> 6), 3 -> 4.
+      const auto& c = counts[0];
+      if (stage == 0) {
+        CHECK(c.at("all_reduce").calls == steps);
+        CHECK(c.at("all_reduce").payload_bytes == steps * 53 * 4);
+        CHECK(held[0].params == 53 * 4);
+        CHECK(held[0].optimizer == 2 * 53 * 4);  // m, v
+      } else {
+        const int64_t padded = 36 + 6 + 4 * 5 + 4;
+        // One reduce-scatter per step (stage 3: per layer), one all-gather (stage 3: per layer,
+        // forward and backward of every micro-batch).
+        const int layers = stage == 3 ? 2 : 1;
+        CHECK(c.at("reduce_scatter").calls == steps * layers * ((stage >= 2 && every) ? micro : 1));
+        CHECK(c.at("all_gather").calls == steps * layers * (stage == 3 ? 2 * micro : 1));
+        CHECK(c.at("all_gather").payload_bytes == steps * padded * 4 * (stage == 3 ? 2 * micro : 1));
+        // Rank 0 holds 3 of the 5 rows of the first layer and 2 of the 3 of the second:
+        const int64_t shard = 3 * 6 + 3 + 2 * 5 + 2;
+        if (stage == 3) CHECK(held[0].params == shard * 4);
+        else CHECK(held[0].params == 53 * 4);
+        CHECK(held[0].optimizer == (stage == 3 ? 2 : 3) * shard * 4);  // m, v (+ the fp32 master shard)
+        CHECK(held[0].grads == (stage == 1 ? 53 * 4 : 0) + shard * 4);
+      }
+    }
+  }
+}
+
+TEST_CASE("ShardedDataParallel refuses a stage outside 0..3 and, at stage 3, a parameter with fewer rows than ranks",
+          "[dist][shard]") {
+  dist::connect_store(dist::LaunchInfo{}, std::chrono::milliseconds(5000));
+  auto solo = dist::Group::create({}, 0, 1, "sdp_solo/", std::chrono::milliseconds(5000));
+  dist::ShardOptions o;
+  o.stage = 4;
+  CHECK_THROWS_AS(dist::ShardedDataParallel(small_mlp(), solo, o, adam), std::invalid_argument);
+  std::vector<std::string> msg(2);
+  const auto errors = on_two_ranks("sdp_tiny/", [&](std::shared_ptr<dist::Group> g, int r) {
+    torch::nn::Sequential net;
+    net->push_back(torch::nn::Linear(4, 1));  // 1 row over 2 ranks
+    dist::ShardOptions s3;
+    s3.stage = 3;
+    try {
+      dist::ShardedDataParallel model(net, g, s3, adam);
+    } catch (const std::invalid_argument& e) {
+      msg[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  REQUIRE(errors == std::vector<std::string>{"", ""});
+  CHECK_THAT(msg[0], Catch::Contains("stage 3 shards") && Catch::Contains("at least one row per rank"));
+}

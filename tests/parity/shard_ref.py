@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""PyTorch-Python reference for `mpt shard` (run with the Python of the LibTorch mpt was built
+against: MPT_REF_PYTHON).
+
+Reads the resolved config from an mpt result file and trains the one-process reference of
+mpt's equivalence table in PyTorch-Python: nn.Sequential MLP after torch.manual_seed, the
+Fashion-MNIST permutation of core/data (torch.randperm with its own generator), every rank's
+local batch (indices r, r+N, ... of it) accumulated over the micro-batches, each rank's gradient
+divided by N and summed in rank order, then torch.optim.SGD; and the whole-batch run. Prints the
+reference `results`: the loss curve (the "single" column, and every stage's column, which equal
+it bit for bit for N <= 2) and each stage's difference from the whole-batch run. compare.py
+checks them exactly. SGD only: torch.optim.Adam (Python) updates the first moment with lerp_,
+LibTorch's C++ torch::optim::Adam with mul_ + add_, which round differently — mpt claims
+equality with the latter, which its own one-process run uses.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fmnist  # noqa: E402
+import mpt_threads  # noqa: E402
+
+doc = json.load(open(sys.argv[1]))
+mpt_threads.use(sys.argv[1], per_rank=True)
+cfg = doc["config"]
+assert cfg["optimizer"]["name"] == "sgd", "shard_ref.py mirrors torch.optim.SGD only (see the docstring)"
+n = doc["env"]["shard_world_size"]
+seed, steps, micro, gb = cfg["seed"], cfg["train"]["steps"], cfg["train"]["micro_batches"], cfg["train"]["global_batch"]
+b = gb // n
+images, labels = fmnist.load(cfg["data"]["dir"], "train", cfg["train"]["samples"])
+perm = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(seed))
+
+
+def mlp():
+    torch.manual_seed(seed)
+    layers, d = [nn.Flatten()], 784
+    for h in cfg["model"]["hidden"]:
+        layers += [nn.Linear(d, h), nn.ReLU()]
+        d = h
+    layers.append(nn.Linear(d, 10))
+    return nn.Sequential(*layers)
+
+
+def local(r, step):
+    return perm[r::n][step * b:(step + 1) * b]
+
+
+def train(whole):
+    net = mlp()
+    o = cfg["optimizer"]
+    opt = torch.optim.SGD(net.parameters(), lr=o["lr"], momentum=o["momentum"], weight_decay=o["weight_decay"])
+    params, losses = [], []
+    for step in range(steps):
+        if whole:
+            idx = torch.cat([local(r, step) for r in range(n)])
+            opt.zero_grad()
+            loss = F.cross_entropy(net(images[idx]), labels[idx])
+            loss.backward()
+            losses.append(loss.item())
+        else:
+            total, loss_sum = None, 0.0
+            for r in range(n):
+                for p in net.parameters():
+                    p.grad = None
+                idx = local(r, step)
+                xs, ys = images[idx].tensor_split(micro), labels[idx].tensor_split(micro)
+                acc = 0.0
+                for m in range(micro):
+                    loss = F.cross_entropy(net(xs[m]), ys[m]) / float(micro)
+                    loss.backward()
+                    acc += loss.item()
+                loss_sum += acc
+                terms = [p.grad.clone() if n == 1 else p.grad / float(n) for p in net.parameters()]
+                total = terms if total is None else [t + u for t, u in zip(total, terms)]
+            for p, g in zip(net.parameters(), total):
+                p.grad = g
+            losses.append(loss_sum / n)
+        opt.step()
+        params.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
+    return params, losses
+
+
+same, same_losses = train(False)
+whole, _ = train(True)
+vs_whole = max((a - c).abs().max().item() for a, c in zip(same, whole))
+stages = [s for s in cfg["train"]["stages"]]
+runs = ([] if stages and stages[0] == 0 else ["stage0"]) + [f"stage{s}" for s in stages]
+rows = []
+for t in range(steps):
+    row = {"single": same_losses[t]}
+    if n <= 2:
+        row.update({name: same_losses[t] for name in runs})
+    rows.append(row)
+out = {"loss": rows}
+if n <= 2 and not cfg["zero"]["reduce_every_micro_batch"]:
+    out["equivalence"] = [{"name": name, "vs_whole_batch": vs_whole, "vs_single": 0.0} for name in runs]
+json.dump(out, sys.stdout)
