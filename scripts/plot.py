@@ -138,6 +138,16 @@ def plot_lossscale(doc, out, fmt):
             ax.set_title("Dynamic loss scale history (GradScaler)")
             ax.legend(fontsize=8)
             save(fig, out, "scale_history", fmt, paths)
+    gpt = res.get("gpt_history", {})
+    if gpt:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for name, h in gpt.items():
+            ax.plot(range(1, len(h["loss"]) + 1), [num(v) for v in h["loss"]], label=name, lw=1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (cross-entropy, nats)")
+        ax.set_title("Tiny GPT on fortunes: training loss per precision policy")
+        ax.legend(fontsize=7)
+        save(fig, out, "gpt", fmt, paths)
     return paths
 
 
@@ -309,9 +319,63 @@ def plot_shard(doc, out, fmt):
     return paths
 
 
+def plot_lowbit_history(doc, out, fmt, paths, title):
+    """Training loss per recipe/variant from results.history (a list of losses per name)."""
+    hist = doc["results"].get("history", {})
+    if not hist:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, losses in hist.items():
+        ax.plot(range(1, len(losses) + 1), [num(v) for v in losses], label=name, lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (cross-entropy, nats)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    save(fig, out, "training", fmt, paths)
+
+
+def plot_fp8(doc, out, fmt):
+    """fp8: the loss curves per recipe; the GEMM ledger's relative error per recipe, layer and GEMM;
+    the outlier window (% of x saturated and flushed per step, current vs delayed scaling)."""
+    paths, res = [], doc["results"]
+    plot_lowbit_history(doc, out, fmt, paths, "fp8 recipes: training loss")
+    ledger = res.get("ledger", [])
+    if ledger:
+        fig, ax = plt.subplots(figsize=(9, 4.8))
+        labels = [r["name"] for r in ledger]
+        ax.barh(range(len(ledger)), [100 * num(r["rel_error"]) for r in ledger])
+        ax.set_yticks(range(len(ledger)), labels, fontsize=6)
+        ax.invert_yaxis()
+        ax.set_xlabel("relative error of the GEMM against fp32 (%)")
+        ax.set_title("GEMM ledger: each recipe's error per layer and GEMM (out, dgrad, wgrad)")
+        save(fig, out, "ledger", fmt, paths)
+    outl = res.get("outlier", [])
+    if outl:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        steps = [r["step"] for r in outl]
+        for key, label in (("current", "current scaling"), ("delayed_max", "delayed (max)"),
+                           ("delayed_recent", "delayed (most_recent)")):
+            if f"{key}_saturated" in outl[0]:
+                ax.plot(steps, [100 * num(r[f"{key}_saturated"]) for r in outl], marker=".", label=f"{label}: saturated")
+                ax.plot(steps, [100 * num(r[f"{key}_flushed"]) for r in outl], "--", label=f"{label}: flushed to 0")
+        ax.set_xlabel("step")
+        ax.set_ylabel("x operand of the watched out GEMM (%)")
+        ax.set_title("An outlier batch: current vs delayed scaling")
+        ax.legend(fontsize=7)
+        save(fig, out, "outlier", fmt, paths)
+    return paths
+
+
+def plot_fp4(doc, out, fmt):
+    """fp4: the loss curves of the NVFP4 ablations and MXFP4."""
+    paths = []
+    plot_lowbit_history(doc, out, fmt, paths, "fp4 variants: training loss")
+    return paths
+
+
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint,
-            "collectives": plot_collectives, "shard": plot_shard}
+            "collectives": plot_collectives, "shard": plot_shard, "fp8": plot_fp8, "fp4": plot_fp4}
 
 
 MAX_BYTES = 64 * 2**20  # the most plot.py reads of one result file

@@ -369,7 +369,7 @@ TEST_CASE("sgd_update_counting_lost equals ATen's unfused update and counts bit 
   CHECK_THROWS_AS(sgd_update_counting_lost(bad, torch::zeros({4}), 0.1f, Format::FP32), std::invalid_argument);
 }
 
-TEST_CASE("SgdMomentum: b = g, then b = m*b + g; p -= lr*b (torch.optim.SGD's single-tensor step)", "[amp]") {
+TEST_CASE("SgdMomentum: b = g, then b = m*b + g, p -= lr*b (torch.optim.SGD's single-tensor step)", "[amp]") {
   auto p = torch::ones({2}).requires_grad_(true);
   SgdMomentum opt({p}, /*lr=*/0.5, /*momentum=*/0.5);
   p.mutable_grad() = torch::full({2}, 0.25f);

@@ -107,7 +107,7 @@ TEST_CASE("shuffled_indices is a permutation fixed by its seed", "[data]") {
   CHECK(torch::equal(std::get<0>(a.sort()), torch::arange(100)));
 }
 
-TEST_CASE("clean_fortune_text drops separators, overstrikes and non-ASCII; tabs become spaces", "[data]") {
+TEST_CASE("clean_fortune_text drops separators, overstrikes and non-ASCII, tabs become spaces", "[data]") {
   const std::string raw = "A\tb\n%\nc_\bd\xc3\xa9\n%\n";
   CHECK(clean_fortune_text(raw) == "A b\ncd\n");
 }

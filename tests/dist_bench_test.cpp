@@ -150,7 +150,7 @@ std::vector<torch::Tensor> reference_results(Coll op, const std::vector<torch::T
 
 }  // namespace
 
-TEST_CASE("coll_expected equals each collective computed from the send buffers; corruption is caught",
+TEST_CASE("coll_expected equals each collective computed from the send buffers, corruption is caught",
           "[dist_bench]") {
   for (auto t : kTypes)
     for (int n : {1, 2, 3, 4})

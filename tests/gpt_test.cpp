@@ -20,7 +20,7 @@ GptConfig small() {
 }
 }  // namespace
 
-TEST_CASE("TinyGpt: logits [B, T, vocab]; parameter count equals gpt_num_params", "[gpt]") {
+TEST_CASE("TinyGpt: logits [B, T, vocab], parameter count equals gpt_num_params", "[gpt]") {
   torch::manual_seed(0);
   TinyGpt m(small());
   auto idx = torch::randint(11, {3, 5}, torch::kLong);

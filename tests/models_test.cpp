@@ -26,7 +26,7 @@ TEST_CASE("deep_sigmoid_net: depth x (Linear + Sigmoid), then Linear(width, 1)",
   CHECK_THROWS_AS(deep_sigmoid_net(5, 7, 0), std::invalid_argument);
 }
 
-TEST_CASE("mlp: Flatten, (Linear [+ BatchNorm1d] + ReLU) per hidden width, Linear; weights in module order", "[models]") {
+TEST_CASE("mlp: Flatten, (Linear [+ BatchNorm1d] + ReLU) per hidden width, Linear, weights in module order", "[models]") {
   torch::manual_seed(7);
   auto net = mlp(/*in_dim=*/784, /*hidden=*/{16, 8}, /*out_dim=*/10);
   REQUIRE(net->size() == 6);  // Flatten, Linear, ReLU, Linear, ReLU, Linear

@@ -519,7 +519,7 @@ TEST_CASE("delayed scaling follows Transformer Engine's amax history, step by st
   CHECK_THROWS_AS(parse_amax_compute_algo("mean"), std::invalid_argument);
 }
 
-TEST_CASE("a static (delayed) scale: x·s cast and clamped, saturation counted; bf16 elements", "[quant][delayed]") {
+TEST_CASE("a static (delayed) scale: x·s cast and clamped, saturation counted, bf16 elements", "[quant][delayed]") {
   QuantSpec s;
   s.element = Element::E4M3;
   s.static_scale = 224.0;  // the scale of amax 2, applied to a tensor of amax 1000
@@ -607,7 +607,7 @@ TEST_CASE("recipe options, shape errors and stored bytes", "[quant]") {
   CHECK(f.scales == 0);
 }
 
-TEST_CASE("QuantLinear with delayed scaling: scale 1 first, then the previous step's amax; saturates on a jump", "[quant][delayed]") {
+TEST_CASE("QuantLinear with delayed scaling: scale 1 first, then the previous step's amax, saturates on a jump", "[quant][delayed]") {
   torch::manual_seed(4);
   QuantLinear cur(64, 32, recipe("tensorwise"));
   QuantLinear del(64, 32, recipe("tensorwise"));
