@@ -97,6 +97,11 @@ void validate_fp4(const Config& cfg, int /*world_size*/) {
                                       v, l + 1, w[l], w[l + 1], m, err, v == "mxfp4" ? 32 : 16));
     }
   }
+  // The first and last Linear stay bf16 (but in nvfp4_no_bf16): one hidden layer leaves no 4-bit layer.
+  if (cfg.integers("/model/hidden").size() < 2)
+    throw ConfigError(fmt::format("/model/hidden: expected at least two hidden layers (the first and last Linear stay in "
+                                  "bf16, so one hidden layer leaves no layer in 4 bits), got {}",
+                                  cfg.json_value()["model"]["hidden"].dump()));
   if (cfg.integer("/ledger/step") >= cfg.integer("/train/steps"))
     throw ConfigError(fmt::format("/ledger/step: expected a step below /train/steps = {}, got {}", cfg.integer("/train/steps"),
                                   cfg.integer("/ledger/step")));

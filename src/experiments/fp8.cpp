@@ -141,6 +141,11 @@ void validate_fp8(const Config& cfg, int /*world_size*/) {
   const auto w = widths(cfg);
   const int64_t m = cfg.integer("/train/batch");
   const q::RecipeOptions o = recipe_options(cfg);
+  // With one hidden layer, "inner" leaves no Linear in fp8: every fp8 recipe would be bf16.
+  if (w.size() < 4 && cfg.str("/model/fp8_layers") == "inner")
+    throw ConfigError(fmt::format("/model/fp8_layers: \"inner\" keeps the first and last Linear in bf16, which with "
+                                  "/model/hidden = {} leaves no layer in fp8; expected \"all\", or at least two hidden layers",
+                                  cfg.json_value()["model"]["hidden"].dump()));
   for (const auto& name : recipes) {
     if (!is_fp8(name)) continue;
     const q::QuantRecipe r = core_recipe(name, o);

@@ -49,3 +49,7 @@ cli_case(fp4_bad_batch 2 "/model/hidden or /train/batch: variant nvfp4 on layer 
          ${FP4_TINY} --set train.batch=40)
 cli_case(fp4_unknown_variant 2 "/variants/0: expected one of .*got \"nvfp4_no_hrt\" \\(did you mean \"nvfp4_no_rht\"\\?\\)"
          ${FP4_TINY} --set "variants=[\"nvfp4_no_hrt\"]")
+# one hidden layer with fp8_layers = inner: no layer would be fp8 (every recipe silently bf16)
+cli_case(fp8_no_fp8_layer 2 "/model/fp8_layers: .inner. keeps the first and last Linear in bf16, which with /model/hidden = \\[100\\] leaves no layer in fp8"
+         fp8 --set "model.hidden=[100]")
+cli_case(fp4_no_4bit_layer 2 "/model/hidden: expected at least two hidden layers" fp4 --set "model.hidden=[64]")
