@@ -32,6 +32,7 @@
 #include "core/dist_bench.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
+#include "core/process_plan.hpp"
 #include "core/runtime.hpp"
 
 namespace mpt {
@@ -332,23 +333,13 @@ MemoryEstimate collectives_memory(const Config& cfg, int world_size) {
   return e;
 }
 
-/// The multi-process plan: /dist/timeout_s, and the /fault/* keys' fault-injection point.
-ProcessPlan collectives_plan(const Config& cfg) {
-  ProcessPlan p;
-  p.timeout_s = cfg.number("/dist/timeout_s");
-  p.fault.rank = static_cast<int>(cfg.integer("/fault/rank"));
-  p.fault.step = cfg.integer("/fault/step");
-  p.fault.hang = cfg.str("/fault/mode") == "hang";
-  return p;
-}
-
 }  // namespace
 
 Experiment collectives_experiment() {
   return {"collectives",
           "nccl-tests-style table of c10d collectives (Gloo/NCCL): time, algbw, busbw and #wrong per message size",
           collectives_spec, run_collectives, validate_collectives, collectives_memory, Processes::Multi,
-          collectives_plan};
+          dist_fault_plan};
 }
 
 }  // namespace mpt

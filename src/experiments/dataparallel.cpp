@@ -38,6 +38,7 @@
 #include "core/models.hpp"
 #include "core/runtime.hpp"
 #include "core/experiment.hpp"
+#include "core/process_plan.hpp"
 
 namespace mpt {
 
@@ -547,23 +548,13 @@ void validate_dataparallel(const Config& cfg, int world_size) {
                                   un, uk));
 }
 
-/// The multi-process plan: /dist/timeout_s, and the /fault/* keys' fault-injection point.
-ProcessPlan dataparallel_plan(const Config& cfg) {
-  ProcessPlan p;
-  p.timeout_s = cfg.number("/dist/timeout_s");
-  p.fault.rank = static_cast<int>(cfg.integer("/fault/rank"));
-  p.fault.step = cfg.integer("/fault/step");
-  p.fault.hang = cfg.str("/fault/mode") == "hang";
-  return p;
-}
-
 }  // namespace
 
 Experiment dataparallel_experiment() {
   return {"dataparallel",
           "Data parallelism: shard-average equivalence, then real multi-process training with a DDP-style reducer",
           dataparallel_spec, run_dataparallel, validate_dataparallel, dataparallel_memory, Processes::Multi,
-          dataparallel_plan};
+          dist_fault_plan};
 }
 
 }  // namespace mpt

@@ -41,6 +41,7 @@
 #include "core/dist_shard.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
+#include "core/process_plan.hpp"
 #include "core/models.hpp"
 #include "core/runtime.hpp"
 
@@ -724,22 +725,13 @@ void validate_shard(const Config& cfg, int world_size) {
                                   cfg.integer("/fault/step")));
 }
 
-ProcessPlan shard_plan(const Config& cfg) {
-  ProcessPlan p;
-  p.timeout_s = cfg.number("/dist/timeout_s");
-  p.fault.rank = static_cast<int>(cfg.integer("/fault/rank"));
-  p.fault.step = cfg.integer("/fault/step");
-  p.fault.hang = cfg.str("/fault/mode") == "hang";
-  return p;
-}
-
 }  // namespace
 
 Experiment shard_experiment() {
   return {"shard",
           "Sharded data parallelism: ZeRO stages 0-3 (FSDP2 dim-0 shards), each equal to DDP and one process; bytes "
           "per rank and per step against the formulas",
-          shard_spec, run_shard, validate_shard, shard_memory, Processes::Multi, shard_plan};
+          shard_spec, run_shard, validate_shard, shard_memory, Processes::Multi, dist_fault_plan};
 }
 
 }  // namespace mpt
