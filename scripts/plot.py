@@ -104,6 +104,18 @@ def plot_underflow(doc, out, fmt):
     return paths
 
 
+def loss_curves(series, title, out, name, fmt, paths):
+    """One line per name of `series` (name -> per-step training losses), saved as `name`."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, losses in series.items():
+        ax.plot(range(1, len(losses) + 1), [num(v) for v in losses], label=label, lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (cross-entropy, nats)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    save(fig, out, name, fmt, paths)
+
+
 def plot_lossscale(doc, out, fmt):
     res, paths = doc["results"], []
     sweep = res.get("sweep", [])
@@ -120,14 +132,7 @@ def plot_lossscale(doc, out, fmt):
         save(fig, out, "sweep", fmt, paths)
     hist = res.get("history", {})
     if hist:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for name, h in hist.items():
-            ax.plot(range(1, len(h["loss"]) + 1), [num(v) for v in h["loss"]], label=name, lw=1)
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss (cross-entropy, nats)")
-        ax.set_title("Training curves per recipe")
-        ax.legend(fontsize=7)
-        save(fig, out, "training", fmt, paths)
+        loss_curves({n: h["loss"] for n, h in hist.items()}, "Training curves per recipe", out, "training", fmt, paths)
         dyn = [(n, h) for n, h in hist.items() if "scale" in h and len(set(map(str, h["scale"]))) > 1]
         if dyn:
             fig, ax = plt.subplots(figsize=(8, 4))
@@ -140,14 +145,8 @@ def plot_lossscale(doc, out, fmt):
             save(fig, out, "scale_history", fmt, paths)
     gpt = res.get("gpt_history", {})
     if gpt:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for name, h in gpt.items():
-            ax.plot(range(1, len(h["loss"]) + 1), [num(v) for v in h["loss"]], label=name, lw=1)
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss (cross-entropy, nats)")
-        ax.set_title("Tiny GPT on fortunes: training loss per precision policy")
-        ax.legend(fontsize=7)
-        save(fig, out, "gpt", fmt, paths)
+        loss_curves({n: h["loss"] for n, h in gpt.items()}, "Tiny GPT on fortunes: training loss per precision policy",
+                    out, "gpt", fmt, paths)
     return paths
 
 
@@ -322,16 +321,8 @@ def plot_shard(doc, out, fmt):
 def plot_lowbit_history(doc, out, fmt, paths, title):
     """Training loss per recipe/variant from results.history (a list of losses per name)."""
     hist = doc["results"].get("history", {})
-    if not hist:
-        return
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, losses in hist.items():
-        ax.plot(range(1, len(losses) + 1), [num(v) for v in losses], label=name, lw=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (cross-entropy, nats)")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    save(fig, out, "training", fmt, paths)
+    if hist:
+        loss_curves(hist, title, out, "training", fmt, paths)
 
 
 def plot_fp8(doc, out, fmt):
