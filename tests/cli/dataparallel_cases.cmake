@@ -36,7 +36,7 @@ set_tests_properties(cli.dataparallel_torchrun_env cli.dataparallel_unreachable_
 # A rank hangs (alive but silent) at step 1: rank 0 times out after 3 s, names rank 1, exits 3;
 # the launcher blames rank 1, kills it and exits 3; nothing is left running (expected ~5-8 s).
 add_test(NAME cli.dataparallel_hung_rank
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/dataparallel_hang.sh $<TARGET_FILE:mpt>
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/hung_rank.sh $<TARGET_FILE:mpt> dataparallel --config configs/dataparallel_quick.json --set train.nosync_steps=0
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.dataparallel_hung_rank PROPERTIES TIMEOUT 120)
 

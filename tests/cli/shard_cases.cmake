@@ -33,7 +33,7 @@ add_test(NAME cli.shard_deterministic
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 # A rank hangs (alive but silent) at step 1: rank 0 names rank 1, every rank ends, nothing left running.
 add_test(NAME cli.shard_hung_rank
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/shard_hang.sh $<TARGET_FILE:mpt>
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/hung_rank.sh $<TARGET_FILE:mpt> shard --config configs/shard_quick.json
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 # torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) instead of --nproc.
 add_test(NAME cli.shard_torchrun_env

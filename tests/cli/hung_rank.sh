@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# A hung rank (issue 4, faults): `mpt dataparallel --nproc 2` where rank 1 stays alive but
+# A hung rank (issue 4, faults): a two-process run of a multi-process experiment with the shared
+# /fault and /dist keys (dataparallel, shard) where rank 1 stays alive but
 # silent from step 1 on (/fault/mode = hang: it sleeps forever). Checks that
 #  - mpt exits 3 within a bound (timeout + report window + start-up, far below "forever");
 #  - rank 0's error names rank 1 as the rank that did not answer;
 #  - the launcher names rank 1 as the failed rank (not rank 0, which only gave up waiting);
 #  - no result file is written and no process of the run is left behind (pgrep -f on the
 #    run's unique scratch path, which every worker carries in its command line).
-#   dataparallel_hang.sh MPT
+#   hung_rank.sh MPT EXPERIMENT [mpt args of a quick 2-process config...]
 set -u
-mpt=$1
+mpt=$1 exp=$2
+shift 2
 timeout_s=3
 tmp=$(mktemp -d /tmp/mpt-hang.XXXXXX)
 cleanup() { for p in $(pgrep -f -- "$tmp"); do kill -KILL "$p" 2>/dev/null; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- stderr:"; cat "$tmp/err"; exit 1; }
 start=$(date +%s%N)
-"$mpt" dataparallel --config configs/dataparallel_quick.json --set train.nosync_steps=0 \
+"$mpt" "$exp" "$@" \
   --set fault.rank=1 --set fault.step=1 --set fault.mode=hang --set dist.timeout_s=$timeout_s \
   --out "$tmp/result.json" > "$tmp/out" 2> "$tmp/err"
 code=$?
