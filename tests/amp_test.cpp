@@ -1,10 +1,12 @@
 // GradScaler traces (hand-computed from torch.cuda.amp.GradScaler / _amp_update_scale_),
 // state round trip, hysteresis and min_scale (Megatron/DeepSpeed), emulated storage.
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "catch.hpp"
 #include "core/amp.hpp"
+#include "core/quant.hpp"
 #include "core/errors.hpp"
 #include "core/runtime.hpp"
 
@@ -367,6 +369,92 @@ TEST_CASE("sgd_update_counting_lost equals ATen's unfused update and counts bit 
   CHECK(torch::equal(w, w2));
   auto bad = torch::zeros({3});
   CHECK_THROWS_AS(sgd_update_counting_lost(bad, torch::zeros({4}), 0.1f, Format::FP32), std::invalid_argument);
+}
+
+TEST_CASE("round_bf16_stochastic: a neighbour of x, unbiased within 6 sigma, bf16 values and inf/NaN unchanged", "[amp]") {
+  // x = 1 + f·ulp(1) with ulp(1) = 2^-7 in bf16: SR must give 1 or 1 + 2^-7, the upper one with
+  // probability p = (low 16 bits of x) / 2^16. With n = 2^16 draws the count of "up" is
+  // Binomial(n, p): |count − np| ≤ 6·sqrt(np(1 − p)) fails with probability < 2e-9 for an unbiased
+  // rounder, and the bits are fixed by the seed, so the check is deterministic.
+  const int64_t n = 1 << 16;
+  const float lo = 1.0f, hi = 1.0f + std::ldexp(1.0f, -7);
+  for (const float f : {0.3f, 0.01f, 0.5f, 0.99f}) {
+    const float x = 1.0f + f * std::ldexp(1.0f, -7);
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    const double p = static_cast<double>(bits & 0xFFFFu) / 65536.0;
+    auto r = quant::round_bf16_stochastic(torch::full({n}, x), 42);
+    CHECK(((r == lo) | (r == hi)).all().item<bool>());
+    const double up = (r == hi).sum().item<double>();
+    CAPTURE(f, p, up);
+    CHECK(std::fabs(up - n * p) <= 6 * std::sqrt(n * p * (1 - p)));
+    // the same seed, the same draw; another seed, another draw
+    CHECK(torch::equal(r, quant::round_bf16_stochastic(torch::full({n}, x), 42)));
+    CHECK_FALSE(torch::equal(r, quant::round_bf16_stochastic(torch::full({n}, x), 43)));
+  }
+  auto special = torch::tensor({1.5f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()});
+  CHECK(torch::equal(quant::round_bf16_stochastic(special, 1), special));
+  CHECK(std::isnan(quant::round_bf16_stochastic(torch::tensor({NAN}), 1).item<float>()));
+  // negative values round away from zero with the same probability (sign-magnitude bits)
+  auto neg = quant::round_bf16_stochastic(torch::full({n}, -(1.0f + 0.5f * std::ldexp(1.0f, -7))), 5);
+  CHECK(((neg == -lo) | (neg == -hi)).all().item<bool>());
+  // quant::cast with Rounding::Stochastic on BF16 is the same rounder
+  quant::CastOptions sr;
+  sr.rounding = quant::Rounding::Stochastic;
+  sr.seed = 9;
+  auto v = torch::randn({1000});
+  CHECK(torch::equal(quant::cast(v, quant::Element::BF16, sr), quant::round_bf16_stochastic(v, 9)));
+}
+
+TEST_CASE("sgd_update_stochastic and sgd_update_kahan: native bf16 equals emulated bit for bit", "[amp]") {
+  torch::manual_seed(3);
+  auto w0 = torch::randn({4099}).to(torch::kBFloat16).to(torch::kFloat);
+  // gradients hold bf16 values, as the recipes' gradients do in both modes
+  auto g0 = (torch::randn({4099}) * (torch::rand({4099}) > 0.1).to(torch::kFloat)).to(torch::kBFloat16).to(torch::kFloat);
+  for (int step = 0; step < 3; ++step) {
+    auto we = w0.clone(), wn = w0.to(torch::kBFloat16);
+    const UpdateCounts ce = sgd_update_stochastic(we, g0, 1e-3f, 11 + step);
+    const UpdateCounts cn = sgd_update_stochastic(wn, g0.to(torch::kBFloat16), 1e-3f, 11 + step);
+    CHECK(torch::equal(we, wn.to(torch::kFloat)));
+    CHECK(ce.lost == cn.lost);
+    CHECK(ce.updates == cn.updates);
+    CHECK(ce.lost > 0);                 // lr·g far below ulp(w) for most elements ...
+    CHECK(ce.lost < ce.updates);        // ... yet some round up
+  }
+  auto we = w0.clone(), wn = w0.to(torch::kBFloat16);
+  auto ce = torch::zeros_like(we), cn = torch::zeros_like(wn);
+  auto gb = g0;
+  for (int step = 0; step < 5; ++step) {
+    sgd_update_kahan(we, ce, gb, 1e-3f);
+    sgd_update_kahan(wn, cn, gb.to(torch::kBFloat16), 1e-3f);
+  }
+  CHECK(torch::equal(we, wn.to(torch::kFloat)));
+  CHECK(torch::equal(ce, cn.to(torch::kFloat)));
+  auto bad = torch::zeros({3}), badc = torch::zeros({4});
+  CHECK_THROWS_AS(sgd_update_kahan(bad, badc, torch::zeros({3}), 0.1f), std::invalid_argument);
+  CHECK_THROWS_AS(sgd_update_stochastic(bad, torch::zeros({4}), 0.1f, 0), std::invalid_argument);
+  auto half = torch::zeros({3}, torch::kHalf);
+  CHECK_THROWS_AS(sgd_update_stochastic(half, torch::zeros({3}, torch::kHalf), 0.1f, 0), std::invalid_argument);
+}
+
+TEST_CASE("sgd_update_kahan: 1 plus 1000 updates of bf16(1e-3) keeps the sum that round to nearest loses", "[amp]") {
+  // Kahan summation of n terms with working precision u has |computed − exact| ≤ 2u|S| +
+  // O(n u²) Σ|x_i| (Higham, "Accuracy and Stability", §4.3); here the state w + c is held in bf16
+  // (u = 2^-8), n = 1000, S = Σ|x_i| ≈ 2: a bound of 2·2^-8·2 + 1000·2^-16·2 ≈ 0.046. Round to
+  // nearest loses every update (1e-3 < ulp(1)/2 = 2^-8): error 1.0.
+  const float u = static_cast<float>(c10::BFloat16(1e-3f));
+  auto w = torch::ones({1}), c = torch::zeros({1}), nearest = torch::ones({1});
+  int64_t lost = 0, lost_nearest = 0;
+  for (int i = 0; i < 1000; ++i) {
+    lost += sgd_update_kahan(w, c, torch::full({1}, -u), 1.0f).lost;
+    lost_nearest += sgd_update_counting_lost(nearest, torch::full({1}, -u), 1.0f, Format::BF16).lost;
+  }
+  const double exact = 1.0 + 1000.0 * u;
+  CHECK(lost_nearest == 1000);
+  CHECK(nearest.item<float>() == 1.0f);
+  CHECK(lost == 0);
+  CHECK(std::fabs(w.item<double>() + c.item<double>() - exact) <= 2 * std::ldexp(1.0, -8) * 2 + 1000 * std::ldexp(1.0, -16) * 2);
+  CHECK(w.item<float>() == static_cast<float>(c10::BFloat16(static_cast<float>(exact))));  // w: the bf16 nearest the sum
 }
 
 TEST_CASE("SgdMomentum: b = g, then b = m*b + g, p -= lr*b (torch.optim.SGD's single-tensor step)", "[amp]") {

@@ -1,5 +1,6 @@
 // Dynamic loss scaling and emulated low-precision storage. See amp.hpp.
 #include "core/amp.hpp"
+#include "core/quant.hpp"
 
 #include <atomic>
 #include <cmath>
@@ -302,6 +303,51 @@ UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, 
   counts.lost = (intended & (next == w)).sum().item<int64_t>();
   counts.updates = intended.sum().item<int64_t>();
   w.copy_(next);
+  return counts;
+}
+
+namespace {
+void check_bf16_update(const char* fn, const torch::Tensor& w, const torch::Tensor& g) {
+  if (!w.sizes().equals(g.sizes()))
+    throw std::invalid_argument(fmt::format("{}: gradient shape {} differs from the weight's {}", fn,
+                                            fmt::join(g.sizes(), "x"), fmt::join(w.sizes(), "x")));
+  if (w.scalar_type() != torch::kFloat && w.scalar_type() != torch::kBFloat16)
+    throw std::invalid_argument(fmt::format("{}: expected fp32 (holding bf16 values) or bf16 weights, got {}", fn,
+                                            c10::toString(w.scalar_type())));
+}
+// bf16 rounding of fp32 math, as an fp32 tensor (the values a bf16 tensor would hold).
+torch::Tensor bf16(const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat); }
+}  // namespace
+
+UpdateCounts sgd_update_stochastic(torch::Tensor& w, const torch::Tensor& g, float lr, std::uint64_t seed) {
+  check_bf16_update("sgd_update_stochastic", w, g);
+  torch::NoGradGuard no_grad;
+  auto u = g.to(torch::kFloat) * lr;
+  auto next = quant::round_bf16_stochastic(w.to(torch::kFloat) - u, seed);
+  auto intended = u != 0;
+  UpdateCounts counts;
+  counts.lost = (intended & (next == w.to(torch::kFloat))).sum().item<int64_t>();
+  counts.updates = intended.sum().item<int64_t>();
+  w.copy_(next);  // exact: next holds bf16 values
+  return counts;
+}
+
+UpdateCounts sgd_update_kahan(torch::Tensor& w, torch::Tensor& comp, const torch::Tensor& g, float lr) {
+  check_bf16_update("sgd_update_kahan", w, g);
+  if (!comp.sizes().equals(w.sizes()) || comp.scalar_type() != w.scalar_type())
+    throw std::invalid_argument("sgd_update_kahan: the compensation buffer must have the weight's shape and dtype");
+  torch::NoGradGuard no_grad;
+  auto u = g.to(torch::kFloat) * lr;
+  auto w0 = w.to(torch::kFloat), c0 = comp.to(torch::kFloat);
+  auto c1 = bf16(c0 - u);
+  auto w1 = bf16(w0 + c1);
+  auto c2 = bf16(c1 + bf16(w0 - w1));
+  auto intended = u != 0;
+  UpdateCounts counts;
+  counts.lost = (intended & (w1 == w0) & (c2 == c0)).sum().item<int64_t>();
+  counts.updates = intended.sum().item<int64_t>();
+  w.copy_(w1);
+  comp.copy_(c2);
   return counts;
 }
 

@@ -160,6 +160,28 @@ struct UpdateCounts {
 /// `g` has w's shape. Throws std::invalid_argument when the shapes differ.
 UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, float lr, Format stored);
 
+/// Plain SGD on bf16 weights without a master copy, the update stochastically rounded:
+/// w ← SR_bf16(w − u), u = fp32(g)·lr, w − u in fp32, then round_bf16_stochastic (core/quant) with
+/// `seed` — give every (step, tensor) its own seed (derive_seed). Unbiased: E[w_next] = w − u, so
+/// updates below half an ulp survive on average (Zamirai et al. 2020, "Revisiting BFloat16
+/// Training", §4; torchao's bf16_stochastic_round optimizers). `w`: fp32 holding bf16 values
+/// (emulated storage) or a bf16 tensor (native), updated in place; `g` has w's shape. Counts as
+/// sgd_update_counting_lost: lost = u ≠ 0 and the stored w did not move this step (with SR such a
+/// step is not lost in expectation: the steps that round up a whole ulp carry it). Throws
+/// std::invalid_argument for mismatched shapes or a w that is neither fp32 nor bf16.
+UpdateCounts sgd_update_stochastic(torch::Tensor& w, const torch::Tensor& g, float lr, std::uint64_t seed);
+
+/// Plain SGD on bf16 weights with Kahan-compensated summation of the updates (Kahan 1965; for pure
+/// bf16 training Zamirai et al. 2020, §4; the step of optimi's SGD with kahan_sum): a bf16
+/// compensation buffer c (zeros at the start, w's shape and dtype) carries what rounding dropped:
+///   c ← bf16(c − u);  w' ← bf16(w + c);  c ← bf16(c + bf16(w − w'));  w ← w'   (u = fp32(g)·lr)
+/// each operation in fp32 math rounded once to bf16, as ATen's bf16 operators compute, for
+/// emulated (fp32 holding bf16 values) and native (bf16) tensors alike. 2 extra bytes per
+/// parameter instead of a 4-byte master copy. lost = u ≠ 0 and neither w nor c moved (the update
+/// vanished from the recipe's state). Throws std::invalid_argument when shapes or dtypes of w, c,
+/// g disagree or w is neither fp32 nor bf16.
+UpdateCounts sgd_update_kahan(torch::Tensor& w, torch::Tensor& comp, const torch::Tensor& g, float lr);
+
 /// SGD with momentum as torch.optim.SGD(params, lr, momentum) steps on the CPU (its single-tensor
 /// path; no dampening, weight decay or Nesterov): the first step b = g.clone(), later
 /// b.mul_(momentum).add_(g), then p.add_(b, alpha=−lr) — the same ATen operations in the same

@@ -221,13 +221,30 @@ torch::Tensor decode(const torch::Tensor& codes, Element e) {
 
 torch::Tensor cast(const torch::Tensor& x, Element e, const CastOptions& opt) {
   if (e == Element::FP32) return x.detach().to(torch::kFloat);
-  if (e == Element::BF16) return x.detach().to(torch::kBFloat16).to(torch::kFloat);
+  if (e == Element::BF16)
+    return opt.rounding == Rounding::Stochastic ? round_bf16_stochastic(x, opt.seed)
+                                                : x.detach().to(torch::kBFloat16).to(torch::kFloat);
   auto xf = x.detach().to(torch::kFloat);
   auto v = decode(encode(xf, e, opt), e).to(x.device());
   // E2M3 / E3M2 / E2M1 have no NaN: the emulation carries a NaN input through as NaN.
   if (!element_info(e).has_nan) v = torch::where(torch::isnan(xf), xf, v);
   return v;
 }
+
+torch::Tensor round_bf16_stochastic(const torch::Tensor& x, std::uint64_t seed) {
+  auto xf = x.detach().to(torch::kCPU, torch::kFloat).contiguous().clone();
+  auto* p = reinterpret_cast<std::uint32_t*>(xf.data_ptr<float>());
+  const auto n = xf.numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t b = p[i];
+    if ((b & 0x7F800000u) == 0x7F800000u) continue;  // inf / NaN: unchanged
+    const auto r = static_cast<std::uint32_t>(random_bits(seed, static_cast<std::uint64_t>(i)) & 0xFFFFu);
+    p[i] = (b + r) & 0xFFFF0000u;  // a carry into the exponent is the next bf16 up (inf past the max)
+  }
+  return xf.to(x.device());
+}
+
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream) { return splitmix64(seed ^ splitmix64(stream)); }
 
 // ═════════════════════════════ block scaling ═════════════════════════════
 

@@ -92,8 +92,22 @@ torch::Tensor encode(const torch::Tensor& x, Element e, const CastOptions& opt =
 /// fp32 values (same shape, on the CPU) of a uint8 code tensor in format `e`.
 torch::Tensor decode(const torch::Tensor& codes, Element e);
 /// Quantize-dequantize: decode(encode(x)) as fp32, same shape. FP32 returns x as fp32; BF16 returns
-/// x.to(bfloat16).to(float32) (round to nearest even, overflow to inf).
+/// x.to(bfloat16).to(float32) (round to nearest even, overflow to inf), or with Rounding::Stochastic
+/// round_bf16_stochastic(x, opt.seed).
 torch::Tensor cast(const torch::Tensor& x, Element e, const CastOptions& opt = {});
+
+/// fp32 → bf16 with stochastic rounding, as fp32 values (same shape, on x's device via the CPU):
+/// the low 16 bits r of SplitMix64(seed, flat index i) are added to the fp32 bit pattern and the
+/// low 16 bits dropped, (bits + r) & 0xFFFF0000 — rounds away from zero with probability
+/// (|x| − lo)/(hi − lo), so E[SR(x)] = x (Zamirai et al. 2020, "Revisiting BFloat16 Training";
+/// the form of torchao's `_fp32_to_bf16_sr` alternative and OneTrainer's copy_stochastic_).
+/// Values already in bf16 are unchanged; ±inf and NaN pass through; a finite value within one
+/// bf16 ulp of the largest bf16 can round up to inf. Reproducible and independent of threading.
+torch::Tensor round_bf16_stochastic(const torch::Tensor& x, std::uint64_t seed);
+
+/// A seed for a sub-stream `stream` of `seed` (SplitMix64 of both): e.g. one per (step, tensor)
+/// of stochastic rounding, so that no two tensors of a run draw the same bits.
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream);
 
 // ───────────────────────────── block scaling ─────────────────────────────
 

@@ -12,7 +12,9 @@
  *  2. recipes:  an MLP trained on Fashion-MNIST from the same initial weights on the same
  *               batches with: fp32; fp16 (weights, gradients, update all fp16); fp16+master
  *               (fp32 master weights); fp16+master+static (fixed S); fp16+master+dynamic
- *               (GradScaler, PyTorch semantics, core/amp); bf16; bf16+master. Low precision
+ *               (GradScaler, PyTorch semantics, core/amp); bf16; bf16+master; and pure bf16
+ *               weights without a master copy, updated with stochastic rounding (bf16+sr) or
+ *               Kahan-compensated summation (bf16+kahan; Zamirai et al. 2020). Low precision
  *               is emulated: fp32 math, every stored tensor rounded (parameters, each layer's
  *               output in forward, the gradient entering each layer in backward).
  *               Per recipe: final train loss, test accuracy, skipped steps, final scale,
@@ -46,6 +48,7 @@
 #include "core/memory.hpp"
 #include "core/models.hpp"
 #include "core/precision.hpp"
+#include "core/quant.hpp"
 #include "core/runtime.hpp"
 #include "core/timing.hpp"
 #include "core/experiment.hpp"
@@ -56,7 +59,7 @@ namespace mpt {
 namespace {
 
 const std::vector<std::string> kRecipes = {"fp32",        "fp16",        "fp16+master", "fp16+master+static",
-                                           "fp16+master+dynamic", "bf16", "bf16+master"};
+                                           "fp16+master+dynamic", "bf16", "bf16+master", "bf16+sr", "bf16+kahan"};
 
 Param positive_number(double def, std::string doc) {
   Param p{ParamType::Number, def, std::move(doc)};
@@ -291,12 +294,16 @@ void sweep_section(const Context& ctx, Report& report) {
 // 2. Training recipes on Fashion-MNIST
 // ----------------------------------------------------------------------------
 enum class Scaling { None, Static, Dynamic };
+/// How the SGD update reaches weights stored without a master copy: round to nearest (what a
+/// bf16 tensor's add_ does), stochastic rounding, or Kahan-compensated summation (core/amp).
+enum class Update { Nearest, Stochastic, Kahan };
 
 struct Recipe {
   std::string name;
   Format format;  // storage format of weights, activations and gradients
   bool master;    // fp32 master weights (the update is applied to them)
   Scaling scaling;
+  Update update = Update::Nearest;
 };
 
 Recipe parse_recipe(const std::string& n) {
@@ -304,6 +311,8 @@ Recipe parse_recipe(const std::string& n) {
            n.find("+master") != std::string::npos, Scaling::None};
   if (n.find("+static") != std::string::npos) r.scaling = Scaling::Static;
   if (n.find("+dynamic") != std::string::npos) r.scaling = Scaling::Dynamic;
+  if (n.find("+sr") != std::string::npos) r.update = Update::Stochastic;
+  if (n.find("+kahan") != std::string::npos) r.update = Update::Kahan;
   return r;
 }
 
@@ -459,19 +468,32 @@ RecipeRun train_recipe(const Context& ctx, const Recipe& r, Compute c, const std
   GradScaler scaler(scaler_options(cfg));
   torch::Tensor perm;
   int64_t perm_epoch = -1;
+  // bf16+kahan: one bf16 compensation buffer per parameter, zeros at the start (optimi's kahan_comp).
+  std::vector<torch::Tensor> comp;
+  if (r.update == Update::Kahan)
+    for (const auto& p : m.params) comp.push_back(torch::zeros_like(p));
+  int64_t update_no = 0;  // optimizer steps taken (seeds stochastic rounding)
 
   auto apply_update = [&] {
     torch::NoGradGuard ng;
-    for (auto& p : m.params) {
+    for (std::size_t i = 0; i < m.params.size(); ++i) {
+      auto& p = m.params[i];
       auto g = p.grad();
       if (!g.defined()) continue;
       // SGD: w − lr·g in fp32 math, stored in the weights' format (one rounding, as
       // PyTorch's fp16 kernels compute in fp32 and round the result) — the same arithmetic
-      // for native and emulated weights; lost updates counted in the same pass.
-      const UpdateCounts c = sgd_update_counting_lost(p, g, lr, stored);
+      // for native and emulated weights; lost updates counted in the same pass. Without a
+      // master copy, bf16+sr rounds that result stochastically and bf16+kahan carries what
+      // rounding dropped in a compensation buffer (core/amp).
+      const UpdateCounts c =
+          r.update == Update::Stochastic
+              ? sgd_update_stochastic(p, g, lr, quant::derive_seed(seed, static_cast<std::uint64_t>(update_no) * 1024 + i))
+          : r.update == Update::Kahan ? sgd_update_kahan(p, comp[i], g, lr)
+                                      : sgd_update_counting_lost(p, g, lr, stored);
       run.lost += c.lost;
       run.updates += c.updates;
     }
+    ++update_no;
   };
 
   Progress progress(ctx.tty, fmt::format("lossscale: {} ({})", r.name, r.format == Format::FP32 ? "fp32" : compute_name(c)),
@@ -612,11 +634,16 @@ void training_section(const Context& ctx, Report& report) {
     // Bytes of the weights a recipe keeps between steps: the stored format's width (fp32 masters:
     // 4 bytes; the low-precision working copy is rebuilt every step). Emulated formats are held
     // in fp32 tensors by mpt, but a real run stores them narrow: this counts the format.
-    const int64_t weight_bytes = params * (r.master ? 4 : format_info(r.format).bits / 8);
+    // bf16+kahan keeps a bf16 compensation buffer beside the weights: 2 more bytes per parameter.
+    const int64_t weight_bytes =
+        params * (r.master ? 4 : format_info(r.format).bits / 8 + (r.update == Update::Kahan ? 2 : 0));
     const std::string why = r.format == Format::FP32 ? "fp32 GEMMs (the baseline)"
                             : c == Compute::Native
                                 ? fmt::format("native {} GEMMs ({})", format_name(r.format),
-                                              r.master ? "plus fp32 master weights and casts" : "weights stored narrow")
+                                              r.master                       ? "plus fp32 master weights and casts"
+                                              : r.update == Update::Stochastic ? "weights stored narrow, SR update"
+                                              : r.update == Update::Kahan      ? "weights and compensation stored narrow"
+                                                                               : "weights stored narrow")
                                 : fmt::format("emulated: fp32 GEMMs plus a rounding pass per stored tensor ({})",
                                               cfg.str("/train/compute") == "emulated"
                                                   ? std::string("compute=emulated")
@@ -637,7 +664,9 @@ void training_section(const Context& ctx, Report& report) {
     curve.rows.push_back(row);
   }
   t.notes.push_back("train loss: cross-entropy over the training subset with the final weights, in the recipe's format");
-  t.notes.push_back("lost upd: non-zero updates lr*g that left the stored weight unchanged (w - lr*g == w)");
+  t.notes.push_back("lost upd: non-zero updates lr*g that left the stored weight unchanged (w - lr*g == w); bf16+sr: "
+                    "the same count, but SR keeps them in expectation (a step rounds up a whole ulp with probability "
+                    "|lr*g|/ulp); bf16+kahan: w and its compensation buffer both unchanged");
   t.notes.push_back("grad ->0: parameter gradients (scaled, if the recipe scales) nonzero in fp32 math but 0 once stored");
   std::vector<std::string> modes;
   for (const auto& [fmt_name, mode] : compute_used.items()) modes.push_back(fmt_name + " " + mode.get<std::string>());

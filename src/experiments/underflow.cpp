@@ -9,8 +9,11 @@
  *  3. gradients: a deep sigmoid net (σ' ≤ 1/4 per layer, so gradients shrink ~4× per block)
  *                — per Linear layer the weight gradient's mean/max |g| in fp32 and the
  *                fraction that becomes zero when cast to fp16 / bf16 (Micikevicius et al. 2017).
- *  4. updates:   w = 1.0 plus N updates of 1e-4 stored in each format: below half an ulp
- *                of w the update is lost; an fp32 master copy keeps it.
+ *  4. updates:   w = 1.0 plus 1000 updates of 1e-3 stored in each format: below half an ulp
+ *                of w the update is lost (bf16: ulp(1) = 2^-7); an fp32 master copy keeps it,
+ *                and so do, without one, stochastic rounding (unbiased: each step rounds up a
+ *                whole ulp with probability u/ulp) and Kahan summation (a bf16 compensation
+ *                buffer carries what rounding dropped) — Zamirai et al. 2020.
  *  5. histogram: log2 |g| over all parameters, with the formats' limits marked
  *                (NVIDIA's mixed-precision guide, Figure 2).
  *
@@ -22,9 +25,11 @@
  */
 #include <cmath>
 
+#include "core/amp.hpp"
 #include "core/errors.hpp"
 #include "core/models.hpp"
 #include "core/precision.hpp"
+#include "core/quant.hpp"
 #include "core/runtime.hpp"
 #include "core/experiment.hpp"
 
@@ -47,8 +52,8 @@ ConfigSpec underflow_spec() {
   s.integer("/model/width", 16, "units per hidden layer", 1, 4096);
   s.integer("/model/input_dim", 4, "input features", 1, 4096);
   s.integer("/data/batch", 32, "samples (inputs and targets from randn)", 1, 1 << 20);
-  s.integer("/updates/count", 100, "number of updates in the lost-updates table", 1, 10'000'000);
-  s.number("/updates/step", 1e-4, "size of each update", 0.0);
+  s.integer("/updates/count", 1000, "number of updates in the lost-updates table", 1, 10'000'000);
+  s.number("/updates/step", 1e-3, "size of each update", 0.0);
   s.number("/updates/start", 1.0, "initial weight");
   s.integer("/histogram/min_log2", -64, "histogram range start (log2 |g|); smaller values count in the first bin",
             -160, 0);
@@ -179,24 +184,30 @@ Histogram grad_histogram(const torch::Tensor& g, int64_t depth, int lo, int hi) 
 // ----------------------------------------------------------------------------
 // 4. Lost updates: why fp32 master weights exist
 // ----------------------------------------------------------------------------
-Table updates_table(double start, double step, int64_t count) {
+Table updates_table(double start, double step, int64_t count, std::uint64_t seed) {
   Table t{"updates",
           fmt::format("Lost updates: w = {:g} plus {} updates of {:g}, stored in each format", start, count, step),
           {text_col("name", "storage"), float_col("final", "final w", "-", 8), float_col("expected", "exact", "-", 8),
            int_col("lost", "lost", "updates"), float_col("ulp_at_start", "ulp(w0)", "-", 4)}};
-  struct Recipe { std::string name; Format stored; bool master; };
-  const std::vector<Recipe> recipes = {{"fp32", Format::FP32, false},
-                                       {"fp16", Format::FP16, false},
-                                       {"bf16", Format::BF16, false},
-                                       {"fp16+fp32_master", Format::FP16, true},
-                                       {"bf16+fp32_master", Format::BF16, true}};
+  // update: how w + u reaches a weight stored without a master copy (core/amp's SGD updates).
+  enum class Update { Nearest, Stochastic, Kahan };
+  struct Recipe { std::string name; Format stored; bool master; Update update; };
+  const std::vector<Recipe> recipes = {{"fp32", Format::FP32, false, Update::Nearest},
+                                       {"fp16", Format::FP16, false, Update::Nearest},
+                                       {"bf16", Format::BF16, false, Update::Nearest},
+                                       {"fp16+fp32_master", Format::FP16, true, Update::Nearest},
+                                       {"bf16+fp32_master", Format::BF16, true, Update::Nearest},
+                                       {"bf16+sr", Format::BF16, false, Update::Stochastic},
+                                       {"bf16+kahan", Format::BF16, false, Update::Kahan}};
   const double exact = start + static_cast<double>(count) * step;
   for (const auto& r : recipes) {
     // Arithmetic in fp32, the sum rounded to the stored format ("fp16 storage, fp32 math").
-    // Without a master copy the update itself is also held in the low format.
+    // Without a master copy the update itself is also held in the low format. The SGD updates
+    // of core/amp with lr = 1 and g = −u: w − lr·g = w + u.
     auto w = round_to(torch::tensor({static_cast<float>(start)}), r.stored);
     auto master = torch::tensor({static_cast<float>(start)});
     auto u = round_to(torch::tensor({static_cast<float>(step)}), r.master ? Format::FP32 : r.stored);
+    auto comp = torch::zeros_like(w);  // bf16+kahan's compensation buffer
     int64_t lost = 0;
     for (int64_t i = 0; i < count; ++i) {
       if (r.master) {
@@ -204,6 +215,11 @@ Table updates_table(double start, double step, int64_t count) {
         if (m2.item<float>() == master.item<float>()) ++lost;
         master = m2;
         w = round_to(master, r.stored);  // the low-precision working copy used in forward
+      } else if (r.update == Update::Stochastic) {
+        // one seed per update: the seed of the run (/seed) and the update's index
+        lost += sgd_update_stochastic(w, -u, 1.0f, quant::derive_seed(seed, static_cast<std::uint64_t>(i))).lost;
+      } else if (r.update == Update::Kahan) {
+        lost += sgd_update_kahan(w, comp, -u, 1.0f).lost;
       } else {
         auto w2 = round_to(w + u, r.stored);
         if (w2.item<float>() == w.item<float>()) ++lost;
@@ -218,6 +234,9 @@ Table updates_table(double start, double step, int64_t count) {
   }
   t.notes.push_back("an update smaller than half an ulp of w rounds away: w + u == w");
   t.notes.push_back("with a master copy the fp32 master accumulates every update; 'final' is the master value");
+  t.notes.push_back("bf16+sr: stochastic rounding, seeded (/seed); 'lost' counts steps that left w unchanged, which "
+                    "SR makes up in expectation (E[final] = exact); bf16+kahan: lost = w and its bf16 compensation "
+                    "both unchanged");
   return t;
 }
 
@@ -280,7 +299,8 @@ Report run_underflow(const Context& ctx) {
   report.timings["gradients_s"] = now_seconds() - t0;
 
   t0 = now_seconds();
-  report.add(updates_table(cfg.number("/updates/start"), cfg.number("/updates/step"), cfg.integer("/updates/count")));
+  report.add(updates_table(cfg.number("/updates/start"), cfg.number("/updates/step"), cfg.integer("/updates/count"),
+                           static_cast<std::uint64_t>(cfg.integer("/seed"))));
   report.timings["updates_s"] = now_seconds() - t0;
   for (auto& h : hists) report.add(std::move(h));
   return report;

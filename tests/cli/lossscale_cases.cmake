@@ -19,6 +19,14 @@ cli_case(lossscale_missing_data 3 "/no/such/dir.*dataset-fashion-mnist" lossscal
 add_test(NAME cli.lossscale_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/lossscale_train.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.lossscale_train PROPERTIES TIMEOUT 300)
+# pure bf16 without master weights: stochastic rounding and Kahan summation of the update,
+# with native bf16 kernels (auto, where the CPU has them) and emulated
+add_test(NAME cli.lossscale_pure_bf16 COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/lossscale_pure_bf16.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.lossscale_pure_bf16_emulated
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/lossscale_pure_bf16.sh $<TARGET_FILE:mpt> --set train.compute=emulated
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.lossscale_pure_bf16 cli.lossscale_pure_bf16_emulated PROPERTIES TIMEOUT 300)
 add_test(NAME cli.lossscale_deterministic
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> lossscale ${LS_TINY}
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})

@@ -96,20 +96,60 @@ def histogram(g, lo, hi):
             "edges": list(range(lo, hi + 1))}
 
 
-def updates(start, step, count):
+M64 = (1 << 64) - 1
+
+
+def splitmix64(z):
+    """SplitMix64 (Steele, Lea, Flood 2014), as core/quant.cpp."""
+    z = (z + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def derive_seed(seed, stream):
+    return splitmix64(seed ^ splitmix64(stream))
+
+
+def random_bits(seed, index):
+    return splitmix64((splitmix64(seed) + index) & M64)
+
+
+def sr_bf16(x, seed):
+    """Stochastic rounding of a one-element fp32 tensor to bf16: (bits + r) & 0xFFFF0000 (torchao's form)."""
+    b = int(x.view(torch.int32).item()) & 0xFFFFFFFF
+    b = (b + (random_bits(seed, 0) & 0xFFFF)) & 0xFFFF0000
+    return torch.tensor([b - (1 << 32) if b >= 1 << 31 else b], dtype=torch.int32).view(torch.float32)
+
+
+def updates(start, step, count, seed):
     rows = []
-    for name, fmt, master in [("fp32", "fp32", False), ("fp16", "fp16", False), ("bf16", "bf16", False),
-                              ("fp16+fp32_master", "fp16", True), ("bf16+fp32_master", "bf16", True)]:
+    for name, fmt, master, update in [("fp32", "fp32", False, "nearest"), ("fp16", "fp16", False, "nearest"),
+                                      ("bf16", "bf16", False, "nearest"), ("fp16+fp32_master", "fp16", True, "nearest"),
+                                      ("bf16+fp32_master", "bf16", True, "nearest"), ("bf16+sr", "bf16", False, "sr"),
+                                      ("bf16+kahan", "bf16", False, "kahan")]:
         w = rnd(torch.tensor([start], dtype=torch.float32), fmt)
         m = torch.tensor([start], dtype=torch.float32)
         u = rnd(torch.tensor([step], dtype=torch.float32), "fp32" if master else fmt)
+        c = torch.zeros(1)  # Kahan compensation (optimi's kahan_comp), bf16 values
         lost = 0
-        for _ in range(count):
+        for i in range(count):
             if master:
                 m2 = m + u
                 lost += int(m2.item() == m.item())
                 m = m2
                 w = rnd(m, fmt)
+            elif update == "sr":
+                w2 = sr_bf16(w + u, derive_seed(seed, i))
+                lost += int(u.item() != 0 and w2.item() == w.item())
+                w = w2
+            elif update == "kahan":
+                # optimi SGD, kahan_sum: c += -lr*g; tmp = w; w += c; c += tmp - w (every op rounded to bf16)
+                c1 = rnd(c + u, "bf16")
+                w1 = rnd(w + c1, "bf16")
+                c2 = rnd(c1 + rnd(w - w1, "bf16"), "bf16")
+                lost += int(u.item() != 0 and w1.item() == w.item() and c2.item() == c.item())
+                w, c = w1, c2
             else:
                 w2 = rnd(w + u, fmt)
                 lost += int(w2.item() == w.item())
@@ -131,7 +171,7 @@ def main():
         out["gradients"] += rows
         out["loss"][f"d{d}"] = loss
         out[f"histogram_d{d}"] = histogram(allg, lo, hi)
-    out["updates"] = updates(cfg["updates"]["start"], cfg["updates"]["step"], cfg["updates"]["count"])
+    out["updates"] = updates(cfg["updates"]["start"], cfg["updates"]["step"], cfg["updates"]["count"], cfg["seed"])
     json.dump(out, sys.stdout)
 
 
