@@ -1,5 +1,6 @@
 // Format facts and rounding (core/precision).
 #include <cmath>
+#include <limits>
 
 #include "catch.hpp"
 #include "core/compat.hpp"
@@ -31,6 +32,16 @@ TEST_CASE("fp16 rounding: overflow, ties to even, subnormals", "[precision]") {
   CHECK(classify(r(1e-3, Format::FP16), Format::FP16) == "normal");
   CHECK(classify(r(1e-9, Format::FP16), Format::FP16) == "zero");
   CHECK(classify(r(1e6, Format::FP16), Format::FP16) == "inf");
+  // classify_cast: E4M3 has no inf, its cast clamps to 448 what OCP's non-saturating rule makes NaN
+  CHECK(classify_cast(1e6, Format::FP16) == "inf");
+  CHECK(classify_cast(1e-7, Format::FP16) == "subnormal");
+  CHECK(classify_cast(1000.0, Format::FP8_E4M3) == "saturated");
+  CHECK(classify_cast(-1000.0, Format::FP8_E4M3) == "saturated");
+  CHECK(classify_cast(std::numeric_limits<double>::infinity(), Format::FP8_E4M3) == "saturated");
+  CHECK(classify_cast(449.0, Format::FP8_E4M3) == "normal");  // rounds to 448: within range
+  CHECK(classify_cast(448.0, Format::FP8_E4M3) == "normal");
+  CHECK(classify_cast(1e6, Format::FP8_E5M2) == "inf");        // E5M2 keeps IEEE overflow
+  CHECK(classify_cast(std::nan(""), Format::FP8_E4M3) == "nan");
 }
 
 TEST_CASE("bf16 keeps fp32's range with 8 bits of precision", "[precision]") {

@@ -83,6 +83,15 @@ std::string classify(double stored, Format f) {
   return "normal";
 }
 
+std::string classify_cast(double original, Format f) {
+  const double stored = round_scalar(original, f);
+  if (f == Format::FP8_E4M3 && !std::isnan(original)) {
+    auto t = torch::tensor({static_cast<float>(original)}, torch::kFloat);  // ±inf saturates too
+    if (!std::isfinite(round_fp8(t, f, quant::Overflow::NonSaturating).item<double>())) return "saturated";
+  }
+  return classify(stored, f);
+}
+
 CastStats cast_stats(const torch::Tensor& x, Format f) {
   auto x32 = x.detach().to(torch::kFloat);
   auto r = round_to(x32, f);

@@ -67,6 +67,11 @@ double round_scalar(double x, Format f);
 
 /// Where a stored value falls: "zero", "subnormal", "normal", "inf", "nan".
 std::string classify(double stored, Format f);
+/// Where `original` (a double, rounded through fp32 first as round_scalar does) falls once cast
+/// to `f`: classify's classes, plus "saturated" for a value (±inf included) beyond the range of a format
+/// whose cast saturates instead of overflowing — E4M3 (no inf: PyTorch 2.15's float8_e4m3fn cast
+/// clamps to ±448 what its non-saturating cast, OCP's overflow rule, turns into NaN).
+std::string classify_cast(double original, Format f);
 
 /// Element counts of a gradient cast to `f` (shape-agnostic; counts over all elements).
 struct CastStats {

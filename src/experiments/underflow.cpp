@@ -98,7 +98,7 @@ Table casts_table(const std::vector<double>& values, const std::vector<std::stri
       const double s = round_scalar(v32, f);
       row[n] = s;
       row[n + "_rel_err"] = v32 == 0.0 ? 0.0 : std::fabs(s - v32) / std::fabs(v32);
-      row[n + "_class"] = classify(s, f);
+      row[n + "_class"] = classify_cast(v32, f);
     }
     t.rows.push_back(row);
   }
@@ -106,6 +106,9 @@ Table casts_table(const std::vector<double>& values, const std::vector<std::stri
     const FormatInfo& f = format_info(parse_format(n));
     t.notes.push_back(fmt::format("{}: below {:.3g} values are subnormal (fewer significant bits), "
                                   "below {:.3g}/2 they round to 0", n, f.min_normal, f.min_subnormal));
+    if (parse_format(n) == Format::FP8_E4M3)
+      t.notes.push_back("fp8_e4m3 has no inf: what OCP's non-saturating cast would make NaN (|x| above 464, the "
+                        "midpoint past 448 — a tie rounds to even, to 448 —, and inf) is clamped to +-448 by PyTorch 2.15's cast: class 'saturated'");
   }
   return t;
 }
