@@ -48,7 +48,7 @@
 #include "core/memory.hpp"
 #include "core/models.hpp"
 #include "core/precision.hpp"
-#include "core/quant.hpp"
+#include "core/amp_recipe.hpp"
 #include "core/runtime.hpp"
 #include "core/timing.hpp"
 #include "core/experiment.hpp"
@@ -290,131 +290,6 @@ void sweep_section(const Context& ctx, Report& report) {
   report.add(std::move(t));
 }
 
-// ----------------------------------------------------------------------------
-// 2. Training recipes on Fashion-MNIST
-// ----------------------------------------------------------------------------
-enum class Scaling { None, Static, Dynamic };
-/// How the SGD update reaches weights stored without a master copy: round to nearest (what a
-/// bf16 tensor's add_ does), stochastic rounding, or Kahan-compensated summation (core/amp).
-enum class Update { Nearest, Stochastic, Kahan };
-
-struct Recipe {
-  std::string name;
-  Format format;  // storage format of weights, activations and gradients
-  bool master;    // fp32 master weights (the update is applied to them)
-  Scaling scaling;
-  Update update = Update::Nearest;
-};
-
-Recipe parse_recipe(const std::string& n) {
-  Recipe r{n, n.rfind("bf16", 0) == 0 ? Format::BF16 : n.rfind("fp16", 0) == 0 ? Format::FP16 : Format::FP32,
-           n.find("+master") != std::string::npos, Scaling::None};
-  if (n.find("+static") != std::string::npos) r.scaling = Scaling::Static;
-  if (n.find("+dynamic") != std::string::npos) r.scaling = Scaling::Dynamic;
-  if (n.find("+sr") != std::string::npos) r.update = Update::Stochastic;
-  if (n.find("+kahan") != std::string::npos) r.update = Update::Kahan;
-  return r;
-}
-
-struct Mlp {
-  std::vector<torch::Tensor> params;  // W1, b1, W2, b2, ... (leaves)
-  std::string activation;
-};
-
-// The MLP 784 → width × depth → 10, built as nn.Linear layers in order so a seed fixes it.
-std::vector<torch::Tensor> init_mlp(int64_t depth, int64_t width) {
-  std::vector<torch::Tensor> ps;
-  int64_t d = 28 * 28;
-  for (int64_t i = 0; i <= depth; ++i) {
-    const int64_t out = i == depth ? 10 : width;
-    torch::nn::Linear lin(d, out);
-    ps.push_back(lin->weight.detach().clone());
-    ps.push_back(lin->bias.detach().clone());
-    d = out;
-  }
-  return ps;
-}
-
-struct GradCounter {
-  long long underflow = 0, total = 0;
-};
-
-// Counts gradients that underflow in `f`: g is a gradient computed in fp32 math, before it is
-// stored in `f`.
-void count_underflow(GradCounter* counter, const torch::Tensor& g, Format f) {
-  counter->underflow += ((g != 0) & (round_to(g, f) == 0)).sum().item<int64_t>();
-  counter->total += g.numel();
-}
-
-// Forward in the recipe's format: the working copy of every parameter, each layer's output
-// and each activation are stored in `f` (store_as: emulated — fp32 math, rounded storage — or
-// native — tensors of f's dtype); in backward the gradient entering each of them is stored in
-// `f`. Returns the logits [N, 10] in f (an fp32 tensor holding f's values when emulated).
-// When `counter` is given, counts parameter gradients that underflow in `f`, in both modes
-// from the same quantity: the parameter gradient in fp32 math before it is stored.
-torch::Tensor mlp_forward(const Mlp& m, const torch::Tensor& images, Format f, Compute c, GradCounter* counter) {
-  auto h = store_as(images.reshape({images.size(0), -1}), f, c);
-  const std::size_t layers = m.params.size() / 2;
-  for (std::size_t i = 0; i < layers; ++i) {
-    auto w = store_as(m.params[2 * i], f, c);
-    auto b = store_as(m.params[2 * i + 1], f, c);
-    const bool count = counter && f != Format::FP32 && w.requires_grad();
-    if (count && c == Compute::Emulated) {
-      // emulate_storage hands its backward the fp32 gradient before rounding it
-      for (auto* t : {&w, &b}) t->register_hook([counter, f](torch::Tensor g) { count_underflow(counter, g, f); });
-    }
-    auto z = torch::linear(h, w, b);
-    if (count && c == Compute::Native) {
-      // Native kernels round the parameter gradient inside the matmul; recompute it in fp32
-      // from the same f-valued operands (dW = dzᵀ·h, db = Σ dz) to see what rounding lost.
-      auto input = h.detach();
-      z.register_hook([counter, f, input](torch::Tensor dz) {
-        auto d32 = dz.to(torch::kFloat);
-        count_underflow(counter, d32.t().mm(input.to(torch::kFloat)), f);
-        count_underflow(counter, d32.sum(0), f);
-      });
-    }
-    h = store_as(z, f, c);
-    if (i + 1 < layers) h = activation_as(h, m.activation, f, c);
-  }
-  return h;
-}
-
-// Cross-entropy; like autocast, log-softmax and the loss run in fp32 unless `low` is set.
-torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& labels, Format f, Compute c, bool low) {
-  if (!low) return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), labels);
-  auto logp = store_as(torch::log_softmax(logits, 1), f, c);
-  return store_as(torch::nll_loss(logp, labels), f, c).to(torch::kFloat);
-}
-
-struct Evaluation {
-  double loss, accuracy;
-};
-
-Evaluation evaluate(const Mlp& m, const Dataset& d, Format f, Compute c, bool low, torch::Device dev) {
-  torch::NoGradGuard ng;
-  double loss = 0, correct = 0;
-  const int64_t chunk = 2000;
-  for (int64_t i = 0; i < d.size(); i += chunk) {
-    const int64_t n = std::min(chunk, d.size() - i);
-    auto x = d.images.narrow(0, i, n).to(dev);
-    auto y = d.labels.narrow(0, i, n).to(dev);
-    auto logits = mlp_forward(m, x, f, c, nullptr);
-    loss += loss_fn(logits, y, f, c, low).item<double>() * static_cast<double>(n);
-    correct += (logits.argmax(1) == y).sum().item<double>();
-  }
-  return {loss / static_cast<double>(d.size()), correct / static_cast<double>(d.size())};
-}
-
-struct RecipeRun {
-  std::vector<double> loss, scale;
-  double final_loss = 0, accuracy = 0, final_scale = 1;
-  long long skipped = 0, lost = 0, updates = 0;
-  GradCounter grads;
-  double step_s = 0;
-  int64_t peak_bytes = 0;
-};
-
 }  // namespace
 
 GradScaler::Options scaler_options(const Config& cfg) {
@@ -442,121 +317,25 @@ void validate_lossscale(const Config& cfg, int /*world_size*/) {
                                   init, floor));
 }
 
-RecipeRun train_recipe(const Context& ctx, const Recipe& r, Compute c, const std::vector<torch::Tensor>& init,
-                       const Dataset& train, const Dataset& test) {
+// ----------------------------------------------------------------------------
+// 2. Training recipes on Fashion-MNIST (the engine: core/recipe)
+// ----------------------------------------------------------------------------
+/// The training run of /train/* (everything but the recipe).
+RecipeTraining recipe_training(const Context& ctx) {
   const auto& cfg = ctx.cfg;
-  const int64_t steps = cfg.integer("/train/steps");
-  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train.size());
-  const int64_t per_epoch = train.size() / batch;
-  const float lr = static_cast<float>(cfg.number("/train/lr"));
-  const bool low = cfg.boolean("/train/loss_in_low_precision");
-  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
-  const float static_scale = static_cast<float>(cfg.number("/train/static_scale"));
-  // Pure low-precision recipes store their weights in the format; master recipes keep fp32.
-  const Format stored = r.master ? Format::FP32 : r.format;
-
-  RecipeRun run;
-  PeakScope scope(ctx.device);
-  Mlp m{{}, cfg.str("/train/hidden/activation")};
-  // Native pure recipes hold their weights as tensors of the format's dtype; emulated ones as
-  // fp32 tensors holding the format's values (the same numbers: both casts round to nearest even).
-  for (const auto& p : init)
-    m.params.push_back((c == Compute::Native && !r.master ? p.to(ctx.device, storage_dtype(stored))
-                                                           : round_to(p, stored).to(ctx.device))
-                           .clone()
-                           .requires_grad_(true));
-  GradScaler scaler(scaler_options(cfg));
-  torch::Tensor perm;
-  int64_t perm_epoch = -1;
-  // bf16+kahan: one bf16 compensation buffer per parameter, zeros at the start (optimi's kahan_comp).
-  std::vector<torch::Tensor> comp;
-  if (r.update == Update::Kahan)
-    for (const auto& p : m.params) comp.push_back(torch::zeros_like(p));
-  int64_t update_no = 0;  // optimizer steps taken (seeds stochastic rounding)
-
-  auto apply_update = [&] {
-    torch::NoGradGuard ng;
-    for (std::size_t i = 0; i < m.params.size(); ++i) {
-      auto& p = m.params[i];
-      auto g = p.grad();
-      if (!g.defined()) continue;
-      // SGD: w − lr·g in fp32 math, stored in the weights' format (one rounding, as
-      // PyTorch's fp16 kernels compute in fp32 and round the result) — the same arithmetic
-      // for native and emulated weights; lost updates counted in the same pass. Without a
-      // master copy, bf16+sr rounds that result stochastically and bf16+kahan carries what
-      // rounding dropped in a compensation buffer (core/amp).
-      const UpdateCounts c =
-          r.update == Update::Stochastic
-              ? sgd_update_stochastic(p, g, lr, quant::derive_seed(seed, static_cast<std::uint64_t>(update_no) * 1024 + i))
-          : r.update == Update::Kahan ? sgd_update_kahan(p, comp[i], g, lr)
-                                      : sgd_update_counting_lost(p, g, lr, stored);
-      run.lost += c.lost;
-      run.updates += c.updates;
-    }
-    ++update_no;
-  };
-
-  Progress progress(ctx.tty, fmt::format("lossscale: {} ({})", r.name, r.format == Format::FP32 ? "fp32" : compute_name(c)),
-                    steps, "steps");
-  const double t0 = now_seconds();
-  for (int64_t step = 0; step < steps; ++step) {
-    const int64_t epoch = step / per_epoch;
-    if (epoch != perm_epoch) {
-      perm = shuffled_indices(train.size(), seed + 1000003ULL * static_cast<std::uint64_t>(epoch + 1));
-      perm_epoch = epoch;
-    }
-    auto idx = perm.narrow(0, (step % per_epoch) * batch, batch);
-    auto x = train.images.index_select(0, idx).to(ctx.device);
-    auto y = train.labels.index_select(0, idx).to(ctx.device);
-    clear_grads(m.params);
-
-    auto loss = loss_fn(mlp_forward(m, x, r.format, c, &run.grads), y, r.format, c, low);
-    const float s = r.scaling == Scaling::Static ? static_scale
-                    : r.scaling == Scaling::Dynamic ? scaler.get_scale() : 1.0f;
-    run.loss.push_back(loss.item<double>());
-    run.scale.push_back(s);
-    progress.update(step + 1, fmt::format("loss {:.4f}  scale {:g}", run.loss.back(), s));
-    switch (r.scaling) {
-      case Scaling::None:
-        loss.backward();
-        apply_update();
-        break;
-      case Scaling::Static: {
-        (loss * s).backward();
-        // Unscale as GradScaler does (reciprocal in double), skip the step on inf/NaN.
-        const float inv = static_cast<float>(1.0 / static_cast<double>(s));
-        bool finite = true;
-        torch::NoGradGuard ng;
-        for (auto& p : m.params) {
-          finite = finite && torch::isfinite(p.grad()).all().item<bool>();
-          p.grad().mul_(inv);
-        }
-        if (finite) apply_update();
-        else ++run.skipped;
-        break;
-      }
-      case Scaling::Dynamic: {
-        scaler.scale(loss).backward();
-        if (!scaler.step(m.params, apply_update)) ++run.skipped;
-        try {
-          scaler.update();
-        } catch (const LossScaleError& e) {
-          throw RuntimeFailure(fmt::format("recipe {} at step {}: {}", r.name, step + 1, e.what()));
-        }
-        break;
-      }
-    }
-  }
-  run.step_s = (now_seconds() - t0) / static_cast<double>(steps);
-  progress.finish();
-  run.peak_bytes = scope.peak_bytes();
-  run.final_scale = r.scaling == Scaling::Dynamic ? scaler.get_scale()
-                    : r.scaling == Scaling::Static ? static_scale : 1.0;
-  Evaluation tr = evaluate(m, train, r.format, c, low, ctx.device);
-  Evaluation te = evaluate(m, test, r.format, c, low, ctx.device);
-  run.final_loss = tr.loss;
-  run.accuracy = te.accuracy;
-  return run;
+  RecipeTraining o;
+  o.steps = cfg.integer("/train/steps");
+  o.batch = cfg.integer("/train/batch");
+  o.lr = static_cast<float>(cfg.number("/train/lr"));
+  o.loss_in_low_precision = cfg.boolean("/train/loss_in_low_precision");
+  o.seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  o.static_scale = static_cast<float>(cfg.number("/train/static_scale"));
+  o.scaler = scaler_options(cfg);
+  o.activation = cfg.str("/train/hidden/activation");
+  o.device = ctx.device;
+  o.progress = ctx.tty;
+  o.progress_label = "lossscale";
+  return o;
 }
 
 void training_section(const Context& ctx, Report& report) {
@@ -566,7 +345,7 @@ void training_section(const Context& ctx, Report& report) {
   Dataset test = load_fashion_mnist(dir, "test", cfg.integer("/train/test_samples"));
 
   seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
-  const auto init = init_mlp(cfg.integer("/train/hidden/depth"), cfg.integer("/train/hidden/width"));
+  const auto init = init_recipe_mlp(cfg.integer("/train/hidden/depth"), cfg.integer("/train/hidden/width"));
 
   Table t{"recipes",
           fmt::format("Training recipes: MLP 784-{}x{}({})-10 on Fashion-MNIST, {} steps of {} samples, SGD lr {:g}",
@@ -602,21 +381,22 @@ void training_section(const Context& ctx, Report& report) {
   std::vector<RecipeRun> runs;
   json compute_used = json::object();
   const auto names = cfg.strings("/train/recipes");
+  const RecipeTraining training = recipe_training(ctx);
   for (const auto& n : names) {
-    Recipe r = parse_recipe(n);
+    const PrecisionRecipe r = parse_precision_recipe(n);
     Compute c;
     try {
       c = resolve_compute(cfg.str("/train/compute"), r.format, ctx.device);
     } catch (const RuntimeFailure& e) {
       throw RuntimeFailure(std::string("/train/compute: ") + e.what());
     }
-    RecipeRun run = train_recipe(ctx, r, c, init, train, test);
+    RecipeRun run = train_recipe(r, c, init, train, test, training);
     if (r.format != Format::FP32) compute_used[format_name(r.format)] = compute_name(c);
     t.rows.push_back({{"name", n},
                       {"format", format_name(r.format)},
                       {"compute", r.format == Format::FP32 ? "fp32" : compute_name(c)},
                       {"master_weights", r.master},
-                      {"scaling", r.scaling == Scaling::None ? "none" : r.scaling == Scaling::Static ? "static" : "dynamic"},
+                      {"scaling", r.scaling == LossScaling::None ? "none" : r.scaling == LossScaling::Static ? "static" : "dynamic"},
                       {"final_train_loss", num(run.final_loss)},
                       {"test_accuracy", run.accuracy},
                       {"skipped_steps", run.skipped},
@@ -636,13 +416,13 @@ void training_section(const Context& ctx, Report& report) {
     // in fp32 tensors by mpt, but a real run stores them narrow: this counts the format.
     // bf16+kahan keeps a bf16 compensation buffer beside the weights: 2 more bytes per parameter.
     const int64_t weight_bytes =
-        params * (r.master ? 4 : format_info(r.format).bits / 8 + (r.update == Update::Kahan ? 2 : 0));
+        params * (r.master ? 4 : format_info(r.format).bits / 8 + (r.update == UpdateRounding::Kahan ? 2 : 0));
     const std::string why = r.format == Format::FP32 ? "fp32 GEMMs (the baseline)"
                             : c == Compute::Native
                                 ? fmt::format("native {} GEMMs ({})", format_name(r.format),
                                               r.master                       ? "plus fp32 master weights and casts"
-                                              : r.update == Update::Stochastic ? "weights stored narrow, SR update"
-                                              : r.update == Update::Kahan      ? "weights and compensation stored narrow"
+                                              : r.update == UpdateRounding::Stochastic ? "weights stored narrow, SR update"
+                                              : r.update == UpdateRounding::Kahan      ? "weights and compensation stored narrow"
                                                                                : "weights stored narrow")
                                 : fmt::format("emulated: fp32 GEMMs plus a rounding pass per stored tensor ({})",
                                               cfg.str("/train/compute") == "emulated"
@@ -685,7 +465,7 @@ void training_section(const Context& ctx, Report& report) {
     std::vector<std::string> parts;
     std::vector<Format> formats{Format::FP32};
     for (const auto& name : names)
-      if (const Format f = parse_recipe(name).format; std::find(formats.begin(), formats.end(), f) == formats.end())
+      if (const Format f = parse_precision_recipe(name).format; std::find(formats.begin(), formats.end(), f) == formats.end())
         formats.push_back(f);
     for (const Format f : formats) {
       if (f != Format::FP32) {
