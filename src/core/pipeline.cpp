@@ -190,10 +190,10 @@ PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, 
     for (int s = 0; s < p; ++s) {
       auto& i = next[static_cast<std::size_t>(s)];
       const auto& ops = schedule[static_cast<std::size_t>(s)];
+      const bool split = splits_backward(ops);
       while (i < ops.size()) {
         const PipeOp& op = ops[i];
         const int c = op.chunk * p + s;
-        const bool split = splits_backward(ops);
         // What the op waits for: the activation from c - 1, the gradient from c + 1, its own B.
         std::tuple<char, int, int> dep{' ', op.microbatch, 0};
         if (op.kind == 'F' && c > 0) dep = {'F', op.microbatch, c - 1};

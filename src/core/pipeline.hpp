@@ -121,18 +121,6 @@ double bubble_theory(int stages, int microbatches, int chunks = 1);
 double bubble_time_theory(ScheduleKind kind, int stages, int microbatches, double f, double b, double w,
                           int chunks = 1);
 
-/// Start and end times of every op of `schedule` when F, B and W of virtual stage c take
-/// f[c], b[c], w[c] (p·v values each; a fused backward, in a program without W, takes
-/// b[c] + w[c]), communication is
-/// free and each stage runs its program in order, starting an op as soon as its input is
-/// there (F(j, c) after F(j, c − 1) ends on the previous stage, B(j, c) after B(j, c + 1);
-/// B also after its own F, W after the stage's own B). The deterministic time model of the executor. Returns
-/// per-stage events (times in the unit of f, b, w) in a PipelineRun (grads empty, loss 0).
-/// Throws std::logic_error when the programs deadlock (an op waits on one never run),
-/// std::invalid_argument when a cost vector is not p·v long.
-struct PipelineRun;
-PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, const std::vector<double>& f,
-                              const std::vector<double>& b, const std::vector<double>& w);
 
 // ----------------------------------------------------------------------------
 // Models cut into stages
@@ -362,6 +350,18 @@ struct PipelineRun {
 PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
                          const std::vector<std::vector<PipeOp>>& schedule, int microbatches, const torch::Tensor& x,
                          const torch::Tensor& y, const SyntheticCost& cost, StageTransport& transport);
+
+/// Start and end times of every op of `schedule` when F, B and W of virtual stage c take
+/// f[c], b[c], w[c] (p·v values each; a fused backward, in a program without W, takes
+/// b[c] + w[c]), communication is
+/// free and each stage runs its program in order, starting an op as soon as its input is
+/// there (F(j, c) after F(j, c − 1) ends on the previous stage, B(j, c) after B(j, c + 1);
+/// B also after its own F, W after the stage's own B). The deterministic time model of the executor. Returns
+/// per-stage events (times in the unit of f, b, w) in a PipelineRun (grads empty, loss 0).
+/// Throws std::logic_error when the programs deadlock (an op waits on one never run),
+/// std::invalid_argument when a cost vector is not p·v long.
+PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, const std::vector<double>& f,
+                              const std::vector<double>& b, const std::vector<double>& w);
 
 /// Options of the multi-process executor.
 struct ProcessPipelineOptions {

@@ -25,6 +25,10 @@
  *     when it waits; the bubble (idle/total) next to the theory (p-1)/(m+p-1), step time,
  *     a Gantt chart. Timings (and every event) go to `timings`.
  *
+ *     With zb-h1 in the sweep, the table zero_bubble puts it next to 1f1b: Qi et al.'s per-stage
+ *     bubble (p-1)(F+B-W) against (p-1)(F+B+W), the replayed time model (simulate_schedule), the
+ *     peak held (p on every stage, 1F1B's peak) and bytes; measured idle time under timings.
+ *
  *  4. executor = "processes": the same sweep with one process per stage (rank r owns stage r),
  *     activations and gradients sent between processes with c10d send/recv (Gloo on CPU, NCCL
  *     on CUDA, one GPU per rank); rank 0 gathers every stage's events and gradients and builds
@@ -648,8 +652,9 @@ Report run_pipeline_experiment(const Context& ctx) {
   sweep.notes.push_back(fmt::format("peak act: the most activation bytes a stage held at once, measured (largest "
                                     "stage); gpipe holds m microbatches, 1f1b at most p = {}", p));
   measured.notes.push_back(fmt::format("median of {} steps after one warm-up step; theory (p-1)/(m+p-1){} assumes "
-                                       "equal stages and free communication", n_steps,
-                                       interleaved ? ", interleaved (p-1)/(v*m+p-1)," : ""));
+                                       "equal stages and free communication{}", n_steps,
+                                       interleaved ? ", interleaved (p-1)/(v*m+p-1)," : "",
+                                       wants_zb ? "; zb-h1: the time model's idle / step (zero_bubble)" : ""));
   if (heavy >= 0)
     measured.notes.push_back(fmt::format("stage {} costs {}x: the slowest stage sets the pace of every other stage",
                                          heavy, cfg.number("/cost/heavy_factor")));
