@@ -118,12 +118,13 @@ std::vector<std::string> param_names(const std::vector<torch::nn::Linear>& layer
 }
 
 
-// When each stage's last op ends in a (simulated) run, in ms: "27,27,27,27".
-std::string stage_ends_ms(const PipelineRun& run, int p) {
+// When each stage's last op ends, in ms: "27,27,27,27". `per_ms`: the run's time unit per ms
+// (1e3 for the time model in µs, 1e-3 for a measured run in seconds).
+std::string stage_ends_ms(const PipelineRun& run, int p, double per_ms = 1e3) {
   std::vector<double> ends(static_cast<std::size_t>(p), 0.0);
   for (const auto& e : run.events) ends[static_cast<std::size_t>(e.stage)] = std::max(ends[static_cast<std::size_t>(e.stage)], e.end_s);
   std::vector<std::string> parts;
-  for (double e : ends) parts.push_back(fmt::format("{:g}", e / 1e3));
+  for (double e : ends) parts.push_back(fmt::format("{:.3g}", e / per_ms));
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
@@ -469,7 +470,8 @@ Report run_pipeline_experiment(const Context& ctx) {
                                             "busy) against the formula and the time model",
                     {text_col("name", "name"), float_col("idle_formula_ms", "formula", "ms"),
                      float_col("idle_model_ms", "model", "ms"), float_col("idle_ms", "idle", "ms"),
-                     float_col("step_ms", "step", "ms"), pct_col("bubble", "bubble", 1)}};
+                     float_col("step_ms", "step", "ms"), pct_col("bubble", "bubble", 1),
+                     text_col("stage_ends_ms", "stage ends ms")}};
   std::vector<TextBlock> charts;
   json events = json::object();
   std::map<int, std::vector<torch::Tensor>> gpipe_grads;
@@ -586,6 +588,7 @@ Report run_pipeline_experiment(const Context& ctx) {
         zb_measured.rows.back()["idle_ms"] = idle * 1e3;
         zb_measured.rows.back()["step_ms"] = run.step_s * 1e3;
         zb_measured.rows.back()["bubble"] = measured_bubble(run);
+        zb_measured.rows.back()["stage_ends_ms"] = stage_ends_ms(run, p, 1e-3);
       }
       sweep.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"step_model_ms", model_ms},
                             {"bubble_theory", theory}, {"peak_held", peak},
@@ -674,7 +677,8 @@ Report run_pipeline_experiment(const Context& ctx) {
                              "ends (ZB-H2, ZB-V: Qi et al. 2023 §4, post-validation)");
     report.add(std::move(zb_table));
     zb_measured.notes.push_back("measured idle = step - busy per stage, mean over stages; formula and model as in "
-                                "zero_bubble");
+                                "zero_bubble; stage ends: when each stage's last op ended (a step-end all-reduce "
+                                "waits for the latest)");
     report.add(std::move(zb_measured), Store::Timings);
   }
   // Measured values vary run to run: printed, and stored under timings (not results).
