@@ -1,4 +1,5 @@
 // Pipeline schedules, stage splitting and the executor (core/pipeline).
+#include <map>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -23,6 +24,13 @@ std::vector<torch::Tensor> full_batch_grads(const std::vector<torch::nn::Linear>
   for (auto& l : layers)
     for (auto& p : l->parameters()) g.push_back(p.grad().clone());
   return g;
+}
+
+bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
 }
 
 double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
@@ -335,7 +343,8 @@ std::vector<PipelineRun> run_ranks(const std::vector<std::shared_ptr<dist::Group
 
 }  // namespace
 
-TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's gradients bitwise", "[pipeline][dist]") {
+TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's gradients bitwise (zb-h1: GPipe's)",
+          "[pipeline][dist]") {
   const int p = 3;
   const std::vector<int64_t> widths = {6, 12, 12, 12, 1};
   // Every rank builds its own copy of the model from the same seed, as separate processes do.
@@ -352,8 +361,9 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
   // Gradients on the same group (tags tell them apart), or on a group of their own (what the
   // experiment does: NCCL needs one stream per direction).
   auto backward_groups = thread_groups(p, "ut_pipe_bwd/", 10000ms);
+  std::map<int, std::vector<torch::Tensor>> gpipe_grads;  // per m, for zb-h1's bitwise check
   for (bool own_backward_group : {false, true})
-  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::ZBH1})
     for (int m : {1, 4}) {
       const auto sched = make_schedule(kind, p, m);
       INFO(schedule_name(kind) << " m=" << m << " own backward group: " << own_backward_group);
@@ -367,7 +377,10 @@ TEST_CASE("one process per stage: Gloo send/recv gives the threaded executor's g
         CHECK(run.loss == threaded.loss);
         CHECK(run.peak_held == peak_in_flight(sched));
         CHECK(run.peak_bytes == threaded.peak_bytes);
-        REQUIRE(run.events.size() == static_cast<std::size_t>(p * 2 * m));
+        REQUIRE(run.events.size() == static_cast<std::size_t>(p * (kind == ScheduleKind::ZBH1 ? 3 : 2) * m));
+        if (kind == ScheduleKind::GPipe) gpipe_grads[m] = run.grads;
+        // B/W split on processes: GPipe's gradients, torch::equal on every parameter.
+        if (kind == ScheduleKind::ZBH1) CHECK(all_equal(gpipe_grads.at(m), run.grads));
         CHECK(run.events.front().stage == 0);
         CHECK(run.events.back().stage == p - 1);
         CHECK(run.step_s > 0);
@@ -445,4 +458,160 @@ TEST_CASE("process-group transport: a silent peer times out naming it, abort wak
   const double took = now_seconds() - start;
   CHECK(took > 0.9);  // it waited for the timeout...
   CHECK(took < 5.0);  // ...and not much longer
+}
+
+// ----------------------------------------------------------------------------
+// Zero bubble: B/W split and ZB-H1 (Qi et al. 2023)
+// ----------------------------------------------------------------------------
+namespace {
+
+
+/// F, B, W costs, the same on each of `n` virtual stages.
+std::vector<double> costs(int n, double c) { return std::vector<double>(static_cast<std::size_t>(n), c); }
+
+double mean_idle(const PipelineRun& run) {
+  double idle = 0;  // summed, then divided once: exact for integer costs when the mean is an integer
+  for (double b : run.busy_s) idle += run.step_s - b;
+  return idle / static_cast<double>(run.busy_s.size());
+}
+
+}  // namespace
+
+TEST_CASE("ZB-H1 for p=4, m=8: 1F1B's F/B order, stage s postpones its W's by s microbatches", "[pipeline][zb]") {
+  const auto s = make_schedule(ScheduleKind::ZBH1, 4, 8);
+  REQUIRE(s.size() == 4);
+  CHECK(parse_schedule("zb-h1") == ScheduleKind::ZBH1);
+  CHECK(schedule_name(ScheduleKind::ZBH1) == "zb-h1");
+  // Stage 0: W right after each B; stage 3 (last): its first W after B3.
+  CHECK(schedule_string(s[0]) == "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7");
+  CHECK(schedule_string(s[3]) == "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7");
+  // Without the W's, each program is 1F1B's.
+  const auto one = make_schedule(ScheduleKind::OneFOneB, 4, 8);
+  for (int st = 0; st < 4; ++st) {
+    std::vector<PipeOp> fb;
+    for (const auto& op : s[static_cast<std::size_t>(st)])
+      if (op.kind != 'W') fb.push_back(op);
+    CHECK(schedule_string(fb) == schedule_string(one[static_cast<std::size_t>(st)]));
+  }
+  // Held until W: p on every stage, 1F1B's peak (its stage 0); 1F1B's later stages hold less.
+  CHECK(peak_in_flight(s) == std::vector<int>{4, 4, 4, 4});
+  CHECK(splits_backward(s[0]));
+  CHECK_FALSE(splits_backward(one[0]));
+}
+
+TEST_CASE("ZB-H1: each F, B, W once, F < B < W per microbatch, peak <= 1F1B's, no deadlock, for p <= 6, m <= 12",
+          "[pipeline][zb]") {
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 12; ++m) {
+      INFO("p=" << p << " m=" << m);
+      const auto s = make_schedule(ScheduleKind::ZBH1, p, m);
+      const auto one_peaks = peak_in_flight(make_schedule(ScheduleKind::OneFOneB, p, m));
+      const int one_peak = *std::max_element(one_peaks.begin(), one_peaks.end());
+      for (const auto& ops : s) {
+        REQUIRE(ops.size() == static_cast<std::size_t>(3 * m));
+        std::map<std::pair<char, int>, int> at;  // (kind, microbatch) -> position
+        for (std::size_t i = 0; i < ops.size(); ++i) {
+          CHECK(at.count({ops[i].kind, ops[i].microbatch}) == 0);  // once
+          at[{ops[i].kind, ops[i].microbatch}] = static_cast<int>(i);
+        }
+        int last_w = -1;
+        for (int j = 0; j < m; ++j) {
+          REQUIRE(at.count({'F', j}) == 1);
+          REQUIRE(at.count({'B', j}) == 1);
+          REQUIRE(at.count({'W', j}) == 1);
+          CHECK(at[{'F', j}] < at[{'B', j}]);
+          CHECK(at[{'B', j}] < at[{'W', j}]);
+          CHECK(at[{'W', j}] > last_w);  // W's in microbatch order: gradients accumulate as GPipe's
+          last_w = at[{'W', j}];
+        }
+      }
+      for (int peak : peak_in_flight(s)) CHECK(peak <= one_peak);
+      // Cross-stage order: F(j) on stage s needs F(j) of s-1, B(j) needs B(j) of s+1; the
+      // replay runs every op or throws on a deadlock.
+      const auto sim = simulate_schedule(s, costs(p, 1), costs(p, 1), costs(p, 1));
+      CHECK(sim.events.size() == static_cast<std::size_t>(3 * m * p));
+    }
+}
+
+TEST_CASE("time model: 1F1B idles (p-1)(F+B+W) per stage, ZB-H1 (p-1)(F+B-W) for m >= p (Qi et al. 2023)",
+          "[pipeline][zb]") {
+  // Integer costs: the replay's sums are exact in double, so equality is exact.
+  for (auto [f, b, w] : {std::tuple{1.0, 1.0, 1.0}, std::tuple{2.0, 2.0, 1.0}, std::tuple{1.0, 2.0, 1.0}})
+    for (int p : {2, 3, 4, 6})
+      for (int m : {1, 2, p, p + 1, 2 * p, 16}) {
+        INFO("F=" << f << " B=" << b << " W=" << w << " p=" << p << " m=" << m);
+        const auto one = simulate_schedule(make_schedule(ScheduleKind::OneFOneB, p, m), costs(p, f), costs(p, b),
+                                           costs(p, w));
+        const auto zb = simulate_schedule(make_schedule(ScheduleKind::ZBH1, p, m), costs(p, f), costs(p, b),
+                                          costs(p, w));
+        CHECK(mean_idle(one) == bubble_time_theory(ScheduleKind::OneFOneB, p, m, f, b, w));
+        CHECK(mean_idle(zb) == bubble_time_theory(ScheduleKind::ZBH1, p, m, f, b, w));
+        if (m >= p) CHECK(mean_idle(zb) == (p - 1) * (f + b - w));  // the paper's formula
+        CHECK(zb.step_s == m * (f + b + w) + mean_idle(zb));
+      }
+  // F = B = W: the bubble is a third of 1F1B's.
+  CHECK(bubble_time_theory(ScheduleKind::ZBH1, 4, 8, 1, 1, 1) * 3 == bubble_time_theory(ScheduleKind::OneFOneB, 4, 8, 1, 1, 1));
+  CHECK_THROWS_AS(bubble_time_theory(ScheduleKind::ZBH1, 4, 8, 1, 1, 3), std::invalid_argument);
+  CHECK_THROWS_AS(simulate_schedule(make_schedule(ScheduleKind::ZBH1, 2, 2), costs(1, 1), costs(2, 1), costs(2, 1)),
+                  std::invalid_argument);
+  // A program that waits on an op never run: the replay says so instead of looping.
+  std::vector<std::vector<PipeOp>> bad = {{{'F', 0}, {'B', 0}}, {{'B', 0}, {'F', 0}}};
+  CHECK_THROWS_AS(simulate_schedule(bad, costs(2, 1), costs(2, 1), costs(2, 1)), std::logic_error);
+}
+
+TEST_CASE("B/W split: ZB-H1's gradients are GPipe's bit for bit (torch::equal), threads", "[pipeline][zb]") {
+  seed_all(5);
+  const auto layers = mlp_layers({6, 12, 12, 12, 12, 12, 1});
+  const auto x = torch::randn({16, 6});
+  const auto y = torch::randn({16, 1});
+  const auto full = full_batch_grads(layers, x, y);
+  for (int p : {1, 2, 3, 6})
+    for (int m : {1, 2, 4, 8}) {
+      INFO("p=" << p << " m=" << m);
+      const auto ranges = stage_ranges(6, balanced_cuts(6, p));
+      QueueTransport trg(10), trz(10);
+      const auto gpipe = run_pipeline(layers, ranges, make_schedule(ScheduleKind::GPipe, p, m), m, x, y,
+                                      SyntheticCost{}, trg);
+      const auto sched = make_schedule(ScheduleKind::ZBH1, p, m);
+      const auto zb = run_pipeline(layers, ranges, sched, m, x, y, SyntheticCost{}, trz);
+      CHECK(all_equal(gpipe.grads, zb.grads));
+      CHECK(zb.loss == gpipe.loss);
+      CHECK(max_diff(full, zb.grads) < 1e-6);
+      CHECK(zb.events.size() == static_cast<std::size_t>(3 * m * p));
+      CHECK(zb.peak_held == peak_in_flight(sched));
+    }
+  // A W before its B is an error of the program, not a silent wrong gradient.
+  const auto ranges = stage_ranges(6, balanced_cuts(6, 1));
+  QueueTransport tr(10);
+  CHECK_THROWS_AS(run_pipeline(layers, ranges, {{{'F', 0}, {'W', 0}, {'B', 0}}}, 1, x, y, SyntheticCost{}, tr),
+                  RuntimeFailure);
+}
+
+TEST_CASE("executor: ZB-H1's measured idle per stage is 1/3 of 1F1B's with F = B = W (within 0.05 of the bubble)",
+          "[pipeline][timing][zb]") {
+  seed_all(0);
+  const auto layers = mlp_layers({8, 8, 8, 8, 8});
+  const auto x = torch::randn({8, 8});
+  const auto y = torch::randn({8, 8});
+  const auto ranges = stage_ranges(4, balanced_cuts(4, 4));
+  SyntheticCost cost;
+  cost.forward_us = 10000;  // one layer per stage: F = B = W = 10 ms
+  cost.backward_factor = 2;
+  cost.weight_factor = 1;
+  for (auto kind : {ScheduleKind::OneFOneB, ScheduleKind::ZBH1}) {
+    const auto sched = make_schedule(kind, 4, 4);
+    std::vector<PipelineRun> steps;
+    for (int i = 0; i < 3; ++i) {
+      QueueTransport tr(10);
+      steps.push_back(run_pipeline(layers, ranges, sched, 4, x, y, cost, tr));
+    }
+    std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.step_s < b.step_s; });
+    const auto& run = steps[1];
+    // The time model in seconds: 1F1B (3m + 3(p-1))·10 ms, idle 9·10 ms; ZB-H1 (3m + p-1)·10 ms, idle 3·10 ms.
+    const auto sim = simulate_schedule(sched, costs(4, 0.01), costs(4, 0.01), costs(4, 0.01));
+    INFO(schedule_name(kind) << ": measured bubble " << measured_bubble(run) << ", model " << measured_bubble(sim)
+                             << "; idle " << mean_idle(run) << " s, model " << mean_idle(sim));
+    CHECK(std::fabs(measured_bubble(run) - measured_bubble(sim)) < 0.05);
+    if (kind == ScheduleKind::ZBH1) CHECK(render_gantt(run, 4, 60).find('W') != std::string::npos);
+  }
 }

@@ -28,7 +28,9 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::GPipe;
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "interleaved-1f1b") return ScheduleKind::Interleaved1F1B;
-  throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe, 1f1b or interleaved-1f1b)");
+  if (name == "zb-h1") return ScheduleKind::ZBH1;
+  throw std::invalid_argument("unknown schedule '" + name +
+                              "' (expected naive, gpipe, 1f1b, interleaved-1f1b or zb-h1)");
 }
 
 std::string schedule_name(ScheduleKind k) {
@@ -37,6 +39,7 @@ std::string schedule_name(ScheduleKind k) {
     case ScheduleKind::GPipe: return "gpipe";
     case ScheduleKind::OneFOneB: return "1f1b";
     case ScheduleKind::Interleaved1F1B: return "interleaved-1f1b";
+    case ScheduleKind::ZBH1: return "zb-h1";
   }
   return "?";
 }
@@ -80,6 +83,24 @@ std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int p, int m, 
         ops.push_back(op('B', b++));
       }
       while (b < total) ops.push_back(op('B', b++));
+    } else if (kind == ScheduleKind::ZBH1) {
+      // ZB-H1 (Qi et al. 2023, Fig. 3; torch.distributed.pipelining _get_1f1b_rank_ops with
+      // enable_zero_bubble): 1F1B's order of F and B (B = input gradient), and after the i-th
+      // B the oldest pending W once i >= s; the rest of the W's at the end. W's run in B's
+      // order, so every weight gradient accumulates its microbatches in the order 0, 1, ...
+      const int warmup = std::min(p - s - 1, m);
+      int f = 0, b = 0, w = 0;
+      auto backward = [&] {
+        ops.push_back({'B', b});
+        if (b++ >= s) ops.push_back({'W', w++});
+      };
+      while (f < warmup) ops.push_back({'F', f++});
+      while (f < m) {
+        ops.push_back({'F', f++});
+        backward();
+      }
+      while (b < m) backward();
+      while (w < m) ops.push_back({'W', w++});
     } else if (kind != ScheduleKind::OneFOneB) {
       // GPipe: every forward, then every backward (in microbatch order, as
       // Megatron's "all-forward all-backward" and torch.distributed.pipelining do).
@@ -101,12 +122,20 @@ std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int p, int m, 
   return out;
 }
 
+bool splits_backward(const std::vector<PipeOp>& ops) {
+  return std::any_of(ops.begin(), ops.end(), [](const PipeOp& op) { return op.kind == 'W'; });
+}
+
 std::vector<int> peak_in_flight(const std::vector<std::vector<PipeOp>>& schedule) {
   std::vector<int> peaks;
   for (const auto& ops : schedule) {
+    // Split backward: a microbatch is released by its W (it keeps the layer inputs and
+    // output gradients W needs); fused: by its B.
+    const char release = splits_backward(ops) ? 'W' : 'B';
     int held = 0, peak = 0;
     for (const auto& op : ops) {
-      held += op.kind == 'F' ? 1 : -1;
+      if (op.kind == 'F') ++held;
+      if (op.kind == release) --held;
       peak = std::max(peak, held);
     }
     peaks.push_back(peak);
@@ -126,6 +155,91 @@ std::string schedule_string(const std::vector<PipeOp>& ops) {
 
 double bubble_theory(int p, int m, int v) {
   return static_cast<double>(p - 1) / static_cast<double>(v * m + p - 1);
+}
+
+double bubble_time_theory(ScheduleKind kind, int p, int m, double f, double b, double w, int v) {
+  if (kind == ScheduleKind::ZBH1) {
+    if (w > f + b)
+      throw std::invalid_argument(fmt::format("bubble_time_theory: ZB-H1's (p-1)(F+B-W) assumes W <= F + B, got F = "
+                                              "{}, B = {}, W = {}", f, b, w));
+    return (p - 1) * (f + b) - (std::min(m, p) - 1) * w;
+  }
+  const double fused = (p - 1) * (f + b + w);
+  return kind == ScheduleKind::Interleaved1F1B ? fused / v : fused;
+}
+
+PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, const std::vector<double>& f,
+                              const std::vector<double>& b, const std::vector<double>& w) {
+  const int p = static_cast<int>(schedule.size());
+  int v = 1;  // chunks: the largest chunk index + 1
+  for (const auto& ops : schedule)
+    for (const auto& op : ops) v = std::max(v, op.chunk + 1);
+  const int vs = p * v;
+  if (static_cast<int>(f.size()) != vs || static_cast<int>(b.size()) != vs || static_cast<int>(w.size()) != vs)
+    throw std::invalid_argument(fmt::format("simulate_schedule: {} virtual stages need {} costs each, got F {}, B {}, "
+                                            "W {}", vs, vs, f.size(), b.size(), w.size()));
+  // End time of (kind, microbatch, virtual stage), once run.
+  std::map<std::tuple<char, int, int>, double> done;
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
+  std::vector<StageRun> parts(static_cast<std::size_t>(p));
+  std::size_t left = 0;
+  for (const auto& ops : schedule) left += ops.size();
+  while (left > 0) {
+    bool progressed = false;
+    for (int s = 0; s < p; ++s) {
+      auto& i = next[static_cast<std::size_t>(s)];
+      const auto& ops = schedule[static_cast<std::size_t>(s)];
+      const bool split = splits_backward(ops);
+      while (i < ops.size()) {
+        const PipeOp& op = ops[i];
+        const int c = op.chunk * p + s;
+        // What the op waits for: the activation from c - 1, the gradient from c + 1, its own B.
+        std::tuple<char, int, int> dep{' ', op.microbatch, 0};
+        if (op.kind == 'F' && c > 0) dep = {'F', op.microbatch, c - 1};
+        if (op.kind == 'B' && c < vs - 1) dep = {'B', op.microbatch, c + 1};
+        if (op.kind == 'W') dep = {'B', op.microbatch, c};
+        double ready = 0;
+        if (std::get<0>(dep) != ' ') {
+          auto it = done.find(dep);
+          if (it == done.end()) break;  // not yet: another stage first
+          ready = it->second;
+        }
+        // A backward needs its own forward on this stage (the executor throws otherwise; here
+        // a B before its F can never run: reported as a deadlock).
+        if (op.kind == 'B' && done.find({'F', op.microbatch, c}) == done.end()) break;
+        const auto cc = static_cast<std::size_t>(c);
+        const double cost = op.kind == 'F' ? f[cc] : op.kind == 'W' ? w[cc] : split ? b[cc] : b[cc] + w[cc];
+        PipeEvent ev;
+        ev.stage = s;
+        ev.op = op;
+        ev.start_s = std::max(ready, free_at[static_cast<std::size_t>(s)]);
+        ev.end_s = ev.start_s + cost;
+        ev.wait_s = ev.start_s - free_at[static_cast<std::size_t>(s)];
+        free_at[static_cast<std::size_t>(s)] = ev.end_s;
+        done[{op.kind, op.microbatch, c}] = ev.end_s;
+        parts[static_cast<std::size_t>(s)].events.push_back(ev);
+        ++i;
+        --left;
+        progressed = true;
+      }
+    }
+    if (!progressed) throw std::logic_error("simulate_schedule: the stage programs deadlock");
+  }
+  PipelineRun run;
+  double end = 0;
+  for (const auto& part : parts) {
+    double busy = 0;
+    for (const auto& ev : part.events) {
+      busy += ev.end_s - ev.start_s;
+      end = std::max(end, ev.end_s);
+      run.events.push_back(ev);
+    }
+    run.busy_s.push_back(busy);
+  }
+  run.step_s = end;
+  run.peak_held = peak_in_flight(schedule);
+  return run;
 }
 
 // ----------------------------------------------------------------------------
@@ -424,8 +538,13 @@ StageRun run_stage(int s, int p, const std::vector<torch::nn::Linear>& layers,
   if (has_last) out.losses.assign(static_cast<std::size_t>(m), 0.0);
   struct Held {
     torch::Tensor input, output;
+    std::vector<torch::Tensor> pre;    // split backward: each Linear's output (pre-activation), W's roots
+    std::vector<torch::Tensor> d_pre;  // split backward: their gradients, kept by B for W
+    bool backward_done = false;
     int64_t bytes = 0;
   };
+  // B/W split (zero-bubble schedules): B computes only the input gradient, W the weights'.
+  const bool split = splits_backward(ops);
   std::map<std::pair<int, int>, Held> held;  // (chunk, microbatch) -> activations kept for its backward
   int64_t held_bytes = 0;
   int done = 0;
@@ -436,7 +555,9 @@ StageRun run_stage(int s, int p, const std::vector<torch::nn::Linear>& layers,
                                          virtual_stages));
     const auto [begin, end] = ranges[static_cast<std::size_t>(c)];
     const double fwd_us = cost.forward_us * factor * (end - begin);
-    const double bwd_us = fwd_us * cost.backward_factor;
+    const double w_us = fwd_us * cost.weight_factor;
+    // Fused backward: the whole backward_factor; split: B its input-gradient part, W the rest.
+    const double bwd_us = fwd_us * cost.backward_factor - (split ? w_us : 0.0);
     const bool first = c == 0, last = c == virtual_stages - 1;
     const int prev = (s + p - 1) % p, next = (s + 1) % p;  // the stages of virtual stages c − 1 and c + 1
     PipeEvent ev;
@@ -457,34 +578,101 @@ StageRun run_stage(int s, int p, const std::vector<torch::nn::Linear>& layers,
       synthetic_wait(fwd_us, cost.spin);
       int64_t bytes = first ? 0 : in.nbytes();
       for (auto& k : kept) bytes += static_cast<int64_t>(k.nbytes());
+      Held h{in, o, {}, {}, false, bytes};
+      if (split) {
+        // kept = z_begin, relu(z_begin), z_begin+1, ...: a Linear's output, then its ReLU but
+        // after the model's last layer.
+        std::size_t at = 0;
+        for (int i = begin; i < end; ++i) {
+          h.pre.push_back(kept[at]);
+          at += i == static_cast<int>(layers.size()) - 1 ? 1 : 2;
+        }
+      }
       if (last) {
         // Mean loss over the whole batch: each microbatch's loss is divided by m once.
         o = torch::mse_loss(o, ys[static_cast<std::size_t>(op.microbatch)]) / m;
         out.losses[static_cast<std::size_t>(op.microbatch)] = o.item<double>();
+        h.output = o;
       } else {
         transport.send(s, next, 'F', op.microbatch, o.detach(), c);
       }
-      held[{op.chunk, op.microbatch}] = Held{in, o, bytes};
+      held[{op.chunk, op.microbatch}] = std::move(h);
       held_bytes += bytes;
       out.peak_held = std::max(out.peak_held, static_cast<int>(held.size()));
       out.peak_bytes = std::max(out.peak_bytes, held_bytes);
-    } else {
+    } else if (op.kind == 'B') {
       torch::Tensor g = last ? torch::Tensor() : transport.recv(next, s, 'B', op.microbatch, c);
       const auto c0 = Clock::now();
       ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
       ev.start_s = since(c0);
       auto it = held.find({op.chunk, op.microbatch});
-      if (it == held.end())
+      if (it == held.end() || it->second.backward_done)
         throw std::logic_error(fmt::format("stage {}: backward of microbatch {} (chunk {}) before its forward", s,
                                            op.microbatch, op.chunk));
-      if (last)
-        it->second.output.backward();
-      else
-        it->second.output.backward(g);
+      Held& h = it->second;
+      torch::Tensor input_grad;
+      if (!split) {
+        if (last)
+          h.output.backward();
+        else
+          h.output.backward(g);
+        if (!first) input_grad = h.input.grad();
+      } else {
+        // B: the gradients w.r.t. the stage input and each Linear's output only; autograd
+        // runs no weight-gradient kernel (AddmmBackward computes only the outputs asked for).
+        // The graph is kept (retain_graph) for W, which starts at the same nodes.
+        std::vector<torch::Tensor> wrt;
+        if (!first) wrt.push_back(h.input);
+        for (auto& z : h.pre) wrt.push_back(z);
+        std::vector<torch::Tensor> seed;
+        if (!last) seed.push_back(g);  // last: d(loss) = 1
+        auto grads = torch::autograd::grad({h.output}, wrt, seed, /*retain_graph=*/true, /*create_graph=*/false);
+        if (!first) input_grad = grads.front();
+        h.d_pre.assign(grads.begin() + (first ? 0 : 1), grads.end());
+        for (auto& d : h.d_pre) {
+          h.bytes += static_cast<int64_t>(d.nbytes());
+          held_bytes += static_cast<int64_t>(d.nbytes());
+        }
+        out.peak_bytes = std::max(out.peak_bytes, held_bytes);
+      }
       synthetic_wait(bwd_us, cost.spin);
-      if (!first) transport.send(s, prev, 'B', op.microbatch, it->second.input.grad(), c - 1);
-      held_bytes -= it->second.bytes;
-      held.erase(it);  // activations of this microbatch are released
+      if (!first) transport.send(s, prev, 'B', op.microbatch, input_grad, c - 1);
+      h.backward_done = true;
+      if (!split) {
+        held_bytes -= h.bytes;
+        held.erase(it);  // activations of this microbatch are released
+      }
+    } else if (op.kind == 'W') {
+      const auto c0 = Clock::now();
+      ev.start_s = since(c0);
+      auto it = held.find({op.chunk, op.microbatch});
+      if (!split || it == held.end() || !it->second.backward_done)
+        throw std::logic_error(fmt::format("stage {}: weight gradient of microbatch {} (chunk {}) before its "
+                                           "backward", s, op.microbatch, op.chunk));
+      Held& h = it->second;
+      for (int i = begin; i < end; ++i) {
+        torch::nn::Linear lin = layers[static_cast<std::size_t>(i)];
+        const std::size_t k = static_cast<std::size_t>(i - begin);
+        // W: from the Linear's output with B's kept gradient to its weight and bias: the
+        // AddmmBackward node of the forward, its mat2 and self outputs only.
+        std::vector<torch::Tensor> params{lin->weight};
+        if (lin->bias.defined()) params.push_back(lin->bias);
+        auto gw = torch::autograd::grad({h.pre[k]}, params, {h.d_pre[k]}, /*retain_graph=*/false);
+        // Accumulate as AccumulateGrad does: the first gradient taken, the later ones added.
+        torch::NoGradGuard no_grad;
+        for (std::size_t q = 0; q < params.size(); ++q) {
+          auto& slot = params[q].mutable_grad();
+          if (slot.defined())
+            slot.add_(gw[q]);
+          else  // AccumulateGrad's layout contract: strides of the parameter (gw of a weight is a transposed view)
+            slot = gw[q].is_contiguous() ? gw[q] : gw[q].contiguous();
+        }
+      }
+      synthetic_wait(w_us, cost.spin);
+      held_bytes -= h.bytes;
+      held.erase(it);  // inputs, output gradients and graph of this microbatch are released
+    } else {
+      throw std::logic_error(fmt::format("stage {}: unknown op kind '{}'", s, op.kind));
     }
     sync_device(device);
     ev.end_s = since(Clock::now());
@@ -682,8 +870,9 @@ std::string render_gantt(const PipelineRun& run, int stages, int width) {
     a = std::clamp(a, 0, width - 1);
     b = std::clamp(b, a + 1, width);
     auto& row = rows[static_cast<std::size_t>(ev.stage)];
-    for (int c = a; c < b; ++c) row[static_cast<std::size_t>(c)] = ev.op.kind == 'F' ? '-' : '=';
-    // Odd model chunks (interleaved 1F1B) in lower case: F/B chunk 0, 2, ...; f/b chunk 1, 3, ...
+    const char fill = ev.op.kind == 'F' ? '-' : ev.op.kind == 'W' ? '~' : '=';
+    for (int c = a; c < b; ++c) row[static_cast<std::size_t>(c)] = fill;
+    // Odd model chunks (interleaved 1F1B) in lower case: F/B/W chunk 0, 2, ...; f/b/w chunk 1, 3, ...
     row[static_cast<std::size_t>(a)] = ev.op.chunk % 2 == 1 ? static_cast<char>(ev.op.kind - 'A' + 'a') : ev.op.kind;
     if (b - a >= 2) row[static_cast<std::size_t>(a + 1)] = digits[ev.op.microbatch % 36];
   }

@@ -3,10 +3,14 @@
 // thread per stage, measuring when each stage computes and when it waits.
 //
 //  - Schedules are per-stage lists of operations F(j) / B(j) (forward / backward of
-//    microbatch j). GPipe (Huang et al. 2019): all forwards, then all backwards.
+//    microbatch j), and W(j) when the backward is split (zero-bubble schedules: B is the
+//    gradient w.r.t. the stage input only, W the weight gradients, run later). GPipe (Huang et al. 2019): all forwards, then all backwards.
 //    1F1B (PipeDream-flush, Narayanan et al. 2021; Megatron-LM's non-interleaved
 //    schedule): stage s runs min(p − s − 1, m) warm-up forwards, then alternates one
 //    forward and one backward, then drains the remaining backwards (cool-down).
+//    ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §3.1): 1F1B with B and W
+//    apart, stage s postponing its W's by s microbatches so that W fills the cool-down
+//    bubble; peak memory that of 1F1B's first stage (p microbatches).
 //  - The executor moves activations forward and gradients backward through a
 //    StageTransport. In one process that is a mailbox (QueueTransport, one thread per
 //    stage: run_pipeline); across processes it is c10d point-to-point send/recv over a
@@ -43,10 +47,14 @@ class Work;
 // Schedules
 // ----------------------------------------------------------------------------
 
-/// One unit of work of a stage: forward ('F') or backward ('B') of one microbatch through
-/// one of the stage's model chunks (interleaved 1F1B; otherwise always chunk 0).
+/// One unit of work of a stage: forward ('F'), backward ('B') or weight gradient ('W') of
+/// one microbatch through one of the stage's model chunks (interleaved 1F1B; otherwise
+/// always chunk 0). In a program without W ops, B is the whole backward (input and weight
+/// gradients); with W ops (zero-bubble schedules, torch.distributed.pipelining's
+/// BACKWARD_INPUT / BACKWARD_WEIGHT), B computes only the gradient w.r.t. the stage input
+/// and W(j) the weight gradients of microbatch j later.
 struct PipeOp {
-  char kind = 'F';     ///< 'F' forward, 'B' backward
+  char kind = 'F';     ///< 'F' forward, 'B' backward (input gradient when split), 'W' weight gradient
   int microbatch = 0;  ///< 0-based microbatch index
   int chunk = 0;       ///< the stage's model chunk k: virtual stage k·p + s (0 unless interleaved)
   bool operator==(const PipeOp& o) const {
@@ -56,12 +64,13 @@ struct PipeOp {
 
 /// The schedules mpt knows. Naive = the whole batch as one microbatch (GPipe with m = 1).
 /// Interleaved1F1B: Megatron-LM's interleaved schedule (Narayanan et al. 2021, §2.2), v
-/// model chunks per stage.
-enum class ScheduleKind { Naive, GPipe, OneFOneB, Interleaved1F1B };
+/// model chunks per stage. ZBH1: the zero-bubble schedule ZB-H1 (Qi et al. 2023), B and W split.
+enum class ScheduleKind { Naive, GPipe, OneFOneB, Interleaved1F1B, ZBH1 };
 
-/// "naive", "gpipe", "1f1b", "interleaved-1f1b" -> ScheduleKind; throws std::invalid_argument otherwise.
+/// "naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1" -> ScheduleKind; throws
+/// std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& name);
-/// The config name of a schedule ("naive", "gpipe", "1f1b", "interleaved-1f1b").
+/// The config name of a schedule ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1").
 std::string schedule_name(ScheduleKind k);
 
 /// Per-stage operation lists for `stages` stages and `microbatches` microbatches
@@ -72,6 +81,12 @@ std::string schedule_name(ScheduleKind k);
 /// of microbatch ⌊k / pv⌋·p + k mod p, backwards take the chunks in reverse; stage s
 /// warms up with min(2(p − s − 1) + (v − 1)p, mv) forwards (all of them when m = p), then
 /// alternates one forward and one backward, then drains the backwards.
+/// ZBH1 (ZB-H1, Qi et al. 2023 §3.1 and Fig. 3; the construction of torch.distributed.pipelining's
+/// _get_1f1b_rank_ops(enable_zero_bubble=True) with one stage per rank): 1F1B's warm-up of
+/// min(p − s − 1, m) forwards, then 1F1B with B = input gradient only; after the i-th B
+/// (0-based) stage s runs the next pending W once i ≥ s, and the W's still pending at the
+/// end. Stage s thus postpones its W's by s microbatches: at most p microbatches are held
+/// (forward done, W not) on every stage, 1F1B's peak (stage 0).
 /// Throws std::invalid_argument for stages < 1, microbatches < 1, chunks ≠ 1 for the other
 /// schedules, and for Interleaved1F1B chunks < 2 or microbatches not a multiple of stages
 /// (Megatron's requirement: microbatches go through the chunks in groups of p).
@@ -79,10 +94,14 @@ std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int stages, in
 
 /// Per stage: the largest number of (microbatch, chunk) pairs whose forward has run and
 /// whose backward has not (the activations the stage must hold at once; with one chunk
-/// per stage, microbatches).
+/// per stage, microbatches). In a program with W ops a microbatch is held until its W
+/// (W needs the layer inputs and the kept output gradients).
 std::vector<int> peak_in_flight(const std::vector<std::vector<PipeOp>>& schedule);
 
-/// A stage's program as text, e.g. "F0 F1 B0 F2 B1 B2"; with chunks "F0.0 F1.0 F0.1 …"
+/// Whether a program splits the backward (has a W op): then its B computes only the input gradient.
+bool splits_backward(const std::vector<PipeOp>& ops);
+
+/// A stage's program as text, e.g. "F0 F1 B0 F2 B1 B2" (split: "F0 B0 W0 …"); with chunks "F0.0 F1.0 F0.1 …"
 /// (microbatch.chunk).
 std::string schedule_string(const std::vector<PipeOp>& ops);
 
@@ -90,6 +109,18 @@ std::string schedule_string(const std::vector<PipeOp>& ops);
 /// model chunks per stage (interleaved 1F1B) (p − 1)/(v·m + p − 1): the fill and drain
 /// take p − 1 chunk times instead of p − 1 stage times (Narayanan et al. 2021, §2.2).
 double bubble_theory(int stages, int microbatches, int chunks = 1);
+
+/// Idle time per stage of a balanced pipeline with m microbatches whose F, B (input
+/// gradient) and W (weight gradient) take `f`, `b`, `w` (any time unit), from Qi et al. 2023
+/// (§2 and §3.1): 1F1B (B and W fused) (p − 1)(F + B + W); ZB-H1 (p − 1)(F + B − W) for
+/// m ≥ p, and (p − 1)(F + B) − (m − 1)W for m < p (only m − 1 W's are there to fill the
+/// cool-down; derived from the replay, simulate_schedule, and checked against it exactly in
+/// tests). Other schedules: the fused formula (p − 1)(F + B + W) (GPipe, naive) or
+/// (p − 1)(F + B + W)/v (interleaved). Throws std::invalid_argument for ZB-H1 with
+/// W > F + B (the formula assumes W fits the gap).
+double bubble_time_theory(ScheduleKind kind, int stages, int microbatches, double f, double b, double w,
+                          int chunks = 1);
+
 
 // ----------------------------------------------------------------------------
 // Models cut into stages
@@ -249,7 +280,11 @@ class ProcessGroupTransport : public StageTransport {
 /// Synthetic compute cost added per Linear layer, so that timings are stable.
 struct SyntheticCost {
   double forward_us = 0;        ///< per layer per microbatch forward, microseconds
-  double backward_factor = 2;   ///< backward cost = factor × forward cost
+  double backward_factor = 2;   ///< whole backward (B + W) cost = factor × forward cost
+  /// The weight-gradient part of the backward: W = weight_factor × forward cost and, when
+  /// the backward is split, B = (backward_factor − weight_factor) × forward cost. 1 with
+  /// backward_factor 2: F = B = W, the paper's assumption (Qi et al. 2023, §3).
+  double weight_factor = 1;
   std::vector<double> stage_factor;  ///< per-stage multiplier (empty: all 1)
   bool spin = false;            ///< busy-wait instead of sleeping
 };
@@ -278,9 +313,16 @@ struct StageRun {
 /// output sent to the stage of c + 1 (last virtual stage: the loss mse(out, ys[j]) / m); for
 /// B(j, k), the gradient received from the stage of c + 1 (last: from the loss) back through
 /// the chunk, the input's gradient sent to the stage of c − 1. Parameter gradients accumulate in the layers'
-/// .grad. Times are seconds since `t0` (steady clock). `after_op`, when set, is called with
+/// .grad. When the program has W ops (splits_backward), B(j, k) computes only the gradients
+/// w.r.t. the chunk's input and w.r.t. each Linear's output (pre-activation), with
+/// torch::autograd::grad(retain_graph = true), and keeps the latter; W(j, k) then runs, per
+/// Linear, autograd::grad of its output w.r.t. its weight and bias with the kept output
+/// gradient (the same AddmmBackward node as the fused backward, hence the same kernels)
+/// and accumulates the results into .grad as AccumulateGrad does: the gradients are
+/// bitwise those of the fused backward when W's run in B's order. Times are seconds since `t0` (steady clock). `after_op`, when set, is called with
 /// the number of operations done after each one (fault injection in tests). Throws what
-/// the transport throws (RuntimeFailure) and std::logic_error for a B before its F.
+/// the transport throws (RuntimeFailure) and std::logic_error for a B before its F or a W
+/// before its B.
 StageRun run_stage(int stage, int stages, const std::vector<torch::nn::Linear>& layers,
                    const std::vector<std::pair<int, int>>& ranges, const std::vector<PipeOp>& ops, int microbatches,
                    const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys,
@@ -308,6 +350,18 @@ struct PipelineRun {
 PipelineRun run_pipeline(const std::vector<torch::nn::Linear>& layers, const std::vector<std::pair<int, int>>& ranges,
                          const std::vector<std::vector<PipeOp>>& schedule, int microbatches, const torch::Tensor& x,
                          const torch::Tensor& y, const SyntheticCost& cost, StageTransport& transport);
+
+/// Start and end times of every op of `schedule` when F, B and W of virtual stage c take
+/// f[c], b[c], w[c] (p·v values each; a fused backward, in a program without W, takes
+/// b[c] + w[c]), communication is
+/// free and each stage runs its program in order, starting an op as soon as its input is
+/// there (F(j, c) after F(j, c − 1) ends on the previous stage, B(j, c) after B(j, c + 1);
+/// B also after its own F, W after the stage's own B). The deterministic time model of the executor. Returns
+/// per-stage events (times in the unit of f, b, w) in a PipelineRun (grads empty, loss 0).
+/// Throws std::logic_error when the programs deadlock (an op waits on one never run),
+/// std::invalid_argument when a cost vector is not p·v long.
+PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, const std::vector<double>& f,
+                              const std::vector<double>& b, const std::vector<double>& w);
 
 /// Options of the multi-process executor.
 struct ProcessPipelineOptions {
@@ -342,8 +396,8 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
 /// Measured bubble fraction: mean over stages of 1 − busy/step.
 double measured_bubble(const PipelineRun& run);
 
-/// Text Gantt chart: one row per stage; an op is drawn as F or B (f or b for odd model
-/// chunks), its microbatch (0-9, then a-z) and '-'/'=' filling its duration; idle time as '.'. At most
+/// Text Gantt chart: one row per stage; an op is drawn as F, B or W (f, b, w for odd model
+/// chunks), its microbatch (0-9, then a-z) and '-' (F), '=' (B), '~' (W) filling its duration; idle time as '.'. At most
 /// `width` columns; one column = step_s / width.
 std::string render_gantt(const PipelineRun& run, int stages, int width = 100);
 

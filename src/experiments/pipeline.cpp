@@ -11,7 +11,12 @@
  *     the configured cuts and for 3 and 4 balanced stages.
  *  2. schedules: each stage's program of forwards F(j) and backwards B(j) for p stages and
  *     m microbatches: GPipe (all F, then all B; Huang et al. 2019) and 1F1B / PipeDream-flush
- *     (min(p-s-1, m) warm-up forwards, then one F one B, then cool-down; Narayanan et al. 2021).
+ *     (min(p-s-1, m) warm-up forwards, then one F one B, then cool-down; Narayanan et al. 2021),
+ *     and ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into B
+ *     (gradient w.r.t. the stage input: what the previous stage waits for) and W (weight
+ *     gradients: nobody waits), stage s postponing its W's by s microbatches so that they
+ *     fill 1F1B's cool-down. Per-stage bubble (p-1)(F+B-W) instead of (p-1)(F+B+W), with the
+ *     same peak memory (p microbatches); gradients bitwise GPipe's.
  *  3. sweep: each schedule run for real on a deeper MLP, one thread per stage exchanging
  *     activations and gradients through a transport, with a synthetic per-layer cost.
  *     Microbatch losses are divided by m, so the accumulated gradients equal the full-batch
@@ -19,6 +24,10 @@
  *     (GPipe: m, 1F1B: at most p) with its bytes. Measured per stage: when it computes and
  *     when it waits; the bubble (idle/total) next to the theory (p-1)/(m+p-1), step time,
  *     a Gantt chart. Timings (and every event) go to `timings`.
+ *
+ *     With zb-h1 in the sweep, the table zero_bubble puts it next to 1f1b: Qi et al.'s per-stage
+ *     bubble (p-1)(F+B-W) against (p-1)(F+B+W), the replayed time model (simulate_schedule), the
+ *     peak held (p on every stage, 1F1B's peak) and bytes; measured idle time under timings.
  *
  *  4. executor = "processes": the same sweep with one process per stage (rank r owns stage r),
  *     activations and gradients sent between processes with c10d send/recv (Gloo on CPU, NCCL
@@ -30,6 +39,7 @@
  *   mpt pipeline --config configs/pipeline_uneven.json     (one stage 3x slower)
  *   mpt pipeline --config configs/pipeline_split3.json     (the lesson's 3-stage exercise)
  *   mpt pipeline --config configs/pipeline_processes.json  (4 processes, one per stage)
+ *   mpt pipeline --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]"   (zero bubble against 1F1B)
  *   torchrun --nproc_per_node 4 --no-python mpt pipeline --set executor=processes
  */
 #include "core/dist.hpp"
@@ -56,9 +66,10 @@ ConfigSpec pipeline_spec() {
   s.integer("/pipeline/stages", 4, "pipeline stages p (layers split as evenly as possible)", 1, 64);
   s.integer("/pipeline/batch", 64, "samples per step (split into m microbatches)", 1, 1 << 20);
   s.integers("/pipeline/microbatches", {1, 2, 4, 8, 16}, "microbatch counts m of the sweep", 1, 4096);
-  s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b"}, {"naive", "gpipe", "1f1b", "interleaved-1f1b"},
+  s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b", "zb-h1"},
+            {"naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1"},
             "schedules of the sweep (naive: the whole batch as one microbatch; interleaved-1f1b: Megatron-LM's, "
-            "/pipeline/chunks model chunks per stage)");
+            "/pipeline/chunks model chunks per stage; zb-h1: zero bubble, B and W split, Qi et al. 2023)");
   s.integer("/pipeline/chunks", 2, "model chunks per stage v of interleaved-1f1b (the model cut into stages x v "
             "virtual stages; stage s runs s, s+p, ...)", 2, 64);
   s.integer("/pipeline/steps", 3, "timed steps per run; the one with the median step time is reported", 1, 100);
@@ -75,7 +86,9 @@ ConfigSpec pipeline_spec() {
   s.integer("/fault/step", 1, "for testing: the step (0 = the warm-up step, then every timed step in sweep order) in "
             "which /fault/rank exits, after its first operation", 0);
   s.number("/cost/forward_us", 500, "synthetic forward cost per layer per microbatch, microseconds", 0, 1e7);
-  s.number("/cost/backward_factor", 2, "backward cost = factor x forward cost", 0, 100);
+  s.number("/cost/backward_factor", 2, "whole backward cost (B + W) = factor x forward cost", 0, 100);
+  s.number("/cost/weight_factor", 1, "weight-gradient part W = factor x forward cost (split backward: B = "
+           "backward_factor - weight_factor); 1 with backward_factor 2: F = B = W", 0, 100);
   s.choice("/cost/mode", "sleep", {"sleep", "spin"}, "how the synthetic cost is spent (sleep frees the core)");
   s.integer("/cost/heavy_stage", -1, "stage whose cost is multiplied by heavy_factor (-1: none)", -1, 63);
   s.number("/cost/heavy_factor", 2, "cost multiplier of the heavy stage", 0, 100);
@@ -104,6 +117,16 @@ std::vector<std::string> param_names(const std::vector<torch::nn::Linear>& layer
   return names;
 }
 
+
+// When each stage's last op ends, in ms: "27,27,27,27". `per_ms`: the run's time unit per ms
+// (1e3 for the time model in µs, 1e-3 for a measured run in seconds).
+std::string stage_ends_ms(const PipelineRun& run, int p, double per_ms = 1e3) {
+  std::vector<double> ends(static_cast<std::size_t>(p), 0.0);
+  for (const auto& e : run.events) ends[static_cast<std::size_t>(e.stage)] = std::max(ends[static_cast<std::size_t>(e.stage)], e.end_s);
+  std::vector<std::string> parts;
+  for (double e : ends) parts.push_back(fmt::format("{:.3g}", e / per_ms));
+  return fmt::format("{}", fmt::join(parts, ","));
+}
 
 // ----------------------------------------------------------------------------
 // 1. The exact split
@@ -202,7 +225,7 @@ Table exact_split_table(const Config& cfg, torch::Device device, Report& report)
 Table schedules_table(int p, int m, int v, const std::vector<std::string>& kinds) {
   Table t{"schedules", fmt::format("Schedules: the program of each stage, p = {} stages, m = {} microbatches", p, m),
           {text_col("name", "name"), text_col("schedule", "schedule"), int_col("stage", "stage"),
-           int_col("peak_held", "peak held", "mb"), text_col("program", "program (F/B of microbatch j)")}};
+           int_col("peak_held", "peak held", "mb"), text_col("program", "program (F/B/W of microbatch j)")}};
   bool skipped = false;
   for (const auto& k : kinds) {
     const auto kind = parse_schedule(k);
@@ -220,7 +243,11 @@ Table schedules_table(int p, int m, int v, const std::vector<std::string>& kinds
   }
   if (std::find(kinds.begin(), kinds.end(), "1f1b") != kinds.end())
     t.notes.push_back("1f1b: stage s runs min(p-s-1, m) warm-up forwards, then alternates F and B, then drains the B's");
-  t.notes.push_back("peak held: microbatches whose forward ran and backward did not (activations kept at once)");
+  if (std::find(kinds.begin(), kinds.end(), "zb-h1") != kinds.end())
+    t.notes.push_back("zb-h1 (Qi et al. 2023): 1f1b's F and B, B = input gradient only; after its i-th B stage s runs "
+                      "the oldest pending W (weight gradient) once i >= s, the rest at the end");
+  t.notes.push_back("peak held: microbatches whose forward ran and backward (zb-h1: W) did not (activations kept at "
+                    "once)");
   if (std::find(kinds.begin(), kinds.end(), "interleaved-1f1b") != kinds.end()) {
     if (skipped)
       t.notes.push_back(fmt::format("interleaved-1f1b: not shown, m = {} is not a multiple of p = {}", m, p));
@@ -284,6 +311,10 @@ void validate_pipeline(const Config& cfg, int world_size) {
       throw ConfigError(fmt::format("/pipeline/microbatches: expected at least one multiple of /pipeline/stages ({}) "
                                     "for interleaved-1f1b (Megatron's requirement), got none", p));
   }
+  if (cfg.number("/cost/weight_factor") > cfg.number("/cost/backward_factor"))
+    throw ConfigError(fmt::format("/cost/weight_factor: expected at most /cost/backward_factor ({}): W is a part of "
+                                  "the backward, got {}", cfg.number("/cost/backward_factor"),
+                                  cfg.number("/cost/weight_factor")));
   const int heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
   if (heavy >= p)
     throw ConfigError(fmt::format("/cost/heavy_stage: expected -1 or a stage 0 .. {}, got {}", p - 1, heavy));
@@ -383,6 +414,7 @@ Report run_pipeline_experiment(const Context& ctx) {
   SyntheticCost cost;
   cost.forward_us = cfg.number("/cost/forward_us");
   cost.backward_factor = cfg.number("/cost/backward_factor");
+  cost.weight_factor = cfg.number("/cost/weight_factor");
   cost.spin = cfg.str("/cost/mode") == "spin";
   cost.stage_factor.assign(static_cast<std::size_t>(p), 1.0);
   if (heavy >= 0) cost.stage_factor[static_cast<std::size_t>(heavy)] = cfg.number("/cost/heavy_factor");
@@ -422,6 +454,24 @@ Report run_pipeline_experiment(const Context& ctx) {
                   pct_col("bubble", "bubble", 1),
                   pct_col("bubble_theory", "theory", 1), float_col("slowest_stage_busy_ms", "slowest busy", "ms"),
                   float_col("wait_ms", "total wait", "ms")}};
+  // Zero bubble (zb-h1 next to 1f1b): Qi et al.'s per-stage bubble formula, the executor's time
+  // model, and (timings) the measured idle time per stage.
+  const auto all_kinds = cfg.strings("/pipeline/schedules");
+  const bool wants_zb = std::find(all_kinds.begin(), all_kinds.end(), "zb-h1") != all_kinds.end();
+  Table zb_table{"zero_bubble", fmt::format("Zero bubble: ZB-H1 against 1F1B on {} stages, per-stage bubble (idle "
+                                            "time) from the formula and from the time model", p),
+                 {text_col("name", "name"), text_col("schedule", "schedule"), int_col("microbatches", "m"),
+                  float_col("f_ms", "F", "ms"), float_col("b_ms", "B", "ms"), float_col("w_ms", "W", "ms"),
+                  float_col("idle_formula_ms", "idle formula", "ms"), float_col("idle_model_ms", "idle model", "ms"),
+                  float_col("step_model_ms", "step model", "ms"), pct_col("bubble_model", "bubble model", 1),
+                  int_col("peak_held", "peak held", "mb"), int_col("peak_bytes", "peak act", "bytes"),
+                  text_col("stage_ends_model_ms", "stage ends ms")}};
+  Table zb_measured{"zero_bubble_measured", "Zero bubble, measured: idle time per stage (mean over stages of step - "
+                                            "busy) against the formula and the time model",
+                    {text_col("name", "name"), float_col("idle_formula_ms", "formula", "ms"),
+                     float_col("idle_model_ms", "model", "ms"), float_col("idle_ms", "idle", "ms"),
+                     float_col("step_ms", "step", "ms"), pct_col("bubble", "bubble", 1),
+                     text_col("stage_ends_ms", "stage ends ms")}};
   std::vector<TextBlock> charts;
   json events = json::object();
   std::map<int, std::vector<torch::Tensor>> gpipe_grads;
@@ -462,10 +512,11 @@ Report run_pipeline_experiment(const Context& ctx) {
       report.check(name + ": every step gives the same gradient (bitwise)", repeat, 0.0);
       if (processes) process_grads.emplace_back(name, kind, m, run.grads);
       if (kind == ScheduleKind::GPipe) gpipe_grads[m] = run.grads;
-      if ((kind == ScheduleKind::OneFOneB || chunked) && gpipe_grads.count(m)) {
-        // Every layer accumulates its microbatch gradients in the same order (B0, B1, ...)
-        // in every schedule, and a cut changes no arithmetic, so the results are bitwise
-        // identical.
+      if ((kind == ScheduleKind::OneFOneB || chunked || kind == ScheduleKind::ZBH1) && gpipe_grads.count(m)) {
+        // Every layer accumulates its microbatch gradients in the same order (B0, B1, ...;
+        // zb-h1: W0, W1, ...) in every schedule, and a cut changes no arithmetic, so the
+        // results are bitwise identical. zb-h1's W runs the fused backward's weight-gradient
+        // kernels (the same AddmmBackward node) on the same numbers.
         double d = 0;
         for (std::size_t i = 0; i < full.size(); ++i) d = std::max(d, max_abs_diff(gpipe_grads[m][i], run.grads[i]));
         report.check(name + fmt::format(": {} gradient == gpipe gradient (bitwise)", k), d, 0.0);
@@ -482,7 +533,8 @@ Report run_pipeline_experiment(const Context& ctx) {
       report.check(name + ": stages whose measured peak differs from the schedule's", mismatch, 0.0);
       // GPipe holds all m; 1F1B at most p; interleaved at most its warm-up + 1 (microbatch, chunk)
       // pairs on stage 0: 2(p-1) + (v-1)p + 1, or all m*v when m = p.
-      const int bound = kind == ScheduleKind::OneFOneB ? std::min(p, m)
+      // zb-h1: every stage up to 1F1B's peak, p (a microbatch is held until its W).
+      const int bound = kind == ScheduleKind::OneFOneB || kind == ScheduleKind::ZBH1 ? std::min(p, m)
                         : chunked                      ? std::min(m * v, 2 * (p - 1) + (v - 1) * p + 1)
                                                        : m;
       report.check(name + fmt::format(": peak {} held - bound ({})", chunked ? "(microbatch, chunk) pairs" : "microbatches",
@@ -501,9 +553,45 @@ Report run_pipeline_experiment(const Context& ctx) {
         if (c < static_cast<std::size_t>(p)) sum_us += us;
         max_us = std::max(max_us, us);
       }
-      const double model_ms = (sum_us + (m * chunks - 1) * max_us) / 1e3;
+      // The executor's time model (simulate_schedule: the programs replayed with the synthetic
+      // cost of each op, communication free). zb-h1's step is not the formula above (W fills
+      // the cool-down), so its model is the simulation; F, B, W per virtual stage in µs.
+      std::vector<double> f_us, b_us, w_us;
+      for (std::size_t c = 0; c < run_ranges.size(); ++c) {
+        const auto [b, e] = run_ranges[c];
+        const double fc = cost.forward_us * cost.stage_factor[c % static_cast<std::size_t>(p)] * (e - b);
+        f_us.push_back(fc);
+        b_us.push_back(fc * (cost.backward_factor - cost.weight_factor));
+        w_us.push_back(fc * cost.weight_factor);
+      }
+      const PipelineRun sim = simulate_schedule(sched, f_us, b_us, w_us);
+      double sim_idle_us = 0;  // per stage, mean
+      for (double busy : sim.busy_s) sim_idle_us += (sim.step_s - busy) / p;
+      const bool zb = kind == ScheduleKind::ZBH1;
+      const double model_ms = zb ? sim.step_s / 1e3 : (sum_us + (m * chunks - 1) * max_us) / 1e3;
+      const double theory = zb ? sim_idle_us / sim.step_s : bubble_theory(p, m, chunks);
+      if (wants_zb && (zb || kind == ScheduleKind::OneFOneB)) {
+        // Qi et al. 2023's per-stage bubble, for the slowest stage's F, B, W (equal stages: every stage's).
+        const std::size_t slow = static_cast<std::size_t>(
+            std::max_element(f_us.begin(), f_us.end()) - f_us.begin());
+        const double formula_us = bubble_time_theory(kind, p, m, f_us[slow], b_us[slow], w_us[slow]);
+        zb_table.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"f_ms", f_us[slow] / 1e3},
+                           {"b_ms", b_us[slow] / 1e3}, {"w_ms", w_us[slow] / 1e3},
+                           {"idle_formula_ms", formula_us / 1e3}, {"idle_model_ms", sim_idle_us / 1e3},
+                           {"step_model_ms", sim.step_s / 1e3}, {"bubble_model", sim_idle_us / sim.step_s},
+                           {"peak_held", peak}, {"peak_bytes", peak_bytes},
+                           {"stage_ends_model_ms", stage_ends_ms(sim, p)}});
+        zb_measured.rows.push_back({{"name", name}, {"idle_formula_ms", formula_us / 1e3},
+                                    {"idle_model_ms", sim_idle_us / 1e3}, {"idle_ms", 0.0}});
+        double idle = 0;
+        for (double busy : run.busy_s) idle += (run.step_s - busy) / p;
+        zb_measured.rows.back()["idle_ms"] = idle * 1e3;
+        zb_measured.rows.back()["step_ms"] = run.step_s * 1e3;
+        zb_measured.rows.back()["bubble"] = measured_bubble(run);
+        zb_measured.rows.back()["stage_ends_ms"] = stage_ends_ms(run, p, 1e-3);
+      }
       sweep.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"step_model_ms", model_ms},
-                            {"bubble_theory", bubble_theory(p, m, chunks)}, {"peak_held", peak},
+                            {"bubble_theory", theory}, {"peak_held", peak},
                             {"peak_held_per_stage", fmt::format("{}", fmt::join(run.peak_held, ","))},
                             {"peak_bytes", peak_bytes}, {"grad_max_abs_diff", gdiff}, {"loss", run.loss}});
       double slowest = 0, wait = 0;
@@ -518,12 +606,13 @@ Report run_pipeline_experiment(const Context& ctx) {
       }
       events[name] = ev;
       measured.rows.push_back({{"name", name}, {"step_ms", run.step_s * 1e3}, {"step_model_ms", model_ms}, {"bubble", measured_bubble(run)},
-                               {"bubble_theory", bubble_theory(p, m, chunks)},
+                               {"bubble_theory", theory},
                                {"slowest_stage_busy_ms", slowest * 1e3},
                                {"wait_ms", wait * 1e3}});
       if (kind == ScheduleKind::Naive || m == gantt_m)
-        charts.push_back({fmt::format("Timeline {} (p = {}, m = {}{}): F/B + microbatch, '.' idle", name, p, m,
-                                      chunked ? fmt::format(", v = {}; f/b: odd chunks", v) : ""),
+        charts.push_back({fmt::format("Timeline {} (p = {}, m = {}{}): {} + microbatch, '.' idle", name, p, m,
+                                      chunked ? fmt::format(", v = {}; f/b: odd chunks", v) : "",
+                                      zb ? "F/B/W (B input gradient, W weight gradient)" : "F/B"),
                           render_gantt(run, p, static_cast<int>(cfg.integer("/gantt/width")))});
     }
   }
@@ -566,12 +655,32 @@ Report run_pipeline_experiment(const Context& ctx) {
   sweep.notes.push_back(fmt::format("peak act: the most activation bytes a stage held at once, measured (largest "
                                     "stage); gpipe holds m microbatches, 1f1b at most p = {}", p));
   measured.notes.push_back(fmt::format("median of {} steps after one warm-up step; theory (p-1)/(m+p-1){} assumes "
-                                       "equal stages and free communication", n_steps,
-                                       interleaved ? ", interleaved (p-1)/(v*m+p-1)," : ""));
+                                       "equal stages and free communication{}", n_steps,
+                                       interleaved ? ", interleaved (p-1)/(v*m+p-1)," : "",
+                                       wants_zb ? "; zb-h1: the time model's idle / step (zero_bubble)" : ""));
   if (heavy >= 0)
     measured.notes.push_back(fmt::format("stage {} costs {}x: the slowest stage sets the pace of every other stage",
                                          heavy, cfg.number("/cost/heavy_factor")));
   report.add(std::move(sweep));
+  if (wants_zb) {
+    zb_table.notes.push_back("formula (Qi et al. 2023): 1f1b (p-1)(F+B+W), zb-h1 (p-1)(F+B-W) idle per stage for "
+                             "m >= p ((p-1)(F+B) - (m-1)W for m < p: fewer W's to fill the cool-down); idle model: mean over stages of step - busy when the programs are replayed with "
+                             "the synthetic cost (simulate_schedule, communication free)");
+    zb_table.notes.push_back("B = input gradient (backward_factor - weight_factor) x F, W = weight gradient "
+                             "(weight_factor x F); 1f1b runs B and W fused, zb-h1 apart (autograd::grad on the stage "
+                             "input and each Linear's output, then on each Linear's weight and bias)");
+    zb_table.notes.push_back("peak held: microbatches whose F ran and whose W (1f1b: fused B) did not; zb-h1 holds p "
+                             "on every stage, 1f1b p - s on stage s: the same peak, p");
+    zb_table.notes.push_back("stage ends (model): when each stage's last op ends; with F = B = W zb-h1's stages end "
+                             "together, so a step-end synchronisation (grad-norm or inf-check all-reduce) adds no "
+                             "idle time to it; it does to schedules whose next step starts before the last stage "
+                             "ends (ZB-H2, ZB-V: Qi et al. 2023 §4, post-validation)");
+    report.add(std::move(zb_table));
+    zb_measured.notes.push_back("measured idle = step - busy per stage, mean over stages; formula and model as in "
+                                "zero_bubble; stage ends: when each stage's last op ended (a step-end all-reduce "
+                                "waits for the latest)");
+    report.add(std::move(zb_measured), Store::Timings);
+  }
   // Measured values vary run to run: printed, and stored under timings (not results).
   report.timings["events"] = events;
   report.add(std::move(measured), Store::Timings);

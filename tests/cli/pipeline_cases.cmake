@@ -16,6 +16,15 @@ cli_case(pipeline_interleaved_skips_m 0 "interleaved-1f1b skipped for m = 1, 2: 
          pipeline ${PIPE_FAST} --set "pipeline.schedules=[\"gpipe\",\"interleaved-1f1b\"]")
 cli_case(pipeline_interleaved_gantt 0 "Timeline interleaved-1f1b\\.m4 \\(p = 4, m = 4, v = 2. f/b: odd chunks\\)"
          pipeline ${PIPE_FAST} --set gantt.microbatches=4 --set "pipeline.schedules=[\"interleaved-1f1b\"]")
+# ZB-H1 (B/W split): GPipe's gradients bit for bit, W ops in the Gantt chart, the zero-bubble table.
+cli_case(pipeline_zb_h1 0 "zb-h1\\.m4: zb-h1 gradient == gpipe gradient \\(bitwise\\) +0 <= 0 +OK" pipeline ${PIPE_FAST})
+cli_case(pipeline_zb_h1_peak 0 "zb-h1\\.m4: peak microbatches held - bound \\(4\\) +0 <= 0 +OK" pipeline ${PIPE_FAST})
+cli_case(pipeline_zb_gantt_title 0 "Timeline zb-h1\\.m4 \\(p = 4, m = 4\\): F/B/W"
+         pipeline ${PIPE_FAST} --set gantt.microbatches=4 --set "pipeline.schedules=[\"zb-h1\"]")
+cli_case(pipeline_zb_gantt_rows 0 "stage 3 \\|\\.+F0[^|]*B0[^|]*W0"
+         pipeline ${PIPE_FAST} --set gantt.microbatches=4 --set "pipeline.schedules=[\"zb-h1\"]")
+cli_case(pipeline_zb_table 0 "Zero bubble: ZB-H1 against 1F1B on 4 stages"
+         pipeline ${PIPE_FAST} --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]")
 add_test(NAME cli.pipeline_deterministic_results
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> pipeline ${PIPE_FAST}
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -39,6 +48,8 @@ cli_case(pipeline_bad_interleaved_stages 2 "/pipeline/stages: expected at most 4
 cli_case(pipeline_bad_timeout 2 "/pipeline/timeout_s: expected .*<= 3600" pipeline --set pipeline.timeout_s=1e20)
 cli_case(pipeline_bad_interleaved_m 2 "/pipeline/microbatches: expected at least one multiple of /pipeline/stages \\(4\\)"
          pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set "pipeline.microbatches=[1,2]")
+cli_case(pipeline_bad_weight_factor 2 "/cost/weight_factor: expected at most /cost/backward_factor \\(2\\): W is a part of the backward, got 3"
+         pipeline --set cost.weight_factor=3)
 cli_case(pipeline_bad_schedule 2 "/pipeline/schedules/0: expected one of .*got \"gpip\"" pipeline --set "pipeline.schedules=[\"gpip\"]")
 
 # --- one process per stage (/executor = processes): c10d send/recv over Gloo on loopback ---
@@ -54,6 +65,8 @@ cli_case(pipeline_processes_3_title 0 "Measured \\(one process per stage"
          ${PIPE_PROC} --nproc 3 --set pipeline.stages=3 --set "pipeline.schedules=[\"1f1b\"]")
 cli_case(pipeline_processes_interleaved 0 "interleaved-1f1b\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
          ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"interleaved-1f1b\"]")
+cli_case(pipeline_processes_zb_h1 0 "zb-h1\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
+         ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"zb-h1\"]")
 cli_case(pipeline_processes_config 0 "naive: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
          pipeline --config configs/pipeline_processes.json ${PIPE_FAST} --set pipeline.steps=1
          --set "pipeline.schedules=[\"naive\",\"1f1b\"]")

@@ -7,7 +7,10 @@ construction order (model, then inputs, then targets, after torch.manual_seed):
     requiring grad, later stage backpropagates to it, earlier stage resumes with
     out.backward(boundary.grad)); per parameter sum |g|, max abs difference, bitwise equality;
   - the sweep's microbatched gradient (loss_j / m, backward per microbatch in order, as every
-    stage of mpt's executor accumulates B0, B1, ...) against the full-batch one, and its loss.
+    stage of mpt's executor accumulates B0, B1, ...) against the full-batch one, and its loss;
+  - the zb-h1 programs of the `schedules` table, from torch.distributed.pipelining's own
+    construction (_get_1f1b_rank_ops with enable_zero_bubble=True and one stage per rank, what
+    ScheduleInterleavedZeroBubble builds), where this PyTorch has it (2.x; not 1.13).
 Prints the reference `results` as JSON; compare.py checks mpt's numbers against it exactly.
 The TwoStageNet of the lesson is widths [8, 16, 16, 16, 1] cut at 2:
   stage1 = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
@@ -117,6 +120,45 @@ def sweep(cfg):
     return full_loss.item(), rows
 
 
+def zb_h1_programs(p, m):
+    """Per rank: torch.distributed.pipelining's zero-bubble 1F1B order for one stage per rank, as
+    "F0 B0 W0 ..." (BACKWARD_INPUT printed as B), or None when this PyTorch lacks it."""
+    try:
+        from torch.distributed.pipelining import schedules as S
+        get_ops, warmup_of = S._get_1f1b_rank_ops, S._get_warmup_ops
+    except (ImportError, AttributeError):
+        return None
+    names = {S._ComputationType.FORWARD: "F", S._ComputationType.BACKWARD_INPUT: "B",
+             S._ComputationType.BACKWARD_WEIGHT: "W"}
+    out = []
+    for rank in range(p):
+        # ScheduleInterleavedZeroBubble._calculate_single_rank_operations with n_local_stages = 1.
+        warmup = warmup_of(rank, 1, m, p, m, multiply_factor=1)
+        fwd_bwd = m - warmup
+        ops = get_ops(1, p, warmup, fwd_bwd, m - fwd_bwd, rank, lambda step: rank, lambda step: rank,
+                      num_1f1b_microbatches=rank, enable_zero_bubble=True)
+        out.append(" ".join(f"{names[a.computation_type]}{a.microbatch_index}" for a in ops if a is not None))
+    return out
+
+
+def schedules_rows(cfg):
+    """The `schedules` table's rows (names; zb-h1 with its program), or None without the reference."""
+    p, m = cfg["pipeline"]["stages"], cfg["gantt"]["microbatches"]
+    zb = zb_h1_programs(p, m)
+    if zb is None:
+        return None
+    rows = []
+    for kind in cfg["pipeline"]["schedules"]:
+        if kind == "naive" or (kind == "interleaved-1f1b" and m % p != 0):
+            continue
+        for s in range(p):
+            row = {"name": f"{kind}.s{s}"}
+            if kind == "zb-h1":
+                row["program"] = zb[s]
+            rows.append(row)
+    return rows
+
+
 def main():
     cfg = json.load(open(sys.argv[1]))["config"]
     mpt_threads.use(sys.argv[1])  # the threads mpt ran with (reduction order)
@@ -127,8 +169,11 @@ def main():
     for name, cuts in cases:
         exact_split(cfg, name, cuts, rows, losses)
     full_loss, sweep_rows = sweep(cfg)
-    json.dump({"exact_split": rows, "split_loss": losses, "full_batch_loss": full_loss, "sweep": sweep_rows},
-              sys.stdout)
+    ref = {"exact_split": rows, "split_loss": losses, "full_batch_loss": full_loss, "sweep": sweep_rows}
+    sched = schedules_rows(cfg)
+    if sched is not None and any(k != "naive" for k in cfg["pipeline"]["schedules"]):
+        ref["schedules"] = sched
+    json.dump(ref, sys.stdout)
 
 
 if __name__ == "__main__":
