@@ -42,6 +42,10 @@ Benchmarks (--only NAME, repeatable; default: all):
                with mlp_large, that step's GFLOP/s and its fraction of the fp32 ceiling
   busy         mpt's fp32 MLP step on every core while another process spins on one: OMP_WAIT_POLICY
                ACTIVE (libgomp's default) vs PASSIVE (mpt's); the losses checked equal first
+  trace        --trace overhead (issue 20's target <= 5 %): `mpt dataparallel --nproc 2` (N = 2) step
+               time and `mpt pipeline` (1f1b, m = 8, threads) step time with --trace FILE vs
+               without, alternately; the results checked equal first. 'mpt' = traced,
+               'python' = untraced (both mpt)
   checkpoint   (after its whole-run pairs) inner loop: `mpt checkpoint` vs
                torch.utils.checkpoint.checkpoint_sequential (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
                and mpt's peak bytes (counting allocator) checkpointed / plain; gradients
@@ -73,7 +77,7 @@ BENCH = os.path.join(ROOT, "bench")
 PARITY = os.path.join(ROOT, "tests", "parity")
 SCHEMA_VERSION = 2
 ALL = ["underflow", "lossscale", "accumulate", "dataparallel", "pipeline", "checkpoint", "mlp", "mlp_large", "ddp",
-       "zero2", "gemm", "busy"]
+       "zero2", "gemm", "busy", "trace"]
 
 
 def log(*a):
@@ -438,6 +442,42 @@ class Bench:
             self.add("mlp_large_fp32_rate", "gemm", "rate", "GF/s", rates, [], None,
                      note=f"{flops / 1e6:.0f} MFLOP per step; {median(rates) / c['fp32']:.0%} of the fp32 ceiling "
                           f"(target >= 50 %)", fraction_of_ceiling=median(rates) / c["fp32"])
+
+    # ------------------------------------------------------------------------------------
+    # trace: what --trace FILE adds to a step (recording, not writing: the file is written after the run)
+    # ------------------------------------------------------------------------------------
+    def trace(self):
+        """Step time with --trace vs without, alternately: dataparallel (N = 2, timings.per_n.n2.step_ms)
+        and pipeline on threads (1f1b, m = 8, timings.measured step_ms). The deterministic results of
+        both runs are checked equal first (tracing must not change a number)."""
+        steps = 12 if self.args.quick else 40
+        cases = [("trace_ddp_n2", ["dataparallel", "--nproc", "2", "--config", "configs/dataparallel_quick.json",
+                                   "--set", "train.nprocs=[2]", "--set", "train.nosync_steps=0",
+                                   "--set", f"train.max_steps={steps}", "--set", "train.samples=4096"],
+                  lambda d: d["timings"]["per_n"]["n2"]["step_ms"], "dataparallel N = 2, 784-32-10, batch 64"),
+                 ("trace_pipeline_1f1b", ["pipeline", "--set", 'pipeline.schedules=["1f1b"]',
+                                          "--set", "pipeline.microbatches=[8]", "--set", "pipeline.steps=5",
+                                          "--set", "cost.forward_us=200"],
+                  lambda d: {r["name"]: r for r in d["timings"]["measured"]}["1f1b.m8"]["step_ms"],
+                  "pipeline 1f1b m = 8 on 4 threads, 200 us/layer synthetic forward")]
+        for name, a, step, note in cases:
+            plain, out_p = self.mpt_cmd(name + "_off", *a)
+            traced, out_t = self.mpt_cmd(name + "_on", *a)
+            traced += ["--trace", os.path.join(self.tmp, name + ".trace.json")]
+            run(plain)
+            run(traced)
+            if load(out_p)["results"] != load(out_t)["results"]:
+                raise Mismatch(f"{name}: --trace changed the results")
+
+            def one():
+                run(traced)
+                t = step(load(out_t))
+                run(plain)
+                return t, step(load(out_p))
+            res = self.rounds(one)
+            on, off = [r[0] for r in res], [r[1] for r in res]
+            self.add(name, "trace", "step", "ms", on, off, [a / b for a, b in zip(on, off)], target="<= 1.05",
+                     note=note + "; 'mpt' = with --trace, 'python' = without")
 
     # ------------------------------------------------------------------------------------
     # busy: a second process takes a core; spinning vs sleeping OpenMP waiters

@@ -2,6 +2,7 @@
 """Plots from mpt result files (Debian's python3-matplotlib, headless Agg backend).
 
     scripts/plot.py results/underflow.json [more.json ...] --out-dir plots [--format png|svg]
+    scripts/plot.py trace.json --out-dir plots      # a timeline written by mpt --trace FILE (one row per rank/track)
 
 Writes one or more images per result file, named <stem>_<plot>.<format> after the result file
 (results/underflow.json gives underflow_zero_fraction.png, ...), and prints their paths; two files
@@ -364,6 +365,56 @@ def plot_fp4(doc, out, fmt):
     return paths
 
 
+TRACE_COLORS = {"F": "#4477aa", "B": "#ee6677", "W": "#228833", "comm": "#ccbb44", "optimizer": "#aa3377",
+                "backward": "#ee6677", "forward": "#4477aa"}
+
+
+def plot_trace(doc, out, fmt):
+    """A Chrome Trace Event file (mpt --trace FILE, docs/timelines.md) as a timeline: one row per
+    rank and track (compute, communication, optimizer; a pipeline on threads: per stage), a bar
+    per complete ("X") slice, send -> recv flow arrows (at most 400 drawn)."""
+    paths = []
+    evs = doc["traceEvents"]
+    pname = {e["pid"]: e["args"]["name"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"}
+    tname = {(e["pid"], e["tid"]): e["args"]["name"] for e in evs
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    xs = [e for e in evs if e.get("ph") == "X" and not str(e.get("name", "")).startswith("mpt ")]
+    if not xs:
+        raise ValueError("no slices in the trace")
+    rows = sorted({(e["pid"], e["tid"]) for e in xs})
+    row_of = {k: i for i, k in enumerate(rows)}
+    t0 = min(e["ts"] for e in xs)
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.45 * len(rows)))
+    for e in xs:
+        name = str(e["name"])
+        kind = (e.get("args") or {}).get("kind") if e.get("cat") == "compute" else None
+        color = TRACE_COLORS.get(kind) or TRACE_COLORS.get(e.get("cat")) or TRACE_COLORS.get(name, "#999999")
+        y = row_of[(e["pid"], e["tid"])]
+        ax.barh(y, e["dur"] / 1e3, left=(e["ts"] - t0) / 1e3, height=0.8, color=color, edgecolor="none")
+        if kind and e["dur"] > 0:
+            ax.text((e["ts"] - t0 + e["dur"] / 2) / 1e3, y, name, ha="center", va="center", fontsize=5)
+    starts = {e["id"]: e for e in evs if e.get("ph") == "s"}
+    drawn = 0
+    for e in evs:
+        if e.get("ph") != "f" or e["id"] not in starts or drawn >= 400:
+            continue
+        s = starts[e["id"]]
+        if (s["pid"], s["tid"]) in row_of and (e["pid"], e["tid"]) in row_of:
+            ax.annotate("", xy=((e["ts"] - t0) / 1e3, row_of[(e["pid"], e["tid"])]),
+                        xytext=((s["ts"] - t0) / 1e3, row_of[(s["pid"], s["tid"])]),
+                        arrowprops={"arrowstyle": "->", "color": "#444444", "lw": 0.4})
+            drawn += 1
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{pname.get(p, f'pid {p}')} {tname.get((p, t), f'tid {t}')}" for p, t in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the first slice (ms, rank 0's clock)")
+    exp = doc.get("otherData", {}).get("experiment", "?")
+    ax.set_title(f"Timeline of mpt {exp} (F forward, B backward, W weight gradient; yellow communication; "
+                 f"arrows send -> recv)", fontsize=9)
+    save(fig, out, "timeline", fmt, paths)
+    return paths
+
+
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint,
             "collectives": plot_collectives, "shard": plot_shard, "fp8": plot_fp8, "fp4": plot_fp4}
@@ -390,6 +441,16 @@ def plot_file(f, names):
         return f"not a JSON result file: {cut(str(e))}"
     if not isinstance(doc, dict):
         return f"not an mpt result file: expected a JSON object, got {type(doc).__name__}"
+    if "traceEvents" in doc:  # a timeline (mpt --trace FILE), not a result file
+        try:
+            plot_trace(doc, names, names.fmt)
+        except OSError as e:
+            return f"cannot write a plot to {names.out_dir}: {e.strerror}"
+        except Exception as e:  # noqa: BLE001 - malformed content: one line, then the next file
+            return f"not a valid trace ({cut(f'{type(e).__name__}: {e}')})"
+        finally:
+            plt.close("all")
+        return None
     exp = doc.get("experiment")
     if exp not in PLOTTERS:
         return f"no plots for experiment {cut(repr(exp))} (known: {', '.join(PLOTTERS)})"

@@ -124,6 +124,9 @@ int main_cli_in(int argc, char** argv) {
         ->allow_extra_args(false);
     sub->add_option("--out", opts.out, "Result file (default results/" + e.name + ".json)")
         ->each([&opts](const std::string&) { opts.out_given = true; });
+    sub->add_option("--trace", opts.trace, "Also write a timeline of the run (Chrome Trace Event JSON for "
+                                           "ui.perfetto.dev or chrome://tracing; docs/timelines.md)")
+        ->each([&opts](const std::string&) { opts.trace_given = true; });
     sub->add_option("--device", opts.device, "auto | cpu | cuda (auto = CUDA when available)")
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     sub->add_option("--seed", opts.seed, "Seed (overrides the config's /seed)");

@@ -12,6 +12,7 @@
 #include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/runtime.hpp"
+#include "core/trace.hpp"
 #include "core/world.hpp"
 
 namespace mpt {
@@ -28,6 +29,49 @@ void print_report(const Report& r) {
   }
   out += render_checks(r.checks);
   emit(out);
+}
+
+// Number of NTP-style clock exchanges per rank at the start of a traced multi-process run
+// (the one with the smallest round trip is used; trace::ClockSync).
+constexpr int kClockRounds = 16;
+
+// This rank's part of a traced run, as rank 0 receives it.
+json trace_part(const World* world, const torch::Device& device, const trace::ClockSync& clock) {
+  json part;
+  part["events"] = trace::events_json(trace::events());
+  part["rank"] = world ? world->rank() : 0;
+  part["device"] = world ? world->device().str() : device.str();
+  part["os_pid"] = static_cast<int64_t>(::getpid());
+  part["clock"] = {{"offset_us", clock.offset_us}, {"error_us", clock.error_us}, {"rtt_us", clock.rtt_us},
+                   {"rounds", clock.rounds}};
+  return part;
+}
+
+// Rank 0: the Chrome Trace document from every rank's part (rank order).
+json trace_document(const Experiment& exp, const Config& cfg, const std::vector<json>& parts, int world_size,
+                    const std::string& launcher) {
+  std::vector<std::vector<trace::Event>> per_rank;
+  std::vector<trace::ClockSync> clocks;
+  json ranks = json::array();
+  for (const auto& p : parts) {
+    per_rank.push_back(trace::events_from_json(p.at("events")));
+    trace::ClockSync c;
+    c.rank = p.at("rank").get<int>();
+    c.offset_us = p.at("clock").at("offset_us").get<double>();
+    c.error_us = p.at("clock").at("error_us").get<double>();
+    c.rtt_us = p.at("clock").at("rtt_us").get<double>();
+    c.rounds = p.at("clock").at("rounds").get<int>();
+    clocks.push_back(c);
+    ranks.push_back({{"rank", c.rank}, {"device", p.at("device")}, {"os_pid", p.at("os_pid")}});
+  }
+  json meta = trace::metadata();
+  meta["tool"] = {{"name", "mpt"}, {"version", MPT_VERSION}, {"torch", compat::torch_version()}};
+  meta["experiment"] = exp.name;
+  meta["world_size"] = world_size;
+  meta["launcher"] = launcher;
+  meta["ranks"] = ranks;
+  meta["config"] = cfg.json_value();
+  return trace::chrome_trace(per_rank, clocks, trace::start_us(), meta);
 }
 
 }  // namespace
@@ -158,11 +202,19 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       check_memory(need, available, source);
     }
     // The result file must be writable before the run, not found unwritable after it (rank 0 writes).
+    if (opts.trace_given && opts.trace.empty()) throw ConfigError("--trace: expected a file path, got an empty string");
     if (!launch || launch->rank == 0) {
       try {
         made_dirs = check_writable(out);
       } catch (const std::exception& e) {
         throw ConfigError(fmt::format("--out {}", e.what()));
+      }
+      if (!opts.trace.empty()) {  // so must the trace (rank 0 writes it, after gathering every rank's events)
+        try {
+          for (auto& d : check_writable(opts.trace)) made_dirs.push_back(std::move(d));
+        } catch (const std::exception& e) {
+          throw ConfigError(fmt::format("--trace {}", e.what()));
+        }
       }
     }
     if (multi) {
@@ -198,9 +250,37 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       world.emplace(launch.value_or(dist::LaunchInfo{}), device,
                     std::chrono::milliseconds(static_cast<int64_t>(plan.timeout_s * 1000)), plan.fault);
     Context ctx{cfg, device, tty, rank, world_size, world ? &*world : nullptr};
+    // --trace: every rank records; with several processes each measures its clock against
+    // rank 0's first (through the store; the world group connects it).
+    const bool tracing = !opts.trace.empty();
+    const bool several = world && world->size() > 1;
+    trace::ClockSync clock;
+    if (tracing) {
+      trace::start(rank);
+      trace::set_metadata("device", device.str());
+      if (several) {
+        world->group();
+        clock = trace::clock_from_exchanges(rank, dist::clock_exchanges(kClockRounds));
+      }
+    }
     const double t0 = now_seconds();
+    const double trace_t0 = tracing ? trace::now_us() : 0;
     Report report = exp.run(ctx);
     const double wall = now_seconds() - t0;
+    std::optional<json> trace_doc;
+    if (tracing) {
+      trace::complete(trace::Track::Compute, "mpt " + exp.name, trace_t0, trace::now_us(), {{"rank", rank}});
+      trace::stop();
+      const json mine = trace_part(world ? &*world : nullptr, device, clock);
+      std::vector<json> parts;
+      if (several) {
+        for (const auto& s : dist::gather_on_rank0("trace", mine.dump())) parts.push_back(json::parse(s));
+      } else {
+        parts.push_back(mine);
+      }
+      if (rank == 0)
+        trace_doc = trace_document(exp, cfg, parts, world_size, launch ? launch->launcher : std::string("none"));
+    }
     world.reset();
     if (rank != 0) return report.all_checks_ok() ? kExitOk : kExitCheckFailed;  // rank 0 prints and writes
 
@@ -213,6 +293,16 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       return kExitRuntime;
     }
     spdlog::info("wrote {} ({:.2f} s)", out, wall);
+    if (trace_doc) {
+      try {
+        write_file_atomic(opts.trace, trace_doc->dump() + "\n");
+      } catch (const std::exception& e) {
+        spdlog::error("{}: cannot write the trace file: {}", prog, e.what());
+        return kExitRuntime;
+      }
+      spdlog::info("wrote the timeline {} ({} events; open it in ui.perfetto.dev)", opts.trace,
+                   (*trace_doc)["traceEvents"].size());
+    }
     if (!report.all_checks_ok()) {
       for (const auto& c : report.checks)
         if (!c.ok) spdlog::error("{}: check failed: {} = {:g} > {:g}", prog, c.name, c.value, c.tolerance);

@@ -22,6 +22,8 @@ struct RunOptions {
   std::vector<std::string> sets;    ///< --set KEY=VALUE, in order
   std::string out;                  ///< --out (default results/<experiment>.json)
   bool out_given = false;           ///< --out appeared (an empty value is then an error)
+  std::string trace;                ///< --trace FILE: a Chrome Trace Event timeline (core/trace); empty: none
+  bool trace_given = false;         ///< --trace appeared (an empty value is then an error)
   std::string device;               ///< --device (empty: from config)
   std::optional<std::string> seed;  ///< --seed, as typed: checked by the config schema like --set seed=N
   bool print_config = false;        ///< --print-config

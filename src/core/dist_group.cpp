@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <map>
@@ -45,6 +46,7 @@
 #include "core/dist_detail.hpp"
 #include "core/errors.hpp"
 #include "core/runtime.hpp"
+#include "core/trace.hpp"
 
 namespace mpt::dist {
 
@@ -493,11 +495,58 @@ struct Monitor {
   }
 };
 
+// What the timeline (core/trace, --trace) records of one posted operation: a slice on the
+// communication track with bytes and peer, and the flow of a pipeline message.
+struct TraceOp {
+  std::string name;
+  trace::json args;
+  double post_us = 0;  // when the caller posted it (now_us)
+  trace::P2P p2p;      // the transport's annotation (flow id, kind, microbatch)
+};
+
+// Starts the record of an operation when tracing is on (null otherwise: one branch).
+std::shared_ptr<TraceOp> trace_begin(const char* name, int64_t bytes, int group_size, int peer_global = -1) {
+  if (!trace::enabled()) return nullptr;
+  auto op = std::make_shared<TraceOp>();
+  op->name = name;
+  op->post_us = trace::now_us();
+  op->args = {{"bytes", bytes}, {"group_size", group_size}};
+  if (peer_global >= 0) op->args["peer"] = peer_global;
+  op->p2p = trace::take_annotation();
+  if (!op->p2p.name.empty()) op->name = op->p2p.name;
+  if (op->p2p.args.is_object())
+    for (auto it = op->p2p.args.begin(); it != op->p2p.args.end(); ++it) op->args[it.key()] = it.value();
+  return op;
+}
+
+// Records `op` as the slice [begin_us, end_us]; a flow start binds to the slice's start, a flow
+// finish (bp "e") to a point inside the slice just before its end (when the data had arrived).
+void trace_end(const TraceOp& op, double begin_us, double end_us) {
+  trace::complete(trace::Track::Comm, op.name, begin_us, end_us, op.args);
+  if (op.p2p.flow == 0) return;
+  const double d = end_us - begin_us;
+  trace::flow(op.p2p, trace::Track::Comm, op.p2p.out ? begin_us : end_us - std::min(1.0, d / 2));
+}
+
+// The completion time of the last traced collective of this process: Gloo (one thread per
+// group) and NCCL (one stream) run a group's collectives in posting order, so one starts when
+// both it was posted and the previous one was done. Shared by the process's groups, so that
+// the slices of one communication track do not overlap (Trace Event slices of a thread nest).
+struct TraceLane {
+  std::mutex mu;
+  double last_done_us = 0;
+};
+std::shared_ptr<TraceLane> process_trace_lane() {
+  static auto lane = std::make_shared<TraceLane>();
+  return lane;
+}
+
 struct WorkImpl {
   c10::intrusive_ptr<c10d::Work> w;
   std::string what;
   std::shared_ptr<Monitor> monitor;
   int peer_global = -1;  // send/recv: the peer's rank in the job
+  std::shared_ptr<TraceOp> trace;  // recorded when wait() returns (recv; collectives without a future)
 };
 
 // `m` may be null: point-to-point work (send/recv) is diagnosed from the heartbeats instead
@@ -512,8 +561,13 @@ struct WorkImpl {
 
 // Posts one collective: `post` returns LibTorch's Work; a failure to post is diagnosed like a
 // failed wait (the ranks that did not answer are named).
+// `op` (tracing on): recorded as the slice from the collective's start — when it was posted
+// and the group's previous one was done (`lane`) — to its completion, taken in the callback
+// of the Work's future (c10d marks it completed in Gloo's worker thread, or when NCCL's
+// kernels end); where a Work has no future, from posting to the return of wait().
 template <class Post>
-Work post_collective(std::string what, const std::shared_ptr<Monitor>& monitor, Post&& post) {
+Work post_collective(std::string what, const std::shared_ptr<Monitor>& monitor, Post&& post,
+                     std::shared_ptr<TraceOp> op = nullptr, std::shared_ptr<TraceLane> lane = nullptr) {
   auto impl = std::make_shared<WorkImpl>();
   impl->what = std::move(what);
   impl->monitor = monitor;
@@ -521,6 +575,23 @@ Work post_collective(std::string what, const std::shared_ptr<Monitor>& monitor, 
     impl->w = post();
   } catch (const std::exception& e) {
     collective_failed(impl->what, e, monitor.get());
+  }
+  if (op) {
+    try {
+      impl->w->getFuture()->addCallback([op, lane](c10::ivalue::Future&) {
+        const double done = trace::now_us();
+        double begin = op->post_us;
+        if (lane) {
+          std::lock_guard<std::mutex> lock(lane->mu);
+          begin = std::max(begin, std::min(done, lane->last_done_us));
+          lane->last_done_us = done;
+        }
+        op->args["posted_us_before_start"] = begin - op->post_us;
+        trace_end(*op, begin, done);
+      });
+    } catch (const std::exception&) {
+      impl->trace = op;  // no future: recorded by wait()
+    }
   }
   return Work(impl);
 }
@@ -550,6 +621,7 @@ struct Group::Impl {
   std::vector<int> global;                     // rank in the job of each group rank
   std::chrono::milliseconds timeout{30000};
   int barriers = 0;                            // barrier() calls so far (unique store keys)
+  std::shared_ptr<TraceLane> trace_lane = process_trace_lane();
 };
 
 void Work::wait() {
@@ -564,6 +636,10 @@ void Work::wait() {
   }
   // Gloo's send/recv return false when abort() ended the wait.
   if (!done) throw RuntimeFailure(w->what + ": aborted");
+  if (w->trace) {
+    trace_end(*w->trace, w->trace->post_us, trace::now_us());
+    w->trace.reset();
+  }
 }
 
 void Work::abort() {
@@ -639,6 +715,7 @@ std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size,
                                        size, timeout.count() / 1000.0, first_line(e.what())));
     }
   }
+  if (trace::enabled()) trace::set_metadata("backend", g->backend_);
   try {
     auto m = std::make_shared<Monitor>();
     m->store = monitor_store;
@@ -683,30 +760,36 @@ double ring_share(int64_t bytes, int n) { return static_cast<double>(bytes) * (n
 
 Work Group::allreduce_async(torch::Tensor t, ReduceOp op) {
   count("all_reduce", nbytes_of(t), 2.0 * ring_share(nbytes_of(t), size_));
+  auto tr = trace_begin("all_reduce", nbytes_of(t), size_);
   std::vector<at::Tensor> ts{std::move(t)};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   return post_collective("all-reduce failed on " + impl_->where, impl_->monitor,
-                         [&] { return impl_->pg->allreduce(ts, o); });
+                         [&] { return impl_->pg->allreduce(ts, o); }, tr, impl_->trace_lane);
 }
 
 void Group::broadcast(torch::Tensor t, int root) {
   count("broadcast", nbytes_of(t), ring_share(nbytes_of(t), size_));
+  auto tr = trace_begin("broadcast", nbytes_of(t), size_);
+  if (tr) tr->args["root"] = root;
   std::vector<at::Tensor> ts{std::move(t)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  post_collective("broadcast failed on " + impl_->where, impl_->monitor, [&] { return impl_->pg->broadcast(ts, o); })
+  post_collective("broadcast failed on " + impl_->where, impl_->monitor, [&] { return impl_->pg->broadcast(ts, o); },
+                  tr, impl_->trace_lane)
       .wait();
 }
 
 void Group::all_gather(const torch::Tensor& in, torch::Tensor out) {
   check_chunks("all_gather", out, in, size_);
   count("all_gather", nbytes_of(out), ring_share(nbytes_of(out), size_));
+  auto tr = trace_begin("all_gather", nbytes_of(out), size_);
   std::vector<at::Tensor> inputs{in};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size_; ++r) outputs[0].push_back(out.chunk(size_, 0)[static_cast<std::size_t>(r)]);
   post_collective("all-gather failed on " + impl_->where, impl_->monitor,
-                  [&] { return impl_->pg->allgather(outputs, inputs, c10d::AllgatherOptions()); })
+                  [&] { return impl_->pg->allgather(outputs, inputs, c10d::AllgatherOptions()); }, tr,
+                  impl_->trace_lane)
       .wait();
 }
 
@@ -718,23 +801,26 @@ void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp 
     // receives the whole tensor instead of 1/size of it.
     auto full = in.clone();
     count("reduce_scatter", nbytes_of(in), 2.0 * ring_share(nbytes_of(in), size_), /*emulated=*/true);
+    auto tr = trace_begin("reduce_scatter", nbytes_of(in), size_);
+    if (tr) tr->args["emulated_by_all_reduce"] = true;
     std::vector<at::Tensor> ts{full};
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
     post_collective("reduce-scatter (as an all-reduce) failed on " + impl_->where, impl_->monitor,
-                    [&] { return impl_->pg->allreduce(ts, o); })
+                    [&] { return impl_->pg->allreduce(ts, o); }, tr, impl_->trace_lane)
         .wait();
     out.copy_(full.chunk(size_, 0)[static_cast<std::size_t>(rank_)]);
     return;
   }
   count("reduce_scatter", nbytes_of(in), ring_share(nbytes_of(in), size_));
+  auto tr = trace_begin("reduce_scatter", nbytes_of(in), size_);
   std::vector<at::Tensor> outputs{out};
   std::vector<std::vector<at::Tensor>> inputs(1);
   for (int r = 0; r < size_; ++r) inputs[0].push_back(in.chunk(size_, 0)[static_cast<std::size_t>(r)]);
   c10d::ReduceScatterOptions o;
   o.reduceOp = to_c10d(op);
   post_collective("reduce-scatter failed on " + impl_->where, impl_->monitor,
-                  [&] { return impl_->pg->reduce_scatter(outputs, inputs, o); })
+                  [&] { return impl_->pg->reduce_scatter(outputs, inputs, o); }, tr, impl_->trace_lane)
       .wait();
 }
 
@@ -745,39 +831,107 @@ void Group::all_to_all(const torch::Tensor& in, torch::Tensor out) {
                                             "device whose first dimension divides by {}, got {} and {}", size_,
                                             c10::str(in.sizes()), c10::str(out.sizes())));
   count("all_to_all", nbytes_of(in), ring_share(nbytes_of(in), size_));
+  auto tr = trace_begin("all_to_all", nbytes_of(in), size_);
   at::Tensor input = in, output = out;
   std::vector<int64_t> equal_splits;  // empty: size equal chunks (all_to_all_single's default)
   post_collective("all-to-all failed on " + impl_->where, impl_->monitor, [&] {
     return impl_->pg->alltoall_base(output, input, equal_splits, equal_splits, c10d::AllToAllOptions());
-  }).wait();
+  }, tr, impl_->trace_lane).wait();
 }
 
 Work Group::send_async(torch::Tensor t, int dst, int tag) {
   count("send", nbytes_of(t), static_cast<double>(nbytes_of(t)));
+  const int64_t bytes = nbytes_of(t);
   std::vector<at::Tensor> ts{std::move(t)};
   auto impl = std::make_shared<WorkImpl>();
   impl->what = fmt::format("send to rank {} (tag {}) failed on {}", dst, tag, impl_->where);
   if (dst >= 0 && dst < size_) impl->peer_global = impl_->global[static_cast<std::size_t>(dst)];
+  // The send's slice is its posting (Gloo moves the data once the receiver posts its recv).
+  auto tr = trace_begin("send", bytes, size_, impl->peer_global);
+  if (tr) tr->args["tag"] = tag;
   try {
     impl->w = impl_->pg->send(ts, dst, tag);
   } catch (const std::exception& e) {
     throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", impl->what, first_line(e.what())));
   }
+  if (tr) trace_end(*tr, tr->post_us, trace::now_us());
   return Work(impl);
 }
 
 Work Group::recv_async(torch::Tensor t, int src, int tag) {
   count("recv", nbytes_of(t), 0.0);
+  const int64_t bytes = nbytes_of(t);
   std::vector<at::Tensor> ts{std::move(t)};
   auto impl = std::make_shared<WorkImpl>();
   impl->what = fmt::format("recv from rank {} (tag {}) failed on {}", src, tag, impl_->where);
   if (src >= 0 && src < size_) impl->peer_global = impl_->global[static_cast<std::size_t>(src)];
+  // The recv's slice: from posting to the return of wait() (the data is there).
+  impl->trace = trace_begin("recv", bytes, size_, impl->peer_global);
+  if (impl->trace) impl->trace->args["tag"] = tag;
   try {
     impl->w = impl_->pg->recv(ts, src, tag);
   } catch (const std::exception& e) {
     throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out", impl->what, first_line(e.what())));
   }
   return Work(impl);
+}
+
+std::vector<std::array<double, 4>> clock_exchanges(int rounds) {
+  if (!g_store) throw RuntimeFailure("clock_exchanges: the job's store is not connected");
+  auto get_string = [](const std::string& key) {
+    auto v = g_store->get(key);  // waits for the key (store timeout)
+    return std::string(v.begin(), v.end());
+  };
+  std::vector<std::array<double, 4>> out;
+  try {
+    if (g_global_rank == 0) {
+      for (int r = 1; r < g_world_size; ++r)
+        for (int k = 0; k < rounds; ++k) {
+          get_string(fmt::format("mpt/clock/ping/{}/{}", r, k));
+          const double t1 = trace::now_us();
+          const double t2 = trace::now_us();
+          store_set(*g_store, fmt::format("mpt/clock/pong/{}/{}", r, k), fmt::format("{:.3f} {:.3f}", t1, t2));
+        }
+      return out;
+    }
+    for (int k = 0; k < rounds; ++k) {
+      const double t0 = trace::now_us();
+      store_set(*g_store, fmt::format("mpt/clock/ping/{}/{}", g_global_rank, k), fmt::format("{:.3f}", t0));
+      const std::string pong = get_string(fmt::format("mpt/clock/pong/{}/{}", g_global_rank, k));
+      const double t3 = trace::now_us();
+      double t1 = 0, t2 = 0;
+      if (std::sscanf(pong.c_str(), "%lf %lf", &t1, &t2) != 2)
+        throw RuntimeFailure("clock exchange: rank 0 answered '" + pong + "'");
+      out.push_back({t0, t1, t2, t3});
+    }
+  } catch (const RuntimeFailure&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("rank {}: the clock exchange with rank 0 failed: {}", g_global_rank,
+                                     first_line(e.what())));
+  }
+  return out;
+}
+
+std::vector<std::string> gather_on_rank0(const std::string& key, const std::string& mine) {
+  if (!g_store) throw RuntimeFailure("gather_on_rank0: the job's store is not connected");
+  std::vector<std::string> out;
+  try {
+    if (g_global_rank != 0) {
+      store_set(*g_store, fmt::format("mpt/gather/{}/{}", key, g_global_rank), mine);
+      return out;
+    }
+    out.push_back(mine);
+    for (int r = 1; r < g_world_size; ++r) {
+      WaitingFor waiting(r);
+      auto v = g_store->get(fmt::format("mpt/gather/{}/{}", key, r));
+      out.emplace_back(v.begin(), v.end());
+    }
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("rank {}: gathering '{}' on rank 0 failed: {}", g_global_rank, key,
+                                     first_line(e.what())));
+  }
+  return out;
 }
 
 void Group::barrier() {

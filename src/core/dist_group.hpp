@@ -3,6 +3,7 @@
 // dist.hpp for the whole module.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -190,5 +191,21 @@ class Group {
 /// then starts this rank's heartbeat thread. Throws RuntimeFailure (naming address, port
 /// and timeout) when the master is unreachable or does not speak the store's protocol.
 void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout);
+
+/// Clock exchanges with rank 0 through the job's store, for trace::clock_from_exchanges (the
+/// NTP-style offset of --trace timelines): on rank r > 0, `rounds` exchanges {t0, t1, t2, t3}
+/// in microseconds of trace::now_us() (t0, t3 this rank's clock, t1, t2 rank 0's: rank r sets
+/// "mpt/clock/ping/r/k" = t0, rank 0 reads it at t1 and sets ".../pong/r/k" = "t1 t2" at t2,
+/// rank r reads it at t3); rank 0 answers every rank in turn and returns no exchanges. Every
+/// rank calls it once, after connect_store. Throws RuntimeFailure when the store is not
+/// connected or a peer does not answer within the store's timeout.
+std::vector<std::array<double, 4>> clock_exchanges(int rounds);
+
+/// Gathers one string per rank on rank 0 through the job's store (key "mpt/gather/<key>/<r>"):
+/// rank 0 gets every rank's `mine` in rank order, the others an empty vector (they only set
+/// theirs). For small payloads (a trace's events: kilobytes to a few megabytes). Throws
+/// RuntimeFailure when the store is not connected or a rank's value does not come within the
+/// store's timeout.
+std::vector<std::string> gather_on_rank0(const std::string& key, const std::string& mine);
 
 }  // namespace mpt::dist

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/runtime.hpp"
+#include "core/trace.hpp"
 
 namespace mpt::dist {
 
@@ -96,6 +97,12 @@ void Reducer::on_grad(std::size_t i, const torch::Tensor& grad) {
 }
 
 void Reducer::launch(std::size_t b) {
+  if (trace::enabled()) {  // timeline: name the bucket's all-reduce (core/trace)
+    trace::P2P label;
+    label.name = "all_reduce bucket " + std::to_string(b);
+    label.args = {{"bucket", b}, {"overlap", opts_.overlap}};
+    trace::annotate_next(std::move(label));
+  }
   works_[b] = group_->allreduce_async(flat_[b], ReduceOp::Sum);
   launched_[b] = true;
 }

@@ -1,5 +1,6 @@
 // Pipeline schedules, stage splitting, transport and executor. See pipeline.hpp.
 #include "core/pipeline.hpp"
+#include "core/pipeline_trace.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -319,14 +320,19 @@ void reset_grads(const std::vector<torch::nn::Linear>& layers) {
 // ----------------------------------------------------------------------------
 
 void QueueTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary) {
+  const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (pipeline_trace.hpp)
   {
     std::lock_guard<std::mutex> lock(mu_);
     box_[Key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary}] = t;
   }
   cv_.notify_all();
+  if (trace::enabled())
+    trace_queue_p2p(true, src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary,
+                    static_cast<int64_t>(t.nbytes()), trace_t0, trace::now_us());
 }
 
 torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, int boundary) {
+  const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (pipeline_trace.hpp)
   std::unique_lock<std::mutex> lock(mu_);
   const Key key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
@@ -336,6 +342,9 @@ torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, 
     if (it != box_.end()) {
       torch::Tensor t = std::move(it->second);
       box_.erase(it);
+      if (trace::enabled())
+        trace_queue_p2p(false, src, dst, kind, microbatch, std::get<4>(key), static_cast<int64_t>(t.nbytes()), trace_t0,
+                        trace::now_us());
       return t;
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && box_.find(key) == box_.end())
@@ -413,6 +422,7 @@ void ProcessGroupTransport::send(int src, int dst, char kind, int microbatch, co
   // are not written again, and the Work keeps them alive until the receiver has them.
   auto buf = t.detach().to(group_->device(), torch::kFloat32).contiguous();
   auto& g = kind == 'F' ? group_ : backward_group_;
+  trace_p2p_annotate(true, src, dst, kind, microbatch, b);  // timeline: the send's flow (pipeline_trace.hpp)
   sends_.push_back({std::make_shared<dist::Work>(g->send_async(buf, dst, tag(kind, microbatch, lap))), dst, kind,
                     microbatch});
 }
@@ -435,6 +445,7 @@ torch::Tensor ProcessGroupTransport::recv(int src, int dst, char kind, int micro
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_.empty()) throw RuntimeFailure(aborted_);
+    trace_p2p_annotate(false, src, dst, kind, microbatch, b);  // timeline: the recv's flow (pipeline_trace.hpp)
     work = std::make_shared<dist::Work>(g->recv_async(t, src, tag(kind, microbatch, lap)));
     recv_ = work;
   }
@@ -680,6 +691,7 @@ StageRun run_stage(int s, int p, const std::vector<torch::nn::Linear>& layers,
     dist::note_progress();  // peers waiting for this process see work, even with a sleeping cost
     if (after_op) after_op(++done);
   }
+  trace_stage_events(out.events, t0, s, dynamic_cast<QueueTransport*>(&transport) != nullptr);  // timeline
   return out;
 }
 

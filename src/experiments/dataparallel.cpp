@@ -30,6 +30,7 @@
  *   mpt dataparallel --nproc 2 --set train.nprocs=[1,2]
  *   torchrun --nproc_per_node 2 --no-python mpt dataparallel
  */
+#include <algorithm>
 #include <cmath>
 
 #include "core/data.hpp"
@@ -39,6 +40,7 @@
 #include "core/runtime.hpp"
 #include "core/experiment.hpp"
 #include "core/process_plan.hpp"
+#include "core/trace.hpp"
 
 namespace mpt {
 
@@ -261,14 +263,25 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     for (int64_t m = 0; m < ts.micro_steps; ++m) {
       const bool last = m + 1 == ts.micro_steps;
       reducer.set_sync(last || ts.sync_every_micro_step);
-      auto loss = torch::cross_entropy_loss(net->forward(xs[m]), ys[m]) / static_cast<double>(ts.micro_steps);
-      loss.backward();
+      torch::Tensor loss;
+      {
+        trace::Scope f(trace::Track::Compute, "forward");  // timeline slices (--trace; core/trace)
+        loss = torch::cross_entropy_loss(net->forward(xs[m]), ys[m]) / static_cast<double>(ts.micro_steps);
+      }
+      {
+        trace::Scope bw(trace::Track::Compute, "backward");  // the overlapped buckets' all-reduces start here
+        loss.backward();
+      }
       loss_sum += loss.item<double>();
+      trace::Scope waiting(trace::Track::Compute, "wait all-reduce");  // Reducer::finalize: the exposed part
       exposed += reducer.finalize();
     }
     const double t1 = now_seconds();  // finalize() waited for the device
-    opt.step();
-    sync_device(ts.device);
+    {
+      trace::Scope o(trace::Track::Optimizer, "optimizer.step");
+      opt.step();
+      sync_device(ts.device);
+    }
     const double t2 = now_seconds();  // the step ends here; what follows is checking
     // Replicas must stay identical: compare a checksum across ranks (max and -min in one all-reduce).
     double c = 0;
@@ -301,6 +314,25 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
   out.dropped = perm.size(0) - data_steps * ts.global_batch;
   out.params = flat_params(net);
   return out;
+}
+
+/// The fraction of all-reduce time hidden behind backward on this rank, from the recorded
+/// timeline (core/trace): the buckets' all-reduce slices (communication track, args.bucket) that
+/// lie inside backward slices (compute track), over the total all-reduce time
+/// (trace::overlap_fraction). `allreduce_us` receives the total all-reduce time, microseconds.
+double hidden_behind_backward(const std::vector<trace::Event>& ev, double* allreduce_us) {
+  trace::Intervals comm, backward;
+  for (const auto& e : ev) {
+    if (e.ph != 'X') continue;
+    if (e.tid == static_cast<int>(trace::Track::Comm) && e.args.is_object() && e.args.contains("bucket"))
+      comm.emplace_back(e.ts_us, e.ts_us + e.dur_us);
+    if (e.tid == static_cast<int>(trace::Track::Compute) && e.name == "backward")
+      backward.emplace_back(e.ts_us, e.ts_us + e.dur_us);
+  }
+  double total = 0;
+  for (const auto& c : comm) total += c.second - c.first;
+  if (allreduce_us) *allreduce_us = total;
+  return trace::overlap_fraction(comm, backward);
 }
 
 /// The same global batches in one process: the concatenation of every rank's local batch.
@@ -370,12 +402,30 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
             float_col("allreduce_ms", "all-reduce", "ms"), float_col("exposed_ms", "exposed", "ms"),
             float_col("algbw", "algbw", "GB/s"), float_col("busbw", "busbw", "GB/s"),
             pct_col("efficiency", "efficiency", 1)}};
+  // Overlap from the timeline (recorded with or without --trace: trace::Capture): the fraction
+  // of the buckets' all-reduce time that ran while backward was still computing, per N, with
+  // the configured /ddp/overlap, and once with it flipped for the largest N > 1.
+  Table ov{"overlap", "All-reduce hidden behind backward, from the recorded timeline (rank 0; run-dependent)",
+           {text_col("name", "run"), int_col("n", "N"), text_col("overlap", "overlap"),
+            int_col("steps", "steps"), float_col("allreduce_ms", "all-reduce/step", "ms"),
+            float_col("exposed_ms", "exposed/step", "ms"), pct_col("hidden", "hidden", 1)}};
+  auto overlap_row = [&](int64_t n, const TrainSetup& setup, const TrainOut& o, const std::vector<trace::Event>& ev) {
+    double ar_us = 0;
+    const double hidden = hidden_behind_backward(ev, &ar_us);
+    const double steps = static_cast<double>(std::max<int64_t>(1, o.steps));
+    ov.rows.push_back({{"name", fmt::format("n{}.overlap_{}", n, setup.ropts.overlap ? "on" : "off")}, {"n", n},
+                       {"overlap", setup.ropts.overlap ? "on" : "off"}, {"steps", o.steps},
+                       {"allreduce_ms", ar_us / steps / 1e3}, {"exposed_ms", o.exposed_s * 1e3},
+                       {"hidden", hidden}});
+  };
   double t1 = 0, worst_dev = 0, worst_match = 0;
   for (int64_t n : ns) {
     TrainOut o;
     if (rank < n) {
       auto g = w.new_group(fmt::format("train_n{}/", n), static_cast<int>(n), ts.device);
+      trace::Capture cap(fmt::format("n{}.overlap_{}", n, ts.ropts.overlap ? "on" : "off"));
       o = train(data, perm, g, ts);
+      if (rank == 0 && n > 1) overlap_row(n, ts, o, cap.events());
     }
     // Rank 0 checks against one process (as long again as its training): the other ranks wait
     // in the barrier below, which waits as long as rank 0 makes progress (heartbeats), however
@@ -395,6 +445,20 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
                   {"allreduce_ms", o.allreduce_s * 1e3}, {"exposed_ms", o.exposed_s * 1e3}, {"algbw", algbw},
                   {"busbw", busbw}, {"efficiency", eff}};
       tm.rows.push_back(row);
+    }
+    world_group->barrier();
+  }
+  // The same training with /ddp/overlap flipped, for the largest N > 1: overlap on vs off.
+  const int64_t n_max = ns.empty() ? 1 : *std::max_element(ns.begin(), ns.end());
+  if (n_max > 1) {
+    TrainSetup flipped = ts;
+    flipped.ropts.overlap = !ts.ropts.overlap;
+    flipped.faults = nullptr;
+    if (rank < n_max) {
+      auto g = w.new_group(fmt::format("train_n{}_flipped/", n_max), static_cast<int>(n_max), ts.device);
+      trace::Capture cap(fmt::format("n{}.overlap_{}", n_max, flipped.ropts.overlap ? "on" : "off"));
+      const TrainOut o = train(data, perm, g, flipped);
+      if (rank == 0) overlap_row(n_max, flipped, o, cap.events());
     }
     world_group->barrier();
   }
@@ -444,6 +508,14 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
                      "all-reduce after backward; all-reduce = the buckets all-reduced alone (5 iterations)");
   tm.notes.push_back("algbw = bytes / all-reduce time; busbw = algbw * 2(N-1)/N (nccl-tests); efficiency = T1/(N*TN)");
   report.add(std::move(tm), Store::TimingsByName);  // timings.per_n.n<N>
+  if (!ov.rows.empty()) {
+    ov.notes.push_back("all-reduce: each bucket's slice from its start (posted, and the group's previous collective "
+                       "done: Gloo runs them in order) to its completion (the Work's future); hidden = the part of "
+                       "it inside backward / all of it, over every step (trace::overlap_fraction)");
+    ov.notes.push_back("overlap on: buckets launched from the gradient hooks during backward (DDP); off: after "
+                       "backward, so nothing can hide (hidden ~ 0)");
+    report.add(std::move(ov), Store::TimingsByName);  // timings.overlap.n<N>.overlap_<on|off>
+  }
 }
 
 Report run_dataparallel(const Context& ctx) {

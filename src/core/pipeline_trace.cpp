@@ -1,0 +1,70 @@
+// Pipeline timelines. See pipeline_trace.hpp.
+#include "core/pipeline_trace.hpp"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "core/trace.hpp"
+
+namespace mpt {
+
+namespace {
+
+std::mutex g_mu;
+std::map<int, int64_t> g_steps;  // lane -> steps recorded so far
+
+std::string op_name(char kind, int microbatch, int chunk) {
+  return chunk > 0 ? fmt::format("{}{}.{}", kind, microbatch, chunk) : fmt::format("{}{}", kind, microbatch);
+}
+
+trace::P2P annotation(bool send, int src, int dst, char kind, int microbatch, int boundary, bool in_process) {
+  trace::P2P p;
+  p.name = send ? fmt::format("send {}{} -> {}", kind, microbatch, dst) : fmt::format("recv {}{} <- {}", kind, microbatch, src);
+  p.flow = trace::flow_id(send, src, dst, kind, microbatch, boundary, in_process);
+  p.out = send;
+  p.args = {{"kind", std::string(1, kind)}, {"microbatch", microbatch}, {"boundary", boundary},
+            {"src_stage", src}, {"dst_stage", dst}};
+  return p;
+}
+
+}  // namespace
+
+void trace_stage_events(const std::vector<PipeEvent>& events, std::chrono::steady_clock::time_point t0, int stage,
+                        bool threaded) {
+  if (!trace::enabled()) return;
+  const int lane = threaded ? stage + 1 : 0;
+  int64_t step = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    step = g_steps[lane]++;
+  }
+  const double base = trace::to_us(t0);
+  for (const auto& e : events)
+    trace::complete(trace::Track::Compute, op_name(e.op.kind, e.op.microbatch, e.op.chunk), base + e.start_s * 1e6,
+                    base + e.end_s * 1e6,
+                    {{"stage", e.stage}, {"microbatch", e.op.microbatch}, {"chunk", e.op.chunk},
+                     {"kind", std::string(1, e.op.kind)}, {"step", step}, {"wait_us", e.wait_s * 1e6}},
+                    lane);
+}
+
+void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, int boundary) {
+  if (!trace::enabled()) return;
+  trace::annotate_next(annotation(send, src, dst, kind, microbatch, boundary, /*in_process=*/false));
+}
+
+void trace_queue_p2p(bool send, int src, int dst, char kind, int microbatch, int boundary, int64_t bytes,
+                     double begin_us, double end_us) {
+  if (!trace::enabled()) return;
+  trace::P2P p = annotation(send, src, dst, kind, microbatch, boundary, /*in_process=*/true);
+  p.args["bytes"] = bytes;
+  p.args["peer"] = send ? dst : src;
+  const int lane = (send ? src : dst) + 1;
+  trace::complete(trace::Track::Comm, p.name, begin_us, end_us, p.args, lane);
+  const double d = end_us - begin_us;
+  trace::flow(p, trace::Track::Comm, send ? begin_us : end_us - std::min(1.0, d / 2), lane);
+}
+
+}  // namespace mpt

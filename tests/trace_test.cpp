@@ -1,0 +1,163 @@
+// Unit tests of core/trace: the recorder (off, on, captures), flow ids, the NTP-style clock
+// offset, the overlap fraction and the Chrome Trace Event document.
+#include <set>
+#include <thread>
+
+#include "catch.hpp"
+#include "core/trace.hpp"
+
+using namespace mpt;
+using trace::json;
+
+TEST_CASE("trace: nothing is recorded when off; start() records and clears", "[trace]") {
+  trace::stop();
+  const auto before = trace::event_count();
+  trace::complete(trace::Track::Compute, "x", 0, 1);
+  { trace::Scope s(trace::Track::Comm, "y"); }
+  CHECK(trace::event_count() == before);
+  trace::start(0);
+  CHECK(trace::event_count() == 0);
+  trace::complete(trace::Track::Compute, "forward", 10, 25, {{"microbatch", 3}});
+  { trace::Scope s(trace::Track::Optimizer, "step"); }
+  trace::stop();
+  const auto ev = trace::events();
+  REQUIRE(ev.size() == 2);
+  CHECK(ev[0].name == "forward");
+  CHECK(ev[0].cat == "compute");
+  CHECK(ev[0].tid == 1);
+  CHECK(ev[0].ts_us == 10);
+  CHECK(ev[0].dur_us == 15);
+  CHECK(ev[0].args["microbatch"] == 3);
+  CHECK(ev[1].tid == 3);
+  CHECK(ev[1].dur_us >= 0);
+}
+
+TEST_CASE("trace: a Capture records while tracing is off, then drops its events", "[trace]") {
+  trace::stop();
+  const auto n0 = trace::event_count();
+  {
+    trace::Capture cap("n2.overlap_on");
+    CHECK(trace::enabled());
+    trace::complete(trace::Track::Comm, "all_reduce", 0, 5);
+    const auto ev = cap.events();
+    REQUIRE(ev.size() == 1);
+    CHECK(ev[0].args["run"] == "n2.overlap_on");
+  }
+  CHECK_FALSE(trace::enabled());
+  CHECK(trace::event_count() == n0);
+  // Under --trace a capture keeps its events (they belong to the file too).
+  trace::start(0);
+  {
+    trace::Capture cap("a");
+    trace::complete(trace::Track::Comm, "all_reduce", 0, 5);
+  }
+  CHECK(trace::enabled());
+  CHECK(trace::event_count() == 1);
+  trace::stop();
+}
+
+TEST_CASE("trace: the n-th send and the n-th recv of a message share a flow id", "[trace]") {
+  trace::start(0);
+  const auto s0 = trace::flow_id(true, 0, 1, 'F', 3, 0), s1 = trace::flow_id(true, 0, 1, 'F', 3, 0);
+  const auto r0 = trace::flow_id(false, 0, 1, 'F', 3, 0), r1 = trace::flow_id(false, 0, 1, 'F', 3, 0);
+  CHECK(s0 == r0);
+  CHECK(s1 == r1);
+  CHECK(s0 != s1);
+  // Other kinds, microbatches, boundaries and directions get other ids.
+  std::set<uint64_t> ids{s0, trace::flow_id(true, 0, 1, 'B', 3, 0), trace::flow_id(true, 0, 1, 'F', 4, 0),
+                         trace::flow_id(true, 0, 1, 'F', 3, 1), trace::flow_id(true, 1, 0, 'F', 3, 0)};
+  // A message between threads of this process never shares an id with one between processes.
+  ids.insert(trace::flow_id(true, 0, 1, 'F', 3, 0, /*in_process=*/true));
+  CHECK(ids.size() == 6);
+  CHECK(ids.count(0) == 0);
+  for (auto id : ids) CHECK(id < (uint64_t{1} << 53));
+  trace::stop();
+}
+
+TEST_CASE("trace: the clock offset of NTP-style exchanges, within rtt/2", "[trace]") {
+  // Rank 1's clock is 1000 us behind rank 0's: rank0 = rank1 + 1000. Delays 30 us out, 50 back.
+  const double theta = 1000;
+  auto exchange = [&](double t0, double d1, double d2, double hold) {
+    const double t1 = t0 + d1 + theta, t2 = t1 + hold, t3 = t2 - theta + d2;
+    return std::array<double, 4>{t0, t1, t2, t3};
+  };
+  auto c = trace::clock_from_exchanges(1, {exchange(0, 30, 50, 5), exchange(200, 10, 12, 1), exchange(400, 80, 5, 0)});
+  CHECK(c.rounds == 3);
+  // The second exchange has the smallest rtt (22 us): offset 1000 + (10 - 12) / 2 = 999.
+  CHECK(c.rtt_us == Approx(22));
+  CHECK(c.offset_us == Approx(999));
+  CHECK(c.error_us == Approx(11));
+  CHECK(std::abs(c.offset_us - theta) <= c.error_us);
+  auto zero = trace::clock_from_exchanges(0, {});
+  CHECK(zero.offset_us == 0);
+  CHECK(zero.error_us == 0);
+  CHECK_THROWS_AS(trace::clock_from_exchanges(1, {{10, 0, 0, 5}}), std::invalid_argument);
+}
+
+TEST_CASE("trace: overlap_fraction is the part of comm inside the union of compute", "[trace]") {
+  // comm [0,10] and [20,30]; compute [5,12], [8,25] (overlapping): union [5,25].
+  // Inside: [5,10] (5) + [20,25] (5) = 10 of 20.
+  CHECK(trace::overlap_fraction({{0, 10}, {20, 30}}, {{8, 25}, {5, 12}}) == Approx(0.5));
+  CHECK(trace::overlap_fraction({{0, 10}}, {}) == 0);
+  CHECK(trace::overlap_fraction({}, {{0, 10}}) == 0);
+  CHECK(trace::overlap_fraction({{2, 4}}, {{0, 10}}) == Approx(1.0));
+}
+
+TEST_CASE("trace: chrome_trace names processes and threads and applies the clock offsets", "[trace]") {
+  trace::Event x;
+  x.name = "F0";
+  x.cat = "compute";
+  x.tid = 1;
+  x.ts_us = 100;
+  x.dur_us = 20;
+  trace::Event s = x, f = x;
+  s.ph = 's';
+  s.cat = "comm";
+  s.tid = 2;
+  s.id = 7;
+  f = s;
+  f.ph = 'f';
+  trace::ClockSync c0, c1;
+  c1.rank = 1;
+  c1.offset_us = 50;
+  c1.error_us = 3;
+  const json doc = trace::chrome_trace({{x, s}, {x, f}}, {c0, c1}, 90, {{"experiment", "pipeline"}});
+  REQUIRE(doc.contains("traceEvents"));
+  CHECK(doc["otherData"]["experiment"] == "pipeline");
+  CHECK(doc["otherData"]["clock"]["ranks"][1]["error_bound_us"] == 3.0);
+  int names = 0, threads = 0;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") {
+      ++names;
+      CHECK(e["args"]["name"] == "rank " + std::to_string(e["pid"].get<int>()));
+    }
+    if (e["ph"] == "M" && e["name"] == "thread_name") ++threads;
+    if (e["ph"] == "X" && e["pid"] == 0) CHECK(e["ts"] == 10.0);  // 100 + 0 - 90
+    if (e["ph"] == "X" && e["pid"] == 1) CHECK(e["ts"] == 60.0);  // 100 + 50 - 90
+    if (e["ph"] == "f") CHECK(e["bp"] == "e");
+    if (e["ph"] == "s" || e["ph"] == "f") CHECK(e["id"] == 7);
+  }
+  CHECK(names == 2);
+  CHECK(threads == 4);  // (0: compute, communication), (1: compute, communication)
+  CHECK(trace::track_name(2) == "communication");
+  CHECK(trace::track_name(1 + 10 * 3) == "stage 2 compute");
+  CHECK_THROWS_AS(trace::chrome_trace({{x}}, {c0, c1}, 0, json::object()), std::invalid_argument);
+  // events_json round trip (what ranks send to rank 0).
+  const auto back = trace::events_from_json(trace::events_json({x, s}));
+  REQUIRE(back.size() == 2);
+  CHECK(back[1].ph == 's');
+  CHECK(back[1].id == 7);
+  CHECK(back[0].dur_us == 20);
+}
+
+TEST_CASE("trace: events from many threads are all kept", "[trace]") {
+  trace::start(0);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([t] {
+      for (int i = 0; i < 250; ++i) trace::complete(trace::Track::Compute, "op", i, i + 1, nullptr, t + 1);
+    });
+  for (auto& t : ts) t.join();
+  CHECK(trace::event_count() == 1000);
+  trace::stop();
+}
