@@ -541,6 +541,10 @@ torch::Tensor reorder_bound(const torch::Tensor& x, const torch::Tensor& a, cons
   return 2.0 * gamma_n(k + (b.defined() ? 1 : 0)) * s;
 }
 
+torch::Tensor sum_reorder_bound(const torch::Tensor& x, int64_t dim) {
+  return 2.0 * gamma_n(std::max<int64_t>(x.size(dim) - 1, 1)) * x.detach().to(torch::kDouble).abs().sum(dim);
+}
+
 torch::Tensor ce_reorder_bound(const torch::Tensor& logits, const torch::Tensor& targets) {
   const double u = std::ldexp(1.0, -24);
   const int64_t v = logits.size(1);

@@ -264,6 +264,13 @@ torch::Tensor reorder_bound(const torch::Tensor& x, const torch::Tensor& a, cons
 /// logits [N, V] (the unpadded, gathered logits), targets [N] → bound [N] (float64).
 torch::Tensor ce_reorder_bound(const torch::Tensor& logits, const torch::Tensor& targets);
 
+/// The elementwise bound on two sums of the same n = x.size(dim) terms in different orders
+/// (e.g. a bias gradient Σ_rows dY reduced over fewer columns at once, where ATen's vectorised
+/// reduction may pick another order): each is within γ_{n−1} Σ|x_i| of the exact sum (Higham
+/// eq. 3.5), so they differ by at most 2γ_{n−1} Σ|x_i|. x any shape → bound with `dim` removed
+/// (float64).
+torch::Tensor sum_reorder_bound(const torch::Tensor& x, int64_t dim);
+
 // ----------------------------------------------------------------------------
 // Activation memory (Korthikanti et al. 2022, §4)
 // ----------------------------------------------------------------------------

@@ -164,7 +164,11 @@ void mlp_section(const Config& cfg, World& w, const std::shared_ptr<dist::Group>
           tp::reorder_bound(pre1.grad(), fc1->weight.t(), torch::Tensor()));
   bit("fc1.weight_grad", "column shard of dW1 (sum over N rows, as one process)", mlp.fc1.weight.grad(),
       fc1->weight.grad().index_select(0, rows));
-  bit("fc1.bias_grad", "column shard of db1", mlp.fc1.bias.grad(), fc1->bias.grad().index_select(0, rows));
+  // db1 = sum over the N rows of dpre (bitwise equal columns, above), but ATen's vectorised
+  // dim-0 sum of an [N, hidden/t] tensor may add the rows in another order than for [N, hidden].
+  bounded("fc1.bias_grad", "column shard of db1 = sum_rows dpre (same terms, ATen's reduction order)",
+          mlp.fc1.bias.grad(), fc1->bias.grad().index_select(0, rows),
+          tp::sum_reorder_bound(pre1.grad().index_select(1, rows), 0));
   bit("fc2.weight_grad", "row shard of dW2 = R^T H_r", mlp.fc2.weight.grad(), fc2->weight.grad().index_select(1, rows));
   bit("fc2.bias_grad", "db2 = sum of R (added once after the reduction)", mlp.fc2.bias.grad(), fc2->bias.grad());
 
@@ -178,10 +182,11 @@ void mlp_section(const Config& cfg, World& w, const std::shared_ptr<dist::Group>
     if (r.bitwise)
       report.check("mlp " + r.name + ": bitwise equal to one process", r.diff, 0.0);
     else
-      report.check("mlp " + r.name + ": |diff| <= 2 gamma_{K+1} (sum|x a| + |b|), elementwise (ratio)", r.ratio, 1.0);
+      report.check("mlp " + r.name + ": |diff| <= the derived reordering bound, elementwise (max ratio)", r.ratio, 1.0);
   }
   t.notes.push_back("bound = 2 gamma_{K+1} (sum_i |x_i a_i| + |b|) per element, gamma_n = n u/(1 - n u), u = 2^-24, "
                     "from the actual tensors (float64); worst_ratio = max over elements and ranks of |diff| / bound");
+  t.notes.push_back("fc1.bias_grad bound: 2 gamma_{N-1} sum_rows |dpre| (the same N terms summed in another order)");
   t.notes.push_back("bitwise rows: the same dot products (same length, same operands) as the one-process GEMM");
   report.add(std::move(t));
 }
@@ -378,13 +383,14 @@ Report run_tensorparallel(const Context& ctx) {
     Table at{"activations",
              fmt::format("Activation bytes per layer kept for backward (s = {}, b = {}, h = {}, a = {}, t = {})", T, B,
                          gc.width, gc.heads, t),
-             {text_col("name", "run"), float_col("measured", "measured", "bytes", 0),
-              float_col("formula_fp32", "fp32 formula", "bytes", 0), float_col("korthikanti", "Korthikanti", "bytes", 0),
+             {text_col("name", "run"), int_col("measured", "measured", "bytes"),
+              int_col("formula_fp32", "fp32 formula", "bytes"), int_col("korthikanti", "Korthikanti", "bytes"),
               float_col("ratio", "measured/fp32")}};
     auto row = [&](const std::string& name, double measured, int64_t tt, bool s) {
       const double f = tp::fp32_activation_bytes(T, B, gc.width, gc.heads, tt, s);
-      at.rows.push_back({{"name", name}, {"measured", measured}, {"formula_fp32", f},
-                         {"korthikanti", tp::korthikanti_bytes(T, B, gc.width, gc.heads, tt, s)},
+      at.rows.push_back({{"name", name}, {"measured", static_cast<int64_t>(std::llround(measured))},
+                         {"formula_fp32", static_cast<int64_t>(std::llround(f))},
+                         {"korthikanti", static_cast<int64_t>(std::llround(tp::korthikanti_bytes(T, B, gc.width, gc.heads, tt, s)))},
                          {"ratio", measured / f}});
     };
     row("one_process", mean(b1), 1, false);
