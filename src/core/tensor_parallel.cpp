@@ -426,15 +426,28 @@ torch::Tensor TpGpt::block_forward(Block& b, GptBlock fb, const std::string& nam
     dist::Group& g = *group_;
     auto full_in = [&](const torch::Tensor& s) { return sp_ ? gather_dim(s, g, 1) : s; };
     auto seq_local = [&](const torch::Tensor& s) { return sp_ ? split_dim(s, g, 1) : s; };
-    // ln_1 (row-local) and the column-parallel c_attn against the full modules on this input.
+    // ln_1 (row-local) against the full module on this input: bitwise.
     checks->push_back(bitwise_site(name + "ln_1", h, fb->ln_1->forward(x)));
+    // Column-parallel c_attn: the same dot products as the full GEMM's columns, but a CPU GEMM
+    // may block K differently for a narrower output (seen at t = 4), so within reorder_bound.
     const auto h_full = full_in(h);
-    const auto qkv_full = torch::linear(h_full, fb->c_attn->weight, fb->c_attn->bias);
-    checks->push_back(bitwise_site(name + "c_attn", qkv, qkv_full.index_select(2, b.c_attn->rows)));
-    // Attention of this rank's heads against the full attention's heads (same q, k, v).
+    auto column_site = [&](const std::string& site, const torch::Tensor& got, const torch::Tensor& in,
+                           const torch::nn::Linear& l, const torch::Tensor& rows) {
+      const auto w = l->weight.index_select(0, rows);
+      const auto bias = l->bias.defined() ? l->bias.index_select(0, rows) : torch::Tensor();
+      const auto want = torch::linear(in, l->weight, l->bias).index_select(in.dim() - 1, rows);
+      const auto bound = reorder_bound(in.reshape({-1, in.size(-1)}), w, bias).view(want.sizes());
+      checks->push_back(bounded_site(site, got, want, bound));
+    };
+    column_site(name + "c_attn", qkv, h_full, fb->c_attn, b.c_attn->rows);
+    // Attention of this rank's heads against the full attention on the same q, k, v: the TP
+    // ranks' qkv gathered back into nanoGPT's [q; k; v] layout. Per head the same bmm: bitwise.
     {
       const int64_t C = cfg_.width, a = cfg_.heads;
-      auto fp = qkv_full.split(C, 2);
+      auto all_rows = gather_dim(b.c_attn->rows.view({1, -1}).to(torch::kDouble), g, 1).to(torch::kLong).view({-1});
+      auto gathered = gather_dim(qkv, g, 2);
+      auto qkv_same = torch::zeros({B, T, 3 * C}, qkv.options()).index_copy_(2, all_rows, gathered);
+      auto fp = qkv_same.split(C, 2);
       auto fq = fp[0].view({B, T, a, hd}).transpose(1, 2), fk = fp[1].view({B, T, a, hd}).transpose(1, 2),
            fv = fp[2].view({B, T, a, hd}).transpose(1, 2);
       auto fa = torch::matmul(fq, fk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
@@ -449,8 +462,7 @@ torch::Tensor TpGpt::block_forward(Block& b, GptBlock fb, const std::string& nam
                                        fb->attn_proj->bias).view(o_full.sizes());
     checks->push_back(bounded_site(name + "attn_proj", o, seq_local(o_full), seq_local(o_bound)));
     checks->push_back(bitwise_site(name + "ln_2", m_in, fb->ln_2->forward(r)));
-    const auto fc_full = torch::linear(full_in(m_in), fb->c_fc->weight, fb->c_fc->bias);
-    checks->push_back(bitwise_site(name + "c_fc", m_pre, fc_full.index_select(2, b.c_fc->rows)));
+    column_site(name + "c_fc", m_pre, full_in(m_in), fb->c_fc, b.c_fc->rows);
     const auto h_all = gather_dim(m_h, g, 2);
     const auto p_full = torch::linear(h_all, fb->mlp_proj->weight, fb->mlp_proj->bias);
     const auto p_bound = reorder_bound(h_all.reshape({-1, h_all.size(2)}), fb->mlp_proj->weight, fb->mlp_proj->bias)
@@ -491,9 +503,15 @@ torch::Tensor TpGpt::forward_loss(const torch::Tensor& idx, const torch::Tensor&
     auto xfull = sp_ ? gather_dim(xf, *group_, 1) : xf;
     auto full_logits = torch::linear(xfull, full_->lm_head->weight).reshape({-1, cfg_.vocab});
     // lm_head: this rank's columns of the full logits (padded columns have no full counterpart).
+    // (within reorder_bound: a column-parallel GEMM, see c_attn).
     const int64_t real = std::max<int64_t>(0, std::min(vl, cfg_.vocab - wte_->vocab_start));
-    checks->push_back(bitwise_site("lm_head (vocab-parallel)", logits.reshape({-1, vl}).narrow(1, 0, real),
-                                   full_logits.narrow(1, wte_->vocab_start, real)));
+    if (real > 0) {
+      const auto x2 = xfull.reshape({-1, cfg_.width});
+      const auto w = full_->lm_head->weight.narrow(0, wte_->vocab_start, real);
+      checks->push_back(bounded_site("lm_head (vocab-parallel)", logits.reshape({-1, vl}).narrow(1, 0, real),
+                                     full_logits.narrow(1, wte_->vocab_start, real),
+                                     reorder_bound(x2, w, torch::Tensor())));
+    }
     auto one = torch::nn::functional::cross_entropy(
         full_logits, flat_t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     checks->push_back(

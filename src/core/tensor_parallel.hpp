@@ -166,7 +166,7 @@ struct ShardedParam {
 /// the all-gathered input, one row per site and layer.
 struct SiteCheck {
   std::string site;        ///< e.g. "h0.c_attn" (column-parallel), "h0.attn_proj" (row-parallel)
-  bool reduced = false;    ///< the site sums across ranks (row-parallel, cross-entropy)
+  bool reduced = false;    ///< checked against a bound (GEMMs, cross-entropy), else bitwise
   double max_diff = 0;     ///< max |TP − one process| over the elements of this rank
   double max_bound = 0;    ///< largest elementwise bound (0 where bitwise equality is required)
   double worst_ratio = 0;  ///< max |diff| / bound over the elements (≤ 1 passes; 0 for bitwise sites)
@@ -193,9 +193,10 @@ class TpGpt {
   torch::Tensor loss_measuring(const torch::Tensor& idx, const torch::Tensor& targets,
                                std::vector<int64_t>& block_bytes);
   /// loss() that also compares every operation with the one-process module it was sliced from,
-  /// fed the same (all-gathered) input: column-parallel GEMMs, embedding and attention must be
-  /// bitwise equal; row-parallel GEMMs within reorder_bound; the cross-entropy within
-  /// ce_reorder_bound. Appends one SiteCheck per site. Costs extra all-gathers (not for timing).
+  /// fed the same (all-gathered) input: LayerNorms, embedding and attention must be bitwise
+  /// equal; row-parallel GEMMs within reorder_bound (t partial sums), column-parallel GEMMs too
+  /// (the same dot products, but a CPU GEMM may order K differently for a narrower output; they
+  /// are bitwise wherever it does not); the cross-entropy within ce_reorder_bound. Appends one SiteCheck per site. Costs extra all-gathers (not for timing).
   torch::Tensor loss_checked(const torch::Tensor& idx, const torch::Tensor& targets,
                              std::vector<SiteCheck>& checks);
   /// Sums the gradients of the sequence-parallel parameters (LayerNorms, row-parallel biases)

