@@ -411,32 +411,36 @@ Report run_tensorparallel(const Context& ctx) {
       return v.empty() ? 0.0 : s / static_cast<double>(v.size());
     };
     Table at{"activations",
-             fmt::format("Activation bytes per layer kept for backward (s = {}, b = {}, h = {}, a = {}, t = {})", T, B,
-                         gc.width, gc.heads, t),
+             fmt::format("Activation bytes per layer kept for backward, formulas (s = {}, b = {}, h = {}, a = {}, t = {})",
+                         T, B, gc.width, gc.heads, t),
+             {text_col("name", "run"), int_col("formula_fp32", "fp32 formula", "bytes"),
+              int_col("korthikanti", "Korthikanti", "bytes")}};
+    Table am{"activations_measured", "Activation bytes per layer kept for backward, measured (run-dependent)",
              {text_col("name", "run"), int_col("measured", "measured", "bytes"),
-              int_col("formula_fp32", "fp32 formula", "bytes"), int_col("korthikanti", "Korthikanti", "bytes"),
-              float_col("ratio", "measured/fp32")}};
+              int_col("formula_fp32", "fp32 formula", "bytes"), float_col("ratio", "measured/fp32")}};
     auto row = [&](const std::string& name, double measured, int64_t tt, bool s) {
-      const double f = tp::fp32_activation_bytes(T, B, gc.width, gc.heads, tt, s);
-      at.rows.push_back({{"name", name}, {"measured", static_cast<int64_t>(std::llround(measured))},
-                         {"formula_fp32", static_cast<int64_t>(std::llround(f))},
-                         {"korthikanti", static_cast<int64_t>(std::llround(tp::korthikanti_bytes(T, B, gc.width, gc.heads, tt, s)))},
-                         {"ratio", measured / f}});
+      const auto f = static_cast<int64_t>(std::llround(tp::fp32_activation_bytes(T, B, gc.width, gc.heads, tt, s)));
+      at.rows.push_back({{"name", name}, {"formula_fp32", f},
+                         {"korthikanti", static_cast<int64_t>(std::llround(tp::korthikanti_bytes(T, B, gc.width, gc.heads, tt, s)))}});
+      am.rows.push_back({{"name", name}, {"measured", static_cast<int64_t>(std::llround(measured))}, {"formula_fp32", f},
+                         {"ratio", measured / static_cast<double>(f)}});
     };
     row("one_process", mean(b1), 1, false);
     row("tp", max_over_ranks(w, mean(btp)), t, false);
     if (sp) row("tp_sp", max_over_ranks(w, mean(bsp)), t, true);
-    at.notes.push_back("measured: live bytes of the counting allocator after a block's forward minus before (the "
-                       "graph kept), mean over the blocks, largest rank (TP: the smallest of 3 passes): the storage autograd keeps for backward "
-                       "plus the block's output (the next block's LayerNorm input)");
+    am.notes.push_back("measured: live bytes of the counting allocator after a block's forward minus before (the "
+                       "graph kept), mean over the blocks, largest rank (TP: the smallest of 3 passes): the storage "
+                       "autograd keeps for backward plus the block's output (the next block's LayerNorm input). "
+                       "Run-dependent under TP: Gloo's worker threads release collective temporaries asynchronously");
+    am.notes.push_back("not in the formulas: LayerNorm mean and rstd (2 x 4sb per LayerNorm), the causal mask "
+                       "(s^2 bytes, bool, and its negation), copies that matmul makes of transposed q, k, v");
     at.notes.push_back("Korthikanti et al. 2022 (fp16 activations, 1-byte dropout masks): sbh(34 + 5as/h), "
                        "sbh(10 + 24/t + 5as/(ht)), (sbh/t)(34 + 5as/h)");
     at.notes.push_back("fp32 formula for what runs here (4-byte activations, no dropout): sbh(64 + 4as/h), "
                        "sbh(16 + 48/t + 4as/(ht)); with SP sbh(8/t + 8 + 48/t + 4as/(ht)): the column-parallel "
                        "GEMMs keep their all-gathered input (Megatron re-gathers it in backward instead)");
-    at.notes.push_back("not in the formulas: LayerNorm mean and rstd (2 x 4sb per LayerNorm), the causal mask "
-                       "(s^2 bytes, bool, and its negation), copies that matmul makes of transposed q, k, v");
     report.add(std::move(at));
+    report.add(std::move(am), Store::Timings);
   }
 
   // 5. Step times: forward + backward.
