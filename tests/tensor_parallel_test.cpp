@@ -39,7 +39,7 @@ double max_abs(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).
 
 }  // namespace
 
-TEST_CASE("qkv_shard keeps whole heads of q, k and v; contiguous_shard and padded_vocab_size split as Megatron",
+TEST_CASE("qkv_shard keeps whole heads of q, k and v, contiguous_shard and padded_vocab_size split as Megatron",
           "[tp]") {
   // width 8, 4 heads of 2 columns, t = 2: rank 1 owns heads 2, 3 = rows 4..7 of each of q, k, v.
   const auto r1 = tp::qkv_shard(8, 4, 2, 1);
