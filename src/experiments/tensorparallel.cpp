@@ -474,6 +474,55 @@ Report run_tensorparallel(const Context& ctx) {
     tt.notes.push_back("one process on rank 0's core alone; TP ranks share this machine's cores, so the ratio says "
                        "what the collectives cost more than what splitting the GEMMs saves");
     report.add(std::move(tt), Store::Timings);
+
+    // Communication of one step, counted by the TP group (dist::Group's counters: payload = the
+    // all-reduce buffer, the all-gather's output, the reduce-scatter's input).
+    const double btc = static_cast<double>(B * T * gc.width) * 4, bt = static_cast<double>(B * T) * 4;
+    const double L = static_cast<double>(gc.layers), C = static_cast<double>(gc.width);
+    auto count_step = [&](tp::TpGpt& m, bool seqp) {
+      g->reset_comm_counts();
+      m.loss(idx, tgt).backward();
+      m.allreduce_sequence_parallel_grads();
+      return g->comm_counts();
+    };
+    Table cm{"comm", fmt::format("Communication per step (forward + backward) and rank, TP group of t = {}", t),
+             {text_col("name", "run / collective"), int_col("calls", "calls"), int_col("payload_bytes", "payload", "bytes"),
+              int_col("formula_bytes", "formula", "bytes"), int_col("sent_bytes", "sent", "bytes")}};
+    double worst = 0;
+    auto rows_of = [&](const std::string& run, const std::map<std::string, dist::CommCount>& c,
+                       const std::map<std::string, double>& f) {
+      for (const auto& [kind, formula] : f) {
+        const auto it = c.find(kind);
+        const dist::CommCount k = it == c.end() ? dist::CommCount{} : it->second;
+        worst = std::max(worst, std::abs(static_cast<double>(k.payload_bytes) - formula) / std::max(formula, 1.0));
+        cm.rows.push_back({{"name", run + "/" + kind}, {"calls", k.calls}, {"payload_bytes", k.payload_bytes},
+                           {"formula_bytes", static_cast<int64_t>(std::llround(formula))}, {"sent_bytes", static_cast<int64_t>(std::llround(k.sent_bytes))}});
+      }
+    };
+    {
+      tp::TpGpt m(full, g, div, false);
+      // wte's g; per layer g after attn_proj and mlp_proj (forward), f before c_attn and c_fc
+      // (backward); lm_head's f (backward); the cross-entropy's max, target logit and sum-exp.
+      rows_of("tp", count_step(m, false), {{"all_reduce", btc * (2 + 4 * L) + 3 * bt}});
+    }
+    if (sp) {
+      tp::TpGpt m(full, g, div, true);
+      // all-gather: before c_attn, c_fc (forward) and lm_head, again as the reduce-scatters'
+      // backward, and the scatter's backward; reduce-scatter: after attn_proj, mlp_proj, and as
+      // the all-gathers' backward; all-reduce: wte's g, the cross-entropy, the SP gradients
+      // (per layer two LayerNorms 4C and two row biases 2C, ln_f 2C).
+      rows_of("tp_sp", count_step(m, true),
+              {{"all_gather", btc * (4 * L + 2)}, {"reduce_scatter", btc * (4 * L + 1)},
+               {"all_reduce", btc + 3 * bt + 4 * (6 * L * C + 2 * C)}});
+    }
+    report.check("communication: payload bytes per step and collective vs the formula (relative)", worst, 0.0);
+    cm.notes.push_back("TP all-reduce payload per step = 4bsh(2 + 4L) + 3*4bs (Megatron: 2 all-reduces per layer "
+                       "forward, 2 backward); TP + SP: all-gather 4bsh(4L + 2), reduce-scatter 4bsh(4L + 1) — the same "
+                       "ring traffic as the all-reduces they replace (an all-reduce = reduce-scatter + all-gather)");
+    if (!compat::kGlooHasReduceScatter)
+      cm.notes.push_back("LibTorch 1.13's Gloo has no reduce_scatter: it runs as an all-reduce, sent bytes 2(t-1)/t "
+                         "instead of (t-1)/t of the payload (see env)");
+    report.add(std::move(cm));
   }
   return report;
 }

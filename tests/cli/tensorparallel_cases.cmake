@@ -5,7 +5,7 @@ set(TPQ tensorparallel --config configs/tensorparallel_quick.json)
 
 # TP = 2 over loopback: the MLP and every GPT operation equal one process (bitwise or within the
 # derived bound), SP equals TP, LayerNorm gradients identical across ranks.
-cli_case(tensorparallel_two_processes 0 "OK: 14 of 14 checks passed" ${TPQ})
+cli_case(tensorparallel_two_processes 0 "OK: 15 of 15 checks passed" ${TPQ})
 # One process: every collective is a copy; the same checks hold.
 cli_case(tensorparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${TPQ} --nproc 1)
 # Four ranks: one head per rank, vocabulary 33 padded to 36 (the last rank holds 6 real ids of 9).
