@@ -415,9 +415,43 @@ def plot_trace(doc, out, fmt):
     return paths
 
 
+def plot_tensorparallel(doc, out, fmt):
+    """Activation bytes per layer of one process, TP and TP + SP: measured (timings, when present)
+    against the fp32 formula of what runs and Korthikanti's fp16 formula; and each GEMM and
+    cross-entropy site's max |diff| / bound (<= 1 passes)."""
+    paths, res = [], doc["results"]
+    act = res.get("activations", [])
+    if act:
+        names = [r["name"] for r in act]
+        measured = {r["name"]: r["measured"] for r in doc.get("timings", {}).get("activations_measured", [])
+                    if isinstance(r, dict) and "measured" in r}
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        if measured:
+            ax.bar(names, [measured.get(n, 0) / 2**10 for n in names], label="measured (allocator)")
+        ax.plot(names, [r["formula_fp32"] / 2**10 for r in act], "kD", label="fp32 formula (what runs)")
+        ax.plot(names, [r["korthikanti"] / 2**10 for r in act], "r_", markersize=20, mew=2,
+                label="Korthikanti (fp16, dropout)")
+        ax.set_ylabel("activation bytes per layer (KiB)")
+        ax.set_title("Activation bytes per layer vs formula")
+        ax.legend(fontsize=8)
+        save(fig, out, "activation_bytes", fmt, paths)
+    sites = [r for r in res.get("sites", []) if r.get("kind") == "bound"]
+    if sites:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        ax.barh([r["name"] for r in sites], [num(r["worst_ratio"]) for r in sites])
+        ax.axvline(1.0, color="r", label="bound")
+        ax.set_xlabel("max |TP - one process| / derived bound")
+        ax.set_title("GEMM and cross-entropy sites against their reordering bounds")
+        ax.tick_params(axis="y", labelsize=6)
+        ax.legend(fontsize=8)
+        save(fig, out, "site_bounds", fmt, paths)
+    return paths
+
+
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint,
-            "collectives": plot_collectives, "shard": plot_shard, "fp8": plot_fp8, "fp4": plot_fp4}
+            "collectives": plot_collectives, "shard": plot_shard, "fp8": plot_fp8, "fp4": plot_fp4,
+            "tensorparallel": plot_tensorparallel}
 
 
 MAX_BYTES = 64 * 2**20  # the most plot.py reads of one result file

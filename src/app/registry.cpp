@@ -12,6 +12,7 @@ const std::vector<Experiment>& experiments() {
       collectives_experiment(),
       fp8_experiment(),          fp4_experiment(),
       shard_experiment(),
+      tensorparallel_experiment(),
   };
   return all;
 }

@@ -17,5 +17,6 @@ Experiment collectives_experiment();
 Experiment fp8_experiment();
 Experiment fp4_experiment();
 Experiment shard_experiment();
+Experiment tensorparallel_experiment();
 
 }  // namespace mpt

@@ -1,0 +1,38 @@
+# CLI cases of `mpt tensorparallel` (see cli_case in tests/CMakeLists.txt). Tiny config:
+# configs/tensorparallel_quick.json: a one-block GPT of width 32, 4 heads, vocabulary 33 (odd:
+# padded to 34 on TP = 2), 2 sequences of 16 tokens; an MLP 16-32-8.
+set(TPQ tensorparallel --config configs/tensorparallel_quick.json)
+
+# TP = 2 over loopback: the MLP and every GPT operation equal one process (bitwise or within the
+# derived bound), SP equals TP, LayerNorm gradients identical across ranks.
+cli_case(tensorparallel_two_processes 0 "OK: 15 of 15 checks passed" ${TPQ})
+# One process: every collective is a copy; the same checks hold.
+cli_case(tensorparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${TPQ} --nproc 1)
+# Four ranks: one head per rank, vocabulary 33 padded to 36 (the last rank holds 6 real ids of 9).
+cli_case(tensorparallel_four_processes 0 "OK: [0-9]+ of [0-9]+ checks passed" ${TPQ} --nproc 4)
+# Megatron's default padding (make_vocab_size_divisible_by = 128): 33 -> 256, most of it padding.
+cli_case(tensorparallel_vocab_pad_128 0 "padded to 256" ${TPQ} --set model.vocab_divisible_by=128)
+# A rank dies in the timed TP steps: the run fails (exit 3) naming rank 1, within the timeout.
+cli_case(tensorparallel_killed_rank 3 "rank 1 of 2 failed" ${TPQ} --set fault.rank=1 --set fault.step=1
+         --set dist.timeout_s=5)
+# Bad inputs: exit 2 naming the keys, before any process starts.
+cli_case(tensorparallel_heads_not_divisible 2 "/model/heads: expected a multiple of the TP degree t = 3" ${TPQ}
+         --nproc 3 --set model.width=48 --set mlp.hidden=48 --set data.seq=15)
+cli_case(tensorparallel_mlp_not_divisible 2 "/mlp/hidden: expected a multiple of the TP degree t = 2" ${TPQ}
+         --set mlp.hidden=33)
+cli_case(tensorparallel_seq_not_divisible 2 "/data/seq: sequence parallelism .* expected a multiple of 2, got 15"
+         ${TPQ} --set data.seq=15)
+cli_case(tensorparallel_bad_degree 2 "/nproc" ${TPQ} --nproc 9)
+cli_case(tensorparallel_fault_rank_missing 2 "/fault/rank: expected -1 or a rank 0 .. 1, got 2" ${TPQ}
+         --set fault.rank=2)
+
+add_test(NAME cli.tensorparallel_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> tensorparallel
+                 --config configs/tensorparallel_quick.json
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# A rank hangs (alive but silent) in the timed steps: rank 0 names rank 1, every rank ends, nothing left running.
+add_test(NAME cli.tensorparallel_hung_rank
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/hung_rank.sh $<TARGET_FILE:mpt> tensorparallel
+                 --config configs/tensorparallel_quick.json
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.tensorparallel_deterministic cli.tensorparallel_hung_rank PROPERTIES TIMEOUT 120)
