@@ -9,7 +9,7 @@
 using namespace mpt;
 using trace::json;
 
-TEST_CASE("trace: nothing is recorded when off; start() records and clears", "[trace]") {
+TEST_CASE("trace: nothing is recorded when off, start() records and clears", "[trace]") {
   trace::stop();
   const auto before = trace::event_count();
   trace::complete(trace::Track::Compute, "x", 0, 1);
