@@ -7,11 +7,13 @@
 #include <fmt/format.h>
 
 #include "catch.hpp"
+#include "two_ranks.hpp"
 #include "core/compat.hpp"
 #include "core/dist.hpp"
 #include "core/dist_bench.hpp"
 
 using namespace mpt;
+using mpt::testing::on_two_ranks;
 using dist::Coll;
 
 namespace {
@@ -194,31 +196,6 @@ TEST_CASE("count_wrong: exact comparison, NaN is wrong, shapes must agree", "[di
   CHECK_THROWS_AS(dist::count_wrong(a, torch::zeros({2})), std::invalid_argument);
 }
 
-namespace {
-
-// Runs body(group, rank) on ranks 0 and 1 of a fresh two-rank Gloo group named `prefix` (two
-// threads of this process meeting in its store). Returns each rank's error message ("" when
-// it finished). Catch2's assertions are not thread-safe: the ranks only compute.
-std::vector<std::string> on_two_ranks(const std::string& prefix, const std::function<void(dist::Group&, int)>& body) {
-  using std::chrono::milliseconds;
-  dist::connect_store(dist::LaunchInfo{}, milliseconds(10000));
-  std::vector<std::shared_ptr<dist::Group>> gs(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        gs[static_cast<std::size_t>(r)] = dist::Group::create({}, r, 2, prefix, milliseconds(10000));
-        body(*gs[static_cast<std::size_t>(r)], r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
-}
-
-}  // namespace
 
 TEST_CASE("run_collective on two Gloo ranks delivers what coll_expected says, in every dtype Gloo has", "[dist_bench]") {
   // wrong[type][op][rank]; -1 = not run

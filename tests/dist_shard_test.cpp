@@ -8,34 +8,15 @@
 #include <fmt/format.h>
 
 #include "catch.hpp"
+#include "two_ranks.hpp"
 #include "core/compat.hpp"
 #include "core/dist.hpp"
 #include "core/dist_shard.hpp"
 
 using namespace mpt;
+using mpt::testing::on_two_ranks;
 
 namespace {
-
-// Runs body(group, rank) on ranks 0 and 1 of a fresh two-rank Gloo group named `prefix`.
-// Returns each rank's error message ("" when it finished).
-std::vector<std::string> on_two_ranks(const std::string& prefix,
-                                      const std::function<void(std::shared_ptr<dist::Group>, int)>& body) {
-  using std::chrono::milliseconds;
-  dist::connect_store(dist::LaunchInfo{}, milliseconds(10000));  // one process, no launcher: a HashStore
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto g = dist::Group::create({}, r, 2, prefix, milliseconds(10000));
-        body(g, r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
-}
 
 torch::nn::Sequential small_mlp() {
   torch::manual_seed(11);

@@ -8,10 +8,12 @@
 #include <fmt/format.h>
 
 #include "catch.hpp"
+#include "two_ranks.hpp"
 #include "core/dist.hpp"
 #include "core/errors.hpp"
 
 using namespace mpt;
+using mpt::testing::on_two_ranks;
 
 namespace {
 struct EnvGuard {  // sets variables for one test and removes them afterwards
@@ -183,31 +185,6 @@ TEST_CASE("Group::create names a rank that never comes, within the timeout", "[d
 // thread-safe: the ranks only compute, the checks run on the main thread afterwards.
 // ---------------------------------------------------------------------------
 
-namespace {
-
-// Runs body(group, rank) on ranks 0 and 1 of a fresh two-rank Gloo group named `prefix`.
-// Returns each rank's error message ("" when it finished).
-std::vector<std::string> on_two_ranks(const std::string& prefix,
-                                      const std::function<void(dist::Group&, int)>& body) {
-  using std::chrono::milliseconds;
-  dist::connect_store(dist::LaunchInfo{}, milliseconds(10000));  // one process, no launcher: a HashStore
-  std::vector<std::shared_ptr<dist::Group>> gs(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        gs[static_cast<std::size_t>(r)] = dist::Group::create({}, r, 2, prefix, milliseconds(10000));
-        body(*gs[static_cast<std::size_t>(r)], r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
-}
-
-}  // namespace
 
 TEST_CASE("all_gather, reduce_scatter and all_to_all on two Gloo ranks", "[dist]") {
   std::vector<torch::Tensor> gathered(2), scattered(2), exchanged(2);

@@ -8,32 +8,15 @@
 #include <thread>
 
 #include "catch.hpp"
+#include "two_ranks.hpp"
 #include "core/dist.hpp"
 #include "core/gpt.hpp"
 #include "core/tensor_parallel.hpp"
 
 using namespace mpt;
+using mpt::testing::on_two_ranks;
 
 namespace {
-
-std::vector<std::string> on_two_ranks(const std::string& prefix,
-                                      const std::function<void(std::shared_ptr<dist::Group>, int)>& body) {
-  using std::chrono::milliseconds;
-  dist::connect_store(dist::LaunchInfo{}, milliseconds(10000));
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto g = dist::Group::create({}, r, 2, prefix, milliseconds(10000));
-        body(g, r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
-}
 
 double max_abs(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 

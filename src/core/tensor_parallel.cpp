@@ -86,39 +86,24 @@ struct GatherFromTp : torch::autograd::Function<GatherFromTp> {
   }
 };
 
-struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
+// The sequence-parallel mappings along `dim`: a dimension-wise collective Forward and its
+// conjugate Backward (Megatron's mappings.py: scatter ↔ gather, gather ↔ reduce-scatter,
+// reduce-scatter ↔ gather).
+using DimCollective = torch::Tensor (*)(const torch::Tensor&, dist::Group&, int64_t);
+template <DimCollective Forward, DimCollective Backward>
+struct SpMapping : torch::autograd::Function<SpMapping<Forward, Backward>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t g, int64_t dim) {
     ctx->saved_data["g"] = g;
     ctx->saved_data["dim"] = dim;
-    return split_dim(x, group_of(ctx), dim);
+    return Forward(x, group_of(ctx), dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {gather_dim(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
+    return {Backward(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
   }
 };
-
-struct GatherFromSp : torch::autograd::Function<GatherFromSp> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t g, int64_t dim) {
-    ctx->saved_data["g"] = g;
-    ctx->saved_data["dim"] = dim;
-    return gather_dim(x, group_of(ctx), dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {reduce_scatter_dim(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), torch::Tensor(),
-            torch::Tensor()};
-  }
-};
-
-struct ReduceScatterToSp : torch::autograd::Function<ReduceScatterToSp> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t g, int64_t dim) {
-    ctx->saved_data["g"] = g;
-    ctx->saved_data["dim"] = dim;
-    return reduce_scatter_dim(x, group_of(ctx), dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {gather_dim(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
-  }
-};
+using ScatterToSp = SpMapping<split_dim, gather_dim>;
+using GatherFromSp = SpMapping<gather_dim, reduce_scatter_dim>;
+using ReduceScatterToSp = SpMapping<reduce_scatter_dim, gather_dim>;
 
 // Megatron's _VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py).
 struct VocabParallelCE : torch::autograd::Function<VocabParallelCE> {
