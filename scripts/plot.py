@@ -379,6 +379,8 @@ def plot_trace(doc, out, fmt):
     tname = {(e["pid"], e["tid"]): e["args"]["name"] for e in evs
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     xs = [e for e in evs if e.get("ph") == "X" and not str(e.get("name", "")).startswith("mpt ")]
+    if not xs:  # a single-process experiment records only its root slice "mpt <experiment>": draw that
+        xs = [e for e in evs if e.get("ph") == "X"]
     if not xs:
         raise ValueError("no slices in the trace")
     rows = sorted({(e["pid"], e["tid"]) for e in xs})

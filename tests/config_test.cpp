@@ -206,3 +206,18 @@ TEST_CASE("limits print exactly, integers beyond long long are refused", "[confi
   Config c = resolve_config(s, "", {"seed=9007199254740993"});
   CHECK(c.integer("/seed") == 9007199254740993LL);  // exactly, not through a double
 }
+
+TEST_CASE("lists that name rows take each value once: strings with choices always, others when distinct()", "[config]") {
+  ConfigSpec s;
+  s.strings("/recipes", {"fp32", "bf16"}, {"fp32", "bf16", "fp16"}, "recipes");
+  s.integers("/nprocs", {1, 2}, "group sizes", 1);
+  s.integers("/hidden", {8, 8}, "widths (may repeat)", 1);
+  s.distinct("/nprocs");
+  CHECK(error_of(s, "", {}).empty());
+  CHECK(error_of(s, "", {"recipes=[\"fp32\",\"bf16\",\"fp32\"]"}).find(
+            "/recipes/2: expected each value once, got \"fp32\" again (also /recipes/0)") != std::string::npos);
+  CHECK(error_of(s, "", {"nprocs=[2,4,2]"}).find("/nprocs/2: expected each value once, got 2 again (also /nprocs/0)") !=
+        std::string::npos);
+  CHECK(error_of(s, "", {"hidden=[16,16,16]"}).empty());  // not marked: repeated widths are a model
+  CHECK_THROWS_AS(s.distinct("/no/such"), std::logic_error);
+}

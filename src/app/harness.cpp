@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 
 #include "app/output.hpp"
@@ -29,6 +30,25 @@ void print_report(const Report& r) {
   }
   out += render_checks(r.checks);
   emit(out);
+}
+
+// Whether paths a and b name one file: the same path once made absolute and normalised, symbolic
+// links (of the file — also one whose target does not exist yet — and of its folders) resolved.
+std::filesystem::path resolved_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code e;
+  fs::path p = fs::absolute(path, e);
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, e); ++hops) {
+    const fs::path target = fs::read_symlink(p, e);
+    if (e) break;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return fs::weakly_canonical(p, e);
+}
+bool same_file(const std::string& a, const std::string& b) {
+  if (resolved_path(a) == resolved_path(b)) return true;
+  std::error_code e;
+  return std::filesystem::exists(a, e) && std::filesystem::exists(b, e) && std::filesystem::equivalent(a, b, e);
 }
 
 // Number of NTP-style clock exchanges per rank at the start of a traced multi-process run
@@ -203,6 +223,10 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     }
     // The result file must be writable before the run, not found unwritable after it (rank 0 writes).
     if (opts.trace_given && opts.trace.empty()) throw ConfigError("--trace: expected a file path, got an empty string");
+    if (!opts.trace.empty() && same_file(opts.trace, out))
+      throw ConfigError(fmt::format("--trace {}: expected a file other than the result file (--out {}): the trace "
+                                    "would replace the result",
+                                    printable_text(opts.trace, 200), printable_text(out, 200)));
     if (!launch || launch->rank == 0) {
       try {
         made_dirs = check_writable(out);

@@ -173,6 +173,17 @@ bool is_list(ParamType t) {
   return t == ParamType::IntList || t == ParamType::NumberList || t == ParamType::StringList;
 }
 
+// Each element of a list whose elements name table rows appears once (an exit 2 before any work,
+// not a table with two rows of one name at the end of the run).
+void check_unique(const Param& p, const json& v, const std::string& source, const std::string& ptr) {
+  if (!p.unique && !(p.type == ParamType::StringList && !p.choices.empty())) return;
+  for (std::size_t i = 1; i < v.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (v[i] == v[j])
+        fail(source, ptr + "/" + std::to_string(i),
+             fmt::format("expected each value once, got {} again (also {}/{})", shown(v[i]), ptr, j));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -184,6 +195,13 @@ ConfigSpec& ConfigSpec::add(const std::string& pointer, Param p) {
     throw std::logic_error("ConfigSpec: malformed pointer " + pointer);
   if (!params_.emplace(pointer, std::move(p)).second)
     throw std::logic_error("ConfigSpec: duplicate pointer " + pointer);
+  return *this;
+}
+
+ConfigSpec& ConfigSpec::distinct(const std::string& pointer) {
+  auto it = params_.find(pointer);
+  if (it == params_.end()) throw std::logic_error("ConfigSpec::distinct: no such parameter " + pointer);
+  it->second.unique = true;
   return *this;
 }
 
@@ -263,6 +281,7 @@ void ConfigSpec::validate_value(const std::string& ptr, const json& v, const std
     for (std::size_t i = 0; i < v.size(); ++i)
       check_scalar(*p, element_type(p->type), v[i], source, ptr + "/" + std::to_string(i),
                    type_name(element_type(p->type)));
+    check_unique(*p, v, source, ptr);
     return;
   }
   if (p->scalar_or_list && v.is_array()) {
@@ -272,6 +291,7 @@ void ConfigSpec::validate_value(const std::string& ptr, const json& v, const std
                                     type_name(p->type), kMaxListLength, v.size()));
     for (std::size_t i = 0; i < v.size(); ++i)
       check_scalar(*p, p->type, v[i], source, ptr + "/" + std::to_string(i), type_name(p->type));
+    check_unique(*p, v, source, ptr);
     return;
   }
   check_scalar(*p, p->type, v, source, ptr,

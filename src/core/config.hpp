@@ -30,6 +30,9 @@ struct Param {
   bool scalar_or_list = false;       ///< Int/Number that also accepts a non-empty list (a sweep)
   std::optional<double> exclusive_min;  ///< strict lower bound (e.g. growth_factor > 1)
   std::optional<double> exclusive_max;  ///< strict upper bound (e.g. backoff_factor < 1)
+  /// A list (or a scalar_or_list sweep) whose elements must be distinct: each names a row of a
+  /// table (a recipe, a process count, a sweep value). Lists of strings with `choices` always are.
+  bool unique = false;
 };
 
 /// Schema of an experiment's config: leaves addressed by JSON pointer.
@@ -39,6 +42,9 @@ class ConfigSpec {
  public:
   /// Adds a leaf; throws std::logic_error on a duplicate or malformed pointer.
   ConfigSpec& add(const std::string& pointer, Param p);
+  /// Marks the list (or sweep) at `pointer` as one whose elements must be distinct (Param::unique):
+  /// a repeated element is a config error naming it. Throws std::logic_error for an unknown pointer.
+  ConfigSpec& distinct(const std::string& pointer);
 
   // Shorthands. Bounds are inclusive unless noted.
   ConfigSpec& boolean(const std::string& ptr, bool def, std::string doc);

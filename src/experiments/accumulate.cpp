@@ -67,6 +67,8 @@ ConfigSpec accumulate_spec() {
   s.integer("/memory/hidden", 128, "hidden units of the memory table's MLP 784 -> h -> h -> 10", 1, 1 << 16);
   s.integers("/memory/micro_batches", {1, 2, 4, 8}, "micro-batch counts k of the memory table", 1, 60000);
   s.integer("/timing/repeats", 2, "timed steps per memory row (median in timings)", 1, 1000);
+  s.distinct("/micro_batches");  // each names a row
+  s.distinct("/memory/micro_batches");  // each names a row
   return s;
 }
 

@@ -87,6 +87,7 @@ ConfigSpec dataparallel_spec() {
            "for testing: how /fault/rank fails: exit (the process ends) or hang (alive but silent: sleeps forever)");
   s.number("/check/tolerance", 1e-5, "max abs difference allowed between data-parallel and single-process parameters",
            0.0);
+  s.distinct("/train/nprocs");  // each names a row
   return s;
 }
 

@@ -125,6 +125,7 @@ ConfigSpec lossscale_spec() {
   s.choice("/train/scaler/min_scale_policy", "clamp", {"clamp", "error"}, "at the floor: clamp, or stop with an error");
   // 3. the tiny GPT (lossscale_gpt.cpp)
   add_gpt_spec(s);
+  s.distinct("/sweep/scales");  // each names a row
   return s;
 }
 

@@ -42,6 +42,8 @@
  *   mpt pipeline --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]"   (zero bubble against 1F1B)
  *   torchrun --nproc_per_node 4 --no-python mpt pipeline --set executor=processes
  */
+#include <algorithm>
+
 #include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/models.hpp"
@@ -94,6 +96,8 @@ ConfigSpec pipeline_spec() {
   s.number("/cost/heavy_factor", 2, "cost multiplier of the heavy stage", 0, 100);
   s.integer("/gantt/microbatches", 8, "Gantt charts are drawn for the runs with this m (and for naive)", 1, 4096);
   s.integer("/gantt/width", 96, "columns of a Gantt chart", 10, 1000);
+  s.distinct("/split/extra_stages");  // each names a row
+  s.distinct("/pipeline/microbatches");  // each names a row
   return s;
 }
 
@@ -315,6 +319,16 @@ void validate_pipeline(const Config& cfg, int world_size) {
     throw ConfigError(fmt::format("/cost/weight_factor: expected at most /cost/backward_factor ({}): W is a part of "
                                   "the backward, got {}", cfg.number("/cost/backward_factor"),
                                   cfg.number("/cost/weight_factor")));
+  {
+    // ZB-H1's bubble (p-1)(F+B-W) needs W <= F + B (Qi et al. 2023, §3.1): with B = backward - W,
+    // weight_factor <= (1 + backward_factor) / 2. Beyond it the theory column has no formula.
+    const auto scheds = cfg.strings("/pipeline/schedules");
+    const double wf = cfg.number("/cost/weight_factor"), bf = cfg.number("/cost/backward_factor");
+    if (std::find(scheds.begin(), scheds.end(), "zb-h1") != scheds.end() && 2 * wf > 1 + bf)
+      throw ConfigError(fmt::format("/cost/weight_factor: expected at most (1 + /cost/backward_factor) / 2 = {} with "
+                                    "zb-h1 in /pipeline/schedules (its bubble (p-1)(F+B-W) assumes W <= F + B, "
+                                    "B = backward_factor - weight_factor), got {}", (1 + bf) / 2, wf));
+  }
   const int heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
   if (heavy >= p)
     throw ConfigError(fmt::format("/cost/heavy_stage: expected -1 or a stage 0 .. {}, got {}", p - 1, heavy));

@@ -66,8 +66,13 @@ ConfigSpec shard_spec() {
   s.integer("/train/steps", 12, "optimizer steps per run", 1, 100000);
   s.choice("/optimizer/name", "adam", {"adam", "sgd"}, "torch.optim.Adam or torch.optim.SGD");
   s.number("/optimizer/lr", 1e-3, "learning rate", 0.0);
-  s.number("/optimizer/beta1", 0.9, "Adam beta1", 0.0, 1.0);
-  s.number("/optimizer/beta2", 0.999, "Adam beta2", 0.0, 1.0);
+  // torch.optim.Adam requires 0 <= beta < 1
+  Param beta1{ParamType::Number, 0.9, "Adam beta1, in [0, 1)", 0.0};
+  beta1.exclusive_max = 1.0;
+  s.add("/optimizer/beta1", beta1);
+  Param beta2{ParamType::Number, 0.999, "Adam beta2, in [0, 1)", 0.0};
+  beta2.exclusive_max = 1.0;
+  s.add("/optimizer/beta2", beta2);
   s.number("/optimizer/eps", 1e-8, "Adam eps", 0.0);
   s.number("/optimizer/weight_decay", 0.0, "L2 weight decay (both optimizers)", 0.0);
   s.number("/optimizer/momentum", 0.0, "SGD momentum (a state of 4 bytes per parameter when > 0)", 0.0, 1.0);
@@ -86,6 +91,7 @@ ConfigSpec shard_spec() {
   s.integer("/fault/step", 2, "for testing: the step (of the first run) at which /fault/rank fails", 0);
   s.choice("/fault/mode", "exit", {"exit", "hang"},
            "for testing: how /fault/rank fails: exit (the process ends) or hang (alive but silent)");
+  s.distinct("/train/stages");  // each names a row
   return s;
 }
 

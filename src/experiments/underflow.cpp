@@ -24,6 +24,7 @@
  *   mpt underflow --config configs/underflow_depth_sweep.json
  */
 #include <cmath>
+#include <limits>
 
 #include "core/amp.hpp"
 #include "core/errors.hpp"
@@ -53,12 +54,16 @@ ConfigSpec underflow_spec() {
   s.integer("/model/input_dim", 4, "input features", 1, 4096);
   s.integer("/data/batch", 32, "samples (inputs and targets from randn)", 1, 1 << 20);
   s.integer("/updates/count", 1000, "number of updates in the lost-updates table", 1, 10'000'000);
-  s.number("/updates/step", 1e-3, "size of each update", 0.0);
-  s.number("/updates/start", 1.0, "initial weight");
+  // fp32's largest finite value: the table's arithmetic is fp32
+  const double fp32_max = static_cast<double>(std::numeric_limits<float>::max());
+  s.number("/updates/step", 1e-3, "size of each update (a finite fp32)", 0.0, fp32_max);
+  s.number("/updates/start", 1.0, "initial weight (a finite fp32)", -fp32_max, fp32_max);
   s.integer("/histogram/min_log2", -64, "histogram range start (log2 |g|); smaller values count in the first bin",
             -160, 0);
   s.integer("/histogram/max_log2", 8, "histogram range end (log2 |g|); larger values count in the last bin", -150,
             130);
+  s.distinct("/cast/values");  // each names a row
+  s.distinct("/model/depth");  // each names a row
   return s;
 }
 
@@ -215,7 +220,7 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
     for (int64_t i = 0; i < count; ++i) {
       if (r.master) {
         auto m2 = master + u;
-        if (m2.item<float>() == master.item<float>()) ++lost;
+        if (u.item<float>() != 0 && m2.item<float>() == master.item<float>()) ++lost;
         master = m2;
         w = round_to(master, r.stored);  // the low-precision working copy used in forward
       } else if (r.update == Update::Stochastic) {
@@ -225,7 +230,7 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
         lost += sgd_update_kahan(w, comp, -u, 1.0f).lost;
       } else {
         auto w2 = round_to(w + u, r.stored);
-        if (w2.item<float>() == w.item<float>()) ++lost;
+        if (u.item<float>() != 0 && w2.item<float>() == w.item<float>()) ++lost;
         w = w2;
       }
     }
@@ -235,7 +240,7 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
                       {"ulp_at_start", std::ldexp(fi.eps, std::ilogb(start == 0 ? 1.0 : start))},
                       {"working_copy", w.item<double>()}});
   }
-  t.notes.push_back("an update smaller than half an ulp of w rounds away: w + u == w");
+  t.notes.push_back("an update smaller than half an ulp of w rounds away: w + u == w (lost: u != 0 and the state did not move)");
   t.notes.push_back("with a master copy the fp32 master accumulates every update; 'final' is the master value");
   t.notes.push_back("bf16+sr: stochastic rounding, seeded (/seed); 'lost' counts steps that left w unchanged, which "
                     "SR makes up in expectation (E[final] = exact); bf16+kahan: lost = w and its bf16 compensation "

@@ -68,3 +68,5 @@ cli_case(lossscale_gpt_bad_site 2 "/gpt/policies/1: policy 'fp16\\+fp32_attentio
 cli_case(lossscale_gpt_bad_format 2 "/gpt/policies/0: policy 'fp8' must start with fp32, fp16 or bf16" lossscale --set "gpt.policies=[\"fp8\"]")
 cli_case(lossscale_gpt_bad_heads 2 "/gpt/model/heads: expected a divisor of /gpt/model/width \\(64\\), got 3" lossscale --set gpt.model.heads=3)
 cli_case(lossscale_gpt_no_text 3 "/no/such/dir/computers: cannot open.*fortunes" lossscale --set train.enabled=false --set gpt.text_dir=/no/such/dir)
+cli_case(lossscale_duplicate_recipe 2 "/train/recipes/1: expected each value once, got \"fp32\" again \\(also /train/recipes/0\\)"
+         lossscale --set "train.recipes=[\"fp32\",\"fp32\"]")

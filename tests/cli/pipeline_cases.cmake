@@ -106,3 +106,10 @@ set_tests_properties(cli.pipeline_processes_stopped_stage PROPERTIES TIMEOUT 120
 cli_case(pipeline_processes_subsecond_timeout 0 "1f1b\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
          ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set pipeline.timeout_s=0.5)
 set_tests_properties(cli.pipeline_processes_subsecond_timeout PROPERTIES TIMEOUT 120)
+# zb-h1's bubble formula needs W <= F + B: weight_factor above (1 + backward_factor) / 2 is refused with it
+cli_case(pipeline_zb_weight_beyond_f_plus_b 2 "/cost/weight_factor: expected at most \\(1 \\+ /cost/backward_factor\\) / 2 = 1.5 with zb-h1"
+         pipeline --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]" --set cost.weight_factor=1.6)
+cli_case(pipeline_duplicate_schedule 2 "/pipeline/schedules/1: expected each value once, got \"1f1b\" again"
+         pipeline --set "pipeline.schedules=[\"1f1b\",\"1f1b\"]")
+cli_case(pipeline_duplicate_microbatches 2 "/pipeline/microbatches/1: expected each value once, got 4 again"
+         pipeline --set "pipeline.microbatches=[4,4]")

@@ -5,3 +5,8 @@ foreach(case pipeline_threads pipeline_processes dataparallel single unwritable 
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(cli.trace_${case} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 endforeach()
+# --trace naming the result file (directly, through ../, or through a symbolic link): exit 2 before the run,
+# nothing written (the trace would replace the result)
+cli_case(trace_same_as_out 2 "--trace r.json: expected a file other than the result file \\(--out r.json\\)" underflow
+         --out r.json --trace r.json)
+cli_case(trace_same_as_out_dotdot 2 "expected a file other than the result file" underflow --out sub/../r.json --trace r.json)

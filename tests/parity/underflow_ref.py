@@ -136,7 +136,7 @@ def updates(start, step, count, seed):
         for i in range(count):
             if master:
                 m2 = m + u
-                lost += int(m2.item() == m.item())
+                lost += int(u.item() != 0 and m2.item() == m.item())
                 m = m2
                 w = rnd(m, fmt)
             elif update == "sr":
@@ -152,7 +152,7 @@ def updates(start, step, count, seed):
                 w, c = w1, c2
             else:
                 w2 = rnd(w + u, fmt)
-                lost += int(w2.item() == w.item())
+                lost += int(u.item() != 0 and w2.item() == w.item())
                 w = w2
         rows.append({"name": name, "final": (m if master else w).item(), "lost": lost,
                      "working_copy": w.item()})
