@@ -215,8 +215,10 @@ ThreadPolicy apply_threads(int64_t requested) {
       choose_threads(requested, usable_cores(), local_processes_from_environment(), std::getenv("OMP_NUM_THREADS"));
   if (static_cast<int64_t>(p.intra_op) * p.local_processes > p.cores)
     spdlog::warn("{} intra-op threads in each of {} process(es) on {} usable core(s): the cores are oversubscribed and "
-                 "step times will vary (set threads to 0 for max(1, cores / processes))",
-                 p.intra_op, p.local_processes, p.cores);
+                 "step times will vary ({})",
+                 p.intra_op, p.local_processes, p.cores,
+                 p.intra_op == 1 ? "more processes than cores: each already runs one thread"
+                                 : "set threads to 0 for max(1, cores / processes)");
   torch::set_num_threads(p.intra_op);
   return p;
 }
