@@ -38,7 +38,7 @@ cli_case(collectives_root_missing 2 "/root: expected a rank 0 .. 1, got 2" ${CQ}
 cli_case(collectives_corrupt_rank_missing 2 "/check/corrupt_rank: expected -1 or a rank 0 .. 1, got 3" ${CQ}
          --set check.corrupt_rank=3)
 cli_case(collectives_fault_rank_missing 2 "/fault/rank: expected -1 or a rank 0 .. 1, got 2" ${CQ} --set fault.rank=2)
-cli_case(collectives_op_twice 2 "/ops/1: expected each operation once, got \"broadcast\" again" ${CQ}
+cli_case(collectives_op_twice 2 "/ops/1: expected each value once, got \"broadcast\" again" ${CQ}
          --set "ops=[\"broadcast\",\"broadcast\"]")
 cli_case(collectives_no_ops 2 "/ops: expected a list of strings \\(non-empty\\), got \\[\\]" ${CQ} --set "ops=[]")
 cli_case(collectives_max_below_one_element 2 "/max_bytes: expected at least 8 bytes for \"all_gather\" on 2 ranks" ${CQ}
