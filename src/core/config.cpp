@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -177,11 +178,13 @@ bool is_list(ParamType t) {
 // not a table with two rows of one name at the end of the run).
 void check_unique(const Param& p, const json& v, const std::string& source, const std::string& ptr) {
   if (!p.unique && !(p.type == ParamType::StringList && !p.choices.empty())) return;
-  for (std::size_t i = 1; i < v.size(); ++i)
-    for (std::size_t j = 0; j < i; ++j)
-      if (v[i] == v[j])
-        fail(source, ptr + "/" + std::to_string(i),
-             fmt::format("expected each value once, got {} again (also {}/{})", shown(v[i]), ptr, j));
+  std::map<json, std::size_t> first;  // value -> its first index (n log n: lists hold up to kMaxListLength)
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const auto [it, fresh] = first.emplace(v[i], i);
+    if (!fresh)
+      fail(source, ptr + "/" + std::to_string(i),
+           fmt::format("expected each value once, got {} again (also {}/{})", shown(v[i]), ptr, it->second));
+  }
 }
 
 }  // namespace
