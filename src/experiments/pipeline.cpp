@@ -728,7 +728,7 @@ MemoryEstimate pipeline_memory(const Config& cfg, int world_size) {
 }  // namespace
 
 Experiment pipeline_experiment() {
-  return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B/interleaved schedules, the bubble measured",
+  return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B/interleaved/ZB-H1 schedules, the bubble measured",
           pipeline_spec, run_pipeline_experiment, validate_pipeline, pipeline_memory, Processes::Multi,
           pipeline_plan};
 }
