@@ -1,0 +1,38 @@
+// The config keys of a tiny GPT and of its text corpus (core/gpt, core/data), declared once so
+// that every experiment that trains the GPT names them the same way under its own prefix
+// ("/model" in shard and fp8, "/gpt/model" in lossscale), with the same bounds and checks.
+#pragma once
+
+#include <string>
+
+#include "core/config.hpp"
+#include "core/data.hpp"
+#include "core/gpt.hpp"
+
+namespace mpt {
+
+/// Defaults of the GPT keys (an experiment picks what keeps its defaults within budget).
+struct GptKeyDefaults {
+  int64_t layers = 2, width = 64, heads = 4, context = 32, mlp_ratio = 4;
+};
+
+/// Adds `prefix`/layers, /width, /heads, /context and /mlp_ratio (GptConfig's fields; the
+/// vocabulary comes from the corpus) to `s`. `prefix` is a JSON pointer such as "/model".
+void add_gpt_keys(ConfigSpec& s, const std::string& prefix, const GptKeyDefaults& d = {});
+
+/// Adds `prefix`/text_dir and /text_files: the fortune(6) cookie files of Debian's `fortunes`
+/// package that load_text_corpus reads (kFortunesDir, kDefaultFortuneFiles).
+void add_text_keys(ConfigSpec& s, const std::string& prefix);
+
+/// The GptConfig the keys under `prefix` describe, with `vocab` tokens (TextCorpus::vocab()).
+GptConfig gpt_config_at(const Config& cfg, const std::string& prefix, int64_t vocab);
+
+/// Cross-key checks, for an experiment's validate(): heads divides width, and the text file list
+/// is not empty when `text_prefix` is given. Throws ConfigError naming the pointer.
+void validate_gpt_keys(const Config& cfg, const std::string& prefix, const std::string& text_prefix = "");
+
+/// The corpus the text keys under `prefix` name (load_text_corpus). Throws RuntimeFailure for a
+/// missing or unreadable file (the message names the path and the package).
+TextCorpus load_text_corpus_at(const Config& cfg, const std::string& prefix);
+
+}  // namespace mpt
