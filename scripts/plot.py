@@ -194,10 +194,16 @@ def plot_pipeline(doc, out, fmt):
         # One theory line per formula: (p-1)/(m+p-1), and (p-1)/(v*m+p-1) for interleaved-1f1b.
         for chunked in (False, True):
             th = sorted({(r["microbatches"], r["bubble_theory"]) for r in sweep
-                         if (r["schedule"] == "interleaved-1f1b") == chunked})
+                         if r["schedule"] != "zb-h1" and r["bubble_theory"] is not None
+                         and (r["schedule"] == "interleaved-1f1b") == chunked})
             if th:
                 ax.plot([m for m, _ in th], [100 * b for _, b in th], "k--" if chunked else "k-",
                         label="theory (p-1)/(v*m+p-1), interleaved" if chunked else "theory (p-1)/(m+p-1)")
+        # zb-h1's theory column is its time model (the programs replayed with the synthetic cost).
+        zb = sorted((r["microbatches"], r["bubble_theory"]) for r in sweep
+                    if r["schedule"] == "zb-h1" and r["bubble_theory"] is not None)
+        if zb:
+            ax.plot([m for m, _ in zb], [100 * b for _, b in zb], "k:", label="zb-h1 time model")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("microbatches m")
         ax.set_ylabel("bubble (% of stage time idle)")

@@ -209,6 +209,11 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     const int planned = launch ? launch->world_size : multi ? static_cast<int>(cfg.integer("/nproc")) : 1;
     exp.validate(cfg, planned);  // before any work and before any worker exists
     const ProcessPlan plan = multi ? exp.plan(cfg) : ProcessPlan{};
+    // A failed rank is found by its peers; alone, a rank that exits or hangs on purpose tests nothing.
+    if (plan.fault.rank >= 0 && planned < 2)
+      throw ConfigError(fmt::format("/fault/rank: expected -1 with one process (a fault is detected by the other "
+                                    "ranks: run with --nproc 2 or more), got {}",
+                                    plan.fault.rank));
     // Before anything is allocated: does the config fit in this machine's memory? Checked once,
     // for all the workers, by the process that spawns them (not again in each worker, whose
     // MemAvailable already lacks what its siblings took); each rank under torchrun/SLURM checks

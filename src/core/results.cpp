@@ -2,6 +2,8 @@
 #include "core/results.hpp"
 
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -308,6 +310,20 @@ std::vector<std::string> check_writable(const std::string& path) {
   if (path.empty()) throw std::runtime_error("empty result path");
   const OutputTarget t = resolve_output(path);
   if (t.kind != OutputTarget::File) return {};
+  // An existing file is replaced by a rename, which its directory allows unless the file itself is
+  // immutable or append-only (chattr +i / +a): then the run would end in an unwritable result.
+  {
+    const int fd = ::open(t.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0) {
+      int flags = 0;
+      const bool got = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+      ::close(fd);
+      if (got && (flags & (FS_IMMUTABLE_FL | FS_APPEND_FL)))
+        throw std::runtime_error(fmt::format("{}: the existing file is {} (chattr +{}): it cannot be replaced", path,
+                                             flags & FS_IMMUTABLE_FL ? "immutable" : "append-only",
+                                             flags & FS_IMMUTABLE_FL ? "i" : "a"));
+    }
+  }
   std::vector<std::string> made;
   const auto probe = temp_file_beside(t.path, path, ".probe.", &made);
   ::close(probe.first);

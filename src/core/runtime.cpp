@@ -213,7 +213,13 @@ int local_processes_from_environment() {
 ThreadPolicy apply_threads(int64_t requested) {
   const ThreadPolicy p =
       choose_threads(requested, usable_cores(), local_processes_from_environment(), std::getenv("OMP_NUM_THREADS"));
-  if (static_cast<int64_t>(p.intra_op) * p.local_processes > p.cores)
+  // Every process of the machine computes the same policy: the first local one says it, once.
+  auto first_local_process = [] {
+    for (const char* name : {"MPT_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"})
+      if (const char* v = std::getenv(name)) return std::string(v) == "0";
+    return true;
+  };
+  if (static_cast<int64_t>(p.intra_op) * p.local_processes > p.cores && first_local_process())
     spdlog::warn("{} intra-op threads in each of {} process(es) on {} usable core(s): the cores are oversubscribed and "
                  "step times will vary ({})",
                  p.intra_op, p.local_processes, p.cores,

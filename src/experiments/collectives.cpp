@@ -315,6 +315,18 @@ void validate_collectives(const Config& cfg, int world_size) {
     if (r >= world_size)
       throw ConfigError(fmt::format("{}: expected -1 or a rank 0 .. {}, got {}", key, world_size - 1, r));
   }
+  // /fault/step counts the measurements (operation and size) that run: a step beyond them never fails.
+  if (cfg.integer("/fault/rank") >= 0) {
+    const std::vector<int64_t> sizes = dist::size_schedule(lo, hi, cfg.integer("/step_factor"));
+    int64_t measurements = 0;
+    for (const auto& name : ops)
+      for (int64_t bytes : sizes)
+        measurements += dist::coll_counts(dist::coll_from_name(name), bytes, elem, world_size).count > 0;
+    if (cfg.integer("/fault/step") >= measurements)
+      throw ConfigError(fmt::format("/fault/step: expected a measurement 0 .. {} (/ops x the sizes from /min_bytes to "
+                                    "/max_bytes), got {}",
+                                    measurements - 1, cfg.integer("/fault/step")));
+  }
 }
 
 /// Memory of a run per process (core/memory), times the processes spawned here: at the largest

@@ -583,19 +583,23 @@ Report run_pipeline_experiment(const Context& ctx) {
       for (double busy : sim.busy_s) sim_idle_us += (sim.step_s - busy) / p;
       const bool zb = kind == ScheduleKind::ZBH1;
       const double model_ms = zb ? sim.step_s / 1e3 : (sum_us + (m * chunks - 1) * max_us) / 1e3;
-      const double theory = zb ? sim_idle_us / sim.step_s : bubble_theory(p, m, chunks);
+      // With no synthetic cost (/cost/forward_us = 0) the model's step is 0 s and its bubble has no value.
+      const json sim_bubble = sim.step_s > 0 ? json(sim_idle_us / sim.step_s) : json(nullptr);
+      const json theory = zb ? sim_bubble : json(bubble_theory(p, m, chunks));
       if (wants_zb && (zb || kind == ScheduleKind::OneFOneB)) {
         // Qi et al. 2023's per-stage bubble, for the slowest stage's F, B, W (equal stages: every stage's).
         const std::size_t slow = static_cast<std::size_t>(
             std::max_element(f_us.begin(), f_us.end()) - f_us.begin());
-        const double formula_us = bubble_time_theory(kind, p, m, f_us[slow], b_us[slow], w_us[slow]);
+        // Equal stages only: under /cost/heavy_stage the formula does not apply ("-").
+        const json formula_ms = heavy >= 0 ? json(nullptr)
+                                           : json(bubble_time_theory(kind, p, m, f_us[slow], b_us[slow], w_us[slow]) / 1e3);
         zb_table.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"f_ms", f_us[slow] / 1e3},
                            {"b_ms", b_us[slow] / 1e3}, {"w_ms", w_us[slow] / 1e3},
-                           {"idle_formula_ms", formula_us / 1e3}, {"idle_model_ms", sim_idle_us / 1e3},
-                           {"step_model_ms", sim.step_s / 1e3}, {"bubble_model", sim_idle_us / sim.step_s},
+                           {"idle_formula_ms", formula_ms}, {"idle_model_ms", sim_idle_us / 1e3},
+                           {"step_model_ms", sim.step_s / 1e3}, {"bubble_model", sim_bubble},
                            {"peak_held", peak}, {"peak_bytes", peak_bytes},
                            {"stage_ends_model_ms", stage_ends_ms(sim, p)}});
-        zb_measured.rows.push_back({{"name", name}, {"idle_formula_ms", formula_us / 1e3},
+        zb_measured.rows.push_back({{"name", name}, {"idle_formula_ms", formula_ms},
                                     {"idle_model_ms", sim_idle_us / 1e3}, {"idle_ms", 0.0}});
         double idle = 0;
         for (double busy : run.busy_s) idle += (run.step_s - busy) / p;
@@ -680,6 +684,10 @@ Report run_pipeline_experiment(const Context& ctx) {
     zb_table.notes.push_back("formula (Qi et al. 2023): 1f1b (p-1)(F+B+W), zb-h1 (p-1)(F+B-W) idle per stage for "
                              "m >= p ((p-1)(F+B) - (m-1)W for m < p: fewer W's to fill the cool-down); idle model: mean over stages of step - busy when the programs are replayed with "
                              "the synthetic cost (simulate_schedule, communication free)");
+    if (heavy >= 0)
+      zb_table.notes.push_back(fmt::format("idle formula '-': the formula assumes equal stages, and stage {} costs {}x "
+                                           "(/cost/heavy_stage); the idle model replays the unequal costs",
+                                           heavy, cfg.number("/cost/heavy_factor")));
     zb_table.notes.push_back("B = input gradient (backward_factor - weight_factor) x F, W = weight gradient "
                              "(weight_factor x F); 1f1b runs B and W fused, zb-h1 apart (autograd::grad on the stage "
                              "input and each Linear's output, then on each Linear's weight and bias)");

@@ -479,7 +479,7 @@ Report run_tensorparallel(const Context& ctx) {
     // all-reduce buffer, the all-gather's output, the reduce-scatter's input).
     const double btc = static_cast<double>(B * T * gc.width) * 4, bt = static_cast<double>(B * T) * 4;
     const double L = static_cast<double>(gc.layers), C = static_cast<double>(gc.width);
-    auto count_step = [&](tp::TpGpt& m, bool seqp) {
+    auto count_step = [&](tp::TpGpt& m) {
       g->reset_comm_counts();
       m.loss(idx, tgt).backward();
       m.allreduce_sequence_parallel_grads();
@@ -503,7 +503,7 @@ Report run_tensorparallel(const Context& ctx) {
       tp::TpGpt m(full, g, div, false);
       // wte's g; per layer g after attn_proj and mlp_proj (forward), f before c_attn and c_fc
       // (backward); lm_head's f (backward); the cross-entropy's max, target logit and sum-exp.
-      rows_of("tp", count_step(m, false), {{"all_reduce", btc * (2 + 4 * L) + 3 * bt}});
+      rows_of("tp", count_step(m), {{"all_reduce", btc * (2 + 4 * L) + 3 * bt}});
     }
     if (sp) {
       tp::TpGpt m(full, g, div, true);
@@ -511,7 +511,7 @@ Report run_tensorparallel(const Context& ctx) {
       // backward, and the scatter's backward; reduce-scatter: after attn_proj, mlp_proj, and as
       // the all-gathers' backward; all-reduce: wte's g, the cross-entropy, the SP gradients
       // (per layer two LayerNorms 4C and two row biases 2C, ln_f 2C).
-      rows_of("tp_sp", count_step(m, true),
+      rows_of("tp_sp", count_step(m),
               {{"all_gather", btc * (4 * L + 2)}, {"reduce_scatter", btc * (4 * L + 1)},
                {"all_reduce", btc + 3 * bt + 4 * (6 * L * C + 2 * C)}});
     }

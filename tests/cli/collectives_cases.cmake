@@ -38,6 +38,9 @@ cli_case(collectives_root_missing 2 "/root: expected a rank 0 .. 1, got 2" ${CQ}
 cli_case(collectives_corrupt_rank_missing 2 "/check/corrupt_rank: expected -1 or a rank 0 .. 1, got 3" ${CQ}
          --set check.corrupt_rank=3)
 cli_case(collectives_fault_rank_missing 2 "/fault/rank: expected -1 or a rank 0 .. 1, got 2" ${CQ} --set fault.rank=2)
+# A fault step beyond the measurements that run would never fail: refused, naming the count.
+cli_case(collectives_fault_step_beyond 2 "/fault/step: expected a measurement 0 \\.\\. [0-9]+ .*got 1000" ${CQ}
+         --set fault.rank=1 --set fault.step=1000)
 cli_case(collectives_op_twice 2 "/ops/1: expected each value once, got \"broadcast\" again" ${CQ}
          --set "ops=[\"broadcast\",\"broadcast\"]")
 cli_case(collectives_no_ops 2 "/ops: expected a list of strings \\(non-empty\\), got \\[\\]" ${CQ} --set "ops=[]")

@@ -31,3 +31,6 @@ add_test(NAME cli.stdout_and_out_faults
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/stdout_and_out_faults.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.stdout_and_out_faults PROPERTIES TIMEOUT 300)
+# A fault with one process: no peer can find it (it exited 86 or hung forever): refused before the run.
+cli_case(fault_rank_one_process 2 "/fault/rank: expected -1 with one process .*got 0"
+         dataparallel --nproc 1 --set fault.rank=0 --set fault.mode=hang)

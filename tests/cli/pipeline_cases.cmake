@@ -40,6 +40,12 @@ cli_case(pipeline_bad_split_stages 2 "/split/extra_stages/0: expected at most 4 
          pipeline --set "split.extra_stages=[5]")
 cli_case(pipeline_bad_not_divisible 2 "/pipeline/microbatches/1: expected a divisor of /pipeline/batch \\(64\\) .*got 3"
          pipeline --set "pipeline.microbatches=[1,3]")
+# Under a heavy stage the zero-bubble formula (equal stages) does not apply: '-' and a note say so.
+cli_case(pipeline_zb_heavy_formula 0 "idle formula '-': the formula assumes equal stages, and stage 1 costs 3x"
+         pipeline ${PIPE_FAST} --set cost.heavy_stage=1 --set cost.heavy_factor=3 --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]")
+# No synthetic cost: the time model has no bubble ('-'), never nan.
+cli_case(pipeline_zb_no_cost_no_nan 0 "zb-h1\\.m4 +zb-h1 +4( +0){6} +- +4 " pipeline --set cost.forward_us=0 --set "pipeline.microbatches=[4]"
+         --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]")
 cli_case(pipeline_bad_heavy_stage 2 "/cost/heavy_stage: expected -1 or a stage 0 \\.\\. 3, got 4" pipeline --set cost.heavy_stage=4)
 cli_case(pipeline_bad_chunks 2 "/pipeline/chunks: expected at most 2 \\(interleaved-1f1b cuts the 8 layers into stages x chunks = 4 x 3 .*got 3"
          pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set pipeline.chunks=3)

@@ -11,7 +11,7 @@
 set -u
 mpt=$1
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap 'chattr -i "$tmp/immutable.json" 2>/dev/null; rm -rf "$tmp"' EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 ok() { echo "ok: $*"; }
@@ -85,5 +85,23 @@ else fail "--out link-to-/dev/stdout > file: exit $rc, link: $(ls -l "$tmp/stdou
 "$mpt" accumulate --set data.dir="$tmp/no_data" --out "$tmp/made/deeper/r.json" > /dev/null 2> "$tmp/err"; rc=$?
 if [ $rc = 3 ] && [ ! -e "$tmp/made" ]; then ok "exit 3: created --out folders removed"
 else fail "exit-3 run: exit $rc, left: $(find "$tmp/made" 2>&1 | head -3 | tr '\n' ' ')"; fi
+
+# --- an existing result or trace that cannot be replaced: exit 2 before the run -----------------
+# (chattr +i needs root and a file system with inode flags; elsewhere this part says so and passes.)
+echo old > "$tmp/immutable.json"
+if chattr +i "$tmp/immutable.json" 2>/dev/null; then
+  for opt in --out --trace; do
+    args=(--out "$tmp/other.json"); [ $opt = --out ] && args=(--out "$tmp/immutable.json") || args+=(--trace "$tmp/immutable.json")
+    "$mpt" "${QUICK[@]}" "${args[@]}" > "$tmp/out" 2> "$tmp/err"; rc=$?
+    if [ $rc = 2 ] && grep -q "config error: $opt .*immutable.json: the existing file is immutable (chattr +i)" "$tmp/err" \
+       && ! grep -q "lost updates" "$tmp/out"; then ok "$opt onto an immutable file: exit 2 before the run"
+    else fail "$opt onto an immutable file: exit $rc, stderr: $(head -c 300 "$tmp/err")"; fi
+    rm -f "$tmp/other.json"
+  done
+  chattr -i "$tmp/immutable.json"
+  [ "$(cat "$tmp/immutable.json")" = old ] || fail "the immutable file changed"
+else
+  echo "skip: chattr +i not possible here (needs root and inode flags): the immutable-file case did not run"
+fi
 
 [ $fails = 0 ] && echo "all ok" || { echo "$fails failed"; exit 1; }
