@@ -36,3 +36,8 @@ add_test(NAME cli.tensorparallel_hung_rank
                  --config configs/tensorparallel_quick.json
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.tensorparallel_deterministic cli.tensorparallel_hung_rank PROPERTIES TIMEOUT 120)
+# Two ranks started by hand with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...): rank 0 alone prints and writes.
+add_test(NAME cli.tensorparallel_torchrun_env
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> tensorparallel
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.tensorparallel_torchrun_env PROPERTIES TIMEOUT 180)
