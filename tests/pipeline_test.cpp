@@ -559,6 +559,44 @@ TEST_CASE("time model: 1F1B idles (p-1)(F+B+W) per stage, ZB-H1 (p-1)(F+B-W) for
   CHECK_THROWS_AS(simulate_schedule(bad, costs(2, 1), costs(2, 1), costs(2, 1)), std::logic_error);
 }
 
+TEST_CASE("step-end barrier: free for GPipe and 1F1B (stage 0 ends last), not for ZB-H1 with a slow later stage",
+          "[pipeline][zb]") {
+  // repeat_steps: step t's microbatches renamed j + t*m, each stage's programs back to back.
+  const auto one = make_schedule(ScheduleKind::OneFOneB, 2, 2);
+  const auto two = repeat_steps(one, 2, 2);
+  REQUIRE(two[1].size() == 2 * one[1].size());
+  CHECK(two[1][one[1].size()] == PipeOp{one[1][0].kind, one[1][0].microbatch + 2, 0});
+  CHECK_THROWS_AS(repeat_steps(one, 0, 2), std::invalid_argument);
+  // Integer costs: the replay's sums are exact in double, so the equalities are exact.
+  for (int p : {2, 3, 4})
+    for (int m : {1, p, 2 * p})
+      for (double slow : {1.0, 3.0}) {  // stage 1's cost factor: equal stages, then a slow one
+        INFO("p=" << p << " m=" << m << " stage 1 x" << slow);
+        auto stage_costs = [&](double c) {
+          std::vector<double> v(static_cast<std::size_t>(p), c);
+          v[1] *= slow;
+          return v;
+        };
+        for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::ZBH1}) {
+          const auto s = make_schedule(kind, p, m);
+          const auto step = simulate_schedule(s, stage_costs(1), stage_costs(1), stage_costs(1));
+          const auto both = simulate_schedule(repeat_steps(s, 2, m), stage_costs(1), stage_costs(1), stage_costs(1));
+          CHECK(both.events.size() == 2 * step.events.size());
+          // Without a barrier two steps never take longer than with one (2 x one step).
+          CHECK(both.step_s <= 2 * step.step_s);
+          // Fused backward: every stage's last op is a B fed by the next stage: stage 0 ends last.
+          if (kind != ScheduleKind::ZBH1) CHECK(both.step_s == 2 * step.step_s);
+        }
+      }
+  // ZB-H1, p = 4, m = 8, stage 1 three times slower: stage 1's trailing W's end after stage 0,
+  // so without the barrier stage 0's next forwards overlap them: the barrier costs time.
+  std::vector<double> c = {1, 3, 1, 1};
+  const auto zb = make_schedule(ScheduleKind::ZBH1, 4, 8);
+  const auto step = simulate_schedule(zb, c, c, c);
+  const auto both = simulate_schedule(repeat_steps(zb, 2, 8), c, c, c);
+  CHECK(both.step_s < 2 * step.step_s);
+}
+
 TEST_CASE("B/W split: ZB-H1's gradients are GPipe's bit for bit (torch::equal), threads", "[pipeline][zb]") {
   seed_all(5);
   const auto layers = mlp_layers({6, 12, 12, 12, 12, 12, 1});

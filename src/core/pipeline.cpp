@@ -45,6 +45,21 @@ std::string schedule_name(ScheduleKind k) {
   return "?";
 }
 
+std::vector<std::vector<PipeOp>> repeat_steps(const std::vector<std::vector<PipeOp>>& schedule, int steps,
+                                              int microbatches) {
+  if (steps < 1 || microbatches < 1)
+    throw std::invalid_argument(
+        fmt::format("repeat_steps: expected steps >= 1 and microbatches >= 1, got {} and {}", steps, microbatches));
+  std::vector<std::vector<PipeOp>> out(schedule.size());
+  for (std::size_t s = 0; s < schedule.size(); ++s)
+    for (int t = 0; t < steps; ++t)
+      for (PipeOp op : schedule[s]) {
+        op.microbatch += t * microbatches;
+        out[s].push_back(op);
+      }
+  return out;
+}
+
 std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int p, int m, int v) {
   if (p < 1) throw std::invalid_argument("make_schedule: stages must be >= 1");
   if (m < 1) throw std::invalid_argument("make_schedule: microbatches must be >= 1");

@@ -92,6 +92,16 @@ std::string schedule_name(ScheduleKind k);
 /// (Megatron's requirement: microbatches go through the chunks in groups of p).
 std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int stages, int microbatches, int chunks = 1);
 
+/// The programs of `steps` training steps run back to back with no barrier between them: stage
+/// s runs its program of step t right after its own step t − 1 (its optimizer step needs only its
+/// own gradients), microbatch j of step t renamed j + t·microbatches. That is what a stage may do
+/// when nothing global sits between steps; a gradient-norm clip or a GradScaler inf-check is an
+/// all-reduce over the stages before the optimizer step, a barrier: every stage then starts step t
+/// only after every stage ended step t − 1 (Qi et al. 2023, §4 "bypassing optimizer
+/// synchronizations"). Throws std::invalid_argument for steps < 1 or microbatches < 1.
+std::vector<std::vector<PipeOp>> repeat_steps(const std::vector<std::vector<PipeOp>>& schedule, int steps,
+                                              int microbatches);
+
 /// Per stage: the largest number of (microbatch, chunk) pairs whose forward has run and
 /// whose backward has not (the activations the stage must hold at once; with one chunk
 /// per stage, microbatches). In a program with W ops a microbatch is held until its W

@@ -94,6 +94,8 @@ ConfigSpec pipeline_spec() {
   s.choice("/cost/mode", "sleep", {"sleep", "spin"}, "how the synthetic cost is spent (sleep frees the core)");
   s.integer("/cost/heavy_stage", -1, "stage whose cost is multiplied by heavy_factor (-1: none)", -1, 63);
   s.number("/cost/heavy_factor", 2, "cost multiplier of the heavy stage", 0, 100);
+  s.boolean("/sync/enabled", true, "time two steps with and without a step-end barrier (gradient-norm or inf-check "
+            "all-reduce over the stages) at m = /gantt/microbatches, for gpipe, 1f1b and zb-h1");
   s.integer("/gantt/microbatches", 8, "Gantt charts are drawn for the runs with this m (and for naive)", 1, 4096);
   s.integer("/gantt/width", 96, "columns of a Gantt chart", 10, 1000);
   s.distinct("/split/extra_stages");  // each names a row
@@ -437,18 +439,24 @@ Report run_pipeline_experiment(const Context& ctx) {
   // /fault/step can stop a stage process in the middle of one.
   int step_index = 0;
   // `step_ranges`: the layer ranges of the virtual stages (p, or p·v interleaved).
-  auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
-                      const std::vector<std::pair<int, int>>& step_ranges) {
+  // `xx`, `yy`: the batch (x, y; both doubled for two steps' programs in one run).
+  auto one_step_on = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
+                         const std::vector<std::pair<int, int>>& step_ranges, const torch::Tensor& xx,
+                         const torch::Tensor& yy) {
     if (!processes) {
       QueueTransport transport(timeout_s);
       ++step_index;
-      return run_pipeline(layers, step_ranges, sched, m, x, y, cost, transport);
+      return run_pipeline(layers, step_ranges, sched, m, xx, yy, cost, transport);
     }
     const int64_t step = step_index++;
     popts.after_op = [&world, step](int done) {
       if (done >= 1) world.fault_point(step);  // /fault/rank stops in the middle of step /fault/step
     };
-    return run_pipeline_process(group, layers, step_ranges, sched, m, x, y, cost, popts);
+    return run_pipeline_process(group, layers, step_ranges, sched, m, xx, yy, cost, popts);
+  };
+  auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
+                      const std::vector<std::pair<int, int>>& step_ranges) {
+    return one_step_on(sched, m, step_ranges, x, y);
   };
 
   // One untimed warm-up step (thread or process start-up, first allocations, lazy initialisation).
@@ -634,6 +642,75 @@ Report run_pipeline_experiment(const Context& ctx) {
                           render_gantt(run, p, static_cast<int>(cfg.integer("/gantt/width")))});
     }
   }
+  // --- 4. the step-end synchronisation (Qi et al. 2023, §4) ---
+  // Two steps back to back. With a barrier between them (an all-reduce over the stages before the
+  // optimizer step: gradient-norm clipping, GradScaler's inf-check), no stage starts step 2 before
+  // every stage ended step 1: two steps take twice one step. Without one, each stage starts step 2
+  // as soon as its own step 1 is done (repeat_steps): what the barrier costs is the difference.
+  Table sync{"step_sync",
+             fmt::format("Step-end synchronisation (time model): two steps at m = {} with a barrier between them (a "
+                         "gradient-norm or inf-check all-reduce over the stages) and without",
+                         gantt_m),
+             {text_col("name", "name"), text_col("schedule", "schedule"), int_col("microbatches", "m"),
+              float_col("step_model_ms", "one step", "ms"), float_col("barrier_ms", "2 steps, barrier", "ms"),
+              float_col("free_ms", "2 steps, none", "ms"), float_col("sync_cost_ms", "cost/step", "ms"),
+              pct_col("sync_cost", "of a step", 1), text_col("stage_ends_model_ms", "stage ends ms")}};
+  Table sync_measured{"step_sync_measured",
+                      fmt::format("Step-end synchronisation, measured (median of {} runs): two steps with a barrier "
+                                  "(two separate steps, first start to last end each) and without (one run of both "
+                                  "steps' programs)",
+                                  n_steps),
+                      {text_col("name", "name"), float_col("barrier_ms", "2 steps, barrier", "ms"),
+                       float_col("free_ms", "2 steps, none", "ms"), float_col("sync_cost_ms", "cost/step", "ms"),
+                       float_col("sync_cost_model_ms", "model", "ms")}};
+  if (cfg.boolean("/sync/enabled")) {
+    const auto x2 = torch::cat({x, x}), y2 = torch::cat({y, y});  // step 2 sees the same microbatches
+    auto median_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m, const torch::Tensor& xx,
+                           const torch::Tensor& yy) {
+      std::vector<double> t;
+      for (int i = 0; i < n_steps; ++i) t.push_back(one_step_on(sched, m, ranges, xx, yy).step_s);
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    for (const auto& k : kinds) {
+      const auto kind = parse_schedule(k);
+      if (kind != ScheduleKind::GPipe && kind != ScheduleKind::OneFOneB && kind != ScheduleKind::ZBH1) continue;
+      const int m = gantt_m;
+      const auto one = make_schedule(kind, p, m);
+      const auto two = repeat_steps(one, 2, m);
+      std::vector<double> f_us, b_us, w_us;  // F, B, W of each stage, µs (as in the zero-bubble table)
+      for (int c = 0; c < p; ++c) {
+        const auto [lo, hi] = ranges[static_cast<std::size_t>(c)];
+        const double fc = cost.forward_us * cost.stage_factor[static_cast<std::size_t>(c)] * (hi - lo);
+        f_us.push_back(fc);
+        b_us.push_back(fc * (cost.backward_factor - cost.weight_factor));
+        w_us.push_back(fc * cost.weight_factor);
+      }
+      const PipelineRun sim1 = simulate_schedule(one, f_us, b_us, w_us), sim2 = simulate_schedule(two, f_us, b_us, w_us);
+      const double barrier_us = 2 * sim1.step_s, free_us = sim2.step_s, cost_us = (barrier_us - free_us) / 2;
+      const std::string name = fmt::format("{}.m{}", k, m);
+      sync.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"step_model_ms", sim1.step_s / 1e3},
+                           {"barrier_ms", barrier_us / 1e3}, {"free_ms", free_us / 1e3},
+                           {"sync_cost_ms", cost_us / 1e3},
+                           {"sync_cost", sim1.step_s > 0 ? json(cost_us / sim1.step_s) : json(nullptr)},
+                           {"stage_ends_model_ms", stage_ends_ms(sim1, p)}});
+      const double barrier_s = 2 * median_step(one, m, x, y), free_s = median_step(two, 2 * m, x2, y2);
+      sync_measured.rows.push_back({{"name", name}, {"barrier_ms", barrier_s * 1e3}, {"free_ms", free_s * 1e3},
+                                    {"sync_cost_ms", (barrier_s - free_s) / 2 * 1e3},
+                                    {"sync_cost_model_ms", cost_us / 1e3}});
+    }
+    sync.notes.push_back("cost/step = (barrier - none) / 2: the idle time a step-end all-reduce over the stages adds "
+                         "to each step, its own latency not counted (communication free in the model)");
+    sync.notes.push_back("gpipe, 1f1b: 0 - every stage's last op is a backward whose gradient came from the stage "
+                         "after it, so stage 0 ends last and no stage could start step 2 earlier anyway; zb-h1: the "
+                         "last ops are W's, which wait for nothing: a stage that ends later than stage 0 (unequal "
+                         "stages, /cost/heavy_stage) holds every stage at the barrier, while without it stage 0 "
+                         "starts step 2's forwards during that stage's W's");
+    sync.notes.push_back("ZB-H2 and ZB-V start step 2's warm-up forwards during step 1's cool-down by design: there "
+                         "the barrier takes back what they gain, so Qi et al. 2023 (§4) replace it with "
+                         "post-validation: each stage steps at once and a later all-reduce of the gradient norm and "
+                         "inf/nan flag rolls the step back when it fails");
+  }
   if (processes && lead) {
     // The same steps with one thread per stage (no synthetic cost: only the gradients
     // matter here): the two executors run the same stage code in the same order.
@@ -702,6 +779,10 @@ Report run_pipeline_experiment(const Context& ctx) {
                                 "zero_bubble; stage ends: when each stage's last op ended (a step-end all-reduce "
                                 "waits for the latest)");
     report.add(std::move(zb_measured), Store::Timings);
+  }
+  if (!sync.rows.empty()) {
+    report.add(std::move(sync));
+    report.add(std::move(sync_measured), Store::Timings);
   }
   // Measured values vary run to run: printed, and stored under timings (not results).
   report.timings["events"] = events;

@@ -46,6 +46,12 @@ cli_case(pipeline_zb_heavy_formula 0 "idle formula '-': the formula assumes equa
 # No synthetic cost: the time model has no bubble ('-'), never nan.
 cli_case(pipeline_zb_no_cost_no_nan 0 "zb-h1\\.m4 +zb-h1 +4( +0){6} +- +4 " pipeline --set cost.forward_us=0 --set "pipeline.microbatches=[4]"
          --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]")
+# The step-end barrier (time model): free for 1f1b, 0.5 ms a step for zb-h1 when stage 1 is 3x slower.
+cli_case(pipeline_step_sync_heavy 0 "zb-h1\\.m8 +zb-h1 +8 +73 +146 +145 +0\\.5 +0\\.7 +69,73,59,59"
+         pipeline --set "pipeline.microbatches=[8]" --set cost.heavy_stage=1 --set cost.heavy_factor=3 --set pipeline.steps=1
+         --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]")
+cli_case(pipeline_step_sync_free_1f1b 0 "1f1b\\.m8 +1f1b +8 +33 +66 +66 +0 +0\\.0 "
+         pipeline --set "pipeline.microbatches=[8]" --set pipeline.steps=1 --set "pipeline.schedules=[\"1f1b\"]")
 cli_case(pipeline_bad_heavy_stage 2 "/cost/heavy_stage: expected -1 or a stage 0 \\.\\. 3, got 4" pipeline --set cost.heavy_stage=4)
 cli_case(pipeline_bad_chunks 2 "/pipeline/chunks: expected at most 2 \\(interleaved-1f1b cuts the 8 layers into stages x chunks = 4 x 3 .*got 3"
          pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set pipeline.chunks=3)
