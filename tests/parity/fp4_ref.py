@@ -18,8 +18,9 @@ bit manipulation:
       (torch.round rounds half to even; |t| / ulp is exact); |t| is clamped at 6 first.
   E2M1, stochastic rounding (NVFP4 paper §4.3; mpt's bits): q = ulp * floor(|t| / ulp + U), U
       the top k bits of SplitMix64(seed, flat index) / 2^k, k the number of bits of |t|'s 24-bit
-      fp32 significand below ulp (integer arithmetic in Python, exact); |t| below 2^-42 of the
-      ulp (k >= 64: no random bit reaches it) gives 0, as mpt's `shift >= 64` case.
+      fp32 significand below ulp (integer arithmetic in Python, exact). Which random bits are
+      added is mpt's convention (no standard fixes it), so the twin takes it from mpt: the top k
+      of the 64; |t| < 2^-41 (k >= 64) gives 0, as mpt's `shift >= 64` case.
   UE4M3 block scales: s = clamp(amax_block / 6 / s_tensor, 2^-6, 448) rounded to E4M3 (3
       mantissa bits: ulp 2^(E - 3), torch.round), under the fp32 tensor scale
       s_tensor = amax / (448 * 6) (1 where amax = 0); elements t = x * ((1 / s_tensor) / s),
