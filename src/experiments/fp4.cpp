@@ -15,6 +15,7 @@
  * batches. Table: test loss and accuracy, the gap of each to bf16 and to the full NVFP4 recipe, and
  * the relative error of each GEMM (out, dgrad, wgrad) at one step, averaged over the 4-bit layers.
  * The last Linear (10 outputs) stays bf16 in every variant: 10 fits no 16-element block.
+ * tests/parity/fp4_ref.py, a PyTorch-Python twin, reproduces every variant's numbers bit for bit.
  *
  *   mpt fp4
  *   mpt fp4 --set "variants=[\"bf16\",\"nvfp4\",\"nvfp4_no_rht\"]" --set train.steps=400
