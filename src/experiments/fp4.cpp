@@ -15,6 +15,7 @@
  * batches. Table: test loss and accuracy, the gap of each to bf16 and to the full NVFP4 recipe, and
  * the relative error of each GEMM (out, dgrad, wgrad) at one step, averaged over the 4-bit layers.
  * The last Linear (10 outputs) stays bf16 in every variant: 10 fits no 16-element block.
+ * tests/parity/fp4_ref.py, a PyTorch-Python twin, reproduces every variant's numbers bit for bit.
  *
  *   mpt fp4
  *   mpt fp4 --set "variants=[\"bf16\",\"nvfp4\",\"nvfp4_no_rht\"]" --set train.steps=400
@@ -47,7 +48,7 @@ ConfigSpec fp4_spec() {
   s.integer("/data/train_samples", 10000, "training samples used (first N of the 60000)", 1, 60000);
   s.integer("/data/test_samples", 1000, "test samples used (first N of the 10000)", 1, 10000);
   s.integers("/model/hidden", {256, 256, 256}, "hidden widths of the MLP 784 - hidden... - 10 (multiples of 32 for MXFP4, 16 for NVFP4)", 1, 8192);
-  s.strings("/variants", kVariants, kVariants, "recipes of the ablation grid");
+  s.strings("/variants", kVariants, kVariants, "recipes of the ablation grid (fp32 is required: the reference of the emulation cost)");
   s.integer("/train/steps", 150, "SGD steps per variant", 1, 1'000'000);
   s.integer("/train/batch", 128, "samples per step (a multiple of 16 and 32: wgrad reduces over it)", 1, 60000);
   s.number("/train/lr", 0.1, "SGD learning rate", 0.0, 100.0);
@@ -83,25 +84,54 @@ std::vector<int64_t> widths(const Config& cfg) {
   return w;
 }
 
-/// Cross-key checks before any work (exit 2): every 4-bit layer's GEMM operands divisible by its blocks.
+/// Cross-key checks before any work and before the data are read (exit 2, ConfigError naming the
+/// JSON pointer): fp32 among the variants (the reference of the cost table's "vs fp32"), at least
+/// one 4-bit layer, every 4-bit layer's GEMM operands divisible by its blocks (naming the hidden
+/// width, /train/batch, or /data/train_samples when fewer samples than a batch make the step's
+/// batch), and the ledger step inside the run.
 void validate_fp4(const Config& cfg, int /*world_size*/) {
-  const auto w = widths(cfg);
-  const int64_t m = cfg.integer("/train/batch");
-  for (const auto& v : cfg.strings("/variants")) {
-    const auto rs = variant_recipes(v, w.size() - 1, 0);
-    for (std::size_t l = 0; l < rs.size(); ++l) {
-      const std::string err = q::shape_error(rs[l], m, w[l], w[l + 1]);
-      if (!err.empty())
-        throw ConfigError(fmt::format("/model/hidden or /train/batch: variant {} on layer {} ({} -> {}, batch {}): {}; expected "
-                                      "hidden widths and a batch that are multiples of {}",
-                                      v, l + 1, w[l], w[l + 1], m, err, v == "mxfp4" ? 32 : 16));
-    }
-  }
+  const auto variants = cfg.strings("/variants");
+  if (std::find(variants.begin(), variants.end(), "fp32") == variants.end())
+    throw ConfigError("/variants: expected a list containing \"fp32\" (the reference of the emulation cost, vs fp32), got " +
+                      cfg.json_value()["variants"].dump());
   // The first and last Linear stay bf16 (but in nvfp4_no_bf16): one hidden layer leaves no 4-bit layer.
   if (cfg.integers("/model/hidden").size() < 2)
     throw ConfigError(fmt::format("/model/hidden: expected at least two hidden layers (the first and last Linear stay in "
                                   "bf16, so one hidden layer leaves no layer in 4 bits), got {}",
                                   cfg.json_value()["model"]["hidden"].dump()));
+  const auto w = widths(cfg);
+  const int64_t batch = cfg.integer("/train/batch"), samples = cfg.integer("/data/train_samples");
+  const int64_t m = std::min(batch, samples);  // q::train's step batch
+  // 32 is a multiple of every block dimension of the fp4 recipes (1x16, 16x16, 1x32): a dimension
+  // set to it divides, so the dimension left at its configured value is the one that does not.
+  constexpr int64_t kDivisible = 32;
+  for (const auto& v : variants) {
+    const auto rs = variant_recipes(v, w.size() - 1, 0);
+    const int64_t block = v == "mxfp4" ? 32 : 16;
+    for (std::size_t l = 0; l < rs.size(); ++l) {
+      // The hidden widths first (the batch set divisible): n = w[l+1] is hidden[l], k = w[l] is hidden[l-1].
+      if (!q::shape_error(rs[l], kDivisible, w[l], w[l + 1]).empty()) {
+        // The operand named is a width's (the GEMM operands with the batch in a block come last).
+        const std::string err = q::shape_error(rs[l], m, w[l], w[l + 1]);
+        // The output width unless the layer still fails with it set divisible (then the input width).
+        // Layer 0's input (784 = 49 x 16) and the last layer (bf16 in every variant) never fail.
+        const bool k_bad = l > 0 && !q::shape_error(rs[l], kDivisible, w[l], kDivisible).empty();
+        const std::size_t i = k_bad ? l - 1 : l;
+        throw ConfigError(fmt::format("/model/hidden/{}: expected a multiple of {} (variant {} on layer {}, {} -> {}, batch {}: {}), "
+                                      "got {}", i, block, v, l + 1, w[l], w[l + 1], m, err, w[i + 1]));
+      }
+    }
+    for (std::size_t l = 0; l < rs.size(); ++l) {
+      const std::string err = q::shape_error(rs[l], m, w[l], w[l + 1]);
+      if (err.empty()) continue;
+      if (m == batch)
+        throw ConfigError(fmt::format("/train/batch: expected a multiple of {} (variant {} on layer {}, {} -> {}, batch {}: {}; "
+                                      "wgrad reduces over the batch), got {}", block, v, l + 1, w[l], w[l + 1], m, err, batch));
+      throw ConfigError(fmt::format("/data/train_samples: expected at least /train/batch = {} or a multiple of {} (with fewer "
+                                    "samples than a batch a step takes all {}: variant {} on layer {}, {} -> {}: {}), got {}",
+                                    batch, block, samples, v, l + 1, w[l], w[l + 1], err, samples));
+    }
+  }
   if (cfg.integer("/ledger/step") >= cfg.integer("/train/steps"))
     throw ConfigError(fmt::format("/ledger/step: expected a step below /train/steps = {}, got {}", cfg.integer("/train/steps"),
                                   cfg.integer("/ledger/step")));
@@ -178,7 +208,7 @@ Report run_fp4(const Context& ctx) {
     json h = json::array();
     for (double x : r.loss) h.push_back(num(x));
     history[v] = h;
-    const double base = runs.count("fp32") ? runs["fp32"].step_s : NAN;
+    const double base = runs.at("fp32").step_s;  // validate_fp4: fp32 is among the variants
     cost.rows.push_back({{"name", v}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", num(r.step_s / base)}, {"step_time_s", r.step_s}});
   }
   for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {

@@ -35,21 +35,6 @@ cli_case(fp8_unknown_algo 2 "/delayed/amax_compute_algo: expected one of \"max\"
          ${FP8_TINY} --set delayed.amax_compute_algo=mostrecent)
 cli_case(fp8_missing_data 3 "fashion" ${FP8_TINY} --set data.dir=/nonexistent/fashion)
 
-# --- fp4 (issue 18): the ablation grid on a tiny config ---
-set(FP4_TINY fp4 --set train.steps=6 --set data.train_samples=1024 --set data.test_samples=200 --set "model.hidden=[64,64]"
-             --set ledger.step=2)
-cli_case(fp4_tiny 0 "nvfp4_no_rht" ${FP4_TINY})
-cli_case(fp4_list 0 "fp4 +4-bit training" list)
-add_test(NAME cli.fp4_deterministic
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${FP4_TINY}
-         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-cli_case(fp4_bad_hidden 2 "/model/hidden or /train/batch: variant mxfp4 on layer 2 \\(48 -> 48, batch 128\\).*block 1x32 does not divide"
-         ${FP4_TINY} --set "model.hidden=[48,48]")
-cli_case(fp4_bad_batch 2 "/model/hidden or /train/batch: variant nvfp4 on layer 2 .*wgrad operand A \\(dy\\^T \\[64, 40\\]\\)"
-         ${FP4_TINY} --set train.batch=40)
-cli_case(fp4_unknown_variant 2 "/variants/0: expected one of .*got \"nvfp4_no_hrt\" \\(did you mean \"nvfp4_no_rht\"\\?\\)"
-         ${FP4_TINY} --set "variants=[\"nvfp4_no_hrt\"]")
 # one hidden layer with fp8_layers = inner: no layer would be fp8 (every recipe silently bf16)
 cli_case(fp8_no_fp8_layer 2 "/model/fp8_layers: .inner. keeps the first and last Linear in bf16, which with /model/hidden = \\[100\\] leaves no layer in fp8"
          fp8 --set "model.hidden=[100]")
-cli_case(fp4_no_4bit_layer 2 "/model/hidden: expected at least two hidden layers" fp4 --set "model.hidden=[64]")
