@@ -60,4 +60,4 @@ cli_case(shard_gpt_stage3_context_too_small 2
          ${SHG} --nproc 4 --set model.gpt.context=2)
 cli_case(shard_gpt_stage3_width_too_small 2 "/model/gpt/width: stage 3 .* over N = 3 ranks: expected >= 3, got 2"
          ${SHG} --nproc 3 --set train.global_batch=12 --set model.gpt.width=2 --set model.gpt.heads=1)
-cli_case(shard_gpt_no_text_files 2 "/data/text_files: expected at least one file" ${SHG} --set "data.text_files=[]")
+cli_case(shard_gpt_no_text_files 2 "/data/text_files: expected a list of strings \\(non-empty\\), got \\[\\]" ${SHG} --set "data.text_files=[]")
