@@ -62,3 +62,8 @@ cli_case(shard_gpt_stage3_context_too_small 2
 cli_case(shard_gpt_stage3_width_too_small 2 "/model/gpt/width: stage 3 .* over N = 3 ranks: expected >= 3, got 2"
          ${SHG} --nproc 3 --set train.global_batch=12 --set model.gpt.width=2 --set model.gpt.heads=1)
 cli_case(shard_gpt_no_text_files 2 "/data/text_files: expected a list of strings \\(non-empty\\), got \\[\\]" ${SHG} --set "data.text_files=[]")
+# The GPT's results are deterministic too (same seed: the same batches, weights and sums).
+add_test(NAME cli.shard_gpt_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${SHG}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.shard_gpt_deterministic PROPERTIES TIMEOUT 120)
