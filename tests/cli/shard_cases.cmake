@@ -67,3 +67,8 @@ add_test(NAME cli.shard_gpt_deterministic
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${SHG}
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.shard_gpt_deterministic PROPERTIES TIMEOUT 120)
+# Stage 3 over 5 ranks, a corpus of 4 characters (tests/cli/text/four_chars: a, b, space, newline):
+# wte and lm_head have V = 4 rows — exit 2 naming the text files, before any process starts.
+cli_case(shard_gpt_stage3_vocab_too_small 2
+         "/data/text_files: stage 3 shards wte and lm_head \\(4 rows.*over N = 5 ranks: expected a vocabulary of >= 5, got 4"
+         ${SHG} --nproc 5 --set train.global_batch=20 --set data.text_dir=tests/cli/text --set "data.text_files=[\"four_chars\"]")
