@@ -72,3 +72,9 @@ set_tests_properties(cli.shard_gpt_deterministic PROPERTIES TIMEOUT 120)
 cli_case(shard_gpt_stage3_vocab_too_small 2
          "/data/text_files: stage 3 shards wte and lm_head \\(4 rows.*over N = 5 ranks: expected a vocabulary of >= 5, got 4"
          ${SHG} --nproc 5 --set train.global_batch=20 --set data.text_dir=tests/cli/text --set "data.text_files=[\"four_chars\"]")
+# The GPT with SGD + momentum, bf16 compute (fp32 reduction) in the training runs; and DeepSpeed's
+# reduce-scatter after every micro-batch (stage 3 = stage 2 bitwise, checked).
+cli_case(shard_gpt_sgd_bf16 0 "OK: 6 of 6 checks passed" ${SHG} --set optimizer.name=sgd --set optimizer.momentum=0.9
+         --set optimizer.lr=0.05 --set mixed.param_dtype=bf16)
+cli_case(shard_gpt_reduce_every_micro_batch 0 "stage3 vs stage2, reducing every micro-batch: .* OK" ${SHG}
+         --set zero.reduce_every_micro_batch=true)
