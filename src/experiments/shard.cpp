@@ -216,6 +216,9 @@ struct Workload {
   }
 };
 
+/// The workload of the config: Fashion-MNIST and its permutation (mlp), or the corpus, the GPT's
+/// shape and every step's global batch [steps, B, T] (gpt). Throws RuntimeFailure for missing
+/// data files; std::invalid_argument from text_batch for a corpus not longer than the context.
 Workload workload_of(const Config& cfg, const Setup& s) {
   Workload wl;
   wl.gpt = cfg.str("/model/name") == "gpt";
