@@ -220,42 +220,105 @@ struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
   }
 };
 
+// Stage 3 of a whole module (FSDP2's fully_shard on the root alone): all-gather every parameter
+// before the forward and free them after it; in backward gather again, recompute the forward
+// with autograd on and take its gradients (the same operations on the same values), then one
+// reduce-scatter of all of them.
+struct GatheredModule : public torch::autograd::Function<GatheredModule> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, at::TensorList shards,
+                               ShardedDataParallel* e) {
+    (void)shards;  // inputs so that autograd routes the shards' gradients
+    ctx->save_for_backward({x});
+    ctx->saved_data["engine"] = static_cast<int64_t>(reinterpret_cast<std::intptr_t>(e));
+    ctx->saved_data["x_grad"] = x.requires_grad();
+    e->bind_module_params(true);
+    auto y = e->module_forward()(x);
+    e->bind_module_params(false);  // reshard after forward
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list gy) {
+    auto* e = reinterpret_cast<ShardedDataParallel*>(static_cast<std::intptr_t>(ctx->saved_data["engine"].toInt()));
+    const bool x_grad = ctx->saved_data["x_grad"].toBool();
+    const auto x = ctx->get_saved_variables()[0];
+    torch::AutoGradMode on(true);
+    auto xd = x.detach();
+    if (x_grad) xd.requires_grad_(true);
+    e->bind_module_params(true);
+    std::vector<torch::Tensor> inputs = e->module_params();
+    const std::size_t k = inputs.size();
+    if (x_grad) inputs.push_back(xd);
+    std::vector<torch::Tensor> g;
+    {
+      auto y = e->module_forward()(xd);
+      g = torch::autograd::grad({y}, inputs, {gy[0]}, /*retain_graph=*/false, /*create_graph=*/false,
+                                /*allow_unused=*/true);
+    }
+    std::vector<std::size_t> ids(k);
+    std::vector<torch::Tensor> gs(k);
+    for (std::size_t i = 0; i < k; ++i) {
+      ids[i] = i;
+      gs[i] = g[i].defined() ? g[i] : torch::zeros_like(inputs[i]);  // a parameter the forward did not use
+    }
+    e->bind_module_params(false);
+    auto red = e->reduce_param_grads(ids, gs);  // one reduce-scatter
+    torch::autograd::variable_list out{x_grad ? g.back() : torch::Tensor()};
+    for (auto& t : red) out.push_back(t);
+    out.push_back(torch::Tensor());  // the engine pointer
+    return out;
+  }
+};
+
 }  // namespace
+
+std::size_t ShardedDataParallel::init_param(const torch::Tensor& t, const std::string& what,
+                                            torch::Tensor module_param) {
+  torch::NoGradGuard ng;
+  const int n = group_->size(), r = group_->rank();
+  Param p;
+  auto full = t.detach().to(torch::kFloat32).clone().contiguous();
+  group_->broadcast(full, 0);  // DDP / FSDP: every rank starts from rank 0's values
+  p.shape = full.sizes().vec();
+  if (full.dim() == 0) throw std::invalid_argument("ShardedDataParallel: expected tensors of >= 1 dims, got " + what);
+  if (opts_.stage == 3 && full.size(0) < n)
+    throw std::invalid_argument(fmt::format("ShardedDataParallel: stage 3 shards {} ({} rows) over {} ranks: "
+                                            "expected at least one row per rank", what, full.size(0), n));
+  p.split = dim0_split(full.size(0), r, n);
+  numel_ += full.numel();
+  padded_numel_ += n * p.split.chunk * (full.numel() / full.size(0));
+  // The compute tensor: the module's own parameter (whole-module wrapper) or a fresh leaf.
+  auto as_compute = [&](const torch::Tensor& values) {
+    if (!module_param.defined()) return values.requires_grad_(true);
+    module_param.set_data(values);
+    return module_param;
+  };
+  if (opts_.stage == 0) {
+    if (opts_.param_dtype == torch::kFloat32) {
+      p.compute = as_compute(full);
+      p.master = p.compute;
+      p.master_is_compute = true;
+    } else {
+      p.compute = as_compute(full.to(opts_.param_dtype));
+      p.master = full.requires_grad_(true);
+    }
+  } else {
+    if (opts_.stage < 3)
+      p.compute = as_compute(full.to(opts_.param_dtype).clone());
+    else if (module_param.defined())
+      module_param.set_data(torch::empty({0}, torch::TensorOptions().dtype(opts_.param_dtype)));  // resharded
+    p.master = shard_dim0(full, r, n).requires_grad_(true);
+  }
+  params_.push_back(std::move(p));
+  return params_.size() - 1;
+}
 
 ShardedDataParallel::ShardedDataParallel(const torch::nn::Sequential& net, std::shared_ptr<Group> group,
                                          ShardOptions opts, const OptimizerFactory& make_optimizer)
     : group_(std::move(group)), opts_(opts) {
   if (opts_.stage < 0 || opts_.stage > 3)
     throw std::invalid_argument(fmt::format("ShardedDataParallel: expected a ZeRO stage 0..3, got {}", opts_.stage));
-  const int n = group_->size(), r = group_->rank();
-  auto add = [&](const torch::Tensor& t, const std::string& what) {
-    torch::NoGradGuard ng;
-    Param p;
-    auto full = t.detach().to(torch::kFloat32).clone().contiguous();
-    group_->broadcast(full, 0);  // DDP / FSDP: every rank starts from rank 0's values
-    p.shape = full.sizes().vec();
-    if (opts_.stage == 3 && full.size(0) < n)
-      throw std::invalid_argument(fmt::format("ShardedDataParallel: stage 3 shards {} ({} rows) over {} ranks: "
-                                              "expected at least one row per rank", what, full.size(0), n));
-    p.split = dim0_split(full.size(0), r, n);
-    numel_ += full.numel();
-    padded_numel_ += n * p.split.chunk * (full.numel() / full.size(0));
-    if (opts_.stage == 0) {
-      if (opts_.param_dtype == torch::kFloat32) {
-        p.compute = full.requires_grad_(true);
-        p.master = p.compute;
-        p.master_is_compute = true;
-      } else {
-        p.compute = full.to(opts_.param_dtype).requires_grad_(true);
-        p.master = full.requires_grad_(true);
-      }
-    } else {
-      if (opts_.stage < 3) p.compute = full.to(opts_.param_dtype).clone().requires_grad_(true);
-      p.master = shard_dim0(full, r, n).requires_grad_(true);
-    }
-    params_.push_back(std::move(p));
-    return params_.size() - 1;
-  };
+  auto add = [&](const torch::Tensor& t, const std::string& what) { return init_param(t, what, torch::Tensor()); };
   for (const auto& m : *net) {
     Op op;
     if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m.ptr())) {
@@ -276,6 +339,35 @@ ShardedDataParallel::ShardedDataParallel(const torch::nn::Sequential& net, std::
   std::vector<torch::Tensor> masters;
   for (auto& p : params_) masters.push_back(p.master);
   opt_ = make_optimizer(masters);
+}
+
+ShardedDataParallel::ShardedDataParallel(std::shared_ptr<torch::nn::Module> module, Forward forward,
+                                         std::shared_ptr<Group> group, ShardOptions opts,
+                                         const OptimizerFactory& make_optimizer)
+    : group_(std::move(group)), opts_(opts), module_(std::move(module)), module_forward_(std::move(forward)) {
+  if (opts_.stage < 0 || opts_.stage > 3)
+    throw std::invalid_argument(fmt::format("ShardedDataParallel: expected a ZeRO stage 0..3, got {}", opts_.stage));
+  if (!module_ || !module_forward_) throw std::invalid_argument("ShardedDataParallel: expected a module and its forward");
+  for (auto& kv : module_->named_parameters(/*recurse=*/true)) {
+    module_params_.push_back(kv.value());
+    init_param(kv.value(), fmt::format("parameter {} {}", kv.key(), c10::str(kv.value().sizes())), kv.value());
+  }
+  if (params_.empty()) throw std::invalid_argument("ShardedDataParallel: expected a module with parameters");
+  std::vector<torch::Tensor> masters;
+  for (auto& p : params_) masters.push_back(p.master);
+  opt_ = make_optimizer(masters);
+}
+
+void ShardedDataParallel::bind_module_params(bool bind) {
+  torch::NoGradGuard ng;
+  if (!bind) {
+    for (auto& t : module_params_) t.set_data(torch::empty({0}, torch::TensorOptions().dtype(opts_.param_dtype)));
+    return;
+  }
+  std::vector<std::size_t> all(params_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  auto fulls = gather_params(all);  // one all-gather: the root's parameter group
+  for (std::size_t i = 0; i < all.size(); ++i) module_params_[i].set_data(fulls[i]);
 }
 
 ShardedDataParallel::~ShardedDataParallel() = default;
@@ -316,7 +408,13 @@ std::vector<torch::Tensor> ShardedDataParallel::reduce_param_grads(const std::ve
 }
 
 torch::Tensor ShardedDataParallel::forward(const torch::Tensor& x) {
-  torch::Tensor h = x.to(opts_.param_dtype);
+  torch::Tensor h = x.is_floating_point() ? x.to(opts_.param_dtype) : x;
+  if (module_) {
+    if (opts_.stage < 3) return module_forward_(h);
+    std::vector<torch::Tensor> shards;
+    for (auto& p : params_) shards.push_back(p.master);
+    return GatheredModule::apply(h, at::TensorList(shards), this);
+  }
   for (auto& op : ops_) {
     if (!op.linear) {
       h = op.module.forward(h);

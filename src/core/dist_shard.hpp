@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -114,17 +115,38 @@ struct HeldBytes {
 /// the local linear to take the same backward as LibTorch's (its gradients are AddmmBackward's,
 /// bit for bit), then reduce-scatters them (one call). Stages 1-2 reduce-scatter all gradients
 /// in one call and all-gather all updated shards in one call per step.
+///
+/// Any other module (the tiny GPT) goes through the second constructor: its forward is a
+/// callable, and its parameters (named_parameters(), recursive, in that order) are the unit of
+/// FSDP2's fully_shard(model) applied to the root alone — one parameter group. Stages 0-2 set
+/// the module's own parameters to the compute tensors (DDP's replica). At stage 3 the module's
+/// parameters are emptied (resharded); an autograd function all-gathers all of them in ONE call
+/// before the forward, frees them after it, gathers them again in backward and recomputes the
+/// forward to take LibTorch's own backward of the same operations on the same values
+/// (activation recomputation, so its gradients equal the unsharded module's bit for bit), then
+/// reduce-scatters all gradients in ONE call. The bytes moved are those of the per-layer
+/// groups; the transient peak holds the whole gathered model instead of one layer's.
 class ShardedDataParallel {
  public:
+  /// The forward of a whole module: input (any dtype: token ids, images) → output.
+  using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+
   /// Throws std::invalid_argument for a stage outside 0..3, a module with parameters that is
   /// not a Linear, or (stage 3) a parameter with fewer rows than the group has ranks.
   ShardedDataParallel(const torch::nn::Sequential& net, std::shared_ptr<Group> group, ShardOptions opts,
                       const OptimizerFactory& make_optimizer);
+  /// Any module whose `forward` uses only its own parameters (see above). The module is
+  /// modified: its parameters become this wrapper's compute tensors (stages 0-2) or empty
+  /// (stage 3); use the wrapper's forward, not the module's, from here on. Throws
+  /// std::invalid_argument for a stage outside 0..3, a module without parameters, or (stage 3)
+  /// a parameter with fewer rows than the group has ranks (its name in the message).
+  ShardedDataParallel(std::shared_ptr<torch::nn::Module> module, Forward forward, std::shared_ptr<Group> group,
+                      ShardOptions opts, const OptimizerFactory& make_optimizer);
   ~ShardedDataParallel();
   ShardedDataParallel(const ShardedDataParallel&) = delete;
   ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
 
-  /// Output of the network for input x (cast to param_dtype), in param_dtype.
+  /// Output of the network for input x (a floating x is cast to param_dtype), in param_dtype.
   torch::Tensor forward(const torch::Tensor& x);
   /// Backward of one micro-batch's loss; `last`: the last micro-batch of the step (the gradients
   /// are reduced then, or after every micro-batch with reduce_every_micro_batch at stages 2-3).
@@ -160,12 +182,20 @@ class ShardedDataParallel {
   /// Public for the autograd function only.
   std::vector<torch::Tensor> reduce_param_grads(const std::vector<std::size_t>& ids,
                                                 const std::vector<torch::Tensor>& grads);
+  /// Stage 3 of a whole module: gathers every parameter (one all-gather) into the module's own
+  /// parameter tensors (bind = true), or empties them again (bind = false, the reshard).
+  /// Public for the autograd function only.
+  void bind_module_params(bool bind);
+  /// The module's forward (whole-module wrapper) and its parameter tensors.
+  const Forward& module_forward() const { return module_forward_; }
+  const std::vector<torch::Tensor>& module_params() const { return module_params_; }
 
  private:
   struct Param;
   struct Op;
   void reduce_unsharded(bool accumulate);
   void note_held();
+  std::size_t init_param(const torch::Tensor& t, const std::string& what, torch::Tensor module_param);
   std::shared_ptr<Group> group_;
   ShardOptions opts_;
   std::vector<Param> params_;
@@ -174,6 +204,9 @@ class ShardedDataParallel {
   HeldBytes held_peak_;
   int64_t numel_ = 0, padded_numel_ = 0;
   bool syncing_ = true;  // the current backward reduces (stage 3)
+  std::shared_ptr<torch::nn::Module> module_;  // whole-module wrapper: the module, its forward
+  Forward module_forward_;
+  std::vector<torch::Tensor> module_params_;
 };
 
 }  // namespace mpt::dist

@@ -13,9 +13,13 @@
  * all-gather = 2Ψ elements; stages 1-2 the same 2Ψ (reduce-scatter the gradients, all-gather
  * the updated parameters); stage 3 3Ψ (all-gather in forward, again in backward, reduce-scatter).
  *
- *  1. training: the Fashion-MNIST MLP (core/models' mlp(784, hidden, 10)), every stage from
- *     the same initial weights and the same global batches (rank r reads samples r, r+N, ...
- *     of a fixed permutation, as DistributedSampler), micro-batches accumulated, Adam or SGD.
+ *  1. training: the Fashion-MNIST MLP (core/models' mlp(784, hidden, 10)) or, with
+ *     /model/name = gpt, the tiny GPT (core/gpt, character-level on Debian's fortunes text),
+ *     every stage from the same initial weights and the same global batches (MLP: rank r reads
+ *     samples r, r+N, ... of a fixed permutation, as DistributedSampler; GPT: every rank draws
+ *     the same global batch of sequences from one seeded generator and takes sequences r, r+N,
+ *     ...), micro-batches accumulated, Adam or SGD. The MLP is sharded per Linear at stage 3
+ *     (FSDP2's per-module groups), the GPT as one group (fully_shard on the root alone).
  *  2. equivalence, every step: the parameters of each stage vs the DDP run and vs one process
  *     accumulating the same local batches in rank order (bitwise where the sums are in the
  *     same order: N ≤ 2 — one addition is commutative and ÷2 exact), and vs one process on the
@@ -29,6 +33,7 @@
  *
  *   mpt shard                                   # 2 processes, stages 0-3, Adam
  *   mpt shard --nproc 4 --config configs/shard_n4.json
+ *   mpt shard --config configs/shard_gpt.json         # the tiny GPT, 2 processes
  *   torchrun --nproc_per_node 2 --no-python mpt shard
  */
 #include <cmath>
@@ -41,6 +46,8 @@
 #include "core/dist_shard.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
+#include "core/gpt.hpp"
+#include "core/gpt_spec.hpp"
 #include "core/process_plan.hpp"
 #include "core/models.hpp"
 #include "core/runtime.hpp"
@@ -57,11 +64,17 @@ ConfigSpec shard_spec() {
   s.integer("/seed", 1, "seed before building each model (torch.manual_seed) and of the data order", 0);
   s.integer("/nproc", 2, "worker processes spawned on this machine (--nproc N); ignored under torchrun/SLURM", 1,
             64);
-  s.integers("/model/hidden", {128}, "hidden widths of the MLP 784-hidden...-10", 1, 8192);
+  s.choice("/model/name", "mlp", {"mlp", "gpt"},
+           "mlp: the Fashion-MNIST MLP 784-hidden...-10; gpt: the tiny GPT (core/gpt) on the fortunes text");
+  s.integers("/model/hidden", {128}, "hidden widths of the MLP 784-hidden...-10 (/model/name = mlp)", 1, 8192);
+  add_gpt_keys(s, "/model/gpt", GptKeyDefaults{/*layers=*/2, /*width=*/32, /*heads=*/4, /*context=*/32,
+                                               /*mlp_ratio=*/4});
   s.integers("/train/stages", {0, 1, 2, 3}, "ZeRO stages to train (0 = DDP); each is compared with stage 0", 0, 3);
-  s.integer("/train/samples", 2048, "Fashion-MNIST training samples used (the first ones, then shuffled)", 1, 60000);
-  s.integer("/train/global_batch", 64, "samples per step over all ranks (a multiple of N x micro_batches)", 1,
+  s.integer("/train/samples", 2048, "Fashion-MNIST training samples used (the first ones, then shuffled; mlp)", 1,
             60000);
+  s.integer("/train/global_batch", 64,
+            "samples (mlp) or sequences of /model/gpt/context tokens (gpt) per step over all ranks (a multiple of N x "
+            "micro_batches)", 1, 60000);
   s.integer("/train/micro_batches", 2, "micro-batches per rank and step (gradient accumulation)", 1, 1024);
   s.integer("/train/steps", 12, "optimizer steps per run", 1, 100000);
   s.choice("/optimizer/name", "adam", {"adam", "sgd"}, "torch.optim.Adam or torch.optim.SGD");
@@ -85,7 +98,8 @@ ConfigSpec shard_spec() {
             "stages 2-3: reduce-scatter after every micro-batch (DeepSpeed) instead of after the last (FSDP2 no-sync)");
   s.boolean("/zero/compare_every_micro_batch", true,
             "also train stage 2 with the other /zero/reduce_every_micro_batch setting and report the difference");
-  s.string("/data/dir", kFashionMnistDir, "folder with Fashion-MNIST's IDX .gz files");
+  s.string("/data/dir", kFashionMnistDir, "folder with Fashion-MNIST's IDX .gz files (mlp)");
+  add_text_keys(s, "/data");  // the GPT's corpus: /data/text_dir, /data/text_files
   s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
   s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step (-1: none)", -1, 63);
   s.integer("/fault/step", 2, "for testing: the step (of the first run) at which /fault/rank fails", 0);
@@ -153,6 +167,82 @@ torch::Tensor flat(const std::vector<torch::Tensor>& ts) {
 }
 
 // ----------------------------------------------------------------------------
+// The model and its data: the MLP on Fashion-MNIST or the tiny GPT on the fortunes text
+// ----------------------------------------------------------------------------
+
+/// One model of a run, built from torch.manual_seed(seed): the MLP (a Sequential of Linears,
+/// sharded per Linear at stage 3) or the tiny GPT (sharded as one parameter group).
+struct Net {
+  torch::nn::Sequential mlp{nullptr};
+  TinyGpt gpt{nullptr};
+  std::vector<torch::Tensor> parameters() const { return mlp ? mlp->parameters() : gpt->parameters(); }
+  torch::Tensor forward(const torch::Tensor& x) { return mlp ? mlp->forward(x) : gpt->forward(x); }
+};
+
+/// What every run trains on. MLP: rank r's samples of step t are perm[r::N][t·b, (t+1)·b)
+/// (DistributedSampler over a fixed permutation). GPT: step t's global batch of B sequences is
+/// drawn by text_batch (nanoGPT's get_batch) from one generator seeded with /seed, identically
+/// on every rank; rank r takes sequences r, r+N, ... of it (DistributedSampler's split of a
+/// global batch), b = B/N of them.
+struct Workload {
+  bool gpt = false;
+  std::vector<int64_t> hidden;
+  GptConfig gc;
+  Dataset data;       // mlp
+  torch::Tensor perm; // mlp: [samples]
+  torch::Tensor x, y; // gpt: [steps, B, T] int64 inputs and next-token targets
+
+  Net build(int64_t seed) const {
+    seed_all(static_cast<std::uint64_t>(seed));
+    Net net;
+    if (gpt)
+      net.gpt = TinyGpt(gc);
+    else
+      net.mlp = mlp(784, hidden, 10);
+    return net;
+  }
+  /// Rank r's local batch of step `step` (b rows): inputs and targets.
+  std::pair<torch::Tensor, torch::Tensor> local(int64_t r, int64_t n, int64_t step, int64_t b) const {
+    if (gpt) {
+      const auto rows = Slice(r, None, n);
+      return {x[step].index({rows}), y[step].index({rows})};
+    }
+    auto idx = local_indices(perm, r, n, step, b);
+    return {data.images.index_select(0, idx), data.labels.index_select(0, idx)};
+  }
+  /// Mean cross-entropy: logits [b, 10] vs labels, or [b, T, V] vs next tokens (gpt_loss).
+  torch::Tensor loss(const torch::Tensor& out, const torch::Tensor& target) const {
+    return gpt ? gpt_loss(out, target) : torch::cross_entropy_loss(out, target);
+  }
+};
+
+/// The workload of the config: Fashion-MNIST and its permutation (mlp), or the corpus, the GPT's
+/// shape and every step's global batch [steps, B, T] (gpt). Throws RuntimeFailure for missing
+/// data files; std::invalid_argument from text_batch for a corpus not longer than the context.
+Workload workload_of(const Config& cfg, const Setup& s) {
+  Workload wl;
+  wl.gpt = cfg.str("/model/name") == "gpt";
+  wl.hidden = s.hidden;
+  if (!wl.gpt) {
+    wl.data = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/train/samples"));
+    wl.perm = shuffled_indices(wl.data.size(), static_cast<std::uint64_t>(s.seed));
+    return wl;
+  }
+  const TextCorpus corpus = load_text_corpus_at(cfg, "/data");
+  wl.gc = gpt_config_at(cfg, "/model/gpt", corpus.vocab());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(s.seed));
+  std::vector<torch::Tensor> xs, ys;
+  for (int64_t t = 0; t < s.steps; ++t) {
+    auto [x, y] = text_batch(corpus.train, s.global_batch, wl.gc.context, gen);
+    xs.push_back(x);
+    ys.push_back(y);
+  }
+  wl.x = torch::stack(xs);
+  wl.y = torch::stack(ys);
+  return wl;
+}
+
+// ----------------------------------------------------------------------------
 // References in one process
 // ----------------------------------------------------------------------------
 
@@ -165,39 +255,40 @@ struct Trajectory {
   std::vector<double> losses;
 };
 
-Trajectory single_process(const Dataset& data, const torch::Tensor& perm, int64_t n, const Setup& s, bool whole) {
-  seed_all(static_cast<std::uint64_t>(s.seed));
-  auto net = mlp(784, s.hidden, 10);
-  auto opt = make_optimizer(s, net->parameters());
+Trajectory single_process(const Workload& wl, int64_t n, const Setup& s, bool whole) {
+  Net net = wl.build(s.seed);
+  auto opt = make_optimizer(s, net.parameters());
   const int64_t b = s.global_batch / n;
   Trajectory t;
   for (int64_t step = 0; step < s.steps; ++step) {
     dist::note_progress();
     if (whole) {
-      std::vector<torch::Tensor> parts;
-      for (int64_t r = 0; r < n; ++r) parts.push_back(local_indices(perm, r, n, step, b));
-      auto idx = torch::cat(parts);
+      std::vector<torch::Tensor> xs, ys;
+      for (int64_t r = 0; r < n; ++r) {
+        auto [x, y] = wl.local(r, n, step, b);
+        xs.push_back(x);
+        ys.push_back(y);
+      }
       opt->zero_grad();
-      auto loss = torch::cross_entropy_loss(net->forward(data.images.index_select(0, idx)),
-                                            data.labels.index_select(0, idx));
+      auto loss = wl.loss(net.forward(torch::cat(xs)), torch::cat(ys));
       loss.backward();
       t.losses.push_back(loss.item<double>());
     } else {
       std::vector<torch::Tensor> sum;
       double loss_sum = 0;
       for (int64_t r = 0; r < n; ++r) {
-        clear_grads(net->parameters());
-        auto idx = local_indices(perm, r, n, step, b);
-        auto xs = data.images.index_select(0, idx).tensor_split(s.micro);
-        auto ys = data.labels.index_select(0, idx).tensor_split(s.micro);
+        clear_grads(net.parameters());
+        auto [x, y] = wl.local(r, n, step, b);
+        auto xs = x.tensor_split(s.micro);
+        auto ys = y.tensor_split(s.micro);
         double local = 0;
         for (int64_t m = 0; m < s.micro; ++m) {
-          auto loss = torch::cross_entropy_loss(net->forward(xs[m]), ys[m]) / static_cast<double>(s.micro);
+          auto loss = wl.loss(net.forward(xs[m]), ys[m]) / static_cast<double>(s.micro);
           loss.backward();
           local += loss.item<double>();
         }
         loss_sum += local;
-        const auto ps = net->parameters();
+        const auto ps = net.parameters();
         for (std::size_t i = 0; i < ps.size(); ++i) {
           auto term = n == 1 ? ps[i].grad().clone() : ps[i].grad() / static_cast<double>(n);
           if (r == 0)
@@ -206,12 +297,12 @@ Trajectory single_process(const Dataset& data, const torch::Tensor& perm, int64_
             sum[i] = sum[i] + term;
         }
       }
-      const auto ps = net->parameters();
+      const auto ps = net.parameters();
       for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i];
       t.losses.push_back(loss_sum / static_cast<double>(n));
     }
     opt->step();
-    t.params.push_back(flat(net->parameters()));
+    t.params.push_back(flat(net.parameters()));
   }
   return t;
 }
@@ -235,36 +326,39 @@ struct RunOut {
   int64_t transient_peak = 0;  // allocator: bytes above a step's start, largest over steps >= 1 and ranks
 };
 
-RunOut train(const Dataset& data, const torch::Tensor& perm, World& w, const Setup& s, const RunSpec& spec,
-             int index, bool faults) {
+RunOut train(const Workload& wl, World& w, const Setup& s, const RunSpec& spec, int index, bool faults) {
   const int n = w.size(), r = w.rank();
   const int64_t b = s.global_batch / n;
   auto g = w.new_group(fmt::format("shard_{}/", index), n, torch::kCPU);
-  seed_all(static_cast<std::uint64_t>(s.seed));
-  auto net = mlp(784, s.hidden, 10);
-  dist::ShardedDataParallel model(net, g, spec.opts, [&](auto ps) { return make_optimizer(s, std::move(ps)); });
+  Net net = wl.build(s.seed);
+  auto factory = [&](auto ps) { return make_optimizer(s, std::move(ps)); };
+  // The MLP: sharded per Linear (FSDP2's per-module groups); the GPT: one group, the root.
+  auto model = net.mlp ? std::make_unique<dist::ShardedDataParallel>(net.mlp, g, spec.opts, factory)
+                       : std::make_unique<dist::ShardedDataParallel>(
+                             net.gpt.ptr(), [gpt = net.gpt](const torch::Tensor& x) mutable { return gpt->forward(x); },
+                             g, spec.opts, factory);
   g->reset_comm_counts();  // the initial broadcast is not a training step's traffic
   RunOut out;
-  out.numel = model.numel();
-  out.padded = model.padded_numel();
+  out.numel = model->numel();
+  out.padded = model->padded_numel();
   std::map<std::string, dist::CommCount> comm;
   double timed = 0;
   for (int64_t step = 0; step < s.steps; ++step) {
     if (faults) w.fault_point(step);
     dist::note_progress();
-    auto idx = local_indices(perm, r, n, step, b);
-    auto xs = data.images.index_select(0, idx).tensor_split(s.micro);
-    auto ys = data.labels.index_select(0, idx).tensor_split(s.micro);
+    auto [x, y] = wl.local(r, n, step, b);
+    auto xs = x.tensor_split(s.micro);
+    auto ys = y.tensor_split(s.micro);
     PeakScope peak(torch::kCPU);
     const double t0 = now_seconds();
     double local = 0;
     for (int64_t m = 0; m < s.micro; ++m) {
-      auto logits = model.forward(xs[m]).to(torch::kFloat32);
-      auto loss = torch::cross_entropy_loss(logits, ys[m]) / static_cast<double>(s.micro);
-      model.backward(loss, m + 1 == s.micro);
+      auto logits = model->forward(xs[m]).to(torch::kFloat32);
+      auto loss = wl.loss(logits, ys[m]) / static_cast<double>(s.micro);
+      model->backward(loss, m + 1 == s.micro);
       local += loss.item<double>();
     }
-    model.step();
+    model->step();
     if (step > 0) {
       timed += now_seconds() - t0;
       out.transient_peak = std::max(out.transient_peak, peak.peak_bytes());
@@ -274,7 +368,7 @@ RunOut train(const Dataset& data, const torch::Tensor& perm, World& w, const Set
     auto l = torch::tensor({local}, torch::kFloat64);
     w.group()->allreduce(l);
     out.losses.push_back(l.item<double>() / n);
-    auto full = flat(model.full_parameters());
+    auto full = flat(model->full_parameters());
     if (r == 0) out.params.push_back(full);
     g->reset_comm_counts();
     for (const auto& kv : counts) {
@@ -288,7 +382,7 @@ RunOut train(const Dataset& data, const torch::Tensor& perm, World& w, const Set
   out.comm = comm;
   out.step_s = s.steps > 1 ? timed / static_cast<double>(s.steps - 1) : 0.0;
   // Memory: the largest over the ranks (the first ranks hold the larger shards).
-  const dist::HeldBytes h = model.held_peak();
+  const dist::HeldBytes h = model->held_peak();
   auto m = torch::tensor({h.params, h.grads, h.optimizer, out.transient_peak}, torch::kInt64).to(torch::kFloat64);
   w.group()->allreduce(m, dist::ReduceOp::Max);
   out.held.params = static_cast<int64_t>(m[0].item<double>());
@@ -386,8 +480,7 @@ Report run_shard(const Context& ctx) {
   const Setup s = setup_of(cfg);
   install_counting_allocator();  // before the tensors whose peaks are measured
 
-  Dataset data = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/train/samples"));
-  const torch::Tensor perm = shuffled_indices(data.size(), static_cast<std::uint64_t>(s.seed));
+  const Workload wl = workload_of(cfg, s);
 
   report.env["shard_reduce_scatter"] =
       compat::kGlooHasReduceScatter
@@ -396,12 +489,16 @@ Report run_shard(const Context& ctx) {
                 "'s Gloo has no reduce_scatter; an all-reduce of a copy, keeping this rank's chunk "
                 "(2(N-1)/N instead of (N-1)/N of the bytes: counted as sent)";
   report.env["shard_world_size"] = n;
+  const std::string model_desc =
+      wl.gpt ? fmt::format("tiny GPT: {} layers, width {}, {} heads, context {}, vocabulary {}, {} parameters",
+                           wl.gc.layers, wl.gc.width, wl.gc.heads, wl.gc.context, wl.gc.vocab, gpt_num_params(wl.gc))
+             : std::string();
 
   // 1. The references, in one process (rank 0; the others wait in the barrier below).
   Trajectory same, whole;
   if (rank == 0) {
-    same = single_process(data, perm, n, s, /*whole=*/false);
-    whole = single_process(data, perm, n, s, /*whole=*/true);
+    same = single_process(wl, n, s, /*whole=*/false);
+    whole = single_process(wl, n, s, /*whole=*/true);
   }
   w.group()->barrier();
 
@@ -451,15 +548,15 @@ Report run_shard(const Context& ctx) {
   }
   std::vector<RunOut> outs;
   for (std::size_t i = 0; i < runs.size(); ++i)
-    outs.push_back(train(data, perm, w, s, runs[i], static_cast<int>(i), /*faults=*/i == 0));
+    outs.push_back(train(wl, w, s, runs[i], static_cast<int>(i), /*faults=*/i == 0));
   if (rank != 0) return report;
 
   // 3. Equivalence, every step.
   const bool order_same = n <= 2;
   const bool fp32 = pd == torch::kFloat32 && rd == torch::kFloat32;
   Table eq{"equivalence",
-           fmt::format("Parameters every step vs DDP and vs one process ({} ranks, {} steps, {} micro-batches, {})", n,
-                       s.steps, s.micro, s.optimizer),
+           fmt::format("Parameters every step vs DDP and vs one process ({} ranks, {} steps, {} micro-batches, {}{})", n,
+                       s.steps, s.micro, s.optimizer, wl.gpt ? "; " + model_desc : std::string()),
            {text_col("name", "run"), int_col("stage", "stage"), sci_col("vs_ddp", "vs DDP"),
             sci_col("vs_single", "vs 1-proc"), sci_col("vs_whole_batch", "vs 1-proc whole"),
             float_col("final_loss", "final loss")}};
@@ -492,6 +589,13 @@ Report run_shard(const Context& ctx) {
   if (!order_same && i1 >= 0 && i2 >= 0 && !every)
     report.check("stage2 vs stage1: parameters equal bitwise, every step (the same reduce-scatter)",
                  max_diff(outs[static_cast<std::size_t>(i2)].params, outs[static_cast<std::size_t>(i1)].params), 0.0);
+  // The GPT's stage 3 is one parameter group: its one reduce-scatter per step takes the same
+  // buffer (every gradient, in order, accumulated alike) as stages 1-2's, so it adds in the same
+  // order at any N too (the MLP's stage 3 reduce-scatters per Linear: other buffers, other orders).
+  if (!order_same && wl.gpt && i2 >= 0 && i3 >= 0 && !every)
+    report.check("stage3 vs stage2: parameters equal bitwise, every step (the GPT: one reduce-scatter of all "
+                 "gradients, as stage 2's)",
+                 max_diff(outs[static_cast<std::size_t>(i3)].params, outs[static_cast<std::size_t>(i2)].params), 0.0);
   if (order_same && every && i2 >= 0 && i3 >= 0)
     report.check("stage3 vs stage2, reducing every micro-batch: parameters equal bitwise, every step",
                  max_diff(outs[static_cast<std::size_t>(i3)].params, outs[static_cast<std::size_t>(i2)].params), 0.0);
@@ -508,6 +612,12 @@ Report run_shard(const Context& ctx) {
   if (mixed_first > main_runs)
     eq.notes.push_back("stage2_reduce_*: the other micro-batch reduction — a sum of N*M terms in another order "
                        "(sum over ranks of each micro-batch, then over micro-batches): reported, not checked");
+  if (wl.gpt)
+    eq.notes.push_back(
+        "the GPT's embedding gradients (wte, wpe) are index_add sums over a rank's tokens: the same kernel on the same "
+        "local batch in every run and in the 1-proc reference, so the N <= 2 argument holds for them too; its stage 3 "
+        "gathers the whole model once per forward and once per backward (one FSDP2 group, the root) and recomputes the "
+        "forward in backward, which gives the same gradients bit for bit");
   if (!fp32) eq.notes.push_back("the 1-proc references train in fp32; these runs compute in bf16 or reduce in bf16");
   report.add(std::move(eq));
 
@@ -674,12 +784,37 @@ Report run_shard(const Context& ctx) {
 /// states of the largest stage (16 bytes per parameter: parameters, gradients, Adam's m, v,
 /// plus a master copy), the single-process references (rank 0: two models and the flat
 /// parameters of every step of every run), activations of a local batch, and the data set.
+/// The GPT: two models' states at 24 B/param, the activations of a whole global batch
+/// (Korthikanti et al. 2022's per-block count in fp32, vocabulary ≤ 96), the flat parameters
+/// of every step, the token batches.
 MemoryEstimate shard_memory(const Config& cfg, int world_size) {
+  const double runs = static_cast<double>(cfg.integers("/train/stages").size()) + 5;
+  if (cfg.str("/model/name") == "gpt") {
+    const GptConfig g = gpt_config_at(cfg, "/model/gpt", 96);  // at most 96 characters (clean_fortune_text)
+    const double P = static_cast<double>(gpt_num_params(g));
+    const double B = static_cast<double>(cfg.integer("/train/global_batch")), T = static_cast<double>(g.context),
+                 C = static_cast<double>(g.width), a = static_cast<double>(g.heads), L = static_cast<double>(g.layers);
+    MemoryEstimate e;
+    // two models at once (a reference and a run), each 24 B/param: fp32 parameters, gradients,
+    // Adam's m and v, an fp32 master, a gathered or accumulated copy
+    e.add("tiny GPT model states, a run and a reference (2 x 24 B/param)", "/model/gpt/width, /model/gpt/layers",
+          2 * 24 * P);
+    // Korthikanti et al. 2022's sbh(34 + 5as/h) bytes per block for 16-bit values, as fp32 (x2),
+    // for the whole global batch (the whole-batch reference), plus the logits and their gradient
+    e.add("tiny GPT activations of a global batch (Korthikanti et al. 2022, fp32; logits)",
+          "/train/global_batch, /model/gpt/context, /model/gpt/width, /model/gpt/heads, /model/gpt/layers",
+          2 * L * T * B * C * (34 + 5 * a * T / C) + 3 * B * T * 96 * 4);
+    e.add("flat parameters of every step (rank 0)", "/train/steps, /train/stages, /model/gpt",
+          runs * static_cast<double>(cfg.integer("/train/steps")) * P * 4);
+    e.add("token batches of every step", "/train/steps, /train/global_batch, /model/gpt/context",
+          2.0 * static_cast<double>(cfg.integer("/train/steps")) * B * T * 8);
+    e.times(world_size, "processes (/nproc)");
+    return e;
+  }
   std::vector<int64_t> widths{784};
   for (auto h : cfg.integers("/model/hidden")) widths.push_back(h);
   widths.push_back(10);
   const double P = mlp_param_count(widths);
-  const double runs = static_cast<double>(cfg.integers("/train/stages").size()) + 5;
   MemoryEstimate e;
   add_mlp_training(e, "MLP model states and references", widths, cfg.integer("/train/global_batch"), 24, 4,
                    "/model/hidden", "/train/global_batch, /model/hidden");
@@ -698,13 +833,31 @@ void validate_shard(const Config& cfg, int world_size) {
     throw ConfigError(fmt::format("/train/global_batch: expected a multiple of N x /train/micro_batches = {} x {} = "
                                   "{} (every rank's local batch splits into equal micro-batches), got {}",
                                   world_size, m, world_size * m, gb));
+  const bool gpt = cfg.str("/model/name") == "gpt";
+  if (gpt) validate_gpt_keys(cfg, "/model/gpt", "/data");  // heads divide the width; some text files
   const int64_t steps = cfg.integer("/train/steps"), samples = cfg.integer("/train/samples");
-  if (steps * gb > samples)
+  if (!gpt && steps * gb > samples)
     throw ConfigError(fmt::format("/train/samples: expected at least /train/steps x /train/global_batch = {} x {} = {} "
                                   "(every step reads new samples), got {}", steps, gb, steps * gb, samples));
   bool stage3 = cfg.integer("/mixed/stage") == 3 && cfg.boolean("/mixed/compare");
   for (auto st : cfg.integers("/train/stages")) stage3 |= st == 3;
-  if (stage3) {
+  if (stage3 && gpt) {
+    // Every GPT parameter's dim 0 is the width C (LayerNorms, c_proj's weight and biases), 3C,
+    // 4C (c_attn, c_fc), the context T (wpe) or the vocabulary V (wte, lm_head).
+    for (const char* key : {"/model/gpt/width", "/model/gpt/context"})
+      if (cfg.integer(key) < world_size)
+        throw ConfigError(fmt::format("{}: stage 3 (/train/stages or /mixed/stage) shards every GPT parameter along "
+                                      "dim 0 over N = {} ranks: expected >= {}, got {}",
+                                      key, world_size, world_size, cfg.integer(key)));
+    if (world_size > 1) {  // V is the corpus's: read it (small text files) before any worker starts
+      const int64_t v = load_text_corpus_at(cfg, "/data").vocab();
+      if (v < world_size)
+        throw ConfigError(fmt::format("/data/text_files: stage 3 shards wte and lm_head ({} rows: the corpus's "
+                                      "characters) over N = {} ranks: expected a vocabulary of >= {}, got {}",
+                                      v, world_size, world_size, v));
+    }
+  }
+  if (stage3 && !gpt) {
     for (auto h : cfg.integers("/model/hidden"))
       if (h < world_size)
         throw ConfigError(fmt::format("/model/hidden: stage 3 (/train/stages or /mixed/stage) shards every parameter "

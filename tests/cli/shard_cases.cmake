@@ -43,3 +43,38 @@ set_tests_properties(cli.shard_deterministic cli.shard_hung_rank cli.shard_torch
 # torch.optim.Adam's betas are in [0, 1): beta = 1 is a config error, not a LibTorch error after the spawn
 cli_case(shard_bad_beta1 2 "/optimizer/beta1: expected a number >= 0 and < 1, got 1" ${SHQ} --set optimizer.beta1=1)
 cli_case(shard_duplicate_stage 2 "/train/stages/1: expected each value once, got 1 again" ${SHQ} --set "train.stages=[1,1]")
+
+# The tiny GPT (issue 19): a 1-block GPT of width 16 on the fortunes text, 2 ranks, stages 0-3,
+# 2 micro-batches, the bf16 policies: every stage equals DDP and one process bitwise (N = 2),
+# bytes = formulas. Its config's documented twin is configs/shard_gpt.json.
+set(SHG shard --config configs/shard_quick.json --set model.name=gpt --set model.gpt.layers=1 --set model.gpt.width=16
+    --set model.gpt.heads=2 --set model.gpt.context=8 --set train.global_batch=8 --set train.steps=3)
+cli_case(shard_gpt_two_processes 0 "OK: 10 of 10 checks passed" ${SHG})
+# Three ranks: sums of 3 terms (vs DDP reported); stages 1, 2 and 3 (one reduce-scatter of the same buffer)
+# checked bitwise equal; 16, 8 and V rows over 3 (padding).
+cli_case(shard_gpt_three_processes 0 "OK: 4 of 4 checks passed" ${SHG} --nproc 3 --set train.global_batch=12)
+# Bad inputs of the GPT: exit 2 naming the keys, before any process starts.
+cli_case(shard_gpt_heads_not_dividing 2 "/model/gpt/heads: expected a divisor of /model/gpt/width \\(16\\), got 3"
+         ${SHG} --set model.gpt.heads=3)
+cli_case(shard_gpt_stage3_context_too_small 2
+         "/model/gpt/context: stage 3 .* shards every GPT parameter along dim 0 over N = 4 ranks: expected >= 4, got 2"
+         ${SHG} --nproc 4 --set model.gpt.context=2)
+cli_case(shard_gpt_stage3_width_too_small 2 "/model/gpt/width: stage 3 .* over N = 3 ranks: expected >= 3, got 2"
+         ${SHG} --nproc 3 --set train.global_batch=12 --set model.gpt.width=2 --set model.gpt.heads=1)
+cli_case(shard_gpt_no_text_files 2 "/data/text_files: expected a list of strings \\(non-empty\\), got \\[\\]" ${SHG} --set "data.text_files=[]")
+# The GPT's results are deterministic too (same seed: the same batches, weights and sums).
+add_test(NAME cli.shard_gpt_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${SHG}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.shard_gpt_deterministic PROPERTIES TIMEOUT 120)
+# Stage 3 over 5 ranks, a corpus of 4 characters (tests/cli/text/four_chars: a, b, space, newline):
+# wte and lm_head have V = 4 rows — exit 2 naming the text files, before any process starts.
+cli_case(shard_gpt_stage3_vocab_too_small 2
+         "/data/text_files: stage 3 shards wte and lm_head \\(4 rows.*over N = 5 ranks: expected a vocabulary of >= 5, got 4"
+         ${SHG} --nproc 5 --set train.global_batch=20 --set data.text_dir=tests/cli/text --set "data.text_files=[\"four_chars\"]")
+# The GPT with SGD + momentum, bf16 compute (fp32 reduction) in the training runs; and DeepSpeed's
+# reduce-scatter after every micro-batch (stage 3 = stage 2 bitwise, checked).
+cli_case(shard_gpt_sgd_bf16 0 "OK: 6 of 6 checks passed" ${SHG} --set optimizer.name=sgd --set optimizer.momentum=0.9
+         --set optimizer.lr=0.05 --set mixed.param_dtype=bf16)
+cli_case(shard_gpt_reduce_every_micro_batch 0 "stage3 vs stage2, reducing every micro-batch: .* OK" ${SHG}
+         --set zero.reduce_every_micro_batch=true)

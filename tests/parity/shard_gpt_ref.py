@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""PyTorch-Python reference for `mpt shard` on the tiny GPT (/model/name = gpt; run with the
+Python of the LibTorch mpt was built against: MPT_REF_PYTHON).
+
+Reads the resolved config from an mpt result file and trains the one-process reference of
+mpt's equivalence table in PyTorch-Python, as shard_ref.py does for the MLP: the fortunes corpus
+and the tiny GPT of lossscale_gpt_ref.py (core/data's cleaning, nanoGPT's model in core/gpt's
+module order from torch.manual_seed(seed)); every step's global batch of sequences drawn by
+nanoGPT's get_batch from torch.Generator().manual_seed(seed); rank r's sequences r, r+N, ...
+of it accumulated over the micro-batches, each rank's gradient divided by N and summed in rank
+order, then torch.optim.SGD; and the whole-batch run. Prints the reference `results` (the loss
+curve, every stage's column equal to it for N <= 2, each stage's difference from the
+whole-batch run); compare.py checks them exactly. SGD only (see shard_ref.py on Adam).
+"""
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mpt_threads  # noqa: E402
+from lossscale_gpt_ref import TinyGpt, clean  # noqa: E402
+
+doc = json.load(open(sys.argv[1]))
+mpt_threads.use(sys.argv[1], per_rank=True)
+cfg = doc["config"]
+assert cfg["model"]["name"] == "gpt", "shard_gpt_ref.py mirrors /model/name = gpt"
+assert cfg["optimizer"]["name"] == "sgd", "shard_gpt_ref.py mirrors torch.optim.SGD only (see shard_ref.py)"
+n = doc["env"]["shard_world_size"]
+seed, steps, micro, gb = cfg["seed"], cfg["train"]["steps"], cfg["train"]["micro_batches"], cfg["train"]["global_batch"]
+m = cfg["model"]["gpt"]
+T = m["context"]
+d = cfg["data"]
+text = b"".join(clean(open(f"{d['text_dir']}/{name}", "rb").read()) for name in d["text_files"])
+chars = sorted(set(text))
+index = {c: i for i, c in enumerate(chars)}
+ids = torch.tensor([index[c] for c in text], dtype=torch.long)
+train_ids = ids[: int(math.floor(0.9 * len(ids)))]
+gen = torch.Generator().manual_seed(seed)
+batches = []
+for _ in range(steps):  # core/data's text_batch: nanoGPT's get_batch
+    ix = torch.randint(len(train_ids) - T, (gb,), generator=gen)
+    offsets = ix.unsqueeze(1) + torch.arange(T, dtype=torch.long).unsqueeze(0)
+    batches.append((train_ids[offsets], train_ids[offsets + 1]))
+
+
+def model():
+    torch.manual_seed(seed)
+    return TinyGpt(len(chars), T, m["width"], m["heads"], m["layers"], m["mlp_ratio"])
+
+
+def loss_of(logits, y):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def train(whole):
+    net = model()
+    o = cfg["optimizer"]
+    opt = torch.optim.SGD(net.parameters(), lr=o["lr"], momentum=o["momentum"], weight_decay=o["weight_decay"])
+    params, losses = [], []
+    for step in range(steps):
+        x, y = batches[step]
+        if whole:
+            opt.zero_grad()
+            xs = torch.cat([x[r::n] for r in range(n)])
+            ys = torch.cat([y[r::n] for r in range(n)])
+            loss = loss_of(net(xs), ys)
+            loss.backward()
+            losses.append(loss.item())
+        else:
+            total, loss_sum = None, 0.0
+            for r in range(n):
+                for p in net.parameters():
+                    p.grad = None
+                xs, ys = x[r::n].tensor_split(micro), y[r::n].tensor_split(micro)
+                acc = 0.0
+                for k in range(micro):
+                    loss = loss_of(net(xs[k]), ys[k]) / float(micro)
+                    loss.backward()
+                    acc += loss.item()
+                loss_sum += acc
+                terms = [p.grad.clone() if n == 1 else p.grad / float(n) for p in net.parameters()]
+                total = terms if total is None else [t + u for t, u in zip(total, terms)]
+            for p, g in zip(net.parameters(), total):
+                p.grad = g
+            losses.append(loss_sum / n)
+        opt.step()
+        params.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
+    return params, losses
+
+
+same, same_losses = train(False)
+whole, _ = train(True)
+vs_whole = max((a - c).abs().max().item() for a, c in zip(same, whole))
+stages = [s for s in cfg["train"]["stages"]]
+runs = ([] if stages and stages[0] == 0 else ["stage0"]) + [f"stage{s}" for s in stages]
+rows = []
+for t in range(steps):
+    row = {"single": same_losses[t]}
+    if n <= 2:
+        row.update({name: same_losses[t] for name in runs})
+    rows.append(row)
+out = {"loss": rows}
+if n <= 2 and not cfg["zero"]["reduce_every_micro_batch"]:
+    out["equivalence"] = [{"name": name, "vs_whole_batch": vs_whole, "vs_single": 0.0} for name in runs]
+json.dump(out, sys.stdout)
