@@ -1,6 +1,7 @@
 // core/quant_train's tiny-GPT path: the GptLinear hook of core/gpt and the quantized Linears
 // plugged into it (the fp8 experiment's GPT section).
-#include <set>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,7 @@ struct LossGrads {
   torch::Tensor loss;
   std::vector<torch::Tensor> grads;
 };
-LossGrads loss_grads(uint64_t seed, const torch::Tensor& x, const torch::Tensor& y, const GptLinear& lin) {
+LossGrads loss_grads(std::uint64_t seed, const torch::Tensor& x, const torch::Tensor& y, const GptLinear& lin) {
   torch::manual_seed(seed);
   TinyGpt m(small());
   auto loss = gpt_loss(m->forward(x, {}, lin), y);

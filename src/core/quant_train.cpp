@@ -159,13 +159,13 @@ GptTrainRun train_gpt(TinyGpt& model, QuantGptLinears& q, const TextCorpus& corp
   Progress progress(tty, progress_label, plan.steps, "steps");
   const double t0 = now_seconds();
   for (std::int64_t step = 0; step < plan.steps; ++step) {
-    for (auto& [name, l] : q.layers) l->keep_ledger = step == plan.ledger_step;
+    for (auto& kv : q.layers) kv.second->keep_ledger = step == plan.ledger_step;
     auto [x, y] = text_batch(corpus.train, plan.batch, T, gen);
     auto loss = gpt_loss(model->forward(x, {}, lin), y);
     loss.backward();
     opt.step();
     opt.zero_grad();
-    for (auto& [name, l] : q.layers) l->update_scales();
+    for (auto& kv : q.layers) kv.second->update_scales();
     run.loss.push_back(loss.item<double>());
     progress.update(step + 1, fmt::format("loss {:.4f}", run.loss.back()));
   }
@@ -174,7 +174,7 @@ GptTrainRun train_gpt(TinyGpt& model, QuantGptLinears& q, const TextCorpus& corp
   for (auto& [name, l] : q.layers) {
     run.ledger[name] = l->ledger();
     l->keep_ledger = false;
-    l->eval();
+    l->eval();  // validation: delayed scaling records no amax
   }
   torch::NoGradGuard ng;
   auto vgen = at::make_generator<at::CPUGeneratorImpl>(plan.seed + 1);
@@ -184,7 +184,7 @@ GptTrainRun train_gpt(TinyGpt& model, QuantGptLinears& q, const TextCorpus& corp
     sum += gpt_loss(model->forward(x, {}, lin), y).item<double>();
   }
   run.val_loss = sum / static_cast<double>(std::max<std::int64_t>(plan.eval_batches, 1));
-  for (auto& [name, l] : q.layers) l->train();
+  for (auto& kv : q.layers) kv.second->train();
   return run;
 }
 

@@ -123,7 +123,7 @@ void gpt_section(const Context& ctx, Report& report) {
                                   corpus.val.size(0), g.context));
   const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
   const int64_t steps = cfg.integer("/gpt/steps"), ledger_step = cfg.integer("/gpt/ledger_step");
-  const int64_t last = std::min(cfg.integer("/gpt/mean_of_last"), steps);
+  const int64_t last = std::min<int64_t>(cfg.integer("/gpt/mean_of_last"), steps);
   const auto recipes = cfg.strings("/recipes");
   q::GptTrainPlan plan;
   plan.steps = steps;
