@@ -3,9 +3,12 @@
 # asserts what the GPT section's definitions imply (docs/fp8.md, section 3):
 #  - the ledger holds out, dgrad and wgrad of exactly the blocks' four Linears per fp8 recipe (lm_head is
 #    not an fp8 GEMM), each with a nonzero error against fp32 (the operands were quantized);
-#  - current scaling (tensorwise, rowwise, blockwise, RCEIL MX) scales a block's amax to at most the element
-#    max, so no operand saturates beyond its few amax elements (< 0.1 %); tensorwise's scale is
-#    s = fp8_max / amax: 448 for E4M3 x and W, 57344 for E5M2 dy under HYBRID (relative 1e-6: fp32 rounding);
+#  - current scaling (tensorwise, rowwise, blockwise, RCEIL MX) maps a block's amax to at most the element
+#    max, so only that one element per scale block can reach the max (by the fp32 rounding of x·s): the
+#    saturated fraction is at most 1 / (elements per block): 1/numel per tensor, 1/k per row, 1/tile and
+#    1/B² for blockwise, 1/mx.block for MX; FLOOR MX clips by design and is not bounded;
+#  - tensorwise's scale is s = fp8_max / amax: 448 for E4M3 x and W, 57344 for E5M2 dy under HYBRID
+#    (relative 1e-6: s and the ledger's 1/scale are fp32 values);
 #  - the rows come in /recipes' order, each with a loss per step; the gap columns are the recipe's losses
 #    minus bf16's (bf16's own gaps are 0).
 set -eu
@@ -23,11 +26,22 @@ linears = [f"h{i}.{n}" for i in range(layers) for n in ("c_attn", "attn_proj", "
 ledger = {r["name"]: r for r in res["gpt_ledger"]}
 want = {f"{r} / {l} / {g}" for r in fp8 for l in linears for g in ("out", "dgrad", "wgrad")}
 assert set(ledger) == want, f"ledger rows: missing {sorted(want - set(ledger))[:3]}, extra {sorted(set(ledger) - want)[:3]}"
+g = cfg["gpt"]["model"]
+C, H, tokens = g["width"], g["width"] * g["mlp_ratio"], cfg["gpt"]["batch"] * g["context"]
+shape = {"c_attn": (C, 3 * C), "attn_proj": (C, C), "c_fc": (C, H), "mlp_proj": (H, C)}  # (in, out)
+tile, wb, mx = cfg["blockwise"]["tile"], cfg["blockwise"]["weight_block"], cfg["mx"]["block"]
 for name, row in ledger.items():
     assert row["rel_error"] > 0, f"{name}: rel error {row['rel_error']} (nothing quantized?)"
-    if row["recipe"] in ("tensorwise", "rowwise", "blockwise", "mxfp8"):
-        for op in ("a", "b"):
-            assert row[op + "_saturated"] < 1e-3, f"{name}: operand {op} saturated {row[op + '_saturated']}"
+    k_in, n_out = shape[row["layer"].split(".")[1]]
+    # operands as [rows, k]: out: x [T, in], W [out, in]; dgrad: dy [T, out], W^T [in, out]; wgrad: dy^T [out, T], x^T [in, T]
+    a_rows, b_rows, k = {"out": (tokens, n_out, k_in), "dgrad": (tokens, k_in, n_out), "wgrad": (n_out, k_in, tokens)}[row["gemm"]]
+    weight_b = row["gemm"] != "wgrad"  # B is W (or W^T) in out and dgrad
+    per_block = {"tensorwise": (a_rows * k, b_rows * k), "rowwise": (k, k), "mxfp8": (mx, mx),
+                 "blockwise": (tile, wb * wb if weight_b else tile)}.get(row["recipe"])
+    if per_block:
+        for op, elems in zip(("a", "b"), per_block):
+            assert row[op + "_saturated"] <= 1 / elems + 1e-12, \
+                f"{name}: operand {op} saturated {row[op + '_saturated']} > 1/{elems}"
     if row["recipe"] == "tensorwise":
         grad_max = 57344.0 if cfg["format"] == "hybrid" else 448.0
         a_max = grad_max if row["gemm"] in ("dgrad", "wgrad") else 448.0
