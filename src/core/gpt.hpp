@@ -56,7 +56,7 @@ using GptHook = std::function<torch::Tensor(const torch::Tensor& x, const std::s
 /// How a block's Linear layers multiply: y = x·Wᵀ + b for x [B, T, in], weight [out, in], bias
 /// [out] → y [B, T, out]. `name` is the module's path: "h<i>.c_attn", "h<i>.attn_proj",
 /// "h<i>.c_fc", "h<i>.mlp_proj". Empty (the default) means torch::linear, so the plain forward is
-/// unchanged; an fp8 experiment passes quantized GEMMs here (core/quant_train's gpt_quant_linear),
+/// unchanged; an fp8 experiment passes quantized GEMMs here (core/quant_train's gpt_linear),
 /// the way Transformer Engine's fp8_autocast swaps only the Linear GEMMs. lm_head, the
 /// embeddings, LayerNorm, softmax and attention's two batched matmuls never go through it.
 using GptLinear = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,

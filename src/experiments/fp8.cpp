@@ -28,12 +28,16 @@
  * at K = 4096 without and with promotion every N_C = 128 (DeepSeek-V3 §3.3.2); the bytes each
  * recipe stores. Times (emulated step / fp32 step) go to timings: emulation cost, no speed claim.
  *
+ * Section 3 (gpt.enabled, off by default: src/experiments/fp8_gpt.cpp): the same recipes on the
+ * tiny GPT's block Linears (c_attn, attn_proj, c_fc, mlp_proj), the rest of the GPT in fp32.
+ *
  * The tensorwise recipe equals a PyTorch-Python twin that quantizes with torch.float8_e4m3fn /
  * float8_e5m2 casts, step for step (tests/parity/fp8_ref.py).
  *
  *   mpt fp8
  *   mpt fp8 --set format=e4m3 --set "recipes=[\"fp32\",\"tensorwise\",\"delayed\"]"
  *   mpt fp8 --set delayed.amax_history_len=4 --set outlier.factor=100
+ *   mpt fp8 --config configs/fp8_gpt.json          # with section 3, the tiny GPT 2 x 128
  */
 #include <algorithm>
 #include <cmath>
