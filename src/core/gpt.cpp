@@ -20,6 +20,11 @@ torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
   return torch::linear(x, l->weight, l->bias);
 }
 
+// A block's Linear: through the experiment's GptLinear when one is given.
+torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x, const GptLinear& f, const std::string& name) {
+  return f ? f(x, l->weight, l->bias, name) : linear(l, x);
+}
+
 }  // namespace
 
 void check_gpt_config(const GptConfig& c) {
@@ -53,11 +58,12 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) : heads(c.heads) {
   mlp_proj = register_module("mlp_proj", torch::nn::Linear(c.mlp_ratio * c.width, c.width));
 }
 
-torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook) {
+torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook, const GptLinear& lin,
+                                    const std::string& prefix) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / heads;
   // Attention: nanoGPT's CausalSelfAttention with the "slow" path written out.
   auto h = at_site(hook, ln_1->forward(x), "ln");
-  auto qkv = at_site(hook, linear(c_attn, h), "qkv");
+  auto qkv = at_site(hook, linear(c_attn, h, lin, prefix + "c_attn"), "qkv");
   auto parts = qkv.split(C, /*dim=*/2);
   auto q = parts[0].view({B, T, heads, hd}).transpose(1, 2);  // [B, nh, T, hd]
   auto k = parts[1].view({B, T, heads, hd}).transpose(1, 2);
@@ -68,12 +74,12 @@ torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook)
   att = att.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
   att = at_site(hook, torch::softmax(att, /*dim=*/-1), "probs");
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
-  y = at_site(hook, linear(attn_proj, y), "attn_out");
+  y = at_site(hook, linear(attn_proj, y, lin, prefix + "attn_proj"), "attn_out");
   auto r = at_site(hook, x + y, "residual");
   // MLP.
   auto m = at_site(hook, ln_2->forward(r), "ln");
-  m = at_site(hook, torch::gelu(linear(c_fc, m)), "mlp_hidden");
-  m = at_site(hook, linear(mlp_proj, m), "mlp_out");
+  m = at_site(hook, torch::gelu(linear(c_fc, m, lin, prefix + "c_fc")), "mlp_hidden");
+  m = at_site(hook, linear(mlp_proj, m, lin, prefix + "mlp_proj"), "mlp_out");
   return at_site(hook, r + m, "residual");
 }
 
@@ -86,12 +92,12 @@ TinyGptImpl::TinyGptImpl(const GptConfig& c) : cfg(c) {
   lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, c.vocab).bias(false)));
 }
 
-torch::Tensor TinyGptImpl::forward(const torch::Tensor& idx, const GptHook& hook) {
+torch::Tensor TinyGptImpl::forward(const torch::Tensor& idx, const GptHook& hook, const GptLinear& lin) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= cfg.context, "TinyGpt: sequence of ", T, " tokens is longer than the context (", cfg.context, ")");
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = at_site(hook, wte->forward(idx) + wpe->forward(pos), "embed");
-  for (auto& b : blocks) x = b->forward(x, hook);
+  for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i]->forward(x, hook, lin, "h" + std::to_string(i) + ".");
   x = at_site(hook, ln_f->forward(x), "ln");
   return at_site(hook, linear(lm_head, x), "logits");
 }

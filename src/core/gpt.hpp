@@ -53,11 +53,22 @@ int64_t gpt_num_params(const GptConfig& c);
 /// The hook returns the tensor to use from there on (same shape); identity by default.
 using GptHook = std::function<torch::Tensor(const torch::Tensor& x, const std::string& site)>;
 
+/// How a block's Linear layers multiply: y = x·Wᵀ + b for x [B, T, in], weight [out, in], bias
+/// [out] → y [B, T, out]. `name` is the module's path: "h<i>.c_attn", "h<i>.attn_proj",
+/// "h<i>.c_fc", "h<i>.mlp_proj". Empty (the default) means torch::linear, so the plain forward is
+/// unchanged; an fp8 experiment passes quantized GEMMs here (core/quant_train's gpt_linear),
+/// the way Transformer Engine's fp8_autocast swaps only the Linear GEMMs. lm_head, the
+/// embeddings, LayerNorm, softmax and attention's two batched matmuls never go through it.
+using GptLinear = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                              const std::string& name)>;
+
 /// One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
 struct GptBlockImpl : torch::nn::Module {
   GptBlockImpl(const GptConfig& c);
-  /// x [B, T, C] → [B, T, C]; `hook` as GptHook (may be empty).
-  torch::Tensor forward(const torch::Tensor& x, const GptHook& hook);
+  /// x [B, T, C] → [B, T, C]; `hook` as GptHook (may be empty); `linear` as GptLinear (empty:
+  /// torch::linear), called with names `prefix` + "c_attn", ... (TinyGpt passes "h<i>.").
+  torch::Tensor forward(const torch::Tensor& x, const GptHook& hook, const GptLinear& linear = {},
+                        const std::string& prefix = "");
   int64_t heads;
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   torch::nn::Linear c_attn{nullptr}, attn_proj{nullptr}, c_fc{nullptr}, mlp_proj{nullptr};
@@ -70,8 +81,9 @@ struct TinyGptImpl : torch::nn::Module {
   /// bad config (check_gpt_config).
   explicit TinyGptImpl(const GptConfig& c);
   /// idx [B, T] int64 token ids in [0, vocab), T ≤ context → logits [B, T, vocab] (float32
-  /// unless a hook changes it). Throws c10::Error for T > context or an id out of range.
-  torch::Tensor forward(const torch::Tensor& idx, const GptHook& hook = {});
+  /// unless a hook changes it). `linear` replaces the blocks' Linear GEMMs (GptLinear; empty:
+  /// torch::linear). Throws c10::Error for T > context or an id out of range.
+  torch::Tensor forward(const torch::Tensor& idx, const GptHook& hook = {}, const GptLinear& linear = {});
   GptConfig cfg;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   std::vector<GptBlock> blocks;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/amp.hpp"
 #include "core/models.hpp"
 #include "core/runtime.hpp"
 
@@ -112,6 +113,79 @@ const GemmLedger* find_gemm(const std::vector<GemmLedger>& v, std::int64_t step,
   for (const auto& g : v)
     if (g.step == step && g.gemm == gemm) return &g;
   return nullptr;
+}
+
+// ───────────────────────────── the tiny GPT ─────────────────────────────
+
+std::vector<GptLinearShape> gpt_linear_shapes(const GptConfig& c) {
+  std::vector<GptLinearShape> v;
+  const std::int64_t C = c.width, H = c.mlp_ratio * c.width;
+  for (std::int64_t i = 0; i < c.layers; ++i) {
+    const std::string h = "h" + std::to_string(i) + ".";
+    v.push_back({h + "c_attn", C, 3 * C});
+    v.push_back({h + "attn_proj", C, C});
+    v.push_back({h + "c_fc", C, H});
+    v.push_back({h + "mlp_proj", H, C});
+  }
+  return v;
+}
+
+QuantGptLinears make_quant_gpt_linears(const GptConfig& c, const QuantRecipe& r, const DelayedScaling* delayed) {
+  QuantGptLinears q;
+  for (const auto& s : gpt_linear_shapes(c)) {
+    QuantLinear ql(1, 1, r, /*bias=*/false);
+    ql->keep_ledger = false;
+    if (delayed) ql->set_delayed_scaling(*delayed);
+    q.names.push_back(s.name);
+    q.layers.emplace(s.name, ql);
+  }
+  return q;
+}
+
+GptLinear gpt_linear(QuantGptLinears& q) {
+  return [&q](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const std::string& name) {
+    return quantized_linear(x, w, b, *q.layers.at(name));
+  };
+}
+
+GptTrainRun train_gpt(TinyGpt& model, QuantGptLinears& q, const TextCorpus& corpus, const GptTrainPlan& plan, bool tty,
+                      const std::string& progress_label) {
+  const std::int64_t T = model->cfg.context;
+  auto params = model->parameters();
+  SgdMomentum opt(params, plan.lr, plan.momentum);
+  const GptLinear lin = gpt_linear(q);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(plan.seed);
+  GptTrainRun run;
+  Progress progress(tty, progress_label, plan.steps, "steps");
+  const double t0 = now_seconds();
+  for (std::int64_t step = 0; step < plan.steps; ++step) {
+    for (auto& kv : q.layers) kv.second->keep_ledger = step == plan.ledger_step;
+    auto [x, y] = text_batch(corpus.train, plan.batch, T, gen);
+    auto loss = gpt_loss(model->forward(x, {}, lin), y);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    for (auto& kv : q.layers) kv.second->update_scales();
+    run.loss.push_back(loss.item<double>());
+    progress.update(step + 1, fmt::format("loss {:.4f}", run.loss.back()));
+  }
+  run.step_s = (now_seconds() - t0) / static_cast<double>(std::max<std::int64_t>(plan.steps, 1));
+  progress.finish();
+  for (auto& [name, l] : q.layers) {
+    run.ledger[name] = l->ledger();
+    l->keep_ledger = false;
+    l->eval();  // validation: delayed scaling records no amax
+  }
+  torch::NoGradGuard ng;
+  auto vgen = at::make_generator<at::CPUGeneratorImpl>(plan.seed + 1);
+  double sum = 0;
+  for (std::int64_t b = 0; b < plan.eval_batches; ++b) {
+    auto [x, y] = text_batch(corpus.val, plan.batch, T, vgen);
+    sum += gpt_loss(model->forward(x, {}, lin), y).item<double>();
+  }
+  run.val_loss = sum / static_cast<double>(std::max<std::int64_t>(plan.eval_batches, 1));
+  for (auto& kv : q.layers) kv.second->train();
+  return run;
 }
 
 }  // namespace mpt::quant

@@ -2,15 +2,22 @@
 // `mpt fp4`: the Fashion-MNIST classifier of core/models' mlp() (Linear, ReLU, ..., Linear) with
 // one QuantRecipe per layer, plain SGD on fp32 master weights, the batches of a fixed permutation
 // per epoch (core/data's shuffled_indices, as `lossscale` draws them).
+//
+// And the tiny GPT of core/gpt with the four Linears of every block (c_attn, attn_proj, c_fc,
+// mlp_proj) on quantized GEMMs, plugged in through TinyGpt::forward's GptLinear: the Linears
+// Transformer Engine's fp8_autocast runs in fp8 (te.Linear inside the autocast region), while
+// lm_head, the embeddings, LayerNorm, softmax and attention's two batched matmuls stay fp32.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "core/data.hpp"
+#include "core/gpt.hpp"
 #include "core/quant.hpp"
 
 namespace mpt::quant {
@@ -75,5 +82,56 @@ TrainRun train(QuantMlp& net, const Dataset& train_set, const Dataset& test_set,
 
 /// The entry of `ledger` for `step` and `gemm` ("out", "dgrad", "wgrad"), or nullptr.
 const GemmLedger* find_gemm(const std::vector<GemmLedger>& ledger, std::int64_t step, const std::string& gemm);
+
+// ───────────────────────────── the tiny GPT ─────────────────────────────
+
+/// One Linear of a GPT block: its GptLinear name ("h0.c_attn") and its GEMM sizes, W [out, in].
+struct GptLinearShape {
+  std::string name;
+  std::int64_t in = 0, out = 0;
+};
+/// The block Linears of `c` in module order: per block c_attn C→3C, attn_proj C→C, c_fc C→rC,
+/// mlp_proj rC→C (r = mlp_ratio).
+std::vector<GptLinearShape> gpt_linear_shapes(const GptConfig& c);
+
+/// One QuantLinear (recipe, ledger, fp8 meta; its own weight unused) per block Linear of a GPT,
+/// by GptLinear name. The module's weights stay in the TinyGpt: gpt_linear() multiplies them.
+struct QuantGptLinears {
+  std::vector<std::string> names;            ///< gpt_linear_shapes' order
+  std::map<std::string, QuantLinear> layers;
+};
+/// Every block Linear of `c` under recipe `r`; with `delayed`, TE's DelayedScaling on each
+/// (throws std::invalid_argument unless `r` is per tensor with fp32 scales: set_delayed_scaling).
+QuantGptLinears make_quant_gpt_linears(const GptConfig& c, const QuantRecipe& r, const DelayedScaling* delayed = nullptr);
+/// The GptLinear that runs each named Linear through quantized_linear with its QuantLinear
+/// (three quantized GEMMs, fp32 bias). `q` must outlive every forward and backward that uses it.
+/// Throws std::out_of_range for a name `q` does not hold.
+GptLinear gpt_linear(QuantGptLinears& q);
+
+/// What train_gpt() does: nanoGPT's loop with torch.optim.SGD(momentum) (core/amp's SgdMomentum)
+/// on the fp32 weights. The batch of step t is the t-th text_batch of a CPU generator seeded with
+/// `seed` (train split); validation: `eval_batches` batches of a generator seeded with seed + 1
+/// (validation split), the recipe's forward in eval mode (delayed scaling records no amax).
+struct GptTrainPlan {
+  std::int64_t steps = 0;
+  std::int64_t batch = 16;
+  double lr = 0.3, momentum = 0.9;
+  std::uint64_t seed = 0;
+  std::int64_t ledger_step = -1;  ///< the step whose GEMMs the QuantLinears' ledgers record (-1: none)
+  std::int64_t eval_batches = 4;
+};
+/// What a GPT run produced.
+struct GptTrainRun {
+  std::vector<double> loss;                                ///< training loss of every step
+  double val_loss = 0;                                     ///< mean over the validation batches
+  std::map<std::string, std::vector<GemmLedger>> ledger;   ///< per Linear name: the ledger step's GEMMs
+  double step_s = 0;                                       ///< mean wall time of a step (run-dependent)
+};
+/// Trains `model` (already seeded and built) on `corpus` per `plan`, its block Linears through
+/// gpt_linear(q), lm_head and the rest in fp32, cross-entropy (gpt_loss). Calls update_scales()
+/// on every QuantLinear after each step (delayed scaling). Throws std::invalid_argument (from
+/// text_batch) when a split is not longer than the context.
+GptTrainRun train_gpt(TinyGpt& model, QuantGptLinears& q, const TextCorpus& corpus, const GptTrainPlan& plan, bool tty,
+                      const std::string& progress_label);
 
 }  // namespace mpt::quant

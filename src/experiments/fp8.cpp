@@ -28,12 +28,16 @@
  * at K = 4096 without and with promotion every N_C = 128 (DeepSeek-V3 §3.3.2); the bytes each
  * recipe stores. Times (emulated step / fp32 step) go to timings: emulation cost, no speed claim.
  *
+ * Section 3 (gpt.enabled, off by default: src/experiments/fp8_gpt.cpp): the same recipes on the
+ * tiny GPT's block Linears (c_attn, attn_proj, c_fc, mlp_proj), the rest of the GPT in fp32.
+ *
  * The tensorwise recipe equals a PyTorch-Python twin that quantizes with torch.float8_e4m3fn /
  * float8_e5m2 casts, step for step (tests/parity/fp8_ref.py).
  *
  *   mpt fp8
  *   mpt fp8 --set format=e4m3 --set "recipes=[\"fp32\",\"tensorwise\",\"delayed\"]"
  *   mpt fp8 --set delayed.amax_history_len=4 --set outlier.factor=100
+ *   mpt fp8 --config configs/fp8_gpt.json          # with section 3, the tiny GPT 2 x 128
  */
 #include <algorithm>
 #include <cmath>
@@ -46,12 +50,82 @@
 #include "core/quant_train.hpp"
 #include "core/runtime.hpp"
 #include "core/experiment.hpp"
+#include "experiments/fp8_parts.hpp"
 
 namespace mpt {
+
+namespace fp8 {
+
+namespace q = mpt::quant;
+
+bool is_fp8(const std::string& r) { return r != "fp32" && r != "bf16"; }
+
+q::RecipeOptions recipe_options(const Config& cfg) {
+  q::RecipeOptions o;
+  o.tile = cfg.integer("/blockwise/tile");
+  o.weight_block = cfg.integer("/blockwise/weight_block");
+  o.mx_block = cfg.integer("/mx/block");
+  o.grad_element = cfg.str("/format") == "hybrid" ? q::Element::E5M2 : q::Element::E4M3;
+  return o;
+}
+
+q::QuantRecipe core_recipe(const std::string& name, const q::RecipeOptions& o) {
+  q::QuantRecipe r = q::recipe(name == "delayed" ? "tensorwise" : name, name == "fp32" || name == "bf16" ? q::RecipeOptions{} : o);
+  r.name = name;
+  return r;
+}
+
+q::DelayedScaling delayed_options(const Config& cfg) {
+  q::DelayedScaling d;
+  d.amax_history_len = cfg.integer("/delayed/amax_history_len");
+  d.margin = static_cast<int>(cfg.integer("/delayed/margin"));
+  d.amax_compute_algo = q::parse_amax_compute_algo(cfg.str("/delayed/amax_compute_algo"));
+  return d;
+}
+
+std::string block_key(const std::string& name, const q::RecipeOptions& o, int64_t m, int64_t k, int64_t n,
+                      const std::string& other) {
+  if (name == "blockwise") {  // which of its two block sizes fails
+    q::RecipeOptions tile_only = o;
+    tile_only.weight_block = 1;
+    return q::shape_error(core_recipe(name, tile_only), m, k, n).empty() ? "/blockwise/weight_block" : "/blockwise/tile";
+  }
+  return name.rfind("mxfp8", 0) == 0 ? "/mx/block" : other;
+}
+
+std::vector<Column> ledger_columns() {
+  return {text_col("name", "recipe / layer / GEMM"), sci_col("a_amax", "A amax", "-", 3), sci_col("a_scale", "A scale", "-", 3),
+          pct_col("a_saturated", "A sat", 3), pct_col("a_flushed", "A ->0", 3), sci_col("b_amax", "B amax", "-", 3),
+          sci_col("b_scale", "B scale", "-", 3), pct_col("b_saturated", "B sat", 3), pct_col("b_flushed", "B ->0", 3),
+          sci_col("rel_error", "rel err", "-", 3)};
+}
+
+namespace {
+json operand_json(const q::OperandLedger& o) {
+  return {{"amax", num(o.amax)}, {"scale_min", num(o.scale_min)}, {"scale_max", num(o.scale_max)},
+          {"saturated", num(o.saturated_frac)}, {"flushed", num(o.flushed_frac)}};
+}
+}  // namespace
+
+json ledger_row(const std::string& name, const std::string& recipe, const json& layer, const q::GemmLedger& g) {
+  // scale as x ≈ q·scale; for per-tensor fp32 scales report s of x·s (TE / torchao's scale): 1/scale.
+  auto sc = [](const q::OperandLedger& op) { return op.scale_max > 0 ? num(1.0 / op.scale_max) : json(nullptr); };
+  return {{"name", name}, {"recipe", recipe}, {"layer", layer}, {"gemm", g.gemm},
+          {"a_amax", num(g.a.amax)}, {"a_scale", sc(g.a)}, {"a_saturated", num(g.a.saturated_frac)},
+          {"a_flushed", num(g.a.flushed_frac)}, {"b_amax", num(g.b.amax)}, {"b_scale", sc(g.b)},
+          {"b_saturated", num(g.b.saturated_frac)}, {"b_flushed", num(g.b.flushed_frac)},
+          {"rel_error", num(g.rel_error)}, {"a", operand_json(g.a)}, {"b", operand_json(g.b)}};
+}
+
+}  // namespace fp8
 
 namespace {
 
 namespace q = mpt::quant;
+using fp8::core_recipe;
+using fp8::delayed_options;
+using fp8::is_fp8;
+using fp8::recipe_options;
 
 const std::vector<std::string> kRecipes = {"fp32", "bf16", "tensorwise", "delayed", "rowwise", "blockwise", "mxfp8", "mxfp8_floor"};
 
@@ -91,34 +165,10 @@ ConfigSpec fp8_spec() {
   s.integer("/accumulator/significand_bits", 14, "accumulator significand bits (DeepSeek-V3: about 14 on H800)", 1, 24);
   s.integer("/accumulator/chunk", 4, "products summed in fp32 before each accumulator add (Fasi et al.: 4)", 1, 4096);
   s.integer("/accumulator/promote_every", 128, "N_C: promotion to fp32 every N_C elements of K (DeepSeek-V3: 128)", 1, 1 << 20);
+  fp8::add_gpt_spec(s);  // the tiny GPT section (fp8_gpt.cpp)
   return s;
 }
 
-bool is_fp8(const std::string& r) { return r != "fp32" && r != "bf16"; }
-
-q::RecipeOptions recipe_options(const Config& cfg) {
-  q::RecipeOptions o;
-  o.tile = cfg.integer("/blockwise/tile");
-  o.weight_block = cfg.integer("/blockwise/weight_block");
-  o.mx_block = cfg.integer("/mx/block");
-  o.grad_element = cfg.str("/format") == "hybrid" ? q::Element::E5M2 : q::Element::E4M3;
-  return o;
-}
-
-/// The core recipe of an experiment recipe name ("delayed" is tensorwise plus DelayedScaling).
-q::QuantRecipe core_recipe(const std::string& name, const q::RecipeOptions& o) {
-  q::QuantRecipe r = q::recipe(name == "delayed" ? "tensorwise" : name, name == "fp32" || name == "bf16" ? q::RecipeOptions{} : o);
-  r.name = name;
-  return r;
-}
-
-q::DelayedScaling delayed_options(const Config& cfg) {
-  q::DelayedScaling d;
-  d.amax_history_len = cfg.integer("/delayed/amax_history_len");
-  d.margin = static_cast<int>(cfg.integer("/delayed/margin"));
-  d.amax_compute_algo = q::parse_amax_compute_algo(cfg.str("/delayed/amax_compute_algo"));
-  return d;
-}
 
 /// Layer widths 784, hidden..., 10.
 std::vector<int64_t> widths(const Config& cfg) {
@@ -149,16 +199,10 @@ void validate_fp8(const Config& cfg, int /*world_size*/) {
   for (const auto& name : recipes) {
     if (!is_fp8(name)) continue;
     const q::QuantRecipe r = core_recipe(name, o);
-    q::RecipeOptions tile_only = o;  // blockwise: which of its two block sizes fails
-    tile_only.weight_block = 1;
     for (std::size_t l = 0; l + 1 < w.size(); ++l) {
       if (!layer_is_fp8(cfg, l, w.size() - 1)) continue;
       const std::string err = q::shape_error(r, m, w[l], w[l + 1]);
-      const std::string key =
-          name == "blockwise" ? (q::shape_error(core_recipe(name, tile_only), m, w[l], w[l + 1]).empty() ? "/blockwise/weight_block"
-                                                                                                           : "/blockwise/tile")
-          : name.rfind("mxfp8", 0) == 0 ? "/mx/block"
-                                        : "/model/fp8_layers";
+      const std::string key = fp8::block_key(name, o, m, w[l], w[l + 1], "/model/fp8_layers");
       if (!err.empty())
         throw ConfigError(fmt::format("{}: recipe {} on layer {} ({} -> {}, batch /train/batch = {}): {}; expected block sizes "
                                       "that divide /model/hidden, /train/batch and (with /model/fp8_layers = \"all\") 784 and 10",
@@ -171,6 +215,7 @@ void validate_fp8(const Config& cfg, int /*world_size*/) {
   if (cfg.integer("/accumulator/promote_every") % cfg.integer("/accumulator/chunk") != 0)
     throw ConfigError(fmt::format("/accumulator/promote_every: expected a multiple of /accumulator/chunk = {}, got {}",
                                   cfg.integer("/accumulator/chunk"), cfg.integer("/accumulator/promote_every")));
+  fp8::validate_gpt(cfg);
 }
 
 // ----------------------------------------------------------------------------
@@ -210,11 +255,6 @@ q::TrainPlan base_plan(const Config& cfg) {
 // ----------------------------------------------------------------------------
 
 std::string layer_name(std::size_t l, const std::vector<int64_t>& w) { return fmt::format("L{} {}x{}", l + 1, w[l], w[l + 1]); }
-
-json operand_json(const q::OperandLedger& o) {
-  return {{"amax", num(o.amax)}, {"scale_min", num(o.scale_min)}, {"scale_max", num(o.scale_max)},
-          {"saturated", num(o.saturated_frac)}, {"flushed", num(o.flushed_frac)}};
-}
 
 /// The limited-precision accumulator at K (DeepSeek-V3 §3.3.2). Operands from U[0,1) (seeded): fp32 ones,
 /// whose bits below the accumulator's last place are uniform (the derivation's assumption; the checks),
@@ -444,10 +484,7 @@ Report run_fp8(const Context& ctx) {
              int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes")}};
   Table ledger{"ledger",
                fmt::format("GEMM ledger at step {}: A and B operands (out: x, W; dgrad: dy, W^T; wgrad: dy^T, x^T)", ledger_step),
-               {text_col("name", "recipe / layer / GEMM"), sci_col("a_amax", "A amax", "-", 3), sci_col("a_scale", "A scale", "-", 3),
-                pct_col("a_saturated", "A sat", 3), pct_col("a_flushed", "A ->0", 3), sci_col("b_amax", "B amax", "-", 3),
-                sci_col("b_scale", "B scale", "-", 3), pct_col("b_saturated", "B sat", 3), pct_col("b_flushed", "B ->0", 3),
-                sci_col("rel_error", "rel err", "-", 3)}};
+               fp8::ledger_columns()};
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
   std::map<std::string, q::TrainRun> runs;
   for (const auto& name : recipes) {
@@ -471,14 +508,7 @@ Report run_fp8(const Context& ctx) {
                                    q::find_gemm(r.ledger[l], ledger_step, "wgrad")};
       for (const q::GemmLedger* g : gs) {
         if (!g) continue;
-        // scale as x ≈ q·scale; for per-tensor fp32 scales report s of x·s (TE / torchao's scale): 1/scale.
-        auto sc = [](const q::OperandLedger& op) { return op.scale_max > 0 ? num(1.0 / op.scale_max) : json(nullptr); };
-        ledger.rows.push_back({{"name", fmt::format("{} / {} / {}", name, layer_name(l, w), g->gemm)},
-                               {"recipe", name}, {"layer", l + 1}, {"gemm", g->gemm},
-                               {"a_amax", num(g->a.amax)}, {"a_scale", sc(g->a)}, {"a_saturated", num(g->a.saturated_frac)},
-                               {"a_flushed", num(g->a.flushed_frac)}, {"b_amax", num(g->b.amax)}, {"b_scale", sc(g->b)},
-                               {"b_saturated", num(g->b.saturated_frac)}, {"b_flushed", num(g->b.flushed_frac)},
-                               {"rel_error", num(g->rel_error)}, {"a", operand_json(g->a)}, {"b", operand_json(g->b)}});
+        ledger.rows.push_back(fp8::ledger_row(fmt::format("{} / {} / {}", name, layer_name(l, w), g->gemm), name, l + 1, *g));
       }
     }
     mem.rows.push_back({{"name", name}, {"weights", total.weights}, {"activations", total.activations},
@@ -534,6 +564,13 @@ Report run_fp8(const Context& ctx) {
   mx_section(ctx, runs["fp32"].captured, w, report);
   accumulator_section(ctx, report);
   report.add(std::move(cost), Store::TimingsByName);
+
+  // 3. The tiny GPT under the same recipes (fp8_gpt.cpp).
+  if (cfg.boolean("/gpt/enabled")) {
+    const double t0 = now_seconds();
+    fp8::gpt_section(ctx, report);
+    report.timings["gpt_s"] = now_seconds() - t0;
+  }
   return report;
 }
 

@@ -38,3 +38,30 @@ cli_case(fp8_missing_data 3 "fashion" ${FP8_TINY} --set data.dir=/nonexistent/fa
 # one hidden layer with fp8_layers = inner: no layer would be fp8 (every recipe silently bf16)
 cli_case(fp8_no_fp8_layer 2 "/model/fp8_layers: .inner. keeps the first and last Linear in bf16, which with /model/hidden = \\[100\\] leaves no layer in fp8"
          fp8 --set "model.hidden=[100]")
+# --- fp8 on the tiny GPT (section 3, /gpt/enabled): 1 block of width 32 (2 heads), T = 16, 4 sequences
+# (64 tokens per step), 32-wide blockwise tiles and weight blocks so every block divides C = 32, 3C, 4C
+# and the 64 tokens; 6 steps per recipe: a few seconds.
+set(FP8_GPT_TINY ${FP8_TINY} --set gpt.enabled=true --set gpt.model.layers=1 --set gpt.model.width=32 --set gpt.model.heads=2
+                 --set gpt.model.context=16 --set gpt.batch=4 --set gpt.steps=6 --set gpt.ledger_step=2 --set gpt.mean_of_last=3
+                 --set gpt.eval_batches=1 --set gpt.log_every=2 --set blockwise.tile=32 --set blockwise.weight_block=32)
+cli_case(fp8_gpt_tiny 0 "mxfp8_floor / h0.mlp_proj / wgrad" ${FP8_GPT_TINY})
+add_test(NAME cli.fp8_gpt_deterministic
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> ${FP8_GPT_TINY}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.fp8_gpt_lessons
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/fp8_gpt_checks.sh $<TARGET_FILE:mpt> ${FP8_GPT_TINY}
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# Bad input: a block that does not divide a GPT dimension or the tokens per step, heads not dividing the width.
+cli_case(fp8_gpt_bad_tile 2 "/blockwise/tile: recipe blockwise on the GPT's h0.c_attn \\(48 -> 144, .*block 1x32 does not divide"
+         ${FP8_GPT_TINY} --set gpt.model.width=48)
+cli_case(fp8_gpt_bad_weight_block 2 "/blockwise/weight_block: recipe blockwise on the GPT's h0.c_attn \\(48 -> 144.*block 32x32 does not divide"
+         ${FP8_GPT_TINY} --set gpt.model.width=48 --set blockwise.tile=16)
+cli_case(fp8_gpt_bad_mx_block 2 "/mx/block: recipe mxfp8 on the GPT's h0.c_attn \\(48 -> 144.*block 1x32 does not divide"
+         ${FP8_GPT_TINY} --set gpt.model.width=48 --set "recipes=[\"fp32\",\"mxfp8\"]")
+cli_case(fp8_gpt_bad_tokens 2 "/blockwise/tile: recipe blockwise on the GPT's h0.c_attn \\(32 -> 96, /gpt/batch x /gpt/model/context = 48 tokens\\)"
+         ${FP8_GPT_TINY} --set gpt.batch=3)
+cli_case(fp8_gpt_bad_heads 2 "/gpt/model/heads: expected a divisor of /gpt/model/width \\(32\\), got 3" ${FP8_GPT_TINY}
+         --set gpt.model.heads=3)
+cli_case(fp8_gpt_bad_ledger_step 2 "/gpt/ledger_step: expected a step below /gpt/steps = 6, got 6" ${FP8_GPT_TINY}
+         --set gpt.ledger_step=6)
+cli_case(fp8_gpt_missing_text 3 "fortunes" ${FP8_GPT_TINY} --set gpt.text_dir=/nonexistent/fortunes)

@@ -1,0 +1,45 @@
+// The parts of `mpt fp8` that live in their own file (src/experiments/fp8_gpt.cpp: the tiny GPT
+// under each recipe) and the helpers both files use. Included by fp8*.cpp only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/experiment.hpp"
+#include "core/quant.hpp"
+#include "core/results.hpp"
+
+namespace mpt::fp8 {
+
+/// True for the fp8 recipes (every name but "fp32" and "bf16").
+bool is_fp8(const std::string& recipe);
+/// Block sizes and gradient element from /blockwise, /mx and /format.
+quant::RecipeOptions recipe_options(const Config& cfg);
+/// The core recipe of an experiment recipe name ("delayed" is tensorwise; the caller adds
+/// DelayedScaling with delayed_options).
+quant::QuantRecipe core_recipe(const std::string& name, const quant::RecipeOptions& o);
+/// TE DelayedScaling from /delayed.
+quant::DelayedScaling delayed_options(const Config& cfg);
+/// The key whose block size makes `recipe` fail on a Linear of m samples, k inputs, n outputs:
+/// "/blockwise/tile" or "/blockwise/weight_block" (blockwise), "/mx/block" (mxfp8*), `other` else.
+std::string block_key(const std::string& recipe, const quant::RecipeOptions& o, std::int64_t m, std::int64_t k,
+                      std::int64_t n, const std::string& other);
+/// The GEMM ledger's columns (A and B operands' amax, scale, % saturated, % flushed; rel. error).
+std::vector<Column> ledger_columns();
+/// One ledger row: `name`, its recipe and layer, and the GEMM's ledger entry.
+json ledger_row(const std::string& name, const std::string& recipe, const json& layer, const quant::GemmLedger& g);
+
+/// The GPT section's keys (/gpt/...): enabled, the model (core/gpt_spec), the corpus, the run.
+void add_gpt_spec(ConfigSpec& s);
+/// The GPT section's cross-key checks (when /gpt/enabled): heads divide the width, a text file,
+/// every fp8 recipe's blocks divide the GPT's GEMMs ([batch·context, C] activations, [out, in]
+/// weights), the ledger step inside the run. Throws ConfigError naming the pointer.
+void validate_gpt(const Config& cfg);
+/// Trains the tiny GPT under every recipe of /recipes; adds tables gpt_recipes, gpt_ledger,
+/// gpt_loss_curve, results.gpt_history and the timings table gpt_cost. Throws RuntimeFailure when
+/// the corpus is missing.
+void gpt_section(const Context& ctx, Report& report);
+
+}  // namespace mpt::fp8
