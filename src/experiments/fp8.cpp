@@ -189,7 +189,9 @@ void validate_fp8(const Config& cfg, int /*world_size*/) {
     throw ConfigError("/recipes: expected a list containing \"fp32\" (the reference of the timings and of the MX table), got " +
                       cfg.json_value()["recipes"].dump());
   const auto w = widths(cfg);
-  const int64_t m = cfg.integer("/train/batch");
+  // A step takes min(/train/batch, /data/train_samples) samples (run_fp8: fewer samples than a batch make one batch).
+  const int64_t batch = cfg.integer("/train/batch"), samples = cfg.integer("/data/train_samples");
+  const int64_t m = std::min(batch, samples);
   const q::RecipeOptions o = recipe_options(cfg);
   // With one hidden layer, "inner" leaves no Linear in fp8: every fp8 recipe would be bf16.
   if (w.size() < 4 && cfg.str("/model/fp8_layers") == "inner")
@@ -202,6 +204,10 @@ void validate_fp8(const Config& cfg, int /*world_size*/) {
     for (std::size_t l = 0; l + 1 < w.size(); ++l) {
       if (!layer_is_fp8(cfg, l, w.size() - 1)) continue;
       const std::string err = q::shape_error(r, m, w[l], w[l + 1]);
+      if (!err.empty() && m < batch && q::shape_error(r, batch, w[l], w[l + 1]).empty())
+        throw ConfigError(fmt::format("/data/train_samples: expected at least /train/batch = {} (with fewer samples than "
+                                      "a batch a step takes all {}: recipe {} on layer {}, {} -> {}: {}), got {}",
+                                      batch, samples, name, l + 1, w[l], w[l + 1], err, samples));
       const std::string key = fp8::block_key(name, o, m, w[l], w[l + 1], "/model/fp8_layers");
       if (!err.empty())
         throw ConfigError(fmt::format("{}: recipe {} on layer {} ({} -> {}, batch /train/batch = {}): {}; expected block sizes "

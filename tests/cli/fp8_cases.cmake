@@ -65,3 +65,5 @@ cli_case(fp8_gpt_bad_heads 2 "/gpt/model/heads: expected a divisor of /gpt/model
 cli_case(fp8_gpt_bad_ledger_step 2 "/gpt/ledger_step: expected a step below /gpt/steps = 6, got 6" ${FP8_GPT_TINY}
          --set gpt.ledger_step=6)
 cli_case(fp8_gpt_missing_text 3 "fortunes" ${FP8_GPT_TINY} --set gpt.text_dir=/nonexistent/fortunes)
+# Fewer training samples than a batch: a step takes them all, which a block must divide: exit 2 naming the key (was exit 3 mid-run).
+cli_case(fp8_few_samples 2 "/data/train_samples: expected at least /train/batch = 128 .*got 100" fp8 --set data.train_samples=100)
