@@ -78,7 +78,7 @@ TEST_CASE("GptLinear: the identity callback and the fp32 recipe give the plain G
   CHECK(std::abs(fp8.loss.item<double>() - plain.loss.item<double>()) < 0.0625 * plain.loss.item<double>());
 }
 
-TEST_CASE("gpt_linear_shapes: C->3C, C->C, C->rC, rC->C per block; shape errors name the Linear's GEMM", "[quant][gpt]") {
+TEST_CASE("gpt_linear_shapes: C->3C, C->C, C->rC, rC->C per block, and shape errors name the Linear's GEMM", "[quant][gpt]") {
   GptConfig c = small();
   const auto v = quant::gpt_linear_shapes(c);
   REQUIRE(v.size() == 8);
