@@ -19,6 +19,19 @@ void add_text_keys(ConfigSpec& s, const std::string& p) {
   s.strings(p + "/text_files", kDefaultFortuneFiles, {}, "cookie files read, in order");
 }
 
+void add_gpt_training_keys(ConfigSpec& s, const std::string& p, double lr, double momentum) {
+  Param l{ParamType::Number, lr, "SGD learning rate (> 0)"};
+  l.exclusive_min = 0.0;
+  s.add(p + "/lr", l);
+  Param m{ParamType::Number, momentum, "SGD momentum (in [0, 1))"};
+  m.min = 0.0;
+  m.exclusive_max = 1.0;
+  s.add(p + "/momentum", m);
+  s.integer(p + "/eval_batches", 4, "validation batches (windows of the last 10% of the text)", 1, 100000);
+  s.integer(p + "/mean_of_last", 10, "training loss reported: the mean of the last N steps (all of them if fewer)", 1,
+            10'000'000);
+}
+
 GptConfig gpt_config_at(const Config& cfg, const std::string& p, int64_t vocab) {
   GptConfig g;
   g.vocab = vocab;

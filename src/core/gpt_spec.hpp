@@ -24,6 +24,12 @@ void add_gpt_keys(ConfigSpec& s, const std::string& prefix, const GptKeyDefaults
 /// package that load_text_corpus reads (kFortunesDir, kDefaultFortuneFiles).
 void add_text_keys(ConfigSpec& s, const std::string& prefix);
 
+/// Adds the keys of SGD with momentum on the GPT (core/amp's SgdMomentum, as torch.optim.SGD):
+/// `prefix`/lr (> 0, default `lr`), /momentum (in [0, 1), default `momentum`), and how the loss is
+/// reported: /eval_batches (validation batches of the last 10 % of the text) and /mean_of_last (the
+/// training loss shown: the mean of the last N steps).
+void add_gpt_training_keys(ConfigSpec& s, const std::string& prefix, double lr, double momentum);
+
 /// The GptConfig the keys under `prefix` describe, with `vocab` tokens (TextCorpus::vocab()).
 GptConfig gpt_config_at(const Config& cfg, const std::string& prefix, int64_t vocab);
 

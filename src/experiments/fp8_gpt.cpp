@@ -75,16 +75,7 @@ void add_gpt_spec(ConfigSpec& s) {
   s.integer("/gpt/batch", 16, "sequences per step (batch x context tokens: a multiple of the blocks, wgrad reduces over them)", 1,
             4096);
   s.integer("/gpt/steps", 100, "SGD steps per recipe", 1, 10'000'000);
-  Param lr{ParamType::Number, 0.3, "SGD learning rate (> 0)"};
-  lr.exclusive_min = 0.0;
-  s.add("/gpt/lr", lr);
-  Param momentum{ParamType::Number, 0.9, "SGD momentum (in [0, 1))"};
-  momentum.min = 0.0;
-  momentum.exclusive_max = 1.0;
-  s.add("/gpt/momentum", momentum);
-  s.integer("/gpt/eval_batches", 4, "validation batches (windows of the last 10% of the text, from a generator seeded seed + 1)",
-            1, 100000);
-  s.integer("/gpt/mean_of_last", 10, "training loss reported: the mean of the last N steps (all of them if fewer)", 1, 10'000'000);
+  add_gpt_training_keys(s, "/gpt", 0.3, 0.9);
   s.integer("/gpt/ledger_step", 50, "training step (0-based) whose GEMMs the GPT's ledger shows", 0, 10'000'000);
   s.integer("/gpt/log_every", 10, "loss-curve sampling interval (steps)", 1, 10'000'000);
 }

@@ -40,6 +40,7 @@
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/gpt.hpp"
+#include "core/gpt_spec.hpp"
 #include "core/precision.hpp"
 #include "core/runtime.hpp"
 #include "experiments/lossscale_parts.hpp"
@@ -192,23 +193,14 @@ void add_gpt_spec(ConfigSpec& s) {
   s.boolean("/gpt/enabled", true, "train the tiny GPT under per-operation precision policies (section 3)");
   s.strings("/gpt/policies", kDefaultPolicies, {},
             "policies: fp32 | fp16 | bf16, then +fp32_<site> modifiers (softmax, ln, logits, or any site of core/gpt)");
-  s.string("/gpt/text_dir", kFortunesDir, "folder of the text corpus (Debian's fortunes package)");
-  s.strings("/gpt/text_files", kDefaultFortuneFiles, {}, "cookie files read, in order");
+  add_text_keys(s, "/gpt");
   s.integer("/gpt/model/layers", 2, "transformer blocks", 1, 48);
   s.integer("/gpt/model/width", 64, "model width (n_embd)", 1, 4096);
   s.integer("/gpt/model/heads", 4, "attention heads (must divide the width)", 1, 256);
   s.integer("/gpt/model/context", 32, "tokens per sequence (block size)", 1, 4096);
   s.integer("/gpt/batch", 16, "sequences per step", 1, 4096);
   s.integer("/gpt/steps", 60, "SGD steps per policy", 1, 10'000'000);
-  Param lr{ParamType::Number, 0.3, "SGD learning rate (> 0)"};
-  lr.exclusive_min = 0.0;
-  s.add("/gpt/lr", lr);
-  Param momentum{ParamType::Number, 0.9, "SGD momentum (in [0, 1))"};
-  momentum.min = 0.0;
-  momentum.exclusive_max = 1.0;
-  s.add("/gpt/momentum", momentum);
-  s.integer("/gpt/eval_batches", 4, "validation batches (fixed windows of the last 10% of the text)", 1, 100000);
-  s.integer("/gpt/mean_of_last", 10, "training loss reported: the mean of the last N steps (all of them if fewer)", 1, 10'000'000);
+  add_gpt_training_keys(s, "/gpt", 0.3, 0.9);
 }
 
 void validate_gpt(const Config& cfg) {
