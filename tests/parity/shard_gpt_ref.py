@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpt_threads  # noqa: E402
+import shard_common  # noqa: E402
 from lossscale_gpt_ref import TinyGpt, clean  # noqa: E402
 
 doc = json.load(open(sys.argv[1]))
@@ -56,54 +57,9 @@ def loss_of(logits, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def train(whole):
-    net = model()
-    o = cfg["optimizer"]
-    opt = torch.optim.SGD(net.parameters(), lr=o["lr"], momentum=o["momentum"], weight_decay=o["weight_decay"])
-    params, losses = [], []
-    for step in range(steps):
-        x, y = batches[step]
-        if whole:
-            opt.zero_grad()
-            xs = torch.cat([x[r::n] for r in range(n)])
-            ys = torch.cat([y[r::n] for r in range(n)])
-            loss = loss_of(net(xs), ys)
-            loss.backward()
-            losses.append(loss.item())
-        else:
-            total, loss_sum = None, 0.0
-            for r in range(n):
-                for p in net.parameters():
-                    p.grad = None
-                xs, ys = x[r::n].tensor_split(micro), y[r::n].tensor_split(micro)
-                acc = 0.0
-                for k in range(micro):
-                    loss = loss_of(net(xs[k]), ys[k]) / float(micro)
-                    loss.backward()
-                    acc += loss.item()
-                loss_sum += acc
-                terms = [p.grad.clone() if n == 1 else p.grad / float(n) for p in net.parameters()]
-                total = terms if total is None else [t + u for t, u in zip(total, terms)]
-            for p, g in zip(net.parameters(), total):
-                p.grad = g
-            losses.append(loss_sum / n)
-        opt.step()
-        params.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
-    return params, losses
+def local_batch(r, step):
+    x, y = batches[step]
+    return x[r::n], y[r::n]
 
 
-same, same_losses = train(False)
-whole, _ = train(True)
-vs_whole = max((a - c).abs().max().item() for a, c in zip(same, whole))
-stages = [s for s in cfg["train"]["stages"]]
-runs = ([] if stages and stages[0] == 0 else ["stage0"]) + [f"stage{s}" for s in stages]
-rows = []
-for t in range(steps):
-    row = {"single": same_losses[t]}
-    if n <= 2:
-        row.update({name: same_losses[t] for name in runs})
-    rows.append(row)
-out = {"loss": rows}
-if n <= 2 and not cfg["zero"]["reduce_every_micro_batch"]:
-    out["equivalence"] = [{"name": name, "vs_whole_batch": vs_whole, "vs_single": 0.0} for name in runs]
-json.dump(out, sys.stdout)
+shard_common.print_reference(cfg, n, steps, model, local_batch, loss_of)

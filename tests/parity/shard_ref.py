@@ -24,6 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fmnist  # noqa: E402
 import mpt_threads  # noqa: E402
+import shard_common  # noqa: E402
 
 doc = json.load(open(sys.argv[1]))
 mpt_threads.use(sys.argv[1], per_rank=True)
@@ -50,53 +51,9 @@ def local(r, step):
     return perm[r::n][step * b:(step + 1) * b]
 
 
-def train(whole):
-    net = mlp()
-    o = cfg["optimizer"]
-    opt = torch.optim.SGD(net.parameters(), lr=o["lr"], momentum=o["momentum"], weight_decay=o["weight_decay"])
-    params, losses = [], []
-    for step in range(steps):
-        if whole:
-            idx = torch.cat([local(r, step) for r in range(n)])
-            opt.zero_grad()
-            loss = F.cross_entropy(net(images[idx]), labels[idx])
-            loss.backward()
-            losses.append(loss.item())
-        else:
-            total, loss_sum = None, 0.0
-            for r in range(n):
-                for p in net.parameters():
-                    p.grad = None
-                idx = local(r, step)
-                xs, ys = images[idx].tensor_split(micro), labels[idx].tensor_split(micro)
-                acc = 0.0
-                for m in range(micro):
-                    loss = F.cross_entropy(net(xs[m]), ys[m]) / float(micro)
-                    loss.backward()
-                    acc += loss.item()
-                loss_sum += acc
-                terms = [p.grad.clone() if n == 1 else p.grad / float(n) for p in net.parameters()]
-                total = terms if total is None else [t + u for t, u in zip(total, terms)]
-            for p, g in zip(net.parameters(), total):
-                p.grad = g
-            losses.append(loss_sum / n)
-        opt.step()
-        params.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
-    return params, losses
+def local_batch(r, step):
+    idx = local(r, step)
+    return images[idx], labels[idx]
 
 
-same, same_losses = train(False)
-whole, _ = train(True)
-vs_whole = max((a - c).abs().max().item() for a, c in zip(same, whole))
-stages = [s for s in cfg["train"]["stages"]]
-runs = ([] if stages and stages[0] == 0 else ["stage0"]) + [f"stage{s}" for s in stages]
-rows = []
-for t in range(steps):
-    row = {"single": same_losses[t]}
-    if n <= 2:
-        row.update({name: same_losses[t] for name in runs})
-    rows.append(row)
-out = {"loss": rows}
-if n <= 2 and not cfg["zero"]["reduce_every_micro_batch"]:
-    out["equivalence"] = [{"name": name, "vs_whole_batch": vs_whole, "vs_single": 0.0} for name in runs]
-json.dump(out, sys.stdout)
+shard_common.print_reference(cfg, n, steps, mlp, local_batch, F.cross_entropy)
