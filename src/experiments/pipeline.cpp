@@ -298,6 +298,12 @@ void validate_pipeline(const Config& cfg, int world_size) {
     if (batch % ms[i] != 0)
       throw ConfigError(fmt::format("/pipeline/microbatches/{}: expected a divisor of /pipeline/batch ({}) so that "
                                     "microbatches are equal, got {}", i, batch, ms[i]));
+  // The step-end barrier runs two steps at m = /gantt/microbatches (section 4).
+  const int64_t gm = cfg.integer("/gantt/microbatches");
+  if (cfg.boolean("/sync/enabled") && batch % gm != 0)
+    throw ConfigError(fmt::format("/gantt/microbatches: expected a divisor of /pipeline/batch ({}) with /sync/enabled "
+                                  "(the step-end barrier is timed at this m), got {}; or set sync.enabled=false",
+                                  batch, gm));
   if (wants_interleaved(cfg)) {
     const int v = static_cast<int>(cfg.integer("/pipeline/chunks"));
     if (p < 2)
@@ -699,6 +705,9 @@ Report run_pipeline_experiment(const Context& ctx) {
                                     {"sync_cost_ms", (barrier_s - free_s) / 2 * 1e3},
                                     {"sync_cost_model_ms", cost_us / 1e3}});
     }
+    if (sync.rows.empty())
+      measured.notes.push_back("step_sync: not timed, /pipeline/schedules has none of gpipe, 1f1b, zb-h1 (the schedules "
+                             "it compares); /sync/enabled has no effect");
     sync.notes.push_back("cost/step = (barrier - none) / 2: the idle time a step-end all-reduce over the stages adds "
                          "to each step, its own latency not counted (communication free in the model)");
     sync.notes.push_back("gpipe, 1f1b: 0 - every stage's last op is a backward whose gradient came from the stage "

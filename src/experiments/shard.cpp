@@ -494,7 +494,9 @@ Report run_shard(const Context& ctx) {
                            wl.gc.layers, wl.gc.width, wl.gc.heads, wl.gc.context, wl.gc.vocab, gpt_num_params(wl.gc))
              : std::string();
 
-  // 1. The references, in one process (rank 0; the others wait in the barrier below).
+  // 1. The references, in one process (rank 0; the others wait in the barrier below). The group
+  // forms first, so that rank 0's heartbeat tells the waiting ranks it is working, not gone.
+  w.group();
   Trajectory same, whole;
   if (rank == 0) {
     same = single_process(wl, n, s, /*whole=*/false);
@@ -740,7 +742,8 @@ Report run_shard(const Context& ctx) {
                        "each gathers in forward and backward; R = M when reducing every micro-batch, else 1); Psi' = "
                        "Psi padded to N*ceil(dim0/N) rows per parameter; sent formula = the ring share of it");
     cm.notes.push_back("sent in Psi = sent / ((N-1)/N * Psi * b_reduce): the ZeRO paper's units — DDP 2, stages 1-2 2, "
-                       "stage 3 3 per forward+backward (here 2M+1 with M micro-batches; bf16 gathers count half)");
+                       "stage 3 3 per forward+backward (here 2M+1 with M micro-batches); the unit is the reduce dtype's, so bf16 "
+                       "parameters gathered under an fp32 reduction count half, and with both in bf16 they count whole");
     if (!compat::kGlooHasReduceScatter)
       cm.notes.push_back("LibTorch 1.13's Gloo has no reduce_scatter: it runs as an all-reduce, which sends "
                          "2(N-1)/N*S instead of (N-1)/N*S — counted as sent (above the formula), see env");
@@ -834,7 +837,14 @@ void validate_shard(const Config& cfg, int world_size) {
                                   "{} (every rank's local batch splits into equal micro-batches), got {}",
                                   world_size, m, world_size * m, gb));
   const bool gpt = cfg.str("/model/name") == "gpt";
-  if (gpt) validate_gpt_keys(cfg, "/model/gpt", "/data");  // heads divide the width; some text files
+  if (gpt) {
+    validate_gpt_keys(cfg, "/model/gpt", "/data");  // heads divide the width; some text files
+    // text_batch draws windows of context + 1 tokens of the training split (small text files: read here).
+    const int64_t tokens = load_text_corpus_at(cfg, "/data").train.numel(), t = cfg.integer("/model/gpt/context");
+    if (tokens <= t)
+      throw ConfigError(fmt::format("/model/gpt/context: expected fewer tokens than the training split of "
+                                    "/data/text_files ({}), got {}", tokens, t));
+  }
   const int64_t steps = cfg.integer("/train/steps"), samples = cfg.integer("/train/samples");
   if (!gpt && steps * gb > samples)
     throw ConfigError(fmt::format("/train/samples: expected at least /train/steps x /train/global_batch = {} x {} = {} "

@@ -21,8 +21,9 @@ cli_case(pipeline_zb_h1 0 "zb-h1\\.m4: zb-h1 gradient == gpipe gradient \\(bitwi
 cli_case(pipeline_zb_h1_peak 0 "zb-h1\\.m4: peak microbatches held - bound \\(4\\) +0 <= 0 +OK" pipeline ${PIPE_FAST})
 cli_case(pipeline_zb_gantt_title 0 "Timeline zb-h1\\.m4 \\(p = 4, m = 4\\): F/B/W"
          pipeline ${PIPE_FAST} --set gantt.microbatches=4 --set "pipeline.schedules=[\"zb-h1\"]")
+# (500 us per layer: the chart is drawn from measured times, and 50 us ops drown in a loaded machine's jitter)
 cli_case(pipeline_zb_gantt_rows 0 "stage 3 \\|\\.+F0[^|]*B0[^|]*W0"
-         pipeline ${PIPE_FAST} --set gantt.microbatches=4 --set "pipeline.schedules=[\"zb-h1\"]")
+         pipeline ${PIPE_FAST} --set cost.forward_us=500 --set gantt.microbatches=4 --set "pipeline.schedules=[\"zb-h1\"]")
 cli_case(pipeline_zb_table 0 "Zero bubble: ZB-H1 against 1F1B on 4 stages"
          pipeline ${PIPE_FAST} --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]")
 add_test(NAME cli.pipeline_deterministic_results
@@ -52,6 +53,12 @@ cli_case(pipeline_step_sync_heavy 0 "zb-h1\\.m8 +zb-h1 +8 +73 +146 +145 +0\\.5 +
          --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]")
 cli_case(pipeline_step_sync_free_1f1b 0 "1f1b\\.m8 +1f1b +8 +33 +66 +66 +0 +0\\.0 "
          pipeline --set "pipeline.microbatches=[8]" --set pipeline.steps=1 --set "pipeline.schedules=[\"1f1b\"]")
+# The barrier is timed at m = /gantt/microbatches: one that does not divide the batch is refused (was exit 3 mid-run);
+# with no schedule it compares, a note says the tables are not there.
+cli_case(pipeline_sync_gantt_not_divisor 2 "/gantt/microbatches: expected a divisor of /pipeline/batch \\(64\\) with /sync/enabled"
+         pipeline --set gantt.microbatches=3)
+cli_case(pipeline_sync_no_schedule_note 0 "step_sync: not timed, /pipeline/schedules has none of gpipe, 1f1b, zb-h1"
+         pipeline --set "pipeline.schedules=[\"naive\"]" --set "pipeline.microbatches=[2]" --set gantt.microbatches=2)
 cli_case(pipeline_bad_heavy_stage 2 "/cost/heavy_stage: expected -1 or a stage 0 \\.\\. 3, got 4" pipeline --set cost.heavy_stage=4)
 cli_case(pipeline_bad_chunks 2 "/pipeline/chunks: expected at most 2 \\(interleaved-1f1b cuts the 8 layers into stages x chunks = 4 x 3 .*got 3"
          pipeline --set "pipeline.schedules=[\"interleaved-1f1b\"]" --set pipeline.chunks=3)
