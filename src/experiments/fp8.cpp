@@ -583,7 +583,7 @@ Report run_fp8(const Context& ctx) {
 }  // namespace
 
 Experiment fp8_experiment() {
-  return {"fp8", "fp8 training recipes emulated bit for bit: tensorwise, delayed, rowwise, blockwise, MXFP8 on Fashion-MNIST",
+  return {"fp8", "fp8 training recipes emulated bit for bit: tensorwise, delayed, rowwise, blockwise, MXFP8 on Fashion-MNIST (and the tiny GPT)",
           fp8_spec, run_fp8, validate_fp8};
 }
 

@@ -165,9 +165,9 @@ void gpt_section(const Context& ctx, Report& report) {
     cost.rows.push_back({{"name", name}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", r.step_s / runs["fp32"].step_s},
                          {"step_time_s", r.step_s}});
   }
-  t.notes.push_back(fmt::format("train loss: the mean of the last {} training losses; val loss: {} batches of the validation "
+  t.notes.push_back(fmt::format("train loss: the mean of the last {} training losses; val loss: {} batch{} of the validation "
                                 "split under the recipe's forward (delayed: its last scales, no amax recorded); gaps: recipe - "
-                                "bf16 (null without bf16)", last, plan.eval_batches));
+                                "bf16 (null without bf16)", last, plan.eval_batches, plan.eval_batches == 1 ? "" : "es"));
   t.notes.push_back("fp8 / bf16: the three GEMMs of the blocks' c_attn, attn_proj, c_fc and mlp_proj (TE's fp8_autocast "
                     "scope: te.Linear); the embeddings, LayerNorm, softmax, attention's q·k^T and p·v, lm_head and the loss "
                     "stay fp32 in every row");

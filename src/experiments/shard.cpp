@@ -490,8 +490,8 @@ Report run_shard(const Context& ctx) {
                 "(2(N-1)/N instead of (N-1)/N of the bytes: counted as sent)";
   report.env["shard_world_size"] = n;
   const std::string model_desc =
-      wl.gpt ? fmt::format("tiny GPT: {} layers, width {}, {} heads, context {}, vocabulary {}, {} parameters",
-                           wl.gc.layers, wl.gc.width, wl.gc.heads, wl.gc.context, wl.gc.vocab, gpt_num_params(wl.gc))
+      wl.gpt ? fmt::format("tiny GPT: {} layer{}, width {}, {} heads, context {}, vocabulary {}, {} parameters",
+                           wl.gc.layers, wl.gc.layers == 1 ? "" : "s", wl.gc.width, wl.gc.heads, wl.gc.context, wl.gc.vocab, gpt_num_params(wl.gc))
              : std::string();
 
   // 1. The references, in one process (rank 0; the others wait in the barrier below). The group
@@ -898,7 +898,7 @@ void validate_shard(const Config& cfg, int world_size) {
 
 Experiment shard_experiment() {
   return {"shard",
-          "Sharded data parallelism: ZeRO stages 0-3 (FSDP2 dim-0 shards), each equal to DDP and one process; bytes "
+          "Sharded data parallelism: ZeRO stages 0-3 (FSDP2 dim-0 shards) on the MLP or the tiny GPT, each equal to DDP and one process; bytes "
           "per rank and per step against the formulas",
           shard_spec, run_shard, validate_shard, shard_memory, Processes::Multi, dist_fault_plan};
 }
