@@ -25,3 +25,17 @@ def load(d, split, n):
     images = read_idx(os.path.join(d, f"{prefix}-images-idx3-ubyte.gz"))[:n]
     labels = read_idx(os.path.join(d, f"{prefix}-labels-idx1-ubyte.gz"))[:n].long()
     return ((images.float() / 255.0 - 0.2860) / 0.3530).unsqueeze(1).contiguous(), labels
+
+
+def evaluate(logits_of, xs, ys, chunk=1000):
+    """Test loss and accuracy as mpt's evaluation computes them: cross-entropy of logits_of(x) over
+    chunks of `chunk` samples (no grad), each chunk's mean loss weighted by its size."""
+    import torch.nn.functional as F
+    loss, correct = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, xs.shape[0], chunk):
+            x, y = xs[i:i + chunk], ys[i:i + chunk]
+            logits = logits_of(x)
+            loss += F.cross_entropy(logits, y).item() * x.shape[0]
+            correct += (logits.argmax(1) == y).sum().item()
+    return loss / xs.shape[0], correct / xs.shape[0]

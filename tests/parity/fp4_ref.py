@@ -296,14 +296,7 @@ def forward(params, layers, x):
 
 
 def evaluate(params, layers, xs, ys):
-    loss, correct = 0.0, 0.0
-    with torch.no_grad():
-        for i in range(0, xs.shape[0], 1000):
-            x, y = xs[i:i + 1000], ys[i:i + 1000]
-            logits = forward(params, layers, x)
-            loss += F.cross_entropy(logits, y).item() * x.shape[0]
-            correct += (logits.argmax(1) == y).sum().item()
-    return loss / xs.shape[0], correct / xs.shape[0]
+    return fmnist.evaluate(lambda x: forward(params, layers, x), xs, ys)
 
 
 # ───────────────────────────── the ablation grid ─────────────────────────────
