@@ -4,13 +4,8 @@
 
 Reads the resolved config from an mpt result file and trains the same MLP on the same batches
 with the same SGD steps. The tensorwise recipe quantizes with PyTorch's own fp8 dtypes, as
-torchao's float8 tensorwise path does (hp_tensor_and_scale_to_float8 with amax_to_scale):
-
-    s = float32(fp8_max / max(amax, 1e-12))   (the division in float64)
-    x_hat = (x * s).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn | float8_e5m2).float() / s
-
-and the three GEMMs of each Linear (out = x W^T + b, dgrad = dy W, wgrad = dy^T x) multiply the
-quantized operands in fp32 in a torch.autograd.Function; bf16 layers cast the operands to
+torchao's float8 tensorwise path does, and the three GEMMs of each Linear multiply the
+quantized operands in fp32 (fp8_common.py's QLinear); bf16 layers cast the operands to
 bfloat16 and back. It prints the reference `results` (the loss of every step, the final train
 loss and test accuracy); compare.py checks mpt's numbers against it exactly. Exit 77 when this
 torch has no float8 dtypes (Debian's 1.13).
@@ -25,6 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fmnist  # noqa: E402
+from fp8_common import QLinear, recipe_kinds  # noqa: E402
 import mpt_threads  # noqa: E402
 
 if not hasattr(torch, "float8_e4m3fn"):
@@ -43,44 +39,10 @@ train_x, train_y = fmnist.load(cfg["data"]["dir"], "train", cfg["data"]["train_s
 test_x, test_y = fmnist.load(cfg["data"]["dir"], "test", cfg["data"]["test_samples"])
 widths = [784] + cfg["model"]["hidden"] + [10]
 L = len(widths) - 1
-grad_dtype = torch.float8_e5m2 if cfg["format"] == "hybrid" else torch.float8_e4m3fn
-
-
-def quant(t, kind):
-    """The dequantized operand as mpt's core/quant gives it (fp8: a contiguous copy first)."""
-    if kind == "fp32":
-        return t
-    if kind == "bf16":
-        return t.to(torch.bfloat16).to(torch.float32)
-    t = t.contiguous()
-    fmax = torch.finfo(kind).max
-    amax = t.abs().max().to(torch.float64)
-    s = (fmax / torch.clamp(amax, min=1e-12)).to(torch.float32)
-    return (t * s).clamp(-fmax, fmax).to(kind).to(torch.float32) / s
-
-
-class QLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, b, kinds):
-        ctx.save_for_backward(x, w)
-        ctx.kinds = kinds
-        return torch.addmm(b, quant(x, kinds["x"]), quant(w, kinds["w"]).t())
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        k = ctx.kinds
-        dx = quant(dy, k["dy"]).mm(quant(w.t(), k["w"]).t())
-        dw = quant(dy.t(), k["dy"]).mm(quant(x.t(), k["x"]).t())
-        return dx, dw, dy.sum(0), None
 
 
 def kinds_of(recipe, layer):
-    fp8 = recipe == "tensorwise" and (cfg["model"]["fp8_layers"] == "all" or 0 < layer < L - 1)
-    if fp8:
-        return {"x": torch.float8_e4m3fn, "w": torch.float8_e4m3fn, "dy": grad_dtype}
-    k = "fp32" if recipe == "fp32" else "bf16"
-    return {"x": k, "w": k, "dy": k}
+    return recipe_kinds(recipe, cfg["model"]["fp8_layers"] == "all" or 0 < layer < L - 1, cfg["format"])
 
 
 torch.manual_seed(seed)

@@ -49,10 +49,12 @@ class Block(nn.Module):
         self.c_fc = nn.Linear(C, ratio * C)
         self.mlp_proj = nn.Linear(ratio * C, C)
 
-    def forward(self, x):
+    def forward(self, x, lin=None):
+        """lin(module, x): how the four Linears run (None: module(x); fp8_gpt_ref.py quantizes)."""
+        lin = lin or (lambda mod, h: mod(h))
         B, T, C = x.shape
         hd = C // self.H
-        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = lin(self.c_attn, self.ln_1(x)).split(C, dim=2)
         q = q.view(B, T, self.H, hd).transpose(1, 2)
         k = k.view(B, T, self.H, hd).transpose(1, 2)
         v = v.view(B, T, self.H, hd).transpose(1, 2)
@@ -61,8 +63,8 @@ class Block(nn.Module):
         att = att.masked_fill(mask.logical_not(), float("-inf"))
         att = F.softmax(att, dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        r = x + self.attn_proj(y)
-        return r + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(r))))
+        r = x + lin(self.attn_proj, y)
+        return r + lin(self.mlp_proj, F.gelu(lin(self.c_fc, self.ln_2(r))))
 
 
 class TinyGpt(nn.Module):
@@ -74,11 +76,11 @@ class TinyGpt(nn.Module):
         self.ln_f = nn.LayerNorm(C)
         self.lm_head = nn.Linear(C, V, bias=False)
 
-    def forward(self, idx):
+    def forward(self, idx, lin=None):
         T = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(T, dtype=torch.long))
         for b in self.h:
-            x = b(x)
+            x = b(x, lin)
         return self.lm_head(self.ln_f(x))
 
 
