@@ -52,23 +52,22 @@ for s in "${lib_srcs[@]}"; do
     "$cxx" "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" -c "$s" -o "$o"
   fi
 done
-status=0
-for t in $targets; do
-  bin="$out/fuzz_$t"
-  src="tests/fuzz/fuzz_$t.cpp"
-  [ -f "$src" ] || { echo "fuzz: no target '$t' ($src)" >&2; exit 2; }
+# One target: build, replay its regressions, fuzz. Returns 1 on any finding.
+fuzz_target() {
+  local t=$1
+  local bin="$out/fuzz_$t"
+  local src="tests/fuzz/fuzz_$t.cpp"
   echo "fuzz: building $bin"
   "$cxx" "${flags[@]}" "$src" "$out"/{config,compare,results}.o -lfmt -o "$bin"
-  common=(-rss_limit_mb=2048 -timeout=10 -max_len=16384 -dict=tests/fuzz/json.dict
-          "-artifact_prefix=$out/artifacts/$t-")
-  regs=(tests/fuzz/regressions/"$t"/*)
+  local common=(-rss_limit_mb=2048 -timeout=10 -max_len=16384 -dict=tests/fuzz/json.dict
+                "-artifact_prefix=$out/artifacts/$t-")
+  local regs=(tests/fuzz/regressions/"$t"/*)
   if [ -e "${regs[0]}" ]; then
     echo "fuzz: $t: replaying ${#regs[@]} regression inputs"
     if ! "$bin" "${common[@]}" -runs=1 "${regs[@]}" > "$out/$t-regressions.log" 2>&1; then
-      echo "fuzz: $t: a regression input fails; see $out/$t-regressions.log" >&2
-      tail -30 "$out/$t-regressions.log" >&2
-      status=1
-      continue
+      echo "fuzz: $t: a regression input fails; see $out/$t-regressions.log"
+      tail -30 "$out/$t-regressions.log"
+      return 1
     fi
   fi
   if [ "$seconds" -gt 0 ]; then
@@ -78,11 +77,33 @@ for t in $targets; do
          "$out/corpus/$t" "tests/fuzz/corpus/$t" > "$out/$t.log" 2>&1; then
       grep -E "^stat::number_of_executed_units|^stat::new_units_added" "$out/$t.log" | sed "s/^/fuzz: $t: /"
     else
-      echo "fuzz: $t: FAILED; see $out/$t.log and $out/artifacts/" >&2
-      grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$out/$t.log" | head -20 >&2
-      status=1
+      echo "fuzz: $t: FAILED; see $out/$t.log and $out/artifacts/"
+      grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$out/$t.log" | head -20
+      return 1
     fi
   fi
+}
+for t in $targets; do
+  [ -f "tests/fuzz/fuzz_$t.cpp" ] || { echo "fuzz: no target '$t' (tests/fuzz/fuzz_$t.cpp)" >&2; exit 2; }
+done
+# The targets are independent and each fuzzer runs on one core: with two cores or more they run
+# side by side (CI's wall time is one target's, not the sum); their reports print in order.
+status=0
+pids=()
+for t in $targets; do
+  if [ "$(nproc)" -ge 2 ]; then
+    fuzz_target "$t" > "$out/$t.report" 2>&1 &
+    pids+=($!)
+  else
+    fuzz_target "$t" > "$out/$t.report" 2>&1 || status=1
+    pids+=("")
+  fi
+done
+i=0
+for t in $targets; do
+  if [ -n "${pids[$i]}" ]; then wait "${pids[$i]}" || status=1; fi
+  i=$((i + 1))
+  cat "$out/$t.report"
 done
 [ $status = 0 ] && echo "fuzz: OK (targets: $targets; $seconds s each)"
 exit $status

@@ -7,7 +7,8 @@
 #   scripts/test.sh --torch debian    # Debian's LibTorch 1.13 build (build-debian/), reference /usr/bin/python3
 #   scripts/test.sh --sanitize        # ASan + UBSan build (build-asan/) of Debian's route; runs the unit
 #                                     # tests and the CLI cases (-R 'unit\.|cli\.' unless -R is given,
-#                                     # -E '^(unit\.timing|cli\.dataparallel_busy)$' unless -E is given)
+#                                     # -E '^(unit\.timing|cli\.dataparallel_busy)$' unless -E is given,
+#                                     # -LE long unless -L or -LE is given: tests/CMakeLists.txt)
 #   scripts/test.sh -R parity         # other arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ while [ $# -gt 0 ]; do
     --torch) torch="${2:-}"; torch_args=(--torch "$torch"); shift 2 || { echo "test: --torch needs a value: debian or pip" >&2; exit 2; } ;;
     --torch=*) torch="${1#--torch=}"; torch_args=(--torch "$torch"); shift ;;
     --sanitize) sanitize=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -35,6 +36,9 @@ if [ $sanitize = 1 ]; then
   # it runs in the two ordinary routes.
   [[ " ${args[*]-} " == *" -R "* ]] || args+=(-R 'unit\.|cli\.')
   [[ " ${args[*]-} " == *" -E "* ]] || args+=(-E '^(unit\.timing|cli\.dataparallel_busy)$')
+  # Nor the CLI cases labelled `long` (full-size lessons, runs repeated to compare): their code
+  # paths are the tiny cases' (tests/CMakeLists.txt, MPT_LONG_CLI_CASES).
+  [[ " ${args[*]-} " == *" -L "* || " ${args[*]-} " == *" -LE "* ]] || args+=(-LE long)
 else
   bash scripts/setup.sh --torch "$torch"
   build=build
