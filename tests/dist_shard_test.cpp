@@ -188,8 +188,8 @@ TEST_CASE("ShardedDataParallel: stages 0-3 on two Gloo ranks equal one process's
 
 TEST_CASE("ShardedDataParallel refuses a stage outside 0..3 and, at stage 3, a parameter with fewer rows than ranks",
           "[dist][shard]") {
-  dist::connect_store(dist::LaunchInfo{}, std::chrono::milliseconds(5000));
-  auto solo = dist::Group::create({}, 0, 1, "sdp_solo/", std::chrono::milliseconds(5000));
+  auto solo = dist::Group::create(dist::connect_store(dist::LaunchInfo{}, std::chrono::milliseconds(5000)), 0, 1,
+                                  "sdp_solo/", std::chrono::milliseconds(5000));
   dist::ShardOptions o;
   o.stage = 4;
   CHECK_THROWS_AS(dist::ShardedDataParallel(small_mlp(), solo, o, adam), std::invalid_argument);

@@ -1,6 +1,11 @@
 // Unit tests of core/dist: bucket assignment, launcher environments, the Reducer on a
-// one-process group and on two Gloo ranks played by two threads, the collectives of Group
-// (the multi-process paths run through ctest's CLI cases).
+// one-process group and on two Gloo ranks played by two threads, the collectives of Group,
+// Jobs (several in one process, independent) (the multi-process paths run through ctest's CLI cases).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <functional>
 #include <thread>
@@ -114,8 +119,8 @@ TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]"
 
 TEST_CASE("Reducer on a one-process group leaves the local gradient (also accumulated)", "[dist]") {
   dist::LaunchInfo li;
-  dist::connect_store(li, std::chrono::milliseconds(5000));
-  auto g = dist::Group::create(li, 0, 1, "unit/", std::chrono::milliseconds(5000));
+  auto g = dist::Group::create(dist::connect_store(li, std::chrono::milliseconds(5000)), 0, 1, "unit/",
+                               std::chrono::milliseconds(5000));
   torch::manual_seed(0);
   torch::nn::Linear lin(5, 3);
   auto x = torch::randn({4, 5});
@@ -151,13 +156,13 @@ TEST_CASE("heartbeat_interval: timeout/20 in milliseconds, between 20 ms and 500
 
 TEST_CASE("Group::barrier of one rank and a thread-played pair returns", "[dist]") {
   using std::chrono::milliseconds;
-  dist::connect_store(dist::LaunchInfo{}, milliseconds(5000));
-  auto solo = dist::Group::create({}, 0, 1, "barrier_solo/", milliseconds(5000));
+  const auto job = dist::connect_store(dist::LaunchInfo{}, milliseconds(5000));
+  auto solo = dist::Group::create(job, 0, 1, "barrier_solo/", milliseconds(5000));
   solo->barrier();
   std::vector<std::shared_ptr<dist::Group>> gs(2);
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] { gs[static_cast<std::size_t>(r)] = dist::Group::create({}, r, 2, "barrier_pair/", milliseconds(5000)); });
+    ts.emplace_back([&, r] { gs[static_cast<std::size_t>(r)] = dist::Group::create(job, r, 2, "barrier_pair/", milliseconds(5000)); });
   for (auto& t : ts) t.join();
   ts.clear();
   std::vector<int> done(2, 0);
@@ -172,11 +177,121 @@ TEST_CASE("Group::barrier of one rank and a thread-played pair returns", "[dist]
 
 TEST_CASE("Group::create names a rank that never comes, within the timeout", "[dist]") {
   using std::chrono::milliseconds;
-  dist::connect_store(dist::LaunchInfo{}, milliseconds(300));
+  const auto job = dist::connect_store(dist::LaunchInfo{}, milliseconds(300));
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(dist::Group::create({}, 0, 2, "never/", milliseconds(300)),
+  CHECK_THROWS_WITH(dist::Group::create(job, 0, 2, "never/", milliseconds(300)),
                     Catch::Contains("rank 1 did not arrive within 0.3 s"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+}
+
+TEST_CASE("two Jobs in one process are independent: store, timeout, progress, waits", "[dist]") {
+  using std::chrono::milliseconds;
+  auto a = dist::connect_store(dist::LaunchInfo{}, milliseconds(300));
+  auto b = dist::connect_store(dist::LaunchInfo{}, milliseconds(5000));
+  CHECK(a->timeout() == milliseconds(300));
+  CHECK(b->timeout() == milliseconds(5000));
+  a->note_progress();
+  a->note_progress();
+  CHECK(a->progress() == 2);
+  CHECK(b->progress() == 0);
+  {
+    dist::WaitingFor waiting(*a, 1);
+    CHECK(a->waiting_on() == 1);
+    CHECK(b->waiting_on() == -1);
+  }
+  CHECK(a->waiting_on() == -1);
+  // Ranks 0 and 1 of "pair/" meet in b's store. a's store has seen neither: rank 0 of "pair/"
+  // there waits alone and fails within the 0.3 s it is given (one shared store would let it
+  // through at once: both ranks' arrival keys are there).
+  std::vector<std::shared_ptr<dist::Group>> gs(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] { gs[static_cast<std::size_t>(r)] = dist::Group::create(b, r, 2, "pair/", milliseconds(5000)); });
+  for (auto& t : ts) t.join();
+  ts.clear();
+  REQUIRE((gs[0] && gs[1]));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(dist::Group::create(a, 0, 2, "pair/", milliseconds(300)),
+                    Catch::Contains("rank 1 did not arrive within 0.3 s"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  // A group keeps its job: with the test's handle on b gone, b's groups still meet in its store.
+  b.reset();
+  CHECK(gs[0]->job()->timeout() == milliseconds(5000));
+  std::vector<float> sums(2, 0.0f);
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto& g = *gs[static_cast<std::size_t>(r)];
+      g.barrier();
+      auto t = torch::full({1}, r + 1.0f);
+      g.allreduce(t);
+      sums[static_cast<std::size_t>(r)] = t.item<float>();
+    });
+  for (auto& t : ts) t.join();
+  CHECK(sums == std::vector<float>{3.0f, 3.0f});
+}
+
+namespace {
+// A TCP port nothing listens on right now (bound, read back and released: another process may
+// take it before the test does, which is unlikely on a test machine).
+int unused_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(addr.sin_port) : 0;
+}
+}  // namespace
+
+TEST_CASE("two ranks' Jobs in one process: each beats its own heartbeat, and a failed recv names the late rank",
+          "[dist]") {
+  using std::chrono::milliseconds;
+  // Ranks 0 and 1 of a two-rank TCPStore job (rank 0 hosts it), each with its own Job and
+  // heartbeat thread. Rank 1 forms the group and then waits (WaitingFor) for rank 0 without
+  // sending; rank 0's recv from it times out after 1 s, and rank 0 reads rank 1's heartbeat:
+  // fresh and saying "waiting for rank 0" (its own Job's value, while rank 0's says 1).
+  const int port = unused_port();
+  REQUIRE(port > 0);
+  const milliseconds timeout(1000);
+  dist::LaunchInfo l0, l1;
+  l0.world_size = l1.world_size = 2;
+  l0.master_port = l1.master_port = port;
+  l1.rank = l1.local_rank = 1;
+  auto j0 = dist::connect_store(l0, timeout);
+  auto j1 = dist::connect_store(l1, timeout);
+  CHECK(j0->rank() == 0);
+  CHECK(j1->rank() == 1);
+  std::vector<std::shared_ptr<dist::Group>> gs(2);
+  {
+    std::thread t1([&] { gs[1] = dist::Group::create(j1, 1, 2, "hb/", timeout); });
+    gs[0] = dist::Group::create(j0, 0, 2, "hb/", timeout);
+    t1.join();
+  }
+  REQUIRE(gs[1]);
+  std::string error;
+  int waiting_during = -3;
+  {
+    dist::WaitingFor waiting(*j1, 0);
+    auto buf = torch::zeros({2});
+    try {
+      gs[0]->recv_async(buf, 1, /*tag=*/0).wait();
+    } catch (const RuntimeFailure& e) {
+      error = e.what();
+    }
+    waiting_during = j1->waiting_on();
+  }
+  CHECK(waiting_during == 0);
+  CHECK(j0->waiting_on() == -1);  // restored after the failed wait
+  CHECK_THAT(error, Catch::Contains("recv from rank 1 (tag 0) failed on rank 0 of 2") &&
+                        Catch::Contains("rank 1 is late: alive, itself waiting for rank 0"));
+  gs[0].reset();
+  gs[1].reset();
+  j1.reset();  // its heartbeat joined, its connections closed
+  j0.reset();  // then the host of the store
 }
 
 // ---------------------------------------------------------------------------
@@ -212,8 +327,8 @@ TEST_CASE("all_gather, reduce_scatter and all_to_all on two Gloo ranks", "[dist]
 }
 
 TEST_CASE("the collectives refuse tensors whose shapes do not fit the group", "[dist]") {
-  dist::connect_store(dist::LaunchInfo{}, std::chrono::milliseconds(5000));
-  auto g = dist::Group::create({}, 0, 1, "collectives_solo/", std::chrono::milliseconds(5000));
+  auto g = dist::Group::create(dist::connect_store(dist::LaunchInfo{}, std::chrono::milliseconds(5000)), 0, 1,
+                               "collectives_solo/", std::chrono::milliseconds(5000));
   CHECK_THROWS_AS(g->all_gather(torch::ones({2}), torch::empty({3})), std::invalid_argument);
   CHECK_THROWS_AS(g->reduce_scatter(torch::ones({2}), torch::empty({1})), std::invalid_argument);
   CHECK_THROWS_AS(g->all_to_all(torch::ones({2}), torch::empty({3})), std::invalid_argument);

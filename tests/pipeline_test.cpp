@@ -304,11 +304,11 @@ using namespace std::chrono_literals;
 /// Creates ranks 0 .. n-1 of a group (each constructor waits for the others: one thread each).
 std::vector<std::shared_ptr<dist::Group>> thread_groups(int n, const std::string& prefix,
                                                         std::chrono::milliseconds timeout) {
-  dist::connect_store(dist::LaunchInfo{}, timeout);  // one process, no launcher: a HashStore
+  const auto job = dist::connect_store(dist::LaunchInfo{}, timeout);  // one process, no launcher: a HashStore
   std::vector<std::shared_ptr<dist::Group>> groups(static_cast<std::size_t>(n));
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] { groups[static_cast<std::size_t>(r)] = dist::Group::create({}, r, n, prefix, timeout); });
+    ts.emplace_back([&, r] { groups[static_cast<std::size_t>(r)] = dist::Group::create(job, r, n, prefix, timeout); });
   for (auto& t : ts) t.join();
   return groups;
 }

@@ -22,7 +22,7 @@ namespace mpt::testing {
 inline std::vector<std::string> on_two_ranks(const std::string& prefix,
                                              const std::function<void(std::shared_ptr<dist::Group>, int)>& body) {
   using std::chrono::milliseconds;
-  dist::connect_store(dist::LaunchInfo{}, milliseconds(10000));
+  const auto job = dist::connect_store(dist::LaunchInfo{}, milliseconds(10000));  // a fresh HashStore
   std::vector<std::shared_ptr<dist::Group>> gs(2);
   std::vector<std::string> errors(2);
   std::vector<std::thread> ts;
@@ -30,7 +30,7 @@ inline std::vector<std::string> on_two_ranks(const std::string& prefix,
     ts.emplace_back([&, r] {
       const auto i = static_cast<std::size_t>(r);
       try {
-        gs[i] = dist::Group::create({}, r, 2, prefix, milliseconds(10000));
+        gs[i] = dist::Group::create(job, r, 2, prefix, milliseconds(10000));
         body(gs[i], r);
       } catch (const std::exception& e) {
         errors[i] = e.what();

@@ -289,7 +289,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       trace::set_metadata("device", device.str());
       if (several) {
         world->group();
-        clock = trace::clock_from_exchanges(rank, dist::clock_exchanges(kClockRounds));
+        clock = trace::clock_from_exchanges(rank, world->job()->clock_exchanges(kClockRounds));
       }
     }
     const double t0 = now_seconds();
@@ -303,13 +303,16 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       const json mine = trace_part(world ? &*world : nullptr, device, clock);
       std::vector<json> parts;
       if (several) {
-        for (const auto& s : dist::gather_on_rank0("trace", mine.dump())) parts.push_back(json::parse(s));
+        for (const auto& s : world->job()->gather_on_rank0("trace", mine.dump())) parts.push_back(json::parse(s));
       } else {
         parts.push_back(mine);
       }
       if (rank == 0)
         trace_doc = trace_document(exp, cfg, parts, world_size, launch ? launch->launcher : std::string("none"));
     }
+    // The job's connection (store, heartbeat) outlives the groups until this rank returns: a
+    // TCPStore that rank 0 hosts (SLURM, torchrun without the agent's) serves its peers' last calls.
+    const std::shared_ptr<dist::Job> job = world && world->connected() ? world->job() : nullptr;
     world.reset();
     if (rank != 0) return report.all_checks_ok() ? kExitOk : kExitCheckFailed;  // rank 0 prints and writes
 

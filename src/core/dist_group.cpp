@@ -1,4 +1,4 @@
-// core/dist, groups: the store, heartbeats, Group and Work. See dist_group.hpp.
+// core/dist, groups: the job's connection (store, heartbeat), Group and Work. See dist_group.hpp.
 #define USE_C10D_GLOO 1
 #define MPT_COMPAT_C10D 1
 #include "core/dist_group.hpp"
@@ -56,16 +56,6 @@ using detail::first_line;
 using detail::parse_ranks;
 using detail::unresponsive_key;
 
-// The job's store (one per process), and how long collectives may take.
-c10::intrusive_ptr<c10d::Store> g_store;
-std::chrono::milliseconds g_timeout{30000};
-// This process in the job (for heartbeats and blame), from the LaunchInfo of connect_store.
-int g_global_rank = 0, g_world_size = 1;
-// What the main thread waits for (published in the heartbeat): -1 nothing, a global rank, -2 a group.
-std::atomic<int> g_waiting_on{-1};
-// Work done, as counted by note_progress() (published in the heartbeat).
-std::atomic<long long> g_progress{0};
-
 void store_set(c10d::Store& store, const std::string& key, const std::string& value) {
   store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
@@ -84,10 +74,13 @@ std::string heartbeat_key(int global_rank) { return fmt::format("mpt/heartbeat/{
 
 // The thread that publishes this rank's heartbeat, on a store connection of its own (a
 // TCPStore client serialises its operations: a long wait of the main thread would delay it).
+// `waiting` and `progress` are its Job's (JobState), which outlive it.
 class Heartbeat {
  public:
-  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int global_rank, std::chrono::milliseconds interval)
-      : store_(std::move(store)), key_(heartbeat_key(global_rank)), interval_(interval) {
+  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int global_rank, std::chrono::milliseconds interval,
+            const std::atomic<int>& waiting, const std::atomic<long long>& progress)
+      : store_(std::move(store)), key_(heartbeat_key(global_rank)), interval_(interval), waiting_(waiting),
+        progress_(progress) {
     thread_ = std::thread([this] { loop(); });
   }
   ~Heartbeat() {
@@ -110,7 +103,7 @@ class Heartbeat {
       const long long cpu_ms = static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
       try {
         store_set(*store_, key_,
-                  fmt::format("{} {} {} {}", beat, cpu_ms, g_waiting_on.load(), g_progress.load()));
+                  fmt::format("{} {} {} {}", beat, cpu_ms, waiting_.load(), progress_.load()));
       } catch (...) {  // the store is gone (the job is ending): nothing to tell anyone
         return;
       }
@@ -120,17 +113,13 @@ class Heartbeat {
   c10::intrusive_ptr<c10d::Store> store_;
   std::string key_;
   std::chrono::milliseconds interval_;
+  const std::atomic<int>& waiting_;
+  const std::atomic<long long>& progress_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;
 };
-
-std::unique_ptr<Heartbeat> g_heartbeat;  // after g_store: destroyed (joined) before it
-
-double interval_s() { return static_cast<double>(heartbeat_interval(g_timeout).count()) / 1000.0; }
-// A heartbeat unchanged for this long belongs to a stopped or dead rank.
-double stale_s() { return 3.0 * interval_s() + 0.25; }
 
 // What a waiting rank has seen of one peer's heartbeat (times are this process's now_seconds()).
 struct PeerBeat {
@@ -171,23 +160,66 @@ void observe(c10d::Store& store, int global, PeerBeat& b, double now) {
   ++b.changes;
 }
 
-bool is_stale(const PeerBeat& b, double now) { return !b.seen || now - b.changed_at > stale_s(); }
+}  // namespace
+
+namespace detail {
+
+/// What a Job owns (see dist_group.hpp). Members are destroyed in reverse order: the heartbeat
+/// thread is joined while the store, and the counters it publishes, are still there.
+struct JobState {
+  LaunchInfo launch;                         // this process in the job (rank, world size, master)
+  std::chrono::milliseconds timeout{30000};  // of store operations and heartbeat-based waits
+  // What the main thread waits for (published in the heartbeat): -1 nothing, a global rank, -2 a group.
+  std::atomic<int> waiting_on{-1};
+  // Work done, as counted by Job::note_progress() (published in the heartbeat).
+  std::atomic<long long> progress{0};
+  c10::intrusive_ptr<c10d::Store> store;     // the job's store (TCPStore, or HashStore for one process)
+  std::unique_ptr<Heartbeat> heartbeat;      // after store: destroyed (joined) before it
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::JobState;
+
+// Marks `job`'s rank as waiting for `global_rank` (-2: a group) while in scope (what WaitingFor does).
+class WaitScope {
+ public:
+  WaitScope(JobState& job, int global_rank) : job_(job), previous_(job.waiting_on.exchange(global_rank)) {}
+  ~WaitScope() { job_.waiting_on.store(previous_); }
+  WaitScope(const WaitScope&) = delete;
+  WaitScope& operator=(const WaitScope&) = delete;
+
+ private:
+  JobState& job_;
+  int previous_;
+};
+
+double interval_s(const JobState& job) { return static_cast<double>(heartbeat_interval(job.timeout).count()) / 1000.0; }
+// A heartbeat unchanged for this long belongs to a stopped or dead rank.
+double stale_s(const JobState& job) { return 3.0 * interval_s(job) + 0.25; }
+
+bool is_stale(const JobState& job, const PeerBeat& b, double now) {
+  return !b.seen || now - b.changed_at > stale_s(job);
+}
 
 // "alive and working", "stopped or dead (...)", ...: what `b` says about its rank at `now`.
-std::string beat_state(const PeerBeat& b, double now) {
+std::string beat_state(const JobState& job, const PeerBeat& b, double now) {
   if (!b.seen) return "no heartbeat from it: it never started or cannot reach the store";
-  if (is_stale(b, now))
+  if (is_stale(job, b, now))
     return fmt::format("its heartbeat stopped (none for {:.1f} s): stopped (SIGSTOP?) or dead", now - b.changed_at);
   if (b.waiting >= 0) return fmt::format("alive, itself waiting for rank {}", b.waiting);
   if (b.waiting == -2) return "alive, itself waiting in a collective";
   const double idle = now - std::max(b.progress_at, b.first_seen);
-  if (b.progress_at > 0 && now - b.progress_at <= stale_s()) return "alive and working, but late";
+  if (b.progress_at > 0 && now - b.progress_at <= stale_s(job)) return "alive and working, but late";
   return fmt::format("alive but it made no progress for {:.1f} s: hung", idle);
 }
 
-void post_unresponsive(const std::vector<int>& globals) {
+void post_unresponsive(JobState& job, const std::vector<int>& globals) {
   try {
-    if (g_store && !globals.empty()) store_set(*g_store, unresponsive_key(g_global_rank), join_ranks(globals, ","));
+    if (job.store && !globals.empty())
+      store_set(*job.store, unresponsive_key(job.launch.rank), join_ranks(globals, ","));
   } catch (const std::exception&) {
   }
 }
@@ -195,17 +227,18 @@ void post_unresponsive(const std::vector<int>& globals) {
 // After a send/recv with rank `peer` (global) failed: watches the heartbeats of the job for
 // up to stale_s(), follows "waiting for" links from `peer` to the rank that is late, posts it
 // for spawn_local and returns "; rank Q is late: ...". Empty without heartbeats.
-std::string blame_late(int peer) {
-  if (!g_store || g_world_size <= 1 || peer < 0 || peer >= g_world_size) return {};
+std::string blame_late(JobState& job, int peer) {
+  const int world_size = job.launch.world_size, self = job.launch.rank;
+  if (!job.store || world_size <= 1 || peer < 0 || peer >= world_size) return {};
   try {
     std::map<int, PeerBeat> beats;
-    const double t0 = now_seconds(), end = t0 + stale_s() + 0.05;
+    const double t0 = now_seconds(), end = t0 + stale_s(job) + 0.05;
     for (;;) {
       const double now = now_seconds();
       bool all_fresh = true;
-      for (int g = 0; g < g_world_size; ++g) {
-        if (g == g_global_rank) continue;
-        observe(*g_store, g, beats[g], now);
+      for (int g = 0; g < world_size; ++g) {
+        if (g == self) continue;
+        observe(*job.store, g, beats[g], now);
         all_fresh = all_fresh && beats[g].changes >= 2;
       }
       if (all_fresh || now >= end) break;
@@ -217,33 +250,34 @@ std::string blame_late(int peer) {
     for (;;) {
       const PeerBeat& b = beats[cur];
       const int next = b.waiting;
-      if (is_stale(b, now) || next < 0 || next >= g_world_size || next == g_global_rank ||
+      if (is_stale(job, b, now) || next < 0 || next >= world_size || next == self ||
           std::find(chain.begin(), chain.end(), next) != chain.end())
         break;
       cur = next;
       chain.push_back(cur);
     }
-    post_unresponsive({cur});
+    post_unresponsive(job, {cur});
     std::string via;
     for (std::size_t i = 0; i + 1 < chain.size(); ++i)
       via += fmt::format("{}rank {} waits for rank {}", via.empty() ? " (" : ", ", chain[i], chain[i + 1]);
     if (!via.empty()) via += ")";
-    return fmt::format("; rank {} is late{}: {}", cur, via, beat_state(beats[cur], now));
+    return fmt::format("; rank {} is late{}: {}", cur, via, beat_state(job, beats[cur], now));
   } catch (const std::exception& e) {
     return fmt::format("; cannot tell which rank (the store did not answer: {})", first_line(e.what()));
   }
 }
 
-// Waits in `store` until ranks 0 .. size-1 have all arrived under "mpt_barrier/<tag>/".
-// `global(r)` maps a group rank to its rank in the job (for heartbeats). The deadline is
-// `timeout` after the start or after the last progress of a rank that has not arrived.
-// Throws RuntimeFailure naming the ranks that did not arrive and the late ones among them.
-void store_barrier(c10d::Store& store, const std::string& tag, int rank, int size,
+// Waits in `store` (a group's, in `job`'s store) until ranks 0 .. size-1 have all arrived under
+// "mpt_barrier/<tag>/". `global(r)` maps a group rank to its rank in the job (for the job's
+// heartbeats). The deadline is `timeout` after the start or after the last progress of a rank
+// that has not arrived. Throws RuntimeFailure naming the ranks that did not arrive and the late
+// ones among them.
+void store_barrier(JobState& job, c10d::Store& store, const std::string& tag, int rank, int size,
                    const std::function<int(int)>& global, std::chrono::milliseconds timeout,
                    const std::string& what) {
   if (size <= 1) return;
   const std::string base = "mpt_barrier/" + tag + "/";
-  WaitingFor waiting(-2);
+  WaitScope waiting(job, -2);
   const double t_timeout = static_cast<double>(timeout.count()) / 1000.0;
   try {
     store_set(store, base + std::to_string(rank), "1");
@@ -260,10 +294,10 @@ void store_barrier(c10d::Store& store, const std::string& tag, int rank, int siz
       if (missing.empty()) return;
       const double now = now_seconds();
       double last = start;
-      if (g_store && g_world_size > 1)
+      if (job.store && job.launch.world_size > 1)
         for (int r : missing) {
           PeerBeat& b = beats[global(r)];
-          observe(*g_store, global(r), b, now);
+          observe(*job.store, global(r), b, now);
           last = std::max(last, b.progress_at);
         }
       if (now - last > t_timeout) {
@@ -273,13 +307,14 @@ void store_barrier(c10d::Store& store, const std::string& tag, int rank, int siz
         for (std::size_t i = 0; i < missing.size(); ++i) {
           const int g = global(missing[i]);
           const PeerBeat& b = beats[g];
-          if (i < kShown) states += fmt::format("{}rank {}: {}", states.empty() ? "" : "; ", g, beat_state(b, now));
-          if (!(b.seen && !is_stale(b, now) && b.waiting != -1)) late_global.push_back(g);
+          if (i < kShown)
+            states += fmt::format("{}rank {}: {}", states.empty() ? "" : "; ", g, beat_state(job, b, now));
+          if (!(b.seen && !is_stale(job, b, now) && b.waiting != -1)) late_global.push_back(g);
         }
         if (missing.size() > kShown) states += fmt::format("; and {} more", missing.size() - kShown);
         if (late_global.empty())  // everyone missing waits elsewhere: a protocol mismatch; name them all
           for (int r : missing) late_global.push_back(global(r));
-        post_unresponsive(late_global);
+        post_unresponsive(job, late_global);
         std::vector<int> shown(late_global.begin(), late_global.begin() + std::min(late_global.size(), kShown));
         throw RuntimeFailure(fmt::format(
             "{}: rank {}{} did not arrive within {:g} s of the last sign of progress (heartbeat); {}", what,
@@ -362,23 +397,30 @@ std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds timeout) 
   return std::clamp(timeout / 20, std::chrono::milliseconds(20), std::chrono::milliseconds(500));
 }
 
-void note_progress() { g_progress.fetch_add(1, std::memory_order_relaxed); }
-
-WaitingFor::WaitingFor(int global_rank) : previous_(g_waiting_on.exchange(global_rank)) {}
-WaitingFor::~WaitingFor() { g_waiting_on.store(previous_); }
-
 // ----------------------------------------------------------------------------
-// Store and groups
+// The job's connection
 // ----------------------------------------------------------------------------
 
-void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
-  g_heartbeat.reset();  // a new job (unit tests connect more than once)
-  g_timeout = timeout;
-  g_global_rank = info.rank;
-  g_world_size = info.world_size;
+Job::Job(std::unique_ptr<detail::JobState> state) : state_(std::move(state)) {}
+Job::~Job() = default;  // JobState: the heartbeat joined, then the store closed
+
+const LaunchInfo& Job::launch() const { return state_->launch; }
+std::chrono::milliseconds Job::timeout() const { return state_->timeout; }
+void Job::note_progress() { state_->progress.fetch_add(1, std::memory_order_relaxed); }
+long long Job::progress() const { return state_->progress.load(); }
+int Job::waiting_on() const { return state_->waiting_on.load(); }
+
+WaitingFor::WaitingFor(Job& job, int global_rank)
+    : job_(job), previous_(job.state_->waiting_on.exchange(global_rank)) {}
+WaitingFor::~WaitingFor() { job_.state_->waiting_on.store(previous_); }
+
+std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
+  auto state = std::make_unique<detail::JobState>();
+  state->launch = info;
+  state->timeout = timeout;
   if (info.world_size == 1 && info.launcher == "none") {
-    g_store = c10::make_intrusive<c10d::HashStore>();
-    return;
+    state->store = c10::make_intrusive<c10d::HashStore>();
+    return std::shared_ptr<Job>(new Job(std::move(state)));
   }
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(info.master_port);
@@ -402,6 +444,8 @@ void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
   }
   // Last resort: an exception that escapes one of LibTorch's store threads (a peer speaking
   // another protocol) would abort (exit 134) without a word; name the store and exit 3.
+  // Process-wide by nature, so kept outside any Job: std::set_terminate has one handler per
+  // process, and it can only name the store of the job that connected last.
   static std::string terminate_context;
   terminate_context = fmt::format("rank {}: the TCPStore connection to {}", info.rank, where);
   std::set_terminate([] {
@@ -424,21 +468,23 @@ void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
     return s;
   };
   try {
-    g_store = open();
+    state->store = open();
     // One round trip: a port that answers with something else than a TCPStore fails here.
-    g_store->check({"mpt/ping"});
+    state->store->check({"mpt/ping"});
   } catch (const std::exception& e) {  // also std::length_error & co. from a peer speaking another protocol
-    g_store.reset();
+    state->store.reset();
     throw fail(fmt::format("{} (is {} a TCPStore of this job?)", first_line(e.what()), where));
   }
   if (info.world_size > 1) {
     try {
       o.isServer = false;
-      g_heartbeat = std::make_unique<Heartbeat>(open(), info.rank, heartbeat_interval(timeout));
+      state->heartbeat = std::make_unique<Heartbeat>(open(), info.rank, heartbeat_interval(timeout),
+                                                     state->waiting_on, state->progress);
     } catch (const std::exception& e) {
       throw fail(fmt::format("the heartbeat connection failed: {}", first_line(e.what())));
     }
   }
+  return std::shared_ptr<Job>(new Job(std::move(state)));
 }
 
 namespace {
@@ -450,7 +496,8 @@ namespace {
 // (hung): it is named in the error message, and listed under unresponsive_key() of this
 // rank for the launcher. Costs nothing while collectives succeed.
 struct Monitor {
-  c10::intrusive_ptr<c10d::Store> store;  // the group's (prefixed) store
+  c10::intrusive_ptr<c10d::Store> store;      // the group's (prefixed) store
+  c10::intrusive_ptr<c10d::Store> job_store;  // the job's, where unresponsive_key() is read
   int rank = 0, size = 1, global_rank = 0;
   double window_s = 1.0;
   std::mutex mu;
@@ -484,7 +531,7 @@ struct Monitor {
         }
         global.push_back(g);
       }
-      if (g_store) store_set(*g_store, unresponsive_key(global_rank), join_ranks(global, ","));
+      if (job_store) store_set(*job_store, unresponsive_key(global_rank), join_ranks(global, ","));
       *verdict = fmt::format("; rank {} did not answer (no failure report from {} within {:g} s after this "
                              "rank's: hung or dead)",
                              join_ranks(global, ", "), global.size() == 1 ? "it" : "them", window_s);
@@ -530,7 +577,8 @@ void trace_end(const TraceOp& op, double begin_us, double end_us) {
 
 // The completion time of the last traced collective of this process: Gloo (one thread per
 // group) and NCCL (one stream) run a group's collectives in posting order, so one starts when
-// both it was posted and the previous one was done. Shared by the process's groups, so that
+// both it was posted and the previous one was done. Shared by the process's groups (of any
+// Job: the timeline of core/trace, like its communication track, is the process's), so that
 // the slices of one communication track do not overlap (Trace Event slices of a thread nest).
 struct TraceLane {
   std::mutex mu;
@@ -544,19 +592,21 @@ std::shared_ptr<TraceLane> process_trace_lane() {
 struct WorkImpl {
   c10::intrusive_ptr<c10d::Work> w;
   std::string what;
+  std::shared_ptr<Job> job;  // whose heartbeat says what wait() waits for
   std::shared_ptr<Monitor> monitor;
   int peer_global = -1;  // send/recv: the peer's rank in the job
   std::shared_ptr<TraceOp> trace;  // recorded when wait() returns (recv; collectives without a future)
 };
 
-// `m` may be null: point-to-point work (send/recv) is diagnosed from the heartbeats instead
+// `m` may be null: point-to-point work (send/recv) is diagnosed from `job`'s heartbeats instead
 // (blame_late: the peer, or the rank it waits for), as a collective diagnosis would wrongly
 // name healthy ranks that are still waiting elsewhere.
 [[noreturn]] void collective_failed(const std::string& what, const std::exception& e, Monitor* m,
-                                    int peer_global = -1) {
+                                    JobState* job = nullptr, int peer_global = -1) {
   const std::string cause = first_line(e.what());  // before diagnose() waits
   throw RuntimeFailure(fmt::format("{}: {}; a peer process failed or timed out{}", what, cause,
-                                   m ? m->diagnose() : peer_global >= 0 ? blame_late(peer_global) : std::string()));
+                                   m ? m->diagnose()
+                                     : job && peer_global >= 0 ? blame_late(*job, peer_global) : std::string()));
 }
 
 // Posts one collective: `post` returns LibTorch's Work; a failure to post is diagnosed like a
@@ -566,10 +616,11 @@ struct WorkImpl {
 // of the Work's future (c10d marks it completed in Gloo's worker thread, or when NCCL's
 // kernels end); where a Work has no future, from posting to the return of wait().
 template <class Post>
-Work post_collective(std::string what, const std::shared_ptr<Monitor>& monitor, Post&& post,
-                     std::shared_ptr<TraceOp> op = nullptr, std::shared_ptr<TraceLane> lane = nullptr) {
+Work post_collective(std::string what, const std::shared_ptr<Job>& job, const std::shared_ptr<Monitor>& monitor,
+                     Post&& post, std::shared_ptr<TraceOp> op = nullptr, std::shared_ptr<TraceLane> lane = nullptr) {
   auto impl = std::make_shared<WorkImpl>();
   impl->what = std::move(what);
+  impl->job = job;
   impl->monitor = monitor;
   try {
     impl->w = post();
@@ -629,10 +680,10 @@ void Work::wait() {
   auto* w = static_cast<WorkImpl*>(impl_.get());
   bool done = false;
   try {
-    WaitingFor waiting(w->monitor ? -2 : w->peer_global);
+    WaitScope waiting(*w->job->state_, w->monitor ? -2 : w->peer_global);
     done = w->w->wait();
   } catch (const std::exception& e) {
-    collective_failed(w->what, e, w->monitor.get(), w->peer_global);
+    collective_failed(w->what, e, w->monitor.get(), w->job->state_.get(), w->peer_global);
   }
   // Gloo's send/recv return false when abort() ended the wait.
   if (!done) throw RuntimeFailure(w->what + ": aborted");
@@ -651,17 +702,20 @@ void Work::abort() {
   }
 }
 
-std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size, const std::string& prefix,
+std::shared_ptr<Group> Group::create(std::shared_ptr<Job> job, int rank, int size, const std::string& prefix,
                                      std::chrono::milliseconds timeout, torch::Device device) {
-  if (!g_store) connect_store(info, timeout);
+  if (!job) throw std::invalid_argument("Group::create: no job (connect_store makes one)");
+  JobState& js = *job->state_;
+  const LaunchInfo& info = js.launch;
   std::shared_ptr<Group> g(new Group());
+  g->job_ = std::move(job);
   g->rank_ = rank;
   g->size_ = size;
   g->device_ = device;
   g->impl_ = std::make_unique<Impl>();
   g->impl_->where = fmt::format("rank {} of {}", rank, size);
   g->impl_->timeout = timeout;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, g_store);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, js.store);
   g->impl_->store = store;
   // Every member arrives first, in the store: a rank may come long after the others (it was
   // busy alone, e.g. rank 0 with N = 1), which Gloo's own rendezvous would not wait for.
@@ -684,7 +738,7 @@ std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size,
     }
     return r;  // not registered yet: in mpt's groups a group rank is the job rank
   };
-  store_barrier(*store, "create", rank, size, global_of, timeout,
+  store_barrier(js, *store, "create", rank, size, global_of, timeout,
                 fmt::format("rank {} of {}: forming the process group '{}'", rank, size, prefix));
   for (int r = 0; r < size; ++r) g->impl_->global.push_back(r == rank ? info.rank : global_of(r));
   if (device.is_cuda()) {
@@ -719,6 +773,7 @@ std::shared_ptr<Group> Group::create(const LaunchInfo& info, int rank, int size,
   try {
     auto m = std::make_shared<Monitor>();
     m->store = monitor_store;
+    m->job_store = js.store;
     m->rank = rank;
     m->size = size;
     m->global_rank = info.rank;
@@ -764,7 +819,7 @@ Work Group::allreduce_async(torch::Tensor t, ReduceOp op) {
   std::vector<at::Tensor> ts{std::move(t)};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
-  return post_collective("all-reduce failed on " + impl_->where, impl_->monitor,
+  return post_collective("all-reduce failed on " + impl_->where, job_, impl_->monitor,
                          [&] { return impl_->pg->allreduce(ts, o); }, tr, impl_->trace_lane);
 }
 
@@ -775,7 +830,7 @@ void Group::broadcast(torch::Tensor t, int root) {
   std::vector<at::Tensor> ts{std::move(t)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  post_collective("broadcast failed on " + impl_->where, impl_->monitor, [&] { return impl_->pg->broadcast(ts, o); },
+  post_collective("broadcast failed on " + impl_->where, job_, impl_->monitor, [&] { return impl_->pg->broadcast(ts, o); },
                   tr, impl_->trace_lane)
       .wait();
 }
@@ -787,7 +842,7 @@ void Group::all_gather(const torch::Tensor& in, torch::Tensor out) {
   std::vector<at::Tensor> inputs{in};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size_; ++r) outputs[0].push_back(out.chunk(size_, 0)[static_cast<std::size_t>(r)]);
-  post_collective("all-gather failed on " + impl_->where, impl_->monitor,
+  post_collective("all-gather failed on " + impl_->where, job_, impl_->monitor,
                   [&] { return impl_->pg->allgather(outputs, inputs, c10d::AllgatherOptions()); }, tr,
                   impl_->trace_lane)
       .wait();
@@ -806,7 +861,7 @@ void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp 
     std::vector<at::Tensor> ts{full};
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
-    post_collective("reduce-scatter (as an all-reduce) failed on " + impl_->where, impl_->monitor,
+    post_collective("reduce-scatter (as an all-reduce) failed on " + impl_->where, job_, impl_->monitor,
                     [&] { return impl_->pg->allreduce(ts, o); }, tr, impl_->trace_lane)
         .wait();
     out.copy_(full.chunk(size_, 0)[static_cast<std::size_t>(rank_)]);
@@ -819,7 +874,7 @@ void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp 
   for (int r = 0; r < size_; ++r) inputs[0].push_back(in.chunk(size_, 0)[static_cast<std::size_t>(r)]);
   c10d::ReduceScatterOptions o;
   o.reduceOp = to_c10d(op);
-  post_collective("reduce-scatter failed on " + impl_->where, impl_->monitor,
+  post_collective("reduce-scatter failed on " + impl_->where, job_, impl_->monitor,
                   [&] { return impl_->pg->reduce_scatter(outputs, inputs, o); }, tr, impl_->trace_lane)
       .wait();
 }
@@ -834,7 +889,7 @@ void Group::all_to_all(const torch::Tensor& in, torch::Tensor out) {
   auto tr = trace_begin("all_to_all", nbytes_of(in), size_);
   at::Tensor input = in, output = out;
   std::vector<int64_t> equal_splits;  // empty: size equal chunks (all_to_all_single's default)
-  post_collective("all-to-all failed on " + impl_->where, impl_->monitor, [&] {
+  post_collective("all-to-all failed on " + impl_->where, job_, impl_->monitor, [&] {
     return impl_->pg->alltoall_base(output, input, equal_splits, equal_splits, c10d::AllToAllOptions());
   }, tr, impl_->trace_lane).wait();
 }
@@ -845,6 +900,7 @@ Work Group::send_async(torch::Tensor t, int dst, int tag) {
   std::vector<at::Tensor> ts{std::move(t)};
   auto impl = std::make_shared<WorkImpl>();
   impl->what = fmt::format("send to rank {} (tag {}) failed on {}", dst, tag, impl_->where);
+  impl->job = job_;
   if (dst >= 0 && dst < size_) impl->peer_global = impl_->global[static_cast<std::size_t>(dst)];
   // The send's slice is its posting (Gloo moves the data once the receiver posts its recv).
   auto tr = trace_begin("send", bytes, size_, impl->peer_global);
@@ -864,6 +920,7 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
   std::vector<at::Tensor> ts{std::move(t)};
   auto impl = std::make_shared<WorkImpl>();
   impl->what = fmt::format("recv from rank {} (tag {}) failed on {}", src, tag, impl_->where);
+  impl->job = job_;
   if (src >= 0 && src < size_) impl->peer_global = impl_->global[static_cast<std::size_t>(src)];
   // The recv's slice: from posting to the return of wait() (the data is there).
   impl->trace = trace_begin("recv", bytes, size_, impl->peer_global);
@@ -876,28 +933,29 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
   return Work(impl);
 }
 
-std::vector<std::array<double, 4>> clock_exchanges(int rounds) {
-  if (!g_store) throw RuntimeFailure("clock_exchanges: the job's store is not connected");
-  auto get_string = [](const std::string& key) {
-    auto v = g_store->get(key);  // waits for the key (store timeout)
+std::vector<std::array<double, 4>> Job::clock_exchanges(int rounds) {
+  c10d::Store& store = *state_->store;
+  const int self = rank();
+  auto get_string = [&store](const std::string& key) {
+    auto v = store.get(key);  // waits for the key (store timeout)
     return std::string(v.begin(), v.end());
   };
   std::vector<std::array<double, 4>> out;
   try {
-    if (g_global_rank == 0) {
-      for (int r = 1; r < g_world_size; ++r)
+    if (self == 0) {
+      for (int r = 1; r < world_size(); ++r)
         for (int k = 0; k < rounds; ++k) {
           get_string(fmt::format("mpt/clock/ping/{}/{}", r, k));
           const double t1 = trace::now_us();
           const double t2 = trace::now_us();
-          store_set(*g_store, fmt::format("mpt/clock/pong/{}/{}", r, k), fmt::format("{:.3f} {:.3f}", t1, t2));
+          store_set(store, fmt::format("mpt/clock/pong/{}/{}", r, k), fmt::format("{:.3f} {:.3f}", t1, t2));
         }
       return out;
     }
     for (int k = 0; k < rounds; ++k) {
       const double t0 = trace::now_us();
-      store_set(*g_store, fmt::format("mpt/clock/ping/{}/{}", g_global_rank, k), fmt::format("{:.3f}", t0));
-      const std::string pong = get_string(fmt::format("mpt/clock/pong/{}/{}", g_global_rank, k));
+      store_set(store, fmt::format("mpt/clock/ping/{}/{}", self, k), fmt::format("{:.3f}", t0));
+      const std::string pong = get_string(fmt::format("mpt/clock/pong/{}/{}", self, k));
       const double t3 = trace::now_us();
       double t1 = 0, t2 = 0;
       if (std::sscanf(pong.c_str(), "%lf %lf", &t1, &t2) != 2)
@@ -907,28 +965,29 @@ std::vector<std::array<double, 4>> clock_exchanges(int rounds) {
   } catch (const RuntimeFailure&) {
     throw;
   } catch (const std::exception& e) {
-    throw RuntimeFailure(fmt::format("rank {}: the clock exchange with rank 0 failed: {}", g_global_rank,
+    throw RuntimeFailure(fmt::format("rank {}: the clock exchange with rank 0 failed: {}", self,
                                      first_line(e.what())));
   }
   return out;
 }
 
-std::vector<std::string> gather_on_rank0(const std::string& key, const std::string& mine) {
-  if (!g_store) throw RuntimeFailure("gather_on_rank0: the job's store is not connected");
+std::vector<std::string> Job::gather_on_rank0(const std::string& key, const std::string& mine) {
+  c10d::Store& store = *state_->store;
+  const int self = rank();
   std::vector<std::string> out;
   try {
-    if (g_global_rank != 0) {
-      store_set(*g_store, fmt::format("mpt/gather/{}/{}", key, g_global_rank), mine);
+    if (self != 0) {
+      store_set(store, fmt::format("mpt/gather/{}/{}", key, self), mine);
       return out;
     }
     out.push_back(mine);
-    for (int r = 1; r < g_world_size; ++r) {
-      WaitingFor waiting(r);
-      auto v = g_store->get(fmt::format("mpt/gather/{}/{}", key, r));
+    for (int r = 1; r < world_size(); ++r) {
+      WaitScope waiting(*state_, r);
+      auto v = store.get(fmt::format("mpt/gather/{}/{}", key, r));
       out.emplace_back(v.begin(), v.end());
     }
   } catch (const std::exception& e) {
-    throw RuntimeFailure(fmt::format("rank {}: gathering '{}' on rank 0 failed: {}", g_global_rank, key,
+    throw RuntimeFailure(fmt::format("rank {}: gathering '{}' on rank 0 failed: {}", self, key,
                                      first_line(e.what())));
   }
   return out;
@@ -938,7 +997,7 @@ void Group::barrier() {
   // First in the store, waiting as long as the missing ranks make progress; then an
   // all-reduce of one element (bounded by the group's timeout) so that all leave together.
   const auto& global = impl_->global;
-  store_barrier(*impl_->store, std::to_string(impl_->barriers++), rank_, size_,
+  store_barrier(*job_->state_, *impl_->store, std::to_string(impl_->barriers++), rank_, size_,
                 [&global](int r) { return global[static_cast<std::size_t>(r)]; }, impl_->timeout,
                 fmt::format("barrier on {}", impl_->where));
   allreduce(torch::zeros({1}, torch::TensorOptions().device(device_)));

@@ -18,18 +18,14 @@
 namespace mpt::dist {
 
 // ----------------------------------------------------------------------------
-// Process groups
-// ----------------------------------------------------------------------------
-
-// ----------------------------------------------------------------------------
-// Heartbeats
+// The job's connection and its heartbeat
 // ----------------------------------------------------------------------------
 // Every rank of a multi-process job publishes a heartbeat in the job's store from a thread of
-// its own (started by connect_store): "mpt/heartbeat/<rank>" = "<beat> <process CPU ms>
-// <waiting> <progress>", every heartbeat_interval(). A rank that waits for its peers reads
-// theirs: a stopped (SIGSTOP) or dead rank stops beating; a hung rank beats but neither uses
-// CPU nor calls note_progress(); a busy rank does one or the other; a rank that itself waits
-// says for whom (<waiting>: -1 none, a global rank, or -2 a whole group). Waits that the protocol makes
+// its own (started by connect_store, owned by the Job): "mpt/heartbeat/<rank>" = "<beat>
+// <process CPU ms> <waiting> <progress>", every heartbeat_interval(). A rank that waits for its
+// peers reads theirs: a stopped (SIGSTOP) or dead rank stops beating; a hung rank beats but
+// neither uses CPU nor calls Job::note_progress(); a busy rank does one or the other; a rank that
+// itself waits says for whom (<waiting>: -1 none, a global rank, or -2 a whole group). Waits that the protocol makes
 // long (Group::create, Group::barrier) extend their deadline while the awaited peers make
 // progress; a failed wait names the rank that is late, following "waiting for" links.
 
@@ -37,23 +33,93 @@ namespace mpt::dist {
 /// 20 ms and 500 ms.
 std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds timeout);
 
-/// Tells the peers (through the heartbeat) that this rank is working although it may use
-/// little CPU (e.g. a pipeline stage sleeping a synthetic cost). Call once per unit of work
-/// (a training step, a pipeline operation); cheap (an atomic increment), thread-safe.
-void note_progress();
+namespace detail {
+struct JobState;  // dist_group.cpp: the store and the heartbeat thread
+}
 
-/// Marks the calling thread's rank as waiting for rank `global_rank` (-2: a whole group) in
-/// the heartbeat while in scope (RAII; restores the previous value).
+/// This process's connection to its job, as torch.distributed's default store is for
+/// init_process_group: the job's store (a c10d::TCPStore, hosted by rank 0 or by the launcher;
+/// a c10d::HashStore for one process without a launcher), the timeout of its operations, this
+/// process's place in the job (LaunchInfo: global rank, world size, master address) and, in a
+/// job of several ranks, the heartbeat thread with what it publishes (the progress count, what
+/// the main thread waits for). Made by connect_store; every Group created from it keeps a
+/// shared_ptr to it, so the store outlives the groups; the harness's World owns the process's
+/// one. Destruction joins the heartbeat thread first, then closes the store. Independent of
+/// any other Job in the same process (the unit tests play several jobs, or ranks, in one).
+/// Thread-safe: groups of one job may run on several threads.
+class Job {
+ public:
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  /// This process's place in the job, as connect_store received it.
+  const LaunchInfo& launch() const;
+  /// This process's rank in the job (global rank), 0 .. world_size() − 1.
+  int rank() const { return launch().rank; }
+  int world_size() const { return launch().world_size; }
+  /// The bound of every store operation and of the waits that read the heartbeats.
+  std::chrono::milliseconds timeout() const;
+
+  /// Tells the peers (through the heartbeat) that this rank is working although it may use
+  /// little CPU (e.g. a pipeline stage sleeping a synthetic cost). Call once per unit of work
+  /// (a training step, a pipeline operation); cheap (an atomic increment), thread-safe.
+  void note_progress();
+  /// The count note_progress() has reached (published as <progress>; starts at 0).
+  long long progress() const;
+  /// What this rank's heartbeat says it waits for: −1 nothing, a global rank, −2 a whole group
+  /// (set by WaitingFor).
+  int waiting_on() const;
+
+  /// Clock exchanges with rank 0 through the job's store, for trace::clock_from_exchanges (the
+  /// NTP-style offset of --trace timelines): on rank r > 0, `rounds` exchanges {t0, t1, t2, t3}
+  /// in microseconds of trace::now_us() (t0, t3 this rank's clock, t1, t2 rank 0's: rank r sets
+  /// "mpt/clock/ping/r/k" = t0, rank 0 reads it at t1 and sets ".../pong/r/k" = "t1 t2" at t2,
+  /// rank r reads it at t3); rank 0 answers every rank in turn and returns no exchanges. Every
+  /// rank of the job calls it once. Throws RuntimeFailure when a peer does not answer within
+  /// the store's timeout.
+  std::vector<std::array<double, 4>> clock_exchanges(int rounds);
+
+  /// Gathers one string per rank on rank 0 through the job's store (key "mpt/gather/<key>/<r>"):
+  /// rank 0 gets every rank's `mine` in rank order, the others an empty vector (they only set
+  /// theirs). For small payloads (a trace's events: kilobytes to a few megabytes). Throws
+  /// RuntimeFailure when a rank's value does not come within the store's timeout.
+  std::vector<std::string> gather_on_rank0(const std::string& key, const std::string& mine);
+
+ private:
+  explicit Job(std::unique_ptr<detail::JobState> state);
+  friend std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout);
+  friend class Group;
+  friend class Work;
+  friend class WaitingFor;
+  std::unique_ptr<detail::JobState> state_;
+};
+
+/// Connects this process to its job's store (see Job). Rank 0 hosts the TCPStore unless a
+/// launcher's agent does (torchrun; mpt --nproc's parent); one process without a launcher gets a
+/// HashStore. Waits for the master at most `timeout` (milliseconds honoured: LibTorch's own
+/// connect timeout has whole seconds), then starts this rank's heartbeat thread (jobs of more
+/// than one rank). Each call makes a new, independent Job. Throws RuntimeFailure (naming
+/// address, port and timeout) when the master is unreachable or does not speak the store's protocol.
+std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout);
+
+/// Marks `job`'s rank as waiting for rank `global_rank` (-2: a whole group) in its heartbeat
+/// while in scope (RAII; restores the previous value). The job must outlive it.
 class WaitingFor {
  public:
-  explicit WaitingFor(int global_rank);
+  WaitingFor(Job& job, int global_rank);
   ~WaitingFor();
   WaitingFor(const WaitingFor&) = delete;
   WaitingFor& operator=(const WaitingFor&) = delete;
 
  private:
+  Job& job_;
   int previous_;
 };
+
+// ----------------------------------------------------------------------------
+// Process groups
+// ----------------------------------------------------------------------------
 
 /// A handle on one asynchronous collective (c10d::Work).
 class Work {
@@ -104,14 +170,15 @@ struct CommCount {
 /// for) and posts it the same way.
 class Group {
  public:
-  /// Connects rank `rank` of `size` through `info`'s store; `prefix` separates groups that
-  /// share the store (e.g. "n2/"). Ranks ≥ size must not call this. `device` chooses the
+  /// Connects rank `rank` of `size` through `job`'s store (the group keeps `job` alive);
+  /// `prefix` separates groups that share the store (e.g. "n2/"). Ranks ≥ size must not call this. `device` chooses the
   /// backend: CPU → Gloo; CUDA → NCCL (one GPU per rank: the caller sets the current CUDA device
   /// first). Every member first waits for the others in the store (as barrier() does: the
   /// deadline moves on while a missing peer makes progress, so an idle rank waits for a busy
   /// one). Throws RuntimeFailure when the master cannot be reached, a peer makes no progress
-  /// and does not show up within `timeout` (naming it), or a CUDA group is asked of a CPU-only build.
-  static std::shared_ptr<Group> create(const LaunchInfo& info, int rank, int size, const std::string& prefix,
+  /// and does not show up within `timeout` (naming it), or a CUDA group is asked of a CPU-only
+  /// build; std::invalid_argument when `job` is null.
+  static std::shared_ptr<Group> create(std::shared_ptr<Job> job, int rank, int size, const std::string& prefix,
                                        std::chrono::milliseconds timeout, torch::Device device = torch::kCPU);
   ~Group();
 
@@ -121,6 +188,8 @@ class Group {
   const std::string& backend() const { return backend_; }
   /// Where this group's tensors live (CPU for Gloo, a CUDA device for NCCL).
   torch::Device device() const { return device_; }
+  /// The job this group was created from (never null): for Job::note_progress() and more groups.
+  const std::shared_ptr<Job>& job() const { return job_; }
 
   /// In-place all-reduce of a contiguous tensor on device() (any floating dtype the backend
   /// supports, incl. fp16).
@@ -176,6 +245,7 @@ class Group {
  private:
   Group() = default;
   void count(const char* kind, int64_t payload_bytes, double sent_bytes, bool emulated = false);
+  std::shared_ptr<Job> job_;  // before impl_: the store outlives the process group
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
@@ -184,28 +254,5 @@ class Group {
   mutable std::mutex count_mu_;
   std::map<std::string, CommCount> counts_;
 };
-
-/// The store connection of this job, shared by the groups created from it.
-/// Rank 0 hosts the TCPStore unless a torchrun agent does. Waits for the master at most
-/// `timeout` (milliseconds honoured: LibTorch's own connect timeout has whole seconds),
-/// then starts this rank's heartbeat thread. Throws RuntimeFailure (naming address, port
-/// and timeout) when the master is unreachable or does not speak the store's protocol.
-void connect_store(const LaunchInfo& info, std::chrono::milliseconds timeout);
-
-/// Clock exchanges with rank 0 through the job's store, for trace::clock_from_exchanges (the
-/// NTP-style offset of --trace timelines): on rank r > 0, `rounds` exchanges {t0, t1, t2, t3}
-/// in microseconds of trace::now_us() (t0, t3 this rank's clock, t1, t2 rank 0's: rank r sets
-/// "mpt/clock/ping/r/k" = t0, rank 0 reads it at t1 and sets ".../pong/r/k" = "t1 t2" at t2,
-/// rank r reads it at t3); rank 0 answers every rank in turn and returns no exchanges. Every
-/// rank calls it once, after connect_store. Throws RuntimeFailure when the store is not
-/// connected or a peer does not answer within the store's timeout.
-std::vector<std::array<double, 4>> clock_exchanges(int rounds);
-
-/// Gathers one string per rank on rank 0 through the job's store (key "mpt/gather/<key>/<r>"):
-/// rank 0 gets every rank's `mine` in rank order, the others an empty vector (they only set
-/// theirs). For small payloads (a trace's events: kilobytes to a few megabytes). Throws
-/// RuntimeFailure when the store is not connected or a rank's value does not come within the
-/// store's timeout.
-std::vector<std::string> gather_on_rank0(const std::string& key, const std::string& mine);
 
 }  // namespace mpt::dist

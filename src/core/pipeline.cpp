@@ -703,7 +703,6 @@ StageRun run_stage(int s, int p, const std::vector<torch::nn::Linear>& layers,
     sync_device(device);
     ev.end_s = since(Clock::now());
     out.events.push_back(ev);
-    dist::note_progress();  // peers waiting for this process see work, even with a sleeping cost
     if (after_op) after_op(++done);
   }
   trace_stage_events(out.events, t0, s, dynamic_cast<QueueTransport*>(&transport) != nullptr);  // timeline
@@ -795,8 +794,10 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group,
     group->barrier();  // every stage starts together; the step's clock starts here
     const auto t0 = Clock::now();
     try {
+      // After every op the job's peers see this process work, even with a sleeping cost.
+      const auto after_op = [&](int done) { group->job()->note_progress(); if (opts.after_op) opts.after_op(done); };
       mine = run_stage(r, p, layers, ranges, schedule[static_cast<std::size_t>(r)], m, xs, ys, cost, transport, t0,
-                       opts.after_op);
+                       after_op);
       transport.flush();
     } catch (const std::exception& e) {
       throw RuntimeFailure(fmt::format("stage {} (rank {} of {}) failed: {}", r, r, p, e.what()));

@@ -19,23 +19,18 @@ World::World(dist::LaunchInfo launch, torch::Device device, std::chrono::millise
   }
 }
 
-void World::connect() {
-  if (connected_) return;
-  dist::connect_store(launch_, timeout_);
-  connected_ = true;
+const std::shared_ptr<dist::Job>& World::job() {
+  if (!job_) job_ = dist::connect_store(launch_, timeout_);
+  return job_;
 }
 
 const std::shared_ptr<dist::Group>& World::group() {
-  if (!group_) {
-    connect();
-    group_ = dist::Group::create(launch_, rank(), size(), "world/", timeout_);
-  }
+  if (!group_) group_ = dist::Group::create(job(), rank(), size(), "world/", timeout_);
   return group_;
 }
 
 std::shared_ptr<dist::Group> World::new_group(const std::string& name, int size, torch::Device device) {
-  connect();
-  return dist::Group::create(launch_, rank(), size, name, timeout_, device);
+  return dist::Group::create(job(), rank(), size, name, timeout_, device);
 }
 
 void World::fault_point(int64_t step) const {

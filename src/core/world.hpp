@@ -1,11 +1,12 @@
 // The processes of a multi-process run as the harness sets them up (shared/design.md §6): this
-// rank's place in the job (from --nproc, torchrun or SLURM), the job's store, the world group,
-// the rank's device and the one fault-injection point. Experiments receive it in their Context
+// rank's place in the job (from --nproc, torchrun or SLURM), the job's connection (dist::Job:
+// store and heartbeat), the world group, the rank's device and the one fault-injection point. Experiments receive it in their Context
 // and never launch, connect or create groups through core/dist themselves.
 //
 //   World& w = *ctx.world;
 //   auto g = w.new_group("train_n2/", 2, w.device());   // ranks 0, 1 on Gloo (CPU) or NCCL (CUDA)
 //   w.fault_point(step);                               // tests of failure handling stop a rank here
+//   w.note_progress();                                 // peers waiting for this rank see it work
 //   w.group()->barrier();                              // every rank, Gloo
 #pragma once
 
@@ -27,9 +28,10 @@ struct FaultPlan {
   bool hang = false;  ///< alive but silent (sleeps forever) instead of exiting with dist::kExitInjectedFault
 };
 
-/// One rank of a multi-process run. The store and the groups are connected on first use, so
-/// that a run which needs no collective (a pipeline on threads) opens nothing; every rank must
-/// then ask for the same groups in the same order, as with torch.distributed.new_group.
+/// One rank of a multi-process run. The job's connection and the groups are made on first use,
+/// so that a run which needs no collective (a pipeline on threads) opens nothing; every rank must
+/// then ask for the same groups in the same order, as with torch.distributed.new_group. The
+/// World owns the dist::Job (its groups share it, so it lasts as long as the last of them).
 class World {
  public:
   /// `launch`: this process's place in the job (LaunchInfo{} for one process without a
@@ -50,13 +52,24 @@ class World {
   torch::Device device() const { return device_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  /// This rank's connection to the job (store, heartbeat; dist::connect_store with launch() and
+  /// timeout()), made on the first call. Throws what dist::connect_store throws.
+  const std::shared_ptr<dist::Job>& job();
+  /// Whether job() has been made (by it, group() or new_group()).
+  bool connected() const { return job_ != nullptr; }
+  /// dist::Job::note_progress() of this rank's job: peers waiting for this rank see it work.
+  /// Before the job is connected no peer watches this rank, and it does nothing.
+  void note_progress() const {
+    if (job_) job_->note_progress();
+  }
+
   /// The group of every rank on the CPU (Gloo, store prefix "world/"): flags, barriers and
-  /// CPU collectives. Created (and the store connected) on the first call. Throws RuntimeFailure
+  /// CPU collectives. Created (and the job connected) on the first call. Throws RuntimeFailure
   /// when a peer does not show up within the timeout.
   const std::shared_ptr<dist::Group>& group();
   /// A group of ranks 0 .. size − 1 on `device` (CPU: Gloo; CUDA: NCCL), `name` its prefix in
   /// the job's store (unique per group, e.g. "train_n2/"). Only ranks < size call it. Connects
-  /// the store on first use. Throws what dist::Group::create throws.
+  /// the job on first use. Throws what dist::connect_store and dist::Group::create throw.
   std::shared_ptr<dist::Group> new_group(const std::string& name, int size, torch::Device device);
 
   /// The fault-injection point: on rank FaultPlan::rank at step FaultPlan::step, logs a warning
@@ -65,13 +78,11 @@ class World {
   void fault_point(int64_t step) const;
 
  private:
-  void connect();
-
   dist::LaunchInfo launch_;
   torch::Device device_;
   std::chrono::milliseconds timeout_;
   FaultPlan fault_;
-  bool connected_ = false;
+  std::shared_ptr<dist::Job> job_;      // before group_: the world group goes first
   std::shared_ptr<dist::Group> group_;
 };
 

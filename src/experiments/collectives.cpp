@@ -129,7 +129,7 @@ Measurement bench_time(const Bench& b, Coll op, const dist::CollCounts& c, int64
   for (int64_t i = 0; i < b.iters; ++i) dist::run_collective(g, op, send, recv, b.redop, b.root);
   sync_device(dev);
   const double per_call = (now_seconds() - t0) / static_cast<double>(b.iters);
-  dist::note_progress();
+  g.job()->note_progress();
 
   // The time averaged over the ranks (nccl-tests: Allreduce(&deltaSec, average)) and the wrong
   // elements summed over them (exact in a double), in one all-reduce.

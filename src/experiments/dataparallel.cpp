@@ -254,7 +254,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     g->allreduce(flag, dist::ReduceOp::Min);
     if (flag.item<float>() == 0.0f) break;
     if (ts.faults) ts.faults->fault_point(s);  // tests of failure handling: /fault/rank stops here
-    dist::note_progress();  // ranks waiting for this one (N smaller than the world) see it work
+    g->job()->note_progress();  // ranks waiting for this one (N smaller than the world) see it work
     const double t0 = now_seconds();
     auto idx = shard.index({Slice(s * b, (s + 1) * b)});
     auto x = data.images.index_select(0, idx).to(ts.device), y = data.labels.index_select(0, idx).to(ts.device);
@@ -337,8 +337,9 @@ double hidden_behind_backward(const std::vector<trace::Event>& ev, double* allre
 }
 
 /// The same global batches in one process: the concatenation of every rank's local batch.
+/// `w`: this rank's World, whose peers wait meanwhile (they see each step as progress).
 torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int64_t n, int64_t steps,
-                             const TrainSetup& ts) {
+                             const TrainSetup& ts, const World& w) {
   const int64_t b = ts.global_batch / n;
   seed_all(static_cast<std::uint64_t>(ts.seed));
   auto net = mlp(784, {ts.hidden}, 10);
@@ -347,7 +348,7 @@ torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int
   std::vector<torch::Tensor> shards;
   for (int64_t r = 0; r < n; ++r) shards.push_back(shard_of(perm, r, n));
   for (int64_t s = 0; s < steps; ++s) {
-    dist::note_progress();
+    w.note_progress();
     std::vector<torch::Tensor> parts;
     for (const auto& sh : shards) parts.push_back(sh.index({Slice(s * b, (s + 1) * b)}));
     auto idx = torch::cat(parts);
@@ -432,7 +433,7 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
     // in the barrier below, which waits as long as rank 0 makes progress (heartbeats), however
     // long that is compared with /dist/timeout_s.
     if (rank == 0) {
-      const double match = (o.params - single_process(data, perm, n, o.steps, ts)).abs().max().item<double>();
+      const double match = (o.params - single_process(data, perm, n, o.steps, ts, w)).abs().max().item<double>();
       worst_dev = std::max(worst_dev, o.replica_dev);
       worst_match = std::max(worst_match, match);
       t.rows.push_back({{"name", fmt::format("n{}", n)}, {"buckets", o.buckets}, {"bytes", o.bytes},

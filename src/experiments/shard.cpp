@@ -250,18 +250,19 @@ Workload workload_of(const Config& cfg, const Setup& s) {
 /// rank order, of (local gradient of rank r) / N, each local gradient accumulated over the
 /// micro-batches as the ranks do (whole = false); or the mean over the whole global batch in
 /// one backward (whole = true). Returns the flat parameters after every step and the losses.
+/// `w`: this rank's World; its peers wait meanwhile and see every step as progress.
 struct Trajectory {
   std::vector<torch::Tensor> params;
   std::vector<double> losses;
 };
 
-Trajectory single_process(const Workload& wl, int64_t n, const Setup& s, bool whole) {
+Trajectory single_process(const Workload& wl, int64_t n, const Setup& s, bool whole, const World& w) {
   Net net = wl.build(s.seed);
   auto opt = make_optimizer(s, net.parameters());
   const int64_t b = s.global_batch / n;
   Trajectory t;
   for (int64_t step = 0; step < s.steps; ++step) {
-    dist::note_progress();
+    w.note_progress();  // the other ranks wait for this one in a barrier
     if (whole) {
       std::vector<torch::Tensor> xs, ys;
       for (int64_t r = 0; r < n; ++r) {
@@ -345,7 +346,7 @@ RunOut train(const Workload& wl, World& w, const Setup& s, const RunSpec& spec, 
   double timed = 0;
   for (int64_t step = 0; step < s.steps; ++step) {
     if (faults) w.fault_point(step);
-    dist::note_progress();
+    w.note_progress();
     auto [x, y] = wl.local(r, n, step, b);
     auto xs = x.tensor_split(s.micro);
     auto ys = y.tensor_split(s.micro);
@@ -499,8 +500,8 @@ Report run_shard(const Context& ctx) {
   w.group();
   Trajectory same, whole;
   if (rank == 0) {
-    same = single_process(wl, n, s, /*whole=*/false);
-    whole = single_process(wl, n, s, /*whole=*/true);
+    same = single_process(wl, n, s, /*whole=*/false, w);
+    whole = single_process(wl, n, s, /*whole=*/true, w);
   }
   w.group()->barrier();
 

@@ -454,14 +454,14 @@ Report run_tensorparallel(const Context& ctx) {
     tp::TpGpt mtp(full, g, div, false);
     const double ttp = median_seconds([&] {
       w.fault_point(step++);
-      dist::note_progress();
+      w.note_progress();
       mtp.loss(idx, tgt).backward();
     }, steps, 1);
     double tsp = 0;
     if (sp) {
       tp::TpGpt msp(full, g, div, true);
       tsp = median_seconds([&] {
-        dist::note_progress();
+        w.note_progress();
         msp.loss(idx, tgt).backward();
         msp.allreduce_sequence_parallel_grads();
       }, steps, 1);
