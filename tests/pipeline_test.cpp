@@ -794,7 +794,7 @@ class GptStages : public PipelineStage {
   }
 
  private:
-  TinyGpt m_;
+  mutable TinyGpt m_;  // forward() of the modules is not const; the chunks touch disjoint modules
   int cut_;
 };
 
@@ -811,7 +811,7 @@ GptConfig pipe_gpt() {
 /// The unpipelined GPT's gradients, accumulated microbatch by microbatch in `order`: for each
 /// j, gpt_loss(model(x_j), y_j) / m, backward (AccumulateGrad adds into .grad); returned in the
 /// stage function's parameter order.
-std::vector<torch::Tensor> gpt_microbatch_grads(const TinyGpt& model, const GptStages& stages, const torch::Tensor& x,
+std::vector<torch::Tensor> gpt_microbatch_grads(TinyGpt model, const GptStages& stages, const torch::Tensor& x,
                                                 const torch::Tensor& y, int m, const std::vector<int>& order) {
   std::vector<torch::Tensor> params;
   for (int c = 0; c < stages.chunks(); ++c)
