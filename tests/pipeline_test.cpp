@@ -188,6 +188,21 @@ TEST_CASE("stage ranges and balanced cuts", "[pipeline]") {
   CHECK(balanced_cuts(5, 1).empty());
   CHECK_THROWS_WITH(balanced_cuts(3, 4), Catch::Contains("4 stages but only 3 layers"));
   CHECK(bubble_theory(4, 8) == Approx(3.0 / 11.0));
+  // The MLP as a stage function: chunks = ranges, each chunk's layers, shapes at the cuts.
+  seed_all(0);
+  const MlpStage mlp(mlp_layers({6, 12, 10, 1}), stage_ranges(3, {1}));
+  CHECK(mlp.chunks() == 2);
+  CHECK(mlp.cost_units(1) == 2);
+  CHECK(mlp.parameters(1).size() == 4);  // L2 and L3: weight, bias each
+  CHECK(mlp.output_shape(0, {4, 6}) == std::vector<int64_t>{4, 12});
+  ChunkSaved saved;
+  const auto out = mlp.forward(1, torch::randn({4, 12}), &saved);
+  CHECK(out.sizes() == torch::IntArrayRef({4, 1}));
+  CHECK(saved.activations.size() == 3);    // z2, relu(z2), z3 (no ReLU after the model's last layer)
+  REQUIRE(saved.weight_roots.size() == 2);  // z2 with {W2, b2}, z3 with {W3, b3}
+  CHECK(saved.weight_roots[1].output.is_same(out));
+  CHECK_THROWS_AS(MlpStage(mlp_layers({6, 12, 1}), {{0, 1}}), std::invalid_argument);          // layer 1 left out
+  CHECK_THROWS_AS(MlpStage(mlp_layers({6, 12, 1}), {{0, 1}, {2, 2}}), std::invalid_argument);  // a gap
 }
 
 TEST_CASE("executor: microbatched gradients equal the full-batch gradient for every schedule", "[pipeline]") {
