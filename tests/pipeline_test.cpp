@@ -723,9 +723,10 @@ TEST_CASE("to_actions: _Action's explicit send/recv; the executor sends and rece
   const auto one = to_actions(make_schedule(ScheduleKind::OneFOneB, 2, 2));
   CHECK(actions_string(one[0]) == "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1");
   CHECK(actions_string(one[1]) == "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1");
-  // Split backward: B is BACKWARD_INPUT ("I"), W is BACKWARD_WEIGHT with no message.
+  // Split backward: B is BACKWARD_INPUT ("I"), W is BACKWARD_WEIGHT with no message (stage 1 postpones
+  // its W's by one microbatch: F0 B0 F1 B1 W0 W1).
   const auto zb = to_actions(make_schedule(ScheduleKind::ZBH1, 2, 2));
-  CHECK(actions_string(zb[1]) == "1RECV_F0 1F0 1I0 1SEND_B0 1W0 1RECV_F1 1F1 1I1 1SEND_B1 1W1");
+  CHECK(actions_string(zb[1]) == "1RECV_F0 1F0 1I0 1SEND_B0 1RECV_F1 1F1 1I1 1SEND_B1 1W0 1W1");
   // Interleaved: stage_index is the virtual stage k*p + s; rank 1's chunk 0 sends on to rank 0's chunk 1.
   const auto il = to_actions(make_schedule(ScheduleKind::Interleaved1F1B, 2, 2, 2), 2);
   CHECK(actions_string(il[1]).substr(0, 35) == "1RECV_F0 1F0 1SEND_F0 1RECV_F1 1F1 ");
