@@ -7,9 +7,12 @@
 
 #include <cmath>
 
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
+
+#include "core/pipeline_stage.hpp"
 
 namespace mpt {
 
@@ -60,5 +63,68 @@ void clear_grads(const std::vector<torch::Tensor>& params);
 /// Detached copies of the parameters' gradients, in order, each the shape of its parameter.
 /// Every gradient must be defined (throws c10::Error otherwise).
 std::vector<torch::Tensor> clone_grads(const std::vector<torch::Tensor>& params);
+
+// ----------------------------------------------------------------------------
+// Models cut into pipeline stages (the stage functions of core/pipeline)
+// ----------------------------------------------------------------------------
+
+/// The Linear layers of an MLP with layer widths `widths` (w0 → w1 → … → wL), built in
+/// order, as nn.Sequential(Linear(w0,w1), ReLU(), …, Linear(w_{L−1}, w_L)) is in Python,
+/// so the same seed gives the same weights. A ReLU follows every layer but the last.
+/// Throws std::invalid_argument for fewer than 2 widths or a width < 1.
+std::vector<torch::nn::Linear> mlp_layers(const std::vector<int64_t>& widths);
+
+/// Half-open layer ranges [begin, end) of the stages given by `cuts` (a cut c puts
+/// layers < c and layers >= c in different stages). Cuts must be strictly increasing
+/// and within 1 .. layers−1. Throws std::invalid_argument naming the bad cut.
+std::vector<std::pair<int, int>> stage_ranges(int layers, const std::vector<int64_t>& cuts);
+
+/// Cuts that split `layers` layers into `stages` stages as evenly as possible (earlier
+/// stages get the extra layer). Throws std::invalid_argument when stages > layers or < 1.
+std::vector<int64_t> balanced_cuts(int layers, int stages);
+
+/// Runs layers [begin, end) on x: Linear, then ReLU unless the layer is the model's
+/// last (index `total_layers` − 1). x: [batch, w_begin] → [batch, w_end].
+/// When `kept` is given, every tensor produced is appended (for activation accounting).
+torch::Tensor stage_forward(const std::vector<torch::nn::Linear>& layers, int begin, int end, torch::Tensor x,
+                            std::vector<torch::Tensor>* kept = nullptr);
+
+/// The gradient of every parameter of `layers`, in layer order (weight, then bias), detached
+/// and cloned. Throws (LibTorch) when a parameter has no gradient yet.
+std::vector<torch::Tensor> param_grads(const std::vector<torch::nn::Linear>& layers);
+
+/// Removes every parameter's gradient (.grad = undefined, as zero_grad(set_to_none=True)).
+void reset_grads(const std::vector<torch::nn::Linear>& layers);
+
+/// The MLP of `mpt pipeline` as a pipeline stage function (core/pipeline_stage.hpp): `layers`
+/// (mlp_layers) cut into the chunks `ranges` (stage_ranges; half-open layer ranges, in order,
+/// covering every layer), chunk c running stage_forward(layers, ranges[c]), the loss
+/// torch::mse_loss(y, target) (mean over the microbatch). Split backward: each Linear's output
+/// (pre-activation) is a weight-gradient root with its weight and bias, so W runs the
+/// AddmmBackward node of the forward for its mat2 and bias outputs only — the weight-gradient
+/// kernels of the fused backward on the same numbers, hence bitwise its gradients.
+/// Activations counted: each Linear's output and each ReLU's output (stage_forward's `kept`).
+/// Holds the layers by handle (the modules are shared). Throws std::invalid_argument when
+/// `ranges` is empty, not contiguous from layer 0 to the last, or a range is empty.
+class MlpStage : public PipelineStage {
+ public:
+  MlpStage(std::vector<torch::nn::Linear> layers, std::vector<std::pair<int, int>> ranges);
+  int chunks() const override { return static_cast<int>(ranges_.size()); }
+  /// x: [rows, w_begin] → [rows, w_end] through layers ranges[chunk].
+  torch::Tensor forward(int chunk, const torch::Tensor& x, ChunkSaved* saved = nullptr) const override;
+  /// Weight, then bias, of each layer of the chunk, in layer order.
+  std::vector<torch::Tensor> parameters(int chunk) const override;
+  torch::Tensor loss(const torch::Tensor& y, const torch::Tensor& target) const override;
+  /// [rows, out features of the chunk's last layer].
+  std::vector<int64_t> output_shape(int chunk, const std::vector<int64_t>& microbatch_shape) const override;
+  /// The chunk's number of Linear layers.
+  int cost_units(int chunk) const override;
+  const std::vector<torch::nn::Linear>& layers() const { return layers_; }
+  const std::vector<std::pair<int, int>>& ranges() const { return ranges_; }
+
+ private:
+  std::vector<torch::nn::Linear> layers_;
+  std::vector<std::pair<int, int>> ranges_;
+};
 
 }  // namespace mpt

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/pipeline.hpp"
+#include "core/pipeline_schedule.hpp"
 #include "core/trace.hpp"
 
 namespace mpt {

@@ -452,13 +452,13 @@ Report run_pipeline_experiment(const Context& ctx) {
     if (!processes) {
       QueueTransport transport(timeout_s);
       ++step_index;
-      return run_pipeline(layers, step_ranges, sched, m, xx, yy, cost, transport);
+      return run_pipeline(MlpStage(layers, step_ranges), sched, m, xx, yy, cost, transport);
     }
     const int64_t step = step_index++;
     popts.after_op = [&world, step](int done) {
       if (done >= 1) world.fault_point(step);  // /fault/rank stops in the middle of step /fault/step
     };
-    return run_pipeline_process(group, layers, step_ranges, sched, m, xx, yy, cost, popts);
+    return run_pipeline_process(group, MlpStage(layers, step_ranges), sched, m, xx, yy, cost, popts);
   };
   auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
                       const std::vector<std::pair<int, int>>& step_ranges) {
@@ -727,7 +727,7 @@ Report run_pipeline_experiment(const Context& ctx) {
     for (const auto& [name, kind, m, grads] : process_grads) {
       QueueTransport transport(timeout_s);
       const bool chunked = kind == ScheduleKind::Interleaved1F1B;
-      const auto threaded = run_pipeline(layers, chunked ? chunk_ranges : ranges, make_schedule(kind, p, m, chunked ? v : 1),
+      const auto threaded = run_pipeline(MlpStage(layers, chunked ? chunk_ranges : ranges), make_schedule(kind, p, m, chunked ? v : 1),
                                          m, x, y, no_cost, transport);
       double d = 0;
       for (std::size_t i = 0; i < grads.size(); ++i) d = std::max(d, max_abs_diff(threaded.grads[i], grads[i]));

@@ -1,0 +1,193 @@
+// Pipeline schedules as data (part of core/pipeline): per-stage programs of microbatch
+// operations, the bubble theory, and a deterministic replay of the programs (the time model).
+//
+//  - A schedule is one program per stage (rank): a list of PipeOp F(j) / B(j) (forward /
+//    backward of microbatch j through one of the stage's model chunks), and W(j) when the
+//    backward is split (zero-bubble schedules: B is the gradient w.r.t. the stage input only,
+//    W the weight gradients, run later). GPipe (Huang et al. 2019): all forwards, then all
+//    backwards. 1F1B (PipeDream-flush, Narayanan et al. 2021; Megatron-LM's non-interleaved
+//    schedule): stage s runs min(p − s − 1, m) warm-up forwards, then alternates one
+//    forward and one backward, then drains the remaining backwards (cool-down).
+//    ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §3.1): 1F1B with B and W
+//    apart, stage s postponing its W's by s microbatches so that W fills the cool-down
+//    bubble; peak memory that of 1F1B's first stage (p microbatches).
+//  - torch.distributed.pipelining (schedules.py) writes the same programs as lists of
+//    _Action(stage_index, computation_type, microbatch_index). PipeOp is its compute-only
+//    form; to_actions() lowers a schedule to _Action's explicit form (PipeAction), the
+//    send/recv the executor performs around each op made explicit:
+//
+//        PipeOp on rank s, chunk k     _Action (stage_index = virtual stage c = k·p + s)
+//        F(j)                          RECV_F (c > 0), FORWARD, SEND_F (c < p·v − 1)
+//        B(j), program without W       RECV_B (c < p·v − 1), FULL_BACKWARD, SEND_B (c > 0)
+//        B(j), program with W          RECV_B, BACKWARD_INPUT, SEND_B   (as above)
+//        W(j)                          BACKWARD_WEIGHT (no communication)
+//
+//    (torch's _add_send_recv places each SEND right after its compute and each RECV right
+//    before the compute that needs it, which is where the executor puts them.) The executor
+//    runs the compute-only form; tests check that the messages it sends and receives are, in
+//    order, those of the lowered form.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace mpt {
+
+/// One unit of work of a stage: forward ('F'), backward ('B') or weight gradient ('W') of
+/// one microbatch through one of the stage's model chunks (interleaved 1F1B; otherwise
+/// always chunk 0). In a program without W ops, B is the whole backward (input and weight
+/// gradients: torch.distributed.pipelining's FULL_BACKWARD); with W ops (zero-bubble
+/// schedules: BACKWARD_INPUT / BACKWARD_WEIGHT), B computes only the gradient w.r.t. the
+/// stage input and W(j) the weight gradients of microbatch j later.
+struct PipeOp {
+  char kind = 'F';     ///< 'F' forward, 'B' backward (input gradient when split), 'W' weight gradient
+  int microbatch = 0;  ///< 0-based microbatch index
+  int chunk = 0;       ///< the stage's model chunk k: virtual stage k·p + s (0 unless interleaved)
+  bool operator==(const PipeOp& o) const {
+    return kind == o.kind && microbatch == o.microbatch && chunk == o.chunk;
+  }
+};
+
+/// torch.distributed.pipelining's _ComputationType, the kinds of action a schedule's explicit
+/// form holds (UNSHARD / RESHARD, FSDP's, are not used here).
+enum class ComputationType {
+  FORWARD,          ///< "F"
+  FULL_BACKWARD,    ///< "B": input and weight gradients
+  BACKWARD_INPUT,   ///< "I": input gradient only
+  BACKWARD_WEIGHT,  ///< "W": weight gradients only
+  SEND_F,           ///< send an activation to the next virtual stage
+  RECV_F,           ///< receive an activation from the previous virtual stage
+  SEND_B,           ///< send an input gradient to the previous virtual stage
+  RECV_B            ///< receive an output gradient from the next virtual stage
+};
+
+/// torch.distributed.pipelining's _Action: virtual stage `stage` (k·p + s for chunk k of rank
+/// s), the computation, the microbatch.
+struct PipeAction {
+  int stage = 0;
+  ComputationType type = ComputationType::FORWARD;
+  int microbatch = 0;
+  bool operator==(const PipeAction& o) const {
+    return stage == o.stage && type == o.type && microbatch == o.microbatch;
+  }
+};
+
+/// The explicit form of `schedule` (p = schedule.size() ranks, `chunks` model chunks each:
+/// p·chunks virtual stages): per rank, each op's actions as in the table of the file comment
+/// (RECV before the compute, SEND after it). Throws std::invalid_argument for an op whose
+/// chunk is outside 0 .. chunks − 1 or an unknown kind.
+std::vector<std::vector<PipeAction>> to_actions(const std::vector<std::vector<PipeOp>>& schedule, int chunks = 1);
+
+/// An action as torch.distributed.pipelining prints it: "<stage><type><microbatch>", type
+/// F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B (e.g. "1SEND_F0", "0I3").
+std::string action_string(const PipeAction& a);
+
+/// The schedules mpt knows. Naive = the whole batch as one microbatch (GPipe with m = 1).
+/// Interleaved1F1B: Megatron-LM's interleaved schedule (Narayanan et al. 2021, §2.2), v
+/// model chunks per stage. ZBH1: the zero-bubble schedule ZB-H1 (Qi et al. 2023), B and W split.
+enum class ScheduleKind { Naive, GPipe, OneFOneB, Interleaved1F1B, ZBH1 };
+/// "naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1" -> ScheduleKind; throws
+/// std::invalid_argument otherwise.
+ScheduleKind parse_schedule(const std::string& name);
+/// The config name of a schedule ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1").
+std::string schedule_name(ScheduleKind k);
+
+/// Per-stage operation lists for `stages` stages and `microbatches` microbatches
+/// (Naive ignores `microbatches` and uses 1). Result[s] is stage s's program, in order.
+/// Interleaved1F1B with v = `chunks` model chunks per stage (the model cut into p·v
+/// virtual stages, stage s owning s, s + p, …): Megatron-LM's
+/// forward_backward_pipelining_with_interleaving — forward k runs chunk (k mod pv) / p
+/// of microbatch ⌊k / pv⌋·p + k mod p, backwards take the chunks in reverse; stage s
+/// warms up with min(2(p − s − 1) + (v − 1)p, mv) forwards (all of them when m = p), then
+/// alternates one forward and one backward, then drains the backwards.
+/// ZBH1 (ZB-H1, Qi et al. 2023 §3.1 and Fig. 3; the construction of torch.distributed.pipelining's
+/// _get_1f1b_rank_ops(enable_zero_bubble=True) with one stage per rank): 1F1B's warm-up of
+/// min(p − s − 1, m) forwards, then 1F1B with B = input gradient only; after the i-th B
+/// (0-based) stage s runs the next pending W once i ≥ s, and the W's still pending at the
+/// end. Stage s thus postpones its W's by s microbatches: at most p microbatches are held
+/// (forward done, W not) on every stage, 1F1B's peak (stage 0).
+/// Throws std::invalid_argument for stages < 1, microbatches < 1, chunks ≠ 1 for the other
+/// schedules, and for Interleaved1F1B chunks < 2 or microbatches not a multiple of stages
+/// (Megatron's requirement: microbatches go through the chunks in groups of p).
+std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int stages, int microbatches, int chunks = 1);
+
+/// The programs of `steps` training steps run back to back with no barrier between them: stage
+/// s runs its program of step t right after its own step t − 1 (its optimizer step needs only its
+/// own gradients), microbatch j of step t renamed j + t·microbatches. That is what a stage may do
+/// when nothing global sits between steps; a gradient-norm clip or a GradScaler inf-check is an
+/// all-reduce over the stages before the optimizer step, a barrier: every stage then starts step t
+/// only after every stage ended step t − 1 (Qi et al. 2023, §4 "bypassing optimizer
+/// synchronizations"). Throws std::invalid_argument for steps < 1 or microbatches < 1.
+std::vector<std::vector<PipeOp>> repeat_steps(const std::vector<std::vector<PipeOp>>& schedule, int steps,
+                                              int microbatches);
+
+/// Per stage: the largest number of (microbatch, chunk) pairs whose forward has run and
+/// whose backward has not (the activations the stage must hold at once; with one chunk
+/// per stage, microbatches). In a program with W ops a microbatch is held until its W
+/// (W needs the layer inputs and the kept output gradients).
+std::vector<int> peak_in_flight(const std::vector<std::vector<PipeOp>>& schedule);
+
+/// Whether a program splits the backward (has a W op): then its B computes only the input gradient.
+bool splits_backward(const std::vector<PipeOp>& ops);
+
+/// A stage's program as text, e.g. "F0 F1 B0 F2 B1 B2" (split: "F0 B0 W0 …"); with chunks "F0.0 F1.0 F0.1 …"
+/// (microbatch.chunk).
+std::string schedule_string(const std::vector<PipeOp>& ops);
+
+/// Bubble fraction of a balanced pipeline: (p − 1)/(m + p − 1) (GPipe paper, §2.2); with v
+/// model chunks per stage (interleaved 1F1B) (p − 1)/(v·m + p − 1): the fill and drain
+/// take p − 1 chunk times instead of p − 1 stage times (Narayanan et al. 2021, §2.2).
+double bubble_theory(int stages, int microbatches, int chunks = 1);
+
+/// Idle time per stage of a balanced pipeline with m microbatches whose F, B (input
+/// gradient) and W (weight gradient) take `f`, `b`, `w` (any time unit), from Qi et al. 2023
+/// (§2 and §3.1): 1F1B (B and W fused) (p − 1)(F + B + W); ZB-H1 (p − 1)(F + B − W) for
+/// m ≥ p, and (p − 1)(F + B) − (m − 1)W for m < p (only m − 1 W's are there to fill the
+/// cool-down; derived from the replay, simulate_schedule, and checked against it exactly in
+/// tests). Other schedules: the fused formula (p − 1)(F + B + W) (GPipe, naive) or
+/// (p − 1)(F + B + W)/v (interleaved). Throws std::invalid_argument for ZB-H1 with
+/// W > F + B (the formula assumes W fits the gap).
+double bubble_time_theory(ScheduleKind kind, int stages, int microbatches, double f, double b, double w,
+                          int chunks = 1);
+
+
+// ----------------------------------------------------------------------------
+// The record of a step: executed (core/pipeline's executor) or replayed (simulate_schedule)
+// ----------------------------------------------------------------------------
+
+/// One executed operation, times in seconds since the step began.
+struct PipeEvent {
+  int stage = 0;
+  PipeOp op;
+  double start_s = 0;  ///< compute began (after the input message arrived)
+  double end_s = 0;    ///< compute and send finished
+  double wait_s = 0;   ///< time blocked in recv before this op
+};
+
+/// What one pipelined training step produced.
+struct PipelineRun {
+  std::vector<PipeEvent> events;       ///< every F and B of every stage, stage-major, in program order
+  std::vector<torch::Tensor> grads;    ///< gradient of every parameter (PipelineStage::parameters, chunk by chunk)
+  double loss = 0;                     ///< Σ_j loss_j / m (the full-batch mean loss)
+  double step_s = 0;                   ///< first start to last end, seconds
+  std::vector<double> busy_s;          ///< per stage: time spent computing
+  std::vector<int> peak_held;          ///< per stage: most (microbatch, chunk) pairs held at once (measured)
+  std::vector<int64_t> peak_bytes;     ///< per stage: most activation bytes held at once (measured), bytes
+};
+
+/// Start and end times of every op of `schedule` when F, B and W of virtual stage c take
+/// f[c], b[c], w[c] (p·v values each; a fused backward, in a program without W, takes
+/// b[c] + w[c]), communication is
+/// free and each stage runs its program in order, starting an op as soon as its input is
+/// there (F(j, c) after F(j, c − 1) ends on the previous stage, B(j, c) after B(j, c + 1);
+/// B also after its own F, W after the stage's own B). The deterministic time model of the executor. Returns
+/// per-stage events (times in the unit of f, b, w) in a PipelineRun (grads empty, loss 0).
+/// Throws std::logic_error when the programs deadlock (an op waits on one never run),
+/// std::invalid_argument when a cost vector is not p·v long.
+PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, const std::vector<double>& f,
+                              const std::vector<double>& b, const std::vector<double>& w);
+
+}  // namespace mpt

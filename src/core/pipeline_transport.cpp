@@ -1,0 +1,186 @@
+// Stage-to-stage transport: in-process mailbox and c10d send/recv. See pipeline_transport.hpp.
+#include "core/pipeline_transport.hpp"
+#include "core/pipeline_trace.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "core/dist.hpp"
+#include "core/errors.hpp"
+#include "core/runtime.hpp"
+
+namespace mpt {
+
+// ----------------------------------------------------------------------------
+// Transport
+// ----------------------------------------------------------------------------
+
+void QueueTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary) {
+  const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (pipeline_trace.hpp)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    box_[Key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary}] = t;
+  }
+  cv_.notify_all();
+  if (trace::enabled())
+    trace_queue_p2p(true, src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary,
+                    static_cast<int64_t>(t.nbytes()), trace_t0, trace::now_us());
+}
+
+torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, int boundary) {
+  const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (pipeline_trace.hpp)
+  std::unique_lock<std::mutex> lock(mu_);
+  const Key key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  while (true) {
+    if (!aborted_.empty()) throw RuntimeFailure(aborted_);
+    auto it = box_.find(key);
+    if (it != box_.end()) {
+      torch::Tensor t = std::move(it->second);
+      box_.erase(it);
+      if (trace::enabled())
+        trace_queue_p2p(false, src, dst, kind, microbatch, std::get<4>(key), static_cast<int64_t>(t.nbytes()), trace_t0,
+                        trace::now_us());
+      return t;
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && box_.find(key) == box_.end())
+      throw RuntimeFailure(fmt::format("stage {}: no {} for microbatch {} from stage {} within {} s", dst,
+                                       kind == 'F' ? "activation" : "gradient", microbatch, src, timeout_s_));
+  }
+}
+
+void QueueTransport::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.empty()) aborted_ = why;
+  }
+  cv_.notify_all();
+}
+
+// ----------------------------------------------------------------------------
+// Transport between processes (c10d point to point)
+// ----------------------------------------------------------------------------
+
+ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<dist::Group> group,
+                                             std::vector<std::vector<int64_t>> boundary_shapes,
+                                             std::shared_ptr<dist::Group> backward_group)
+    : group_(std::move(group)), backward_group_(std::move(backward_group)), shapes_(std::move(boundary_shapes)) {
+  if (!group_) throw std::invalid_argument("ProcessGroupTransport: no process group");
+  if (!backward_group_) backward_group_ = group_;
+  if (backward_group_->size() != group_->size() || backward_group_->rank() != group_->rank() ||
+      backward_group_->device() != group_->device())
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport: the backward group (rank {} of {} on {}) is not "
+                                            "the forward group's ranks and device (rank {} of {} on {})",
+                                            backward_group_->rank(), backward_group_->size(),
+                                            backward_group_->device().str(), group_->rank(), group_->size(),
+                                            group_->device().str()));
+  const int p = group_->size();
+  if (static_cast<int>(shapes_.size()) < p - 1 || (static_cast<int>(shapes_.size()) + 1) % p != 0)
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport: {} stages need p*v - 1 boundary shapes ({} with "
+                                            "one chunk per stage), got {}", p, p - 1, shapes_.size()));
+}
+
+ProcessGroupTransport::~ProcessGroupTransport() {
+  // Only after a failure are sends still pending: nobody will receive them.
+  for (auto& p : sends_) p.work->abort();
+}
+
+namespace {
+const char* message_name(char kind) { return kind == 'F' ? "activation" : "gradient"; }
+}  // namespace
+
+std::pair<int, int> ProcessGroupTransport::boundary_of(int src, int dst, int boundary) const {
+  const int p = group_->size();
+  const int b = boundary < 0 ? std::min(src, dst) : boundary;
+  // Boundary b joins the stages of virtual stages b and b + 1: b mod p and (b + 1) mod p.
+  const bool joins = b >= 0 && b < static_cast<int>(shapes_.size()) &&
+                     std::min(src, dst) == std::min(b % p, (b + 1) % p) &&
+                     std::max(src, dst) == std::max(b % p, (b + 1) % p) && src != dst;
+  if (!joins)
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: boundary {} does not join stages {} "
+                                            "and {} ({} stages, {} boundaries)", group_->rank(), b, src, dst, p,
+                                            shapes_.size()));
+  return {b, b / p};
+}
+
+void ProcessGroupTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary) {
+  const int me = group_->rank();
+  if (src != me)
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: cannot send from stage {} to stage {} "
+                                            "(only from this rank's stage)", me, src, dst));
+  const auto [b, lap] = boundary_of(src, dst, boundary);
+  const auto& shape = shapes_[static_cast<std::size_t>(b)];
+  if (t.sizes().vec() != shape)
+    throw std::invalid_argument(fmt::format("stage {}: the {} of microbatch {} for stage {} has shape [{}], the "
+                                            "boundary's is [{}]", src, message_name(kind), microbatch, dst,
+                                            fmt::join(t.sizes().vec(), ", "), fmt::join(shape, ", ")));
+  // Not copied: the activation (a detached output kept for backward) and the input gradient
+  // are not written again, and the Work keeps them alive until the receiver has them.
+  auto buf = t.detach().to(group_->device(), torch::kFloat32).contiguous();
+  auto& g = kind == 'F' ? group_ : backward_group_;
+  trace_p2p_annotate(true, src, dst, kind, microbatch, b);  // timeline: the send's flow (pipeline_trace.hpp)
+  sends_.push_back({std::make_shared<dist::Work>(g->send_async(buf, dst, tag(kind, microbatch, lap))), dst, kind,
+                    microbatch});
+}
+
+torch::Tensor ProcessGroupTransport::recv(int src, int dst, char kind, int microbatch, int boundary) {
+  const int me = group_->rank();
+  if (dst != me)
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: cannot receive {} {} from stage {} "
+                                            "at stage {}", me, kind, microbatch, src, dst));
+  const auto [b, lap] = boundary_of(src, dst, boundary);
+  // Forward messages come from the stage of virtual stage b, gradients from that of b + 1.
+  const int p = group_->size();
+  if (src != (kind == 'F' ? b % p : (b + 1) % p))
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: {} {} across boundary {} does not come "
+                                            "from stage {}", me, kind, microbatch, b, src));
+  auto t = torch::empty(shapes_[static_cast<std::size_t>(b)],
+                        torch::TensorOptions().dtype(torch::kFloat32).device(group_->device()));
+  auto& g = kind == 'F' ? group_ : backward_group_;
+  std::shared_ptr<dist::Work> work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.empty()) throw RuntimeFailure(aborted_);
+    trace_p2p_annotate(false, src, dst, kind, microbatch, b);  // timeline: the recv's flow (pipeline_trace.hpp)
+    work = std::make_shared<dist::Work>(g->recv_async(t, src, tag(kind, microbatch, lap)));
+    recv_ = work;
+  }
+  try {
+    work->wait();
+    // NCCL's wait only orders the current stream after the recv; the host waits here so
+    // that the stage's measured wait is the time until the data is there.
+    sync_device(t.device());
+  } catch (const RuntimeFailure& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    recv_.reset();
+    if (!aborted_.empty()) throw RuntimeFailure(aborted_);
+    throw RuntimeFailure(fmt::format("stage {}: no {} for microbatch {} from stage {} (rank {}): {}", dst,
+                                     message_name(kind), microbatch, src, src, e.what()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  recv_.reset();
+  return t;
+}
+
+void ProcessGroupTransport::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_.empty()) aborted_ = why;
+  if (recv_) recv_->abort();
+}
+
+void ProcessGroupTransport::flush() {
+  for (const auto& p : sends_) {
+    try {
+      p.work->wait();
+    } catch (const RuntimeFailure& e) {
+      throw RuntimeFailure(fmt::format("stage {}: the {} of microbatch {} did not reach stage {} (rank {}): {}",
+                                       group_->rank(), message_name(p.kind), p.microbatch, p.dst, p.dst, e.what()));
+    }
+  }
+  sends_.clear();
+}
+
+}  // namespace mpt
