@@ -487,7 +487,10 @@ std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::millisec
   return std::shared_ptr<Job>(new Job(std::move(state)));
 }
 
-namespace {
+// Named, not anonymous: Group::Impl (a member of an exported class) holds a Monitor and a
+// TraceLane, and GCC warns (-Wsubobject-linkage) when such a type has internal linkage in a
+// file that is not the main one, as in the unity build's batches.
+namespace group_detail {
 
 // What a rank does when one of its collectives fails: find out which peers did not answer.
 // Every rank whose collective fails posts "failed/<rank>" in the group's store and waits a
@@ -662,7 +665,8 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return op == ReduceOp::Sum ? c10d::ReduceOp::SUM : op == ReduceOp::Min ? c10d::ReduceOp::MIN : c10d::ReduceOp::MAX;
 }
 
-}  // namespace
+}  // namespace group_detail
+using namespace group_detail;
 
 struct Group::Impl {
   c10::intrusive_ptr<compat::C10dBackend> pg;  // ProcessGroupGloo or ProcessGroupNCCL
