@@ -241,7 +241,8 @@ MemoryEstimate fp4_memory(const Config& cfg, int /*world_size*/) {
   const int64_t rows = std::max(std::min(cfg.integer("/train/batch"), samples),
                                 std::min<int64_t>(1000, cfg.integer("/data/test_samples")));
   MemoryEstimate e;
-  add_mlp_training(e, "MLP under a variant", widths(cfg), rows, 6, 8, "/model/hidden", "/train/batch, /model/hidden");
+  add_mlp_training(e, "MLP under a variant", widths(cfg), rows, 6, 8, "/model/hidden",
+                   "/train/batch, /data/test_samples, /model/hidden");
   e.add("Fashion-MNIST images and labels", "/data/train_samples, /data/test_samples",
         static_cast<double>(samples + cfg.integer("/data/test_samples")) * (784 * 4 + 8));
   return e;

@@ -599,7 +599,7 @@ MemoryEstimate fp8_memory(const Config& cfg, int /*world_size*/) {
                                 std::min<int64_t>(1000, cfg.integer("/data/test_samples")));
   MemoryEstimate mlp_part;
   add_mlp_training(mlp_part, "MLP under a recipe", widths(cfg), rows, 6, 8, "/model/hidden",
-                   "/train/batch, /model/hidden");
+                   "/train/batch, /data/test_samples, /model/hidden");
   const double K = static_cast<double>(cfg.integer("/accumulator/k")), m = static_cast<double>(cfg.integer("/accumulator/m")),
                n = static_cast<double>(cfg.integer("/accumulator/n"));
   MemoryEstimate acc;
