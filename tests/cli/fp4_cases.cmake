@@ -32,7 +32,7 @@ cli_case(fp4_bad_ledger_step 2 "/ledger/step: expected a step below /train/steps
 # Probe defects. 1: a config far too large is refused before allocating (exit 2 naming its keys):
 # 784-8192-8192-10 is 74 M parameters, x 6 fp32 copies = 1.8 GB, against a 1 GB cap.
 cli_case_env(fp4_memory MPT_MEMORY_LIMIT_BYTES=1000000000 2
-             "/model/hidden, /train/batch, /data/test_samples: this config needs about [0-9.]+ GiB \\(MLP under a variant: parameters x6"
+             "/model/hidden, /train/batch, /data/test_samples: this config needs about [0-9.]+ GiB of memory \\(MLP under a variant: parameters x6"
              fp4 --set "model.hidden=[8192,8192]")
 # ... and --print-config makes the same check (4).
 cli_case_env(fp4_print_config_memory MPT_MEMORY_LIMIT_BYTES=1000000000 2 "/model/hidden, /train/batch, /data/test_samples: this config needs about"

@@ -73,7 +73,7 @@ cli_case(fp8_few_samples 2 "/data/train_samples: expected at least /train/batch 
 # holds 74 M parameters, x 6 fp32 copies = 1.8 GB; the GPT of width 2048, 8 layers, 64 x 1024
 # tokens keeps ~300 GiB of activations (Korthikanti et al.'s count, fp32, with quantized copies).
 cli_case_env(fp8_memory_mlp MPT_MEMORY_LIMIT_BYTES=1000000000 2
-             "/model/hidden, /train/batch, /data/test_samples: this config needs about [0-9.]+ GiB \\(MLP under a recipe: parameters x6"
+             "/model/hidden, /train/batch, /data/test_samples: this config needs about [0-9.]+ GiB of memory \\(MLP under a recipe: parameters x6"
              fp8 --set "model.hidden=[8192,8192]")
 cli_case_env(fp8_memory_gpt MPT_MEMORY_LIMIT_BYTES=8589934592 2
              "/gpt/batch, /gpt/model/context, /gpt/model/width, /gpt/model/heads, /gpt/model/layers: this config needs about [0-9]+ GiB"
