@@ -4,7 +4,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
 #include <zlib.h>
+
+#include <fmt/format.h>
 
 #include "catch.hpp"
 #include "core/data.hpp"
@@ -130,6 +133,30 @@ TEST_CASE("the fortunes corpus: sorted character vocabulary, 90/10 split, decode
   CHECK(text.size() == static_cast<std::size_t>(c.train.size(0)));
   CHECK(text.find("\n%\n") == std::string::npos);  // no separator line is left
   CHECK(text.find('\b') == std::string::npos);
+}
+
+TEST_CASE("text_file_problem: a directory or an empty file, found before reading; the loader says the same", "[data]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("mpt_text_problem_{}", ::getpid());
+  fs::create_directories(dir / "sub");
+  std::ofstream(dir / "empty").close();
+  std::ofstream(dir / "ok") << "%\nhello world\n%\n";
+  fs::create_symlink(dir / "sub", dir / "link_to_dir");
+  CHECK(text_file_problem((dir / "sub").string()) == "is a directory");
+  CHECK(text_file_problem((dir / "link_to_dir").string()) == "is a directory");  // links followed
+  CHECK(text_file_problem((dir / "empty").string()) == "is empty");
+  CHECK(text_file_problem((dir / "ok").string()).empty());
+  CHECK(text_file_problem((dir / "missing").string()).empty());  // missing data: the loader's (exit 3)
+  for (const char* bad : {"sub", "empty"}) {
+    INFO(bad);
+    try {
+      load_text_corpus(dir.string(), {"ok", bad});
+      FAIL("expected a RuntimeFailure");
+    } catch (const RuntimeFailure& e) {
+      CHECK(std::string(e.what()).find(std::string(bad) == "sub" ? "is a directory" : "is empty") != std::string::npos);
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("text_batch: windows and next-token targets, fixed by the generator's seed", "[data]") {

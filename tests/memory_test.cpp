@@ -169,7 +169,8 @@ TEST_CASE("check_memory refuses an estimate above the limit, naming the keys of 
 }
 
 TEST_CASE("every experiment whose sizes are user-set estimates its memory, and defaults are small", "[memory]") {
-  for (const char* name : {"underflow", "lossscale", "checkpoint", "accumulate", "dataparallel", "pipeline"}) {
+  for (const char* name : {"underflow", "lossscale", "checkpoint", "accumulate", "dataparallel", "pipeline", "fp8", "fp4",
+                           "shard", "collectives", "tensorparallel"}) {
     const Experiment* exp = find_experiment(name);
     REQUIRE(exp);
     INFO(name);
@@ -186,4 +187,18 @@ TEST_CASE("every experiment whose sizes are user-set estimates its memory, and d
   ConfigSpec spec = ckpt->spec();
   Config big = resolve_config(spec, "", {"model.width=65536", "model.depth=4", "data.batch=8"});
   CHECK(ckpt->memory(big, 1).total() > 64.0 * (1LL << 30));
+  // fp8's GPT section (the probe's case: 21.8 GB RSS): 8 blocks of width 2048 on 64 x 1024 tokens keep
+  // L·s·b·h·(34 + 5as/h) x 2 (fp32) x 2 (quantized copies) = 8·1024·64·2048·74·4 bytes of activations.
+  const Experiment* fp8 = find_experiment("fp8");
+  ConfigSpec fp8_spec = fp8->spec();
+  Config gpt = resolve_config(fp8_spec, "", {"gpt.enabled=true", "gpt.model.width=2048", "gpt.model.heads=16",
+                                             "gpt.model.layers=8", "gpt.model.context=1024", "gpt.batch=64"});
+  CHECK(fp8->memory(gpt, 1).total() >= 8.0 * 1024 * 64 * 2048 * 74 * 4);
+}
+
+TEST_CASE("gpt_activation_bytes: Korthikanti et al.'s per-block count in fp32, times the copies, plus the logits", "[memory]") {
+  // 2 blocks, s = 8, b = 4, h = 16, a = 2, V = 10: per block 8·4·16·(34 + 5·2·8/16) = 19968 bytes
+  // for 16-bit values; fp32 doubles it; the logits and their gradient: 3·4·8·10 fp32 values.
+  CHECK(gpt_activation_bytes(2, 8, 4, 16, 2, 10) == 2 * 2 * 19968.0 + 3 * 4 * 8 * 10 * 4);
+  CHECK(gpt_activation_bytes(2, 8, 4, 16, 2, 10, 2) == 2 * 2 * 2 * 19968.0 + 3 * 4 * 8 * 10 * 4);
 }

@@ -1,8 +1,10 @@
 // core/models and core/timing: the deep sigmoid net's structure and initialisation order, its
 // Linear layers, the gradient helpers, the max-abs-difference metric every experiment reports,
 // and median_seconds.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "catch.hpp"
 #include "core/models.hpp"
@@ -86,6 +88,21 @@ TEST_CASE("max_abs_diff: the largest elementwise |a - b|, over one tensor or pai
   CHECK(std::isnan(max_abs_diff(xn, yn)));
   std::vector<torch::Tensor> xl = {a, torch::tensor({NAN})}, yl = {b, torch::tensor({0.0f})};
   CHECK(std::isnan(max_abs_diff(xl, yl)));
+}
+
+TEST_CASE("nan_max and max_abs_diff of two series keep a NaN (std::max drops it)", "[models]") {
+  CHECK(std::max(0.0, double(NAN)) == 0.0);  // the trap: a running std::max forgets the NaN
+  CHECK(std::isnan(nan_max(0.0, NAN)));
+  CHECK(std::isnan(nan_max(NAN, 1.0)));
+  CHECK(nan_max(1.0, 2.0) == 2.0);
+  CHECK(nan_max(1.0, INFINITY) == INFINITY);
+  CHECK(max_abs_diff(std::vector<double>{1, 2, 3}, std::vector<double>{1, 2.5, 2}) == 1.0);
+  // a NaN on one side at any step, wherever the finite steps' maximum is: NaN
+  CHECK(std::isnan(max_abs_diff(std::vector<double>{5, NAN}, std::vector<double>{1, 1})));
+  CHECK(std::isnan(max_abs_diff(std::vector<double>{1, 2}, std::vector<double>{NAN, 2})));
+  // two runs that both reached inf are not "equal": inf - inf is NaN
+  CHECK(std::isnan(max_abs_diff(std::vector<double>{INFINITY}, std::vector<double>{INFINITY})));
+  CHECK_THROWS_AS(max_abs_diff(std::vector<double>{1}, std::vector<double>{1, 2}), std::invalid_argument);
 }
 
 TEST_CASE("zero_grads allocates or zeroes, clear_grads drops, clone_grads snapshots", "[models]") {

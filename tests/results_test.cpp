@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -63,6 +64,25 @@ TEST_CASE("checks: NaN fails, values above tolerance fail", "[results]") {
   r.check("nan", NAN, 1.0);
   CHECK_FALSE(r.all_checks_ok());
   CHECK(render_checks(r.checks).find("FAILED: 1 of 2") != std::string::npos);
+}
+
+TEST_CASE("note_divergence: a note and results.diverged when a loss is not finite, nothing otherwise", "[results]") {
+  CHECK(first_nonfinite({1.0, 2.0}) == -1);
+  CHECK(first_nonfinite({1.0, INFINITY, NAN}) == 1);
+  CHECK(first_nonfinite({}) == -1);
+  Report r;
+  Table t{"loss", "Loss", {}};
+  CHECK_FALSE(note_divergence(r, t, "fine", {2.3, 1.1, 0.7}));
+  CHECK(t.notes.empty());
+  CHECK_FALSE(r.results.contains("diverged"));  // a run that converges keeps its result unchanged
+  CHECK(note_divergence(r, t, "stage0", {2.3, 1e30, NAN, NAN}));
+  CHECK(note_divergence(r, t, "fp16", {2.3, -INFINITY}, /*first_step=*/1));
+  REQUIRE(t.notes.size() == 2);
+  CHECK(t.notes[0].rfind("diverged: stage0's loss became nan at step 2;", 0) == 0);
+  CHECK(t.notes[1].rfind("diverged: fp16's loss became -inf at step 2;", 0) == 0);  // counted from 1
+  REQUIRE(r.results["diverged"].size() == 2);
+  CHECK(r.results["diverged"][0] == json({{"name", "stage0"}, {"table", "loss"}, {"step", 2}, {"loss", "nan"}}));
+  CHECK(r.results["diverged"][1]["loss"] == "-inf");
 }
 
 TEST_CASE("atomic write: content replaced whole, directories created, no temp left", "[results]") {

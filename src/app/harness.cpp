@@ -172,11 +172,8 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
   try {
     spec = full_spec(exp);
     Config cfg = resolve_for(spec, opts);
-    if (opts.print_config) {
-      emit(cfg.json_value().dump(2) + "\n");  // a lost write is exit 3 (finish_stdout)
-      return kExitOk;
-    }
-    if (opts.out_given && opts.out.empty()) throw ConfigError("--out: expected a file path, got an empty string");
+    if (opts.out_given && !opts.print_config && opts.out.empty())
+      throw ConfigError("--out: expected a file path, got an empty string");
     const std::string out = opts.out.empty() ? "results/" + exp.name + ".json" : opts.out;
 
     // Multi-process experiments: under a launcher (mpt --nproc, torchrun, SLURM) this process
@@ -225,6 +222,13 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       spdlog::debug("memory estimate {} of {} available ({})", human_bytes(need.total()),
                     available < 0 ? std::string("unknown") : human_bytes(static_cast<double>(available)), source);
       check_memory(need, available, source);
+    }
+    // --print-config prints a config only once it passed every check a run makes before its work
+    // (the schema, validate, the fault plan, the memory estimate: all without side effects), so a
+    // printed config is one that runs; the output files are not the config's and are not checked.
+    if (opts.print_config) {
+      emit(cfg.json_value().dump(2) + "\n");  // a lost write is exit 3 (finish_stdout)
+      return kExitOk;
     }
     // The result file must be writable before the run, not found unwritable after it (rank 0 writes).
     if (opts.trace_given && opts.trace.empty()) throw ConfigError("--trace: expected a file path, got an empty string");

@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -153,6 +154,16 @@ std::string clean_fortune_text(const std::string& raw) {
   return out;
 }
 
+std::string text_file_problem(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code e;
+  const fs::file_status st = fs::status(path, e);
+  if (e) return "";  // missing or not examinable: the reader says so at run time
+  if (fs::is_directory(st)) return "is a directory";
+  if (fs::is_regular_file(st) && fs::file_size(path, e) == 0 && !e) return "is empty";
+  return "";
+}
+
 TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::string>& files, double val_fraction,
                             std::size_t max_bytes) {
   if (files.empty()) throw std::invalid_argument("load_text_corpus: no files");
@@ -166,6 +177,7 @@ TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::strin
   std::string text;
   for (const auto& name : files) {
     const std::string path = dir + "/" + name;
+    if (const std::string problem = text_file_problem(path); !problem.empty()) throw fail(path, problem);
     std::ifstream f(path, std::ios::binary);
     if (!f) throw fail(path, "cannot open");
     std::string raw;

@@ -67,9 +67,17 @@ struct TextCorpus {
 /// so the vocabulary is ≤ 96 characters on every machine.
 std::string clean_fortune_text(const std::string& raw);
 
+/// What makes `path` unusable as a file of a text corpus, found without reading it (symbolic links
+/// followed): "is a directory", "is empty" (0 bytes; a file that cleans to no text is not found
+/// here), or "" for a non-empty regular file and for a path that does not exist or
+/// cannot be examined (load_text_corpus reports those at run time, as missing data: exit 3). For an
+/// experiment's validate(), which names the config key (gpt_spec's validate_text_files).
+std::string text_file_problem(const std::string& path);
+
 /// Reads `files` (names inside `dir`) in order, cleans each (clean_fortune_text), joins them and
 /// splits the tokens at ⌊(1 − val_fraction)·N⌋. Throws RuntimeFailure naming the path and the
-/// `fortunes` package for a missing or unreadable file, a file over `max_bytes`, or a corpus too
+/// `fortunes` package for a missing or unreadable file, a directory or an empty file
+/// (text_file_problem), a file over `max_bytes`, or a corpus too
 /// short to split; std::invalid_argument for val_fraction outside (0, 1) or no files.
 TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::string>& files, double val_fraction = 0.1,
                             std::size_t max_bytes = std::size_t{64} << 20);

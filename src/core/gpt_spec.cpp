@@ -47,8 +47,19 @@ void validate_gpt_keys(const Config& cfg, const std::string& p, const std::strin
   const int64_t w = cfg.integer(p + "/width"), h = cfg.integer(p + "/heads");
   if (w % h != 0)
     throw ConfigError(fmt::format("{}/heads: expected a divisor of {}/width ({}), got {}", p, p, w, h));
-  if (!text_prefix.empty() && cfg.strings(text_prefix + "/text_files").empty())
-    throw ConfigError(fmt::format("{}/text_files: expected at least one file, got []", text_prefix));
+  if (!text_prefix.empty()) validate_text_files(cfg, text_prefix);
+}
+
+void validate_text_files(const Config& cfg, const std::string& p) {
+  const auto files = cfg.strings(p + "/text_files");
+  if (files.empty()) throw ConfigError(fmt::format("{}/text_files: expected at least one file, got []", p));
+  const std::string dir = cfg.str(p + "/text_dir");
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const std::string path = dir + "/" + files[i];
+    if (const std::string problem = text_file_problem(path); !problem.empty())
+      throw ConfigError(fmt::format("{}/text_files/{}: expected a text file (a fortune cookie file inside {}/text_dir), "
+                                    "got \"{}\": {} {}", p, i, p, printable_text(files[i]), printable_text(path), problem));
+  }
 }
 
 TextCorpus load_text_corpus_at(const Config& cfg, const std::string& p) {

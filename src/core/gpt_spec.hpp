@@ -33,9 +33,15 @@ void add_gpt_training_keys(ConfigSpec& s, const std::string& prefix, double lr, 
 /// The GptConfig the keys under `prefix` describe, with `vocab` tokens (TextCorpus::vocab()).
 GptConfig gpt_config_at(const Config& cfg, const std::string& prefix, int64_t vocab);
 
-/// Cross-key checks, for an experiment's validate(): heads divides width, and the text file list
-/// is not empty when `text_prefix` is given. Throws ConfigError naming the pointer.
+/// Cross-key checks, for an experiment's validate(): heads divides width, and when `text_prefix`
+/// is given its text keys' (validate_text_files). Throws ConfigError naming the pointer.
 void validate_gpt_keys(const Config& cfg, const std::string& prefix, const std::string& text_prefix = "");
+
+/// Cross-key checks of the text keys under `prefix`, for an experiment's validate(): at least one
+/// file, and no entry that is a directory or an empty file (core/data's text_file_problem). Throws
+/// ConfigError naming the entry's pointer (`prefix`/text_files/i), its path and what it is; a
+/// missing file is left to load_text_corpus at run time (missing data: RuntimeFailure, exit 3).
+void validate_text_files(const Config& cfg, const std::string& prefix);
 
 /// The corpus the text keys under `prefix` name (load_text_corpus). Throws RuntimeFailure for a
 /// missing or unreadable file (the message names the path and the package).

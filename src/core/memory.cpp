@@ -175,6 +175,12 @@ void add_mlp_training(MemoryEstimate& e, const std::string& label, const std::ve
         static_cast<double>(batch) * (static_cast<double>(widths[0]) + saved * units) * elem_bytes);
 }
 
+double gpt_activation_bytes(double layers, double context, double batch, double width, double heads, double vocab,
+                            double copies) {
+  const double per_block = context * batch * width * (34 + 5 * heads * context / width);  // 16-bit bytes
+  return copies * 2 * layers * per_block + 3 * batch * context * vocab * 4;
+}
+
 int64_t parse_meminfo_available(const std::string& meminfo) {
   std::istringstream in(meminfo);
   std::string line;

@@ -93,6 +93,15 @@ void add_mlp_training(MemoryEstimate& e, const std::string& label, const std::ve
                       double copies, double saved, const std::string& param_keys, const std::string& act_keys,
                       double elem_bytes = 4);
 
+/// Bytes of the activations a tiny GPT (core/gpt) keeps for backward over one batch of `batch`
+/// sequences of `context` tokens, in fp32: Korthikanti et al. 2022 ("Reducing Activation
+/// Recomputation in Large Transformer Models", §4.1) count s·b·h·(34 + 5·a·s/h) bytes per block for
+/// 16-bit values (s = context, b = batch, h = width, a = heads), doubled here for fp32 and times
+/// `copies` (1: the values themselves; 2: also a stored copy of each, e.g. a rounded or quantized
+/// one), plus the logits and their gradient (3 · b·s·vocab fp32 values).
+double gpt_activation_bytes(double layers, double context, double batch, double width, double heads, double vocab,
+                            double copies = 1);
+
 /// The memory a run may use on this machine, in bytes, and where the number comes from:
 /// MPT_MEMORY_LIMIT_BYTES when set (a cap of the user's; 0 turns the check off, returned as
 /// -1), else MemAvailable of /proc/meminfo; -1 when neither is known. Throws ConfigError for

@@ -5,8 +5,9 @@
 // for the bias).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
-
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,21 @@ inline double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vecto
     if (std::isnan(x)) return x;
     d = std::max(d, x);
   }
+  return d;
+}
+
+/// max(a, b) that keeps a NaN: NaN when either is NaN. std::max(0.0, NaN) is 0.0, so a running
+/// maximum of differences built with std::max hides the NaN of a diverged run and its check passes.
+inline double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+
+/// Largest |a[i] − b[i]| of two series of one length (e.g. two runs' loss per step); NaN when a
+/// pair's difference is NaN — a NaN on either side, or inf − inf — so that a check on it fails and
+/// a table prints nan, not the finite maximum of the other steps. Throws std::invalid_argument
+/// when the lengths differ.
+inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) throw std::invalid_argument("max_abs_diff: series of different lengths");
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = nan_max(d, std::abs(a[i] - b[i]));
   return d;
 }
 

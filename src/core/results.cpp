@@ -30,6 +30,26 @@ bool Report::all_checks_ok() const {
   return std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.ok; });
 }
 
+std::int64_t first_nonfinite(const std::vector<double>& values) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i])) return static_cast<std::int64_t>(i);
+  return -1;
+}
+
+bool note_divergence(Report& report, Table& t, const std::string& run, const std::vector<double>& losses,
+                     std::int64_t first_step) {
+  const std::int64_t i = first_nonfinite(losses);
+  if (i < 0) return false;
+  const json loss = num(losses[static_cast<std::size_t>(i)]);
+  const std::int64_t step = first_step + i;
+  t.notes.push_back(fmt::format("diverged: {}'s loss became {} at step {}; from there its numbers, and comparisons "
+                                "with it, mean nothing (a nan on either side is a mismatch)",
+                                run, loss.get<std::string>(), step));
+  if (!report.results.contains("diverged")) report.results["diverged"] = json::array();
+  report.results["diverged"].push_back({{"name", run}, {"table", t.name}, {"step", step}, {"loss", loss}});
+  return true;
+}
+
 json num(double d) {
   if (std::isnan(d)) return "nan";
   if (std::isinf(d)) return d > 0 ? "inf" : "-inf";

@@ -6,6 +6,7 @@
 // the strings "inf", "-inf" and "nan", and read back as doubles by decode_nonfinite().
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <variant>
@@ -107,6 +108,18 @@ struct Report {
   void check(const std::string& name, double value, double tolerance, const std::string& detail = "");
   bool all_checks_ok() const;
 };
+
+/// The first index of `values` (e.g. a loss per step) that is NaN or ±inf; -1 when all are finite.
+std::int64_t first_nonfinite(const std::vector<double>& values);
+
+/// Says so when a training run diverged: if a loss of `losses` (one per step; losses[0] is step
+/// `first_step`, as the experiment's tables count: 0 or 1) is not finite, adds to `t` the note "diverged: <run>'s loss became <nan|inf> at step <s>; ..."
+/// and to report.results["diverged"] the row {"name": run, "table": t.name, "step": s, "loss":
+/// "nan"|"inf"|"-inf"}; nothing when every loss is finite (a run that converges keeps its result
+/// file unchanged). Returns whether the run diverged. Comparisons with such a run are NaN (core/models'
+/// max_abs_diff, nan_max), so its equivalence checks fail rather than pass on the finite part.
+bool note_divergence(Report& report, Table& t, const std::string& run, const std::vector<double>& losses,
+                     std::int64_t first_step = 0);
 
 /// Replaces non-finite doubles by "inf"/"-inf"/"nan" everywhere in `v` (recursively).
 json encode_nonfinite(const json& v);

@@ -109,7 +109,7 @@ std::string sizes_text(const std::vector<std::pair<int64_t, int64_t>>& r) {
 
 double max_abs(const std::vector<torch::Tensor>& a) {
   double d = 0;
-  for (const auto& t : a) d = std::max(d, t.abs().max().item<double>());
+  for (const auto& t : a) d = nan_max(d, t.abs().max().item<double>());  // a NaN stays (std::max drops it)
   return d;
 }
 
@@ -183,6 +183,7 @@ Table training_table(const Dataset& d, int64_t hidden, int64_t batch, int64_t k,
            float_col("loss_accum", "loss accum", "-", 7), sci_col("loss_diff", "|dloss|"),
            sci_col("param_diff", "max|dw|")}};
   double worst_loss = 0, worst_param = 0;
+  std::vector<double> losses_full, losses_accum;
   for (int64_t s = 0; s < steps; ++s) {
     auto idx = (torch::arange(s * batch, (s + 1) * batch, torch::kLong) % d.size()).to(torch::kLong);
     idx = order.index_select(0, idx);
@@ -198,11 +199,14 @@ Table training_table(const Dataset& d, int64_t hidden, int64_t batch, int64_t k,
     {
       torch::NoGradGuard ng;
       auto pa = a->parameters(), pb = b->parameters();
-      for (std::size_t i = 0; i < pa.size(); ++i) pd = std::max(pd, (pa[i] - pb[i]).abs().max().item<double>());
+      for (std::size_t i = 0; i < pa.size(); ++i) pd = nan_max(pd, (pa[i] - pb[i]).abs().max().item<double>());
     }
     const double la = loss.item<double>();
-    worst_loss = std::max(worst_loss, std::fabs(la - loss_b));
-    worst_param = std::max(worst_param, pd);
+    // nan_max: once a run diverges its nan differences fail the checks (std::max would drop them)
+    worst_loss = nan_max(worst_loss, std::fabs(la - loss_b));
+    worst_param = nan_max(worst_param, pd);
+    losses_full.push_back(la);
+    losses_accum.push_back(loss_b);
     t.rows.push_back({{"name", fmt::format("step {}", s + 1)}, {"step", s + 1}, {"loss_full", la},
                       {"loss_accum", loss_b}, {"loss_diff", std::fabs(la - loss_b)}, {"param_diff", pd}});
   }
@@ -210,6 +214,8 @@ Table training_table(const Dataset& d, int64_t hidden, int64_t batch, int64_t k,
   report.check("training: parameters equal", worst_param, tol);
   t.notes.push_back("loss accum: sum over micro-batches of mean loss x size/B, the same quantity as loss full");
   t.notes.push_back("max|dw|: largest parameter difference after the step; roundoff only, it grows slowly with steps");
+  note_divergence(report, t, "one batch", losses_full, /*first_step=*/1);  // the table counts steps from 1
+  note_divergence(report, t, "accumulated", losses_accum, /*first_step=*/1);
   return t;
 }
 

@@ -183,7 +183,7 @@ Report run_checkpoint(const Context& ctx) {
   step(su, 0, true, ctx.device, seed);  // warm-up: first-touch allocations, kernels
   StepResult plain = step(su, 0, true, ctx.device, seed);
   double g_scale = 0;  // max |g| over every plain gradient, for relative differences
-  for (const auto& g : plain.grads) g_scale = std::max(g_scale, g.abs().max().item<double>());
+  for (const auto& g : plain.grads) g_scale = nan_max(g_scale, g.abs().max().item<double>());  // keeps a nan
   Table t{"segments",
           fmt::format("Checkpointing a {}-block MLP (width {}, batch {}, dropout {:g}, {}): gradients and peak memory",
                       n, w, batch, p, cfg.str("/model/precision")),
@@ -236,6 +236,9 @@ Report run_checkpoint(const Context& ctx) {
   if (p > 0)
     t.notes.push_back("no rng restore: recomputation draws new dropout masks, so the gradients belong to another "
                       "network than the forward pass used");
+  // A forward that overflowed the emulated format (fp16: beyond 65504) gives an inf or nan loss:
+  // then every gradient difference above is nan and the checks fail; say why.
+  note_divergence(report, t, "the plain step", {plain.loss});
   report.add(std::move(t));
   report.results["param_bytes"] = param_bytes;
   report.results["loss"] = plain.loss;

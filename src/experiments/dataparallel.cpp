@@ -225,6 +225,7 @@ struct TrainSetup {
 struct TrainOut {
   int64_t steps = 0, used = 0, dropped = 0, buckets = 0, bytes = 0;
   double final_loss = 0, replica_dev = 0;
+  std::vector<double> losses;  // the global loss of every step
   torch::Tensor params;  // final parameters, flattened
   double step_s = 0, compute_s = 0, exposed_s = 0, allreduce_s = 0;  // per step, after a warm-up step
 };
@@ -292,10 +293,11 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     }
     auto cs = torch::tensor({c, -c}, on_device.dtype(torch::kFloat64));
     g->allreduce(cs, dist::ReduceOp::Max);
-    out.replica_dev = std::max(out.replica_dev, cs[0].item<double>() + cs[1].item<double>());
+    out.replica_dev = nan_max(out.replica_dev, cs[0].item<double>() + cs[1].item<double>());  // nan: diverged
     auto l = torch::tensor({loss_sum / n}, on_device.dtype(torch::kFloat64));
     g->allreduce(l);
     out.final_loss = l.item<double>();
+    out.losses.push_back(out.final_loss);
     if (s > 0) {  // step 0 is a warm-up
       t_step += t2 - t0;
       t_comp += (t1 - t0) - exposed;
@@ -434,8 +436,10 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
     // long that is compared with /dist/timeout_s.
     if (rank == 0) {
       const double match = (o.params - single_process(data, perm, n, o.steps, ts, w)).abs().max().item<double>();
-      worst_dev = std::max(worst_dev, o.replica_dev);
-      worst_match = std::max(worst_match, match);
+      // nan_max: a diverged run's nan must fail the checks below, not vanish in std::max
+      worst_dev = nan_max(worst_dev, o.replica_dev);
+      worst_match = nan_max(worst_match, match);
+      note_divergence(report, t, fmt::format("N={}", n), o.losses);
       t.rows.push_back({{"name", fmt::format("n{}", n)}, {"buckets", o.buckets}, {"bytes", o.bytes},
                         {"steps", o.steps}, {"dropped", o.dropped}, {"final_loss", o.final_loss},
                         {"replica_dev", o.replica_dev}, {"vs_single", match}});
@@ -588,7 +592,8 @@ MemoryEstimate dataparallel_memory(const Config& cfg, int world_size) {
 }
 
 // The training section's checks (validate_dataparallel): every N divides the global batch, at
-// least one N fits the processes, the samples give at least one full step, the fault rank exists.
+// least one N fits the processes, the samples give at least one full step, the fault rank exists
+// and trains, and the fault step is one of its steps.
 void validate_training(const Config& cfg, int world_size, int64_t gb) {
   std::vector<int64_t> runnable;
   for (int64_t n : cfg.integers("/train/nprocs")) {
@@ -607,6 +612,28 @@ void validate_training(const Config& cfg, int world_size, int64_t gb) {
   const int64_t fault = cfg.integer("/fault/rank");
   if (fault >= world_size)
     throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
+  if (fault < 0) return;
+  // The fault point is passed by the ranks of each run of the N sweep (train: step s, 0-based);
+  // the run with N ranks takes min(/train/max_steps, floor(floor(samples / N) / (global_batch / N)))
+  // steps (every rank's shard of the permutation holds floor(samples / N) samples at least; all
+  // stop when one runs out of full local batches). A step no run reaches never fails: the run
+  // would "pass" a test of failure handling without any failure.
+  const int64_t samples = cfg.integer("/train/samples"), max_steps = cfg.integer("/train/max_steps");
+  int64_t last = -1;  // the last step /fault/rank takes part in
+  for (int64_t n : runnable) {
+    if (fault >= n) continue;  // rank `fault` is not in this run's group
+    int64_t steps = (samples / n) / (gb / n);
+    if (max_steps > 0) steps = std::min(steps, max_steps);
+    last = std::max(last, steps - 1);
+  }
+  if (last < 0)
+    throw ConfigError(fmt::format("/fault/rank: expected a rank that trains (below the largest N of /train/nprocs "
+                                  "that fits the {} process(es): {}), got {}",
+                                  world_size, *std::max_element(runnable.begin(), runnable.end()), fault));
+  if (cfg.integer("/fault/step") > last)
+    throw ConfigError(fmt::format("/fault/step: expected a step 0 .. {} (the last step rank {} trains: /train/max_steps, "
+                                  "/train/samples / /train/global_batch), got {}",
+                                  last, fault, cfg.integer("/fault/step")));
 }
 
 /// Cross-key checks before any work and any worker (exit 2 naming the keys): the training
@@ -614,6 +641,10 @@ void validate_training(const Config& cfg, int world_size, int64_t gb) {
 void validate_dataparallel(const Config& cfg, int world_size) {
   const int64_t gb = cfg.integer("/train/global_batch");
   if (cfg.boolean("/train/enabled")) validate_training(cfg, world_size, gb);
+  // Only the training runs pass the fault point: without them a fault never happens.
+  else if (cfg.integer("/fault/rank") >= 0)
+    throw ConfigError(fmt::format("/fault/rank: expected -1 with /train/enabled = false (only the training runs pass "
+                                  "the fault point), got {}", cfg.integer("/fault/rank")));
   const int64_t n = cfg.integer("/equivalence/batch"), k = cfg.integer("/equivalence/shards");
   if (k > n) throw ConfigError(fmt::format("/equivalence/shards: expected at most /equivalence/batch ({}), got {}", n, k));
   const int64_t un = cfg.integer("/equivalence/uneven_samples"), uk = cfg.integer("/equivalence/uneven_shards");

@@ -210,6 +210,7 @@ Report run_fp4(const Context& ctx) {
     history[v] = h;
     const double base = runs.at("fp32").step_s;  // validate_fp4: fp32 is among the variants
     cost.rows.push_back({{"name", v}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", num(r.step_s / base)}, {"step_time_s", r.step_s}});
+    note_divergence(report, t, v, r.loss);  // a loss that became nan or inf, and at which step
   }
   for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {
     json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
@@ -228,11 +229,30 @@ Report run_fp4(const Context& ctx) {
   return report;
 }
 
+/// Memory of a run (core/memory): the Fashion-MNIST samples (784 floats and an int64 label each)
+/// and one variant's training at a time (each variant's model is freed before the next): 6
+/// parameter-sized fp32 tensors (the initial weights, the master leaves, their gradients, the
+/// quantized copies of W, 2-D blocked and 1x16, that the out and dgrad GEMMs read, the SGD update's
+/// temporary) and 8 per sample and unit (the Linear and ReLU outputs, x and dy with their
+/// quantized and Hadamard-transformed copies for wgrad, the quantizer's fp32 temporaries), over a
+/// training batch or a 1000-sample evaluation chunk. An estimate of the order of magnitude.
+MemoryEstimate fp4_memory(const Config& cfg, int /*world_size*/) {
+  const int64_t samples = cfg.integer("/data/train_samples");
+  const int64_t rows = std::max(std::min<int64_t>(cfg.integer("/train/batch"), samples),
+                                std::min<int64_t>(1000, cfg.integer("/data/test_samples")));
+  MemoryEstimate e;
+  add_mlp_training(e, "MLP under a variant", widths(cfg), rows, 6, 8, "/model/hidden",
+                   "/train/batch, /data/test_samples, /model/hidden");
+  e.add("Fashion-MNIST images and labels", "/data/train_samples, /data/test_samples",
+        static_cast<double>(samples + cfg.integer("/data/test_samples")) * (784 * 4 + 8));
+  return e;
+}
+
 }  // namespace
 
 Experiment fp4_experiment() {
   return {"fp4", "4-bit training emulated bit for bit: the NVFP4 recipe, its ablations (SR, RHT, 2-D weights, bf16 layers), MXFP4",
-          fp4_spec, run_fp4, validate_fp4};
+          fp4_spec, run_fp4, validate_fp4, fp4_memory};
 }
 
 }  // namespace mpt

@@ -449,6 +449,7 @@ void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init,
                                 "the smallest subnormal flush (->0), the others keep fp8's relative precision until they reach "
                                 "the subnormals", len));
   t.notes.push_back("dmax s: the delayed ('max') scale s of q = cast(x·s) each step; current's is fp8_max / amax of the batch");
+  for (std::size_t i = 0; i < variants.size(); ++i) note_divergence(report, t, "outlier " + variants[i].label, runs[i].loss);
   report.add(std::move(t));
 }
 
@@ -535,6 +536,7 @@ Report run_fp8(const Context& ctx) {
     history[name] = h;
     cost.rows.push_back({{"name", name}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", r.step_s / runs["fp32"].step_s},
                          {"step_time_s", r.step_s}});
+    note_divergence(report, t, name, r.loss);  // a loss that became nan or inf, and at which step
   }
   for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {
     json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
@@ -580,11 +582,44 @@ Report run_fp8(const Context& ctx) {
   return report;
 }
 
+/// Memory of a run (core/memory): the Fashion-MNIST samples (784 floats and an int64 label each,
+/// held for the whole run), plus the largest of the parts that run one after the other (each
+/// recipe's model is freed before the next):
+///  MLP training under a recipe: 6 parameter-sized fp32 tensors (the initial weights, the master
+///        leaves, their gradients, the quantized copies of W the out and dgrad GEMMs read, the
+///        fp32 W captured for the MX table) and 8 per sample and unit (the Linear and ReLU
+///        outputs, x kept for wgrad and its quantized copy, dy and its quantized copy, the
+///        quantizer's fp32 temporaries), over a training batch or a 1000-sample evaluation chunk;
+///  accumulator: A [m, K] and B [n, K] in fp32, their E4M3 casts and float64 copies (24 bytes an
+///        element), and the m x n outputs in float64;
+///  GPT section (/gpt/enabled; fp8_gpt.cpp's gpt_memory).
+MemoryEstimate fp8_memory(const Config& cfg, int /*world_size*/) {
+  const int64_t samples = cfg.integer("/data/train_samples");
+  const int64_t rows = std::max(std::min<int64_t>(cfg.integer("/train/batch"), samples),
+                                std::min<int64_t>(1000, cfg.integer("/data/test_samples")));
+  MemoryEstimate mlp_part;
+  add_mlp_training(mlp_part, "MLP under a recipe", widths(cfg), rows, 6, 8, "/model/hidden",
+                   "/train/batch, /data/test_samples, /model/hidden");
+  const double K = static_cast<double>(cfg.integer("/accumulator/k")), m = static_cast<double>(cfg.integer("/accumulator/m")),
+               n = static_cast<double>(cfg.integer("/accumulator/n"));
+  MemoryEstimate acc;
+  acc.add("accumulator operands (fp32, E4M3, float64)", "/accumulator/k, /accumulator/m, /accumulator/n", 24 * (m + n) * K);
+  acc.add("accumulator outputs (float64)", "/accumulator/m, /accumulator/n", 4 * 8 * m * n);
+  MemoryEstimate e = acc.total() > mlp_part.total() ? acc : mlp_part;
+  if (cfg.boolean("/gpt/enabled")) {
+    MemoryEstimate gpt = fp8::gpt_memory(cfg);
+    if (gpt.total() > e.total()) e = gpt;
+  }
+  e.add("Fashion-MNIST images and labels", "/data/train_samples, /data/test_samples",
+        static_cast<double>(samples + cfg.integer("/data/test_samples")) * (784 * 4 + 8));
+  return e;
+}
+
 }  // namespace
 
 Experiment fp8_experiment() {
   return {"fp8", "fp8 training recipes emulated bit for bit: tensorwise, delayed, rowwise, blockwise, MXFP8 on Fashion-MNIST (and the tiny GPT)",
-          fp8_spec, run_fp8, validate_fp8};
+          fp8_spec, run_fp8, validate_fp8, fp8_memory};
 }
 
 }  // namespace mpt

@@ -105,6 +105,20 @@ void validate_gpt(const Config& cfg) {
   }
 }
 
+MemoryEstimate gpt_memory(const Config& cfg) {
+  const GptConfig g = gpt_config_at(cfg, kModel, 96);  // at most 96 characters (clean_fortune_text)
+  const double P = static_cast<double>(gpt_num_params(g));
+  MemoryEstimate e;
+  e.add("tiny GPT parameters x 5 (weights, gradients, momentum, quantized copies)", "/gpt/model/width, /gpt/model/layers",
+        5 * P * 4);
+  e.add("tiny GPT activations (Korthikanti et al. 2022, fp32, with their quantized copies)",
+        "/gpt/batch, /gpt/model/context, /gpt/model/width, /gpt/model/heads, /gpt/model/layers",
+        gpt_activation_bytes(static_cast<double>(g.layers), static_cast<double>(g.context),
+                             static_cast<double>(cfg.integer("/gpt/batch")), static_cast<double>(g.width),
+                             static_cast<double>(g.heads), 96, /*copies=*/2));
+  return e;
+}
+
 void gpt_section(const Context& ctx, Report& report) {
   const auto& cfg = ctx.cfg;
   const TextCorpus corpus = load_text_corpus_at(cfg, "/gpt");
@@ -164,6 +178,7 @@ void gpt_section(const Context& ctx, Report& report) {
     history[name] = h;
     cost.rows.push_back({{"name", name}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", r.step_s / runs["fp32"].step_s},
                          {"step_time_s", r.step_s}});
+    note_divergence(report, t, "gpt " + name, r.loss);
   }
   t.notes.push_back(fmt::format("train loss: the mean of the last {} training losses; val loss: {} batch{} of the validation "
                                 "split under the recipe's forward (delayed: its last scales, no amax recorded); gaps: recipe - "

@@ -37,6 +37,11 @@ void add_gpt_spec(ConfigSpec& s);
 /// every fp8 recipe's blocks divide the GPT's GEMMs ([batch·context, C] activations, [out, in]
 /// weights), the ledger step inside the run. Throws ConfigError naming the pointer.
 void validate_gpt(const Config& cfg);
+/// The GPT section's memory (core/memory): the model states of one recipe's run (5 x 4 bytes a
+/// parameter: weights, gradients, SGD momentum, the quantized copies of W the GEMMs read) and the
+/// activations of a batch (core/memory's gpt_activation_bytes with a quantized copy of each, a
+/// vocabulary of at most 96 characters). An estimate of the order of magnitude.
+MemoryEstimate gpt_memory(const Config& cfg);
 /// Trains the tiny GPT under every recipe of /recipes; adds tables gpt_recipes, gpt_ledger,
 /// gpt_loss_curve, results.gpt_history and the timings table gpt_cost. Throws RuntimeFailure when
 /// the corpus is missing.

@@ -436,6 +436,7 @@ void training_section(const Context& ctx, Report& report) {
                          {"peak_bytes", run.peak_bytes}, {"why", why}, {"step_time_s", run.step_s},
                          {"gemm_flops_per_step", flops}});
     curve.columns.push_back(float_col(n, n));
+    note_divergence(report, t, n, run.loss, /*first_step=*/1);  // nan or inf, at which step (counted from 1, as the curve)
     runs.push_back(std::move(run));
   }
   const int64_t steps = cfg.integer("/train/steps");

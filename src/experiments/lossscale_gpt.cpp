@@ -211,7 +211,7 @@ void validate_gpt(const Config& cfg) {
   const int64_t w = cfg.integer("/gpt/model/width"), h = cfg.integer("/gpt/model/heads");
   if (w % h != 0)
     throw ConfigError(fmt::format("/gpt/model/heads: expected a divisor of /gpt/model/width ({}), got {}", w, h));
-  if (cfg.strings("/gpt/text_files").empty()) throw ConfigError("/gpt/text_files: expected at least one file, got []");
+  validate_text_files(cfg, "/gpt");  // at least one file; none a directory or empty
 }
 
 MemoryEstimate gpt_memory(const Config& cfg) {
@@ -227,7 +227,7 @@ MemoryEstimate gpt_memory(const Config& cfg) {
   // fp32 elements (x2) and doubled for the stored copies a policy's sites make; plus the logits.
   e.add("tiny GPT activations (Korthikanti et al. 2022, fp32, with the sites' stored copies)",
         "/gpt/batch, /gpt/model/context, /gpt/model/width, /gpt/model/heads, /gpt/model/layers",
-        2 * 2 * L * T * B * C * (34 + 5 * a * T / C) + 3 * B * T * 96 * 4);
+        gpt_activation_bytes(L, T, B, C, a, 96, /*copies=*/2));
   return e;
 }
 
@@ -271,6 +271,7 @@ void gpt_section(const Context& ctx, Report& report) {
     json h = json::array();
     for (double v : run.loss) h.push_back(num(v));
     history[p.name] = {{"loss", h}};
+    note_divergence(report, t, p.name, run.loss);
     if (p.low == Format::FP32) continue;
     SiteCounts all;
     for (const auto& [site, c] : run.sites) {

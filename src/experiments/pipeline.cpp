@@ -356,6 +356,26 @@ void validate_pipeline(const Config& cfg, int world_size) {
                                   "process), got {}", fault));
   if (fault >= world_size)
     throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
+  if (fault >= 0) {
+    // The steps the processes run, in order (run_pipeline_experiment's step_index): the warm-up,
+    // /pipeline/steps per (schedule, m) of the sweep (naive: m = 1 only; interleaved-1f1b: the
+    // m that are multiples of p), and with /sync/enabled 2 x /pipeline/steps (one step, and two
+    // steps' programs in one) per gpipe, 1f1b or zb-h1. A step beyond them never fails.
+    const int64_t n_steps = cfg.integer("/pipeline/steps");
+    int64_t steps = 1;
+    for (const auto& k : cfg.strings("/pipeline/schedules")) {
+      if (k == "naive") {
+        steps += n_steps;
+        continue;
+      }
+      for (auto m : ms) steps += k != "interleaved-1f1b" || m % p == 0 ? n_steps : 0;
+      if (cfg.boolean("/sync/enabled") && (k == "gpipe" || k == "1f1b" || k == "zb-h1")) steps += 2 * n_steps;
+    }
+    if (cfg.integer("/fault/step") >= steps)
+      throw ConfigError(fmt::format("/fault/step: expected a step 0 .. {} (the run's last step: the warm-up, "
+                                    "/pipeline/steps per schedule and m of the sweep, and the /sync/enabled steps), "
+                                    "got {}", steps - 1, cfg.integer("/fault/step")));
+  }
 }
 
 /// The multi-process plan: /pipeline/timeout_s, and the stage process that /fault/rank stops

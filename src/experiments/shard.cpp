@@ -622,6 +622,10 @@ Report run_shard(const Context& ctx) {
         "gathers the whole model once per forward and once per backward (one FSDP2 group, the root) and recomputes the "
         "forward in backward, which gives the same gradients bit for bit");
   if (!fp32) eq.notes.push_back("the 1-proc references train in fp32; these runs compute in bf16 or reduce in bf16");
+  // A run whose loss became nan or inf: said once per run (its differences above are nan: a mismatch).
+  for (std::size_t i = 0; i < mixed_first; ++i) note_divergence(report, eq, runs[i].name, outs[i].losses);
+  note_divergence(report, eq, "1-proc", same.losses);
+  note_divergence(report, eq, "1-proc whole", whole.losses);
   report.add(std::move(eq));
 
   // Loss curves side by side.
@@ -760,16 +764,17 @@ Report run_shard(const Context& ctx) {
               float_col("final_loss", "final loss"), float_col("sent_bytes", "sent/step", "bytes")}};
     const RunOut& ref = outs[mixed_first];
     for (std::size_t i = mixed_first; i < runs.size(); ++i) {
-      double ld = 0, sent = 0;
-      for (int64_t t = 0; t < s.steps; ++t)
-        ld = std::max(ld, std::abs(outs[i].losses[static_cast<std::size_t>(t)] - ref.losses[static_cast<std::size_t>(t)]));
+      // nan when either run's loss is nan at some step (std::max would keep the finite steps' maximum)
+      const double ld = max_abs_diff(outs[i].losses, ref.losses);
+      double sent = 0;
       for (const auto& kv : outs[i].comm) sent += kv.second.sent_bytes / static_cast<double>(s.steps);
       mp.rows.push_back({{"name", runs[i].name},
                          {"param_dtype", runs[i].opts.param_dtype == torch::kBFloat16 ? "bf16" : "fp32"},
                          {"reduce_dtype", runs[i].opts.reduce_dtype == torch::kBFloat16 ? "bf16" : "fp32"},
-                         {"vs_fp32", max_diff(outs[i].params, ref.params)}, {"loss_diff", ld},
-                         {"final_loss", outs[i].losses.back()}, {"sent_bytes", sent}});
+                         {"vs_fp32", num(max_diff(outs[i].params, ref.params))}, {"loss_diff", num(ld)},
+                         {"final_loss", num(outs[i].losses.back())}, {"sent_bytes", sent}});
     }
+    for (std::size_t i = mixed_first; i < runs.size(); ++i) note_divergence(report, mp, runs[i].name, outs[i].losses);
     mp.notes.push_back("bf16 keeps 8 significand bits (unit roundoff 2^-8 = 3.9e-3): forward and backward in bf16 "
                        "move the parameters by ~lr per step in other directions than fp32; reducing in bf16 rounds "
                        "the gradient sum too, and halves the reduce-scatter bytes");
@@ -807,7 +812,7 @@ MemoryEstimate shard_memory(const Config& cfg, int world_size) {
     // for the whole global batch (the whole-batch reference), plus the logits and their gradient
     e.add("tiny GPT activations of a global batch (Korthikanti et al. 2022, fp32; logits)",
           "/train/global_batch, /model/gpt/context, /model/gpt/width, /model/gpt/heads, /model/gpt/layers",
-          2 * L * T * B * C * (34 + 5 * a * T / C) + 3 * B * T * 96 * 4);
+          gpt_activation_bytes(L, T, B, C, a, 96));
     e.add("flat parameters of every step (rank 0)", "/train/steps, /train/stages, /model/gpt",
           runs * static_cast<double>(cfg.integer("/train/steps")) * P * 4);
     e.add("token batches of every step", "/train/steps, /train/global_batch, /model/gpt/context",

@@ -234,7 +234,7 @@ GptRun run_tp(const TinyGpt& full, const std::shared_ptr<dist::Group>& g, int64_
     auto shards = tp::all_gather_shards(p.local.grad(), *g);
     if (p.dim < 0) {
       double spread = 0;
-      for (const auto& s : shards) spread = std::max(spread, max_abs(s, shards[0]));
+      for (const auto& s : shards) spread = nan_max(spread, max_abs(s, shards[0]));
       out.rank_spread[p.name] = spread;
       out.grads[p.name] = shards[0];
       continue;
@@ -307,9 +307,9 @@ Report run_tensorparallel(const Context& ctx) {
         st.rows.push_back({{"name", variant + s.site}, {"kind", s.reduced ? "bound" : "bitwise"}, {"max_diff", d},
                            {"max_bound", b}, {"worst_ratio", r}});
         if (s.reduced)
-          worst_ratio_v = std::max(worst_ratio_v, r);
+          worst_ratio_v = nan_max(worst_ratio_v, r);  // nan_max: a nan fails the check
         else
-          worst_bit = std::max(worst_bit, d);
+          worst_bit = nan_max(worst_bit, d);
       }
       report.check(variant + "gpt LayerNorms, embedding, attention: bitwise equal to one process", worst_bit, 0.0);
       report.check(variant + "gpt GEMMs (row- and column-parallel), cross-entropy: |diff| <= derived bound (max ratio)",
@@ -344,9 +344,9 @@ Report run_tensorparallel(const Context& ctx) {
         const bool partial = (name.find("ln_") != std::string::npos) || (name.find("proj.bias") != std::string::npos);
         if (it != spr.rank_spread.end()) {
           row["sp_rank_spread"] = it->second;
-          if (partial) spread = std::max(spread, it->second);
+          if (partial) spread = nan_max(spread, it->second);
         }
-        if (!partial) sp_bit = std::max(sp_bit, d);
+        if (!partial) sp_bit = nan_max(sp_bit, d);
       }
       gt.rows.push_back(row);
     }

@@ -43,3 +43,13 @@ cli_case(accumulate_bad_train_micro_batches 2 "/train/micro_batches: expected at
          ${ACC_TINY} --set train.micro_batches=33)
 cli_case(accumulate_bad_micro_batches_zero 2 "/micro_batches/0: expected .*>= 1.*got 0" ${ACC_TINY} --set "micro_batches=[0]")
 cli_case(accumulate_missing_data 3 "fashion" ${ACC_TINY} --set data.dir=/nonexistent/fashion)
+
+# Probe defect 3: divergence. At lr 1e20 both runs' losses are nan from step 2: the notes say so, and
+# the loss and parameter checks compare nan and fail (exit 1; std::max had shown max|dw| = 0 there).
+diverged_case(accumulate_diverged 1 "diverged: one batch's loss became nan at step 2" ${ACC_TINY} --set train.lr=1e20)
+# A forward that overflows fp16 (64 blocks of width 256 with dropout 0.9: each block multiplies the
+# mean square by about 1/(6(1 - p)) = 1.7): the loss is nan, every gradient difference nan, the checks
+# fail (exit 1) and the note says why.
+diverged_case(checkpoint_diverged 1 "diverged: the plain step's loss became nan at step 0" checkpoint
+              --set model.depth=64 --set model.width=256 --set data.batch=8 --set model.dropout=0.9
+              --set model.precision=fp16 --set checkpoint.sweep=false --set timing.repeats=1)

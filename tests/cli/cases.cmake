@@ -1,6 +1,16 @@
 # CLI cases through ctest (see cli_case in tests/CMakeLists.txt).
 set(B tests/cli/bad)
 
+# diverged_case(NAME EXIT_CODE REGEX ARGS...): a run whose loss becomes nan or inf (a huge learning
+# rate): the note (REGEX) and results.diverged are there, and the exit code is the run's own (1 where
+# an equivalence check compares the diverged run: nan is a mismatch). See tests/cli/diverged_case.sh.
+function(diverged_case name code regex)
+  add_test(NAME cli.${name}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/diverged_case.sh $<TARGET_FILE:mpt> ${code} ${regex} ${ARGN}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(cli.${name} PROPERTIES TIMEOUT 300)
+endfunction()
+
 # --- the command line itself ---
 cli_case(help 0 "underflow" --help)
 cli_case(version 0 "^mpt [0-9]+\\.[0-9]+\\.[0-9]+" --version)
@@ -16,6 +26,10 @@ cli_case(underflow_set 0 "d4\\.L05" underflow --set model.depth=4 --set data.bat
 cli_case(underflow_set_list 0 "d3\\.L04.*" underflow --set "model.depth=[2,3]")
 cli_case(underflow_quiet 0 ANY underflow -q)
 cli_case(print_config 0 "\"depth\": 7" underflow --print-config --set model.depth=7)
+# --print-config runs the checks a run makes before its work: a config validate refuses is not printed.
+cli_case(print_config_validates 2 "/histogram/max_log2: expected a value greater than /histogram/min_log2 \\(-10\\), got -20"
+         underflow --print-config --set histogram.min_log2=-10 --set histogram.max_log2=-20)
+# (its memory estimate too: cli.print_config_memory in fault_cases.cmake)
 # --print-config output is a config file that reproduces the run.
 add_test(NAME cli.print_config_roundtrip
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/print_config_roundtrip.sh $<TARGET_FILE:mpt>

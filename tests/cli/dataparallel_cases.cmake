@@ -57,3 +57,20 @@ foreach(mode busy busy_stop)
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(cli.dataparallel_${mode} PROPERTIES TIMEOUT 120)
 endforeach()
+
+# Probe defects. 2: a /fault/step no run reaches (the fault never fired and the run "passed"): exit 2
+# naming the last step rank 1 trains. configs/dataparallel_quick.json: N = 2 runs min(6 max_steps,
+# 512/2 / (64/2) = 8) = 6 steps, 0 .. 5; and the boundary: step 5 is reached (the rank fails, exit 3).
+cli_case(dataparallel_fault_step_beyond 2 "/fault/step: expected a step 0 \\.\\. 5 \\(the last step rank 1 trains.*got 6"
+         ${DPQ} --set fault.rank=1 --set fault.step=6)
+cli_case(dataparallel_fault_step_last 3 "rank 1 of 2 failed" ${DPQ} --set fault.rank=1 --set fault.step=5
+         --set dist.timeout_s=5)
+cli_case(dataparallel_fault_without_training 2 "/fault/rank: expected -1 with /train/enabled = false" ${DPQ}
+         --set train.enabled=false --set fault.rank=1)
+# 4: --print-config refuses it the same way.
+cli_case(dataparallel_print_config_fault_step 2 "/fault/step: expected a step 0 \\.\\. 5" ${DPQ}
+         --set fault.rank=1 --set fault.step=6 --print-config)
+# 3: divergence. At lr 1e20 the loss is nan from step 1: the note names each N's run and the step, and
+# the vs 1-proc and replica checks compare nan and fail (exit 1; std::max had kept the finite 0).
+diverged_case(dataparallel_diverged 1 "diverged: N=2's loss became nan at step 1" ${DPQ} --set train.lr=1e20
+              --set train.nosync_steps=0)

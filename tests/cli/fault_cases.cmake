@@ -18,6 +18,9 @@ cli_case_env(memory_underflow_batch MPT_MEMORY_LIMIT_BYTES=1000000000 2 "/data/b
              underflow --set data.batch=1000000 --set model.width=4096 --set model.depth=2)
 cli_case_env(memory_dataparallel_per_process MPT_MEMORY_LIMIT_BYTES=100000000 2 "x4 processes \\(/nproc\\)"
              dataparallel --nproc 4 --set equivalence.batch=1000000 --set equivalence.in_dim=16)
+# --print-config makes the memory check a run makes (cheap, no side effects): the same refusal.
+cli_case_env(print_config_memory MPT_MEMORY_LIMIT_BYTES=1000000000 2 "/data/batch, /model/width.*needs about"
+             underflow --print-config --set data.batch=1000000 --set model.width=4096 --set model.depth=2)
 cli_case_env(memory_limit_off MPT_MEMORY_LIMIT_BYTES=0 0 ANY underflow --set model.depth=2)
 cli_case_env(memory_limit_malformed MPT_MEMORY_LIMIT_BYTES=4GB 2 "MPT_MEMORY_LIMIT_BYTES: expected an integer >= 0"
              underflow --set model.depth=2)

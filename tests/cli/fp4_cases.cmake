@@ -28,3 +28,15 @@ cli_case(fp4_bad_batch_mx 2 "/train/batch: expected a multiple of 32 \\(variant 
 cli_case(fp4_few_samples 2 "/data/train_samples: expected at least /train/batch = 128 or a multiple of 16 .*got 100"
          ${FP4_TINY} --set data.train_samples=100)
 cli_case(fp4_bad_ledger_step 2 "/ledger/step: expected a step below /train/steps = 6, got 6" ${FP4_TINY} --set ledger.step=6)
+
+# Probe defects. 1: a config far too large is refused before allocating (exit 2 naming its keys):
+# 784-8192-8192-10 is 74 M parameters, x 6 fp32 copies = 1.8 GB, against a 1 GB cap.
+cli_case_env(fp4_memory MPT_MEMORY_LIMIT_BYTES=1000000000 2
+             "/model/hidden, /train/batch, /data/test_samples: this config needs about [0-9.]+ GiB of memory \\(MLP under a variant: parameters x6"
+             fp4 --set "model.hidden=[8192,8192]")
+# ... and --print-config makes the same check (4).
+cli_case_env(fp4_print_config_memory MPT_MEMORY_LIMIT_BYTES=1000000000 2 "/model/hidden, /train/batch, /data/test_samples: this config needs about"
+             fp4 --set "model.hidden=[8192,8192]" --print-config)
+# 3: at lr 100 the losses grow to nan (fp32's at step 4): the note and results.diverged say so.
+diverged_case(fp4_diverged 0 "diverged: fp32's loss became nan at step 4" ${FP4_TINY} --set train.lr=100
+              --set "variants=[\"fp32\",\"nvfp4\"]")

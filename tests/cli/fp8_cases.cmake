@@ -67,3 +67,29 @@ cli_case(fp8_gpt_bad_ledger_step 2 "/gpt/ledger_step: expected a step below /gpt
 cli_case(fp8_gpt_missing_text 3 "fortunes" ${FP8_GPT_TINY} --set gpt.text_dir=/nonexistent/fortunes)
 # Fewer training samples than a batch: a step takes them all, which a block must divide: exit 2 naming the key (was exit 3 mid-run).
 cli_case(fp8_few_samples 2 "/data/train_samples: expected at least /train/batch = 128 .*got 100" fp8 --set data.train_samples=100)
+
+# Probe defects (bad input and divergence). 1: a config far too large is refused before allocating
+# (exit 2 naming the keys of the largest term), here against a 1 GB cap: the MLP 784-8192-8192-10
+# holds 74 M parameters, x 6 fp32 copies = 1.8 GB; the GPT of width 2048, 8 layers, 64 x 1024
+# tokens keeps ~300 GiB of activations (Korthikanti et al.'s count, fp32, with quantized copies).
+cli_case_env(fp8_memory_mlp MPT_MEMORY_LIMIT_BYTES=1000000000 2
+             "/model/hidden, /train/batch, /data/test_samples: this config needs about [0-9.]+ GiB of memory \\(MLP under a recipe: parameters x6"
+             fp8 --set "model.hidden=[8192,8192]")
+cli_case_env(fp8_memory_gpt MPT_MEMORY_LIMIT_BYTES=8589934592 2
+             "/gpt/batch, /gpt/model/context, /gpt/model/width, /gpt/model/heads, /gpt/model/layers: this config needs about [0-9]+ GiB"
+             ${FP8_GPT_TINY} --set gpt.model.width=2048 --set gpt.model.heads=16 --set gpt.model.layers=8
+             --set gpt.model.context=1024 --set gpt.batch=64)
+cli_case_env(fp8_memory_accumulator MPT_MEMORY_LIMIT_BYTES=1000000000 2 "/accumulator/k, /accumulator/m, /accumulator/n: this config needs about"
+             ${FP8_TINY} --set accumulator.k=1048576 --set accumulator.m=4096)
+# 4: --print-config runs validate: a ledger step beyond the run is refused there too.
+cli_case(fp8_print_config_validates 2 "/ledger/step: expected a step below /train/steps = 8, got 8" ${FP8_TINY}
+         --set ledger.step=8 --print-config)
+# 5: a directory or an empty file in the GPT's text file list: exit 2 naming the entry (was exit 3 "read error").
+cli_case(fp8_gpt_text_directory 2 "/gpt/text_files/1: expected a text file .*got \"text\": tests/cli/text is a directory"
+         ${FP8_GPT_TINY} --set gpt.text_dir=tests/cli --set "gpt.text_files=[\"text/four_chars\",\"text\"]")
+cli_case(fp8_gpt_text_empty 2 "/gpt/text_files/0: expected a text file .*got \"empty\": tests/cli/text/empty is empty"
+         ${FP8_GPT_TINY} --set gpt.text_dir=tests/cli/text --set "gpt.text_files=[\"empty\",\"four_chars\"]")
+# 3: divergence is said: at lr 100 every recipe's loss grows to nan (fp32's at step 4); the note names
+# the run and the step, results.diverged lists it. No equivalence check compares the recipes: exit 0.
+diverged_case(fp8_diverged 0 "diverged: fp32's loss became nan at step 4" ${FP8_TINY} --set train.lr=100
+              --set "recipes=[\"fp32\",\"tensorwise\"]" --set outlier.enabled=false)

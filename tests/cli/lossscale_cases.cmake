@@ -70,3 +70,17 @@ cli_case(lossscale_gpt_bad_heads 2 "/gpt/model/heads: expected a divisor of /gpt
 cli_case(lossscale_gpt_no_text 3 "/no/such/dir/computers: cannot open.*fortunes" lossscale --set train.enabled=false --set gpt.text_dir=/no/such/dir)
 cli_case(lossscale_duplicate_recipe 2 "/train/recipes/1: expected each value once, got \"fp32\" again \\(also /train/recipes/0\\)"
          lossscale --set "train.recipes=[\"fp32\",\"fp32\"]")
+
+# Probe defects. 5: a directory or an empty file among /gpt/text_files: exit 2 naming the entry
+# (was exit 3 "read error" for a directory, and an empty file was silently accepted).
+cli_case(lossscale_gpt_text_directory 2 "/gpt/text_files/0: expected a text file .*tests/cli/text is a directory"
+         lossscale ${LS_TINY} --set train.enabled=false --set gpt.text_dir=tests/cli --set "gpt.text_files=[\"text\"]")
+cli_case(lossscale_gpt_text_empty 2 "/gpt/text_files/1: expected a text file .*tests/cli/text/empty is empty"
+         lossscale ${LS_TINY} --set train.enabled=false --set gpt.text_dir=tests/cli/text
+         --set "gpt.text_files=[\"four_chars\",\"empty\"]")
+# 3: divergence is said. At lr 1e20 every recipe's loss is nan from step 2 (the curve counts from 1);
+# the GPT's policies at lr 1e20 from step 1 (counted from 0). No check compares the losses: exit 0.
+diverged_case(lossscale_diverged 0 "diverged: fp32's loss became nan at step 2" lossscale ${LS_TINY} ${LS_NO_GPT}
+              --set train.lr=1e20 --set "train.recipes=[\"fp32\",\"fp16+master+dynamic\"]")
+diverged_case(lossscale_gpt_diverged 0 "diverged: fp32's loss became nan at step 1" lossscale ${LS_TINY}
+              --set train.enabled=false --set gpt.lr=1e20 --set "gpt.policies=[\"fp32\",\"bf16\"]")

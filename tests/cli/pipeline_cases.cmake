@@ -132,3 +132,12 @@ cli_case(pipeline_duplicate_schedule 2 "/pipeline/schedules/1: expected each val
          pipeline --set "pipeline.schedules=[\"1f1b\",\"1f1b\"]")
 cli_case(pipeline_duplicate_microbatches 2 "/pipeline/microbatches/1: expected each value once, got 4 again"
          pipeline --set "pipeline.microbatches=[4,4]")
+# Probe defect 2: a /fault/step beyond the run's last step (the fault never fired and the run "passed"):
+# exit 2 naming it. PIPE_PROC on 2 stages runs 1 warm-up + naive 1 + (gpipe, 1f1b, zb-h1) x m in {1,2,4}
+# x 1 step = 9, + /sync/enabled 2 x 1 step per gpipe, 1f1b, zb-h1 = 6: 17 steps, 0 .. 16.
+cli_case(pipeline_fault_step_beyond 2 "/fault/step: expected a step 0 \\.\\. 16 \\(the run's last step.*got 17"
+         ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set fault.rank=1 --set fault.step=17)
+# ... and step 16 (the last of the step-end synchronisation) is reached: the stage dies there (exit 3).
+cli_case(pipeline_fault_step_last 3 "rank 1 of 2 failed:? \\(?exit code 86 \\(injected fault\\)"
+         ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set fault.rank=1 --set fault.step=16 --set pipeline.timeout_s=5)
+set_tests_properties(cli.pipeline_fault_step_last PROPERTIES TIMEOUT 60)

@@ -84,3 +84,18 @@ cli_case(shard_gpt_context_beyond_text 2 "/model/gpt/context: expected fewer tok
 # Rank 0 computes the one-process references for seconds while rank 1 waits (timeout 2 s): the group
 # forms first, so rank 0's heartbeat says it is working and rank 1 waits (was: killed as "never started").
 cli_case(shard_gpt_busy_rank0_waited_for 0 "OK: 10 of 10 checks passed" ${SHG} --set model.gpt.context=1024 --set dist.timeout_s=2)
+
+# Probe defects. 3: divergence. At lr 1e20 the loss of every run is nan from step 1: the equivalence
+# checks compare nan parameters and fail (a nan on either side is a mismatch: exit 1), the notes
+# name each run and the step, and the mixed-precision table's max|dloss| is nan, not the finite
+# maximum of step 0 (std::max drops a nan).
+diverged_case(shard_diverged 1 "diverged: stage0's loss became nan at step 1" ${SHQ} --set optimizer.lr=1e20
+              --set "train.stages=[0,1]" --set zero.compare_every_micro_batch=false)
+# 5: a directory or an empty file in the GPT's text file list: exit 2 naming the entry, before any spawn.
+cli_case(shard_gpt_text_directory 2 "/data/text_files/0: expected a text file .*tests/cli/text is a directory"
+         ${SHG} --set data.text_dir=tests/cli --set "data.text_files=[\"text\"]")
+cli_case(shard_gpt_text_empty 2 "/data/text_files/1: expected a text file .*tests/cli/text/empty is empty"
+         ${SHG} --set data.text_dir=tests/cli/text --set "data.text_files=[\"four_chars\",\"empty\"]")
+# 2 (sibling): /fault/step beyond the run was already refused here; 4: --print-config refuses it too.
+cli_case(shard_print_config_fault_step 2 "/fault/step: expected a step < /train/steps = 4, got 4" ${SHQ}
+         --set fault.rank=1 --set fault.step=4 --print-config)
