@@ -552,11 +552,11 @@ Report run_pipeline_experiment(const Context& ctx) {
       const std::string name = kind == ScheduleKind::Naive ? "naive" : fmt::format("{}.m{}", k, m);
 
       double gdiff = 0;
-      for (std::size_t i = 0; i < full.size(); ++i) gdiff = std::max(gdiff, max_abs_diff(full[i], run.grads[i]));
+      for (std::size_t i = 0; i < full.size(); ++i) gdiff = nan_max(gdiff, max_abs_diff(full[i], run.grads[i]));
       report.check(name + ": microbatched == full-batch gradient, max abs diff", gdiff, kMicrobatchTol);
       double repeat = 0;
       for (const auto& st : steps)
-        for (std::size_t i = 0; i < full.size(); ++i) repeat = std::max(repeat, max_abs_diff(steps[0].grads[i], st.grads[i]));
+        for (std::size_t i = 0; i < full.size(); ++i) repeat = nan_max(repeat, max_abs_diff(steps[0].grads[i], st.grads[i]));
       report.check(name + ": every step gives the same gradient (bitwise)", repeat, 0.0);
       if (processes) process_grads.emplace_back(name, kind, m, run.grads);
       if (kind == ScheduleKind::GPipe) gpipe_grads[m] = run.grads;
@@ -566,7 +566,7 @@ Report run_pipeline_experiment(const Context& ctx) {
         // results are bitwise identical. zb-h1's W runs the fused backward's weight-gradient
         // kernels (the same AddmmBackward node) on the same numbers.
         double d = 0;
-        for (std::size_t i = 0; i < full.size(); ++i) d = std::max(d, max_abs_diff(gpipe_grads[m][i], run.grads[i]));
+        for (std::size_t i = 0; i < full.size(); ++i) d = nan_max(d, max_abs_diff(gpipe_grads[m][i], run.grads[i]));
         report.check(name + fmt::format(": {} gradient == gpipe gradient (bitwise)", k), d, 0.0);
       }
       // Peak activations: the measured count must equal the schedule's, and obey the bound.
@@ -750,7 +750,7 @@ Report run_pipeline_experiment(const Context& ctx) {
       const auto threaded = run_pipeline(MlpStage(layers, chunked ? chunk_ranges : ranges), make_schedule(kind, p, m, chunked ? v : 1),
                                          m, x, y, no_cost, transport);
       double d = 0;
-      for (std::size_t i = 0; i < grads.size(); ++i) d = std::max(d, max_abs_diff(threaded.grads[i], grads[i]));
+      for (std::size_t i = 0; i < grads.size(); ++i) d = nan_max(d, max_abs_diff(threaded.grads[i], grads[i]));
       report.check(name + ": processes gradient == threads gradient (bitwise)", d, 0.0,
                    fmt::format("{} processes, c10d send/recv over {}", p, group->backend()));
     }
