@@ -14,6 +14,8 @@
 // machine ends with exit 2 naming its keys instead of the kernel's OOM killer.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -92,6 +94,13 @@ double mlp_param_count(const std::vector<int64_t>& widths);
 void add_mlp_training(MemoryEstimate& e, const std::string& label, const std::vector<int64_t>& widths, int64_t batch,
                       double copies, double saved, const std::string& param_keys, const std::string& act_keys,
                       double elem_bytes = 4);
+
+/// The rows an MLP holds at once in a train-then-evaluate run: a training batch (at most the
+/// `train_samples`) or an evaluation chunk of up to `eval_chunk` of the `test_samples`, whichever
+/// is larger (the `batch` of add_mlp_training for fp8's and fp4's estimates).
+inline int64_t mlp_rows_at_once(int64_t batch, int64_t train_samples, int64_t test_samples, int64_t eval_chunk = 1000) {
+  return std::max(std::min(batch, train_samples), std::min(eval_chunk, test_samples));
+}
 
 /// Bytes of the activations a tiny GPT (core/gpt) keeps for backward over one batch of `batch`
 /// sequences of `context` tokens, in fp32: Korthikanti et al. 2022 ("Reducing Activation

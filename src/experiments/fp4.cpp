@@ -238,8 +238,7 @@ Report run_fp4(const Context& ctx) {
 /// training batch or a 1000-sample evaluation chunk. An estimate of the order of magnitude.
 MemoryEstimate fp4_memory(const Config& cfg, int /*world_size*/) {
   const int64_t samples = cfg.integer("/data/train_samples");
-  const int64_t rows = std::max(std::min<int64_t>(cfg.integer("/train/batch"), samples),
-                                std::min<int64_t>(1000, cfg.integer("/data/test_samples")));
+  const int64_t rows = mlp_rows_at_once(cfg.integer("/train/batch"), samples, cfg.integer("/data/test_samples"));
   MemoryEstimate e;
   add_mlp_training(e, "MLP under a variant", widths(cfg), rows, 6, 8, "/model/hidden",
                    "/train/batch, /data/test_samples, /model/hidden");

@@ -595,8 +595,7 @@ Report run_fp8(const Context& ctx) {
 ///  GPT section (/gpt/enabled; fp8_gpt.cpp's gpt_memory).
 MemoryEstimate fp8_memory(const Config& cfg, int /*world_size*/) {
   const int64_t samples = cfg.integer("/data/train_samples");
-  const int64_t rows = std::max(std::min<int64_t>(cfg.integer("/train/batch"), samples),
-                                std::min<int64_t>(1000, cfg.integer("/data/test_samples")));
+  const int64_t rows = mlp_rows_at_once(cfg.integer("/train/batch"), samples, cfg.integer("/data/test_samples"));
   MemoryEstimate mlp_part;
   add_mlp_training(mlp_part, "MLP under a recipe", widths(cfg), rows, 6, 8, "/model/hidden",
                    "/train/batch, /data/test_samples, /model/hidden");
