@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include <fmt/format.h>
 
 #include "catch.hpp"
 #include "core/quant.hpp"
@@ -19,7 +20,7 @@ using namespace mpt::quant;
 
 namespace {
 
-std::string table_path(const std::string& name) { return std::string(MPT_SOURCE_DIR) + "/tests/quant/" + name; }
+std::string table_path(const std::string& name) { return fmt::format("{}/tests/quant/{}", MPT_SOURCE_DIR, name); }
 
 float f32(std::uint32_t u) {
   float f;
