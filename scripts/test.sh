@@ -6,9 +6,9 @@
 #                                     # Python; CUDA tests run on a GPU, and are reported as skipped without one
 #   scripts/test.sh --torch debian    # Debian's LibTorch 1.13 build (build-debian/), reference /usr/bin/python3
 #   scripts/test.sh --sanitize        # ASan + UBSan build (build-asan/) of Debian's route; runs the unit
-#                                     # tests and the CLI cases (-R 'unit\.|cli\.' unless -R is given,
-#                                     # -E '^(unit\.timing|cli\.dataparallel_busy)$' unless -E is given,
-#                                     # -LE long unless -L or -LE is given: tests/CMakeLists.txt)
+#                                     # tests and the CLI cases (-R '^(unit|cli)\.' unless -R is given),
+#                                     # but not those labelled unsanitized (-LE unsanitized unless -L or
+#                                     # -LE is given: tests/CMakeLists.txt, MPT_UNSANITIZED_TESTS)
 #   scripts/test.sh -R parity         # other arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,16 +29,11 @@ case "$torch" in debian|pip) ;; *) echo "test: --torch: expected debian or pip, 
 if [ $sanitize = 1 ]; then
   bash scripts/setup.sh "${torch_args[@]}" --sanitize
   build=build-asan
-  # Sanitized runs are 2-5x slower: the unit tests and the CLI cases, unless a selection is given;
-  # not the [timing] tests (ratios of times mean little under the sanitizers' overhead), nor
-  # cli.dataparallel_busy, whose 0.5 s timeout is shorter than an instrumented process takes to
-  # start and join (in the fresh-clone CI run its rank 0 had not sent a heartbeat within 0.5 s);
-  # it runs in the two ordinary routes.
-  [[ " ${args[*]-} " == *" -R "* ]] || args+=(-R 'unit\.|cli\.')
-  [[ " ${args[*]-} " == *" -E "* ]] || args+=(-E '^(unit\.timing|cli\.dataparallel_busy)$')
-  # Nor the CLI cases labelled `long` (full-size lessons, runs repeated to compare): their code
-  # paths are the tiny cases' (tests/CMakeLists.txt, MPT_LONG_CLI_CASES).
-  [[ " ${args[*]-} " == *" -L "* || " ${args[*]-} " == *" -LE "* ]] || args+=(-LE long)
+  # Sanitized runs are 2-5x slower: the unit tests and the CLI cases, unless a selection is given,
+  # without the tests labelled `unsanitized` (full-size lessons, repeated runs, timing ratios, a
+  # sub-second timeout: tests/CMakeLists.txt says why each), which run in the ordinary builds.
+  [[ " ${args[*]-} " == *" -R "* ]] || args+=(-R '^(unit|cli)\.')
+  [[ " ${args[*]-} " == *" -L "* || " ${args[*]-} " == *" -LE "* ]] || args+=(-LE unsanitized)
 else
   bash scripts/setup.sh --torch "$torch"
   build=build
