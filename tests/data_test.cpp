@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sys/stat.h>
+
 #include <unistd.h>
 #include <zlib.h>
 
@@ -146,6 +148,9 @@ TEST_CASE("text_file_problem: a directory or an empty file, found before reading
   CHECK(text_file_problem((dir / "link_to_dir").string()) == "is a directory");  // links followed
   CHECK(text_file_problem((dir / "empty").string()) == "is empty");
   CHECK(text_file_problem((dir / "ok").string()).empty());
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  CHECK(text_file_problem((dir / "fifo").string()) == "is not a regular file (a FIFO, device or socket)");  // never blocks
+  CHECK(text_file_problem("/dev/zero") == "is not a regular file (a FIFO, device or socket)");
   CHECK(text_file_problem((dir / "missing").string()).empty());  // missing data: the loader's (exit 3)
   for (const char* bad : {"sub", "empty"}) {
     INFO(bad);

@@ -160,7 +160,9 @@ std::string text_file_problem(const std::string& path) {
   const fs::file_status st = fs::status(path, e);
   if (e) return "";  // missing or not examinable: the reader says so at run time
   if (fs::is_directory(st)) return "is a directory";
-  if (fs::is_regular_file(st) && fs::file_size(path, e) == 0 && !e) return "is empty";
+  // A FIFO would block the reader forever, a device (/dev/zero) never ends: text is a file.
+  if (!fs::is_regular_file(st)) return "is not a regular file (a FIFO, device or socket)";
+  if (fs::file_size(path, e) == 0 && !e) return "is empty";
   return "";
 }
 

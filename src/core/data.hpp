@@ -68,8 +68,9 @@ struct TextCorpus {
 std::string clean_fortune_text(const std::string& raw);
 
 /// What makes `path` unusable as a file of a text corpus, found without reading it (symbolic links
-/// followed): "is a directory", "is empty" (0 bytes; a file that cleans to no text is not found
-/// here), or "" for a non-empty regular file and for a path that does not exist or
+/// followed): "is a directory", "is not a regular file (a FIFO, device or socket)" (a FIFO would
+/// block the reader, /dev/zero never ends), "is empty" (0 bytes; a file that cleans to no text is
+/// not found here), or "" for a non-empty regular file and for a path that does not exist or
 /// cannot be examined (load_text_corpus reports those at run time, as missing data: exit 3). For an
 /// experiment's validate(), which names the config key (gpt_spec's validate_text_files).
 std::string text_file_problem(const std::string& path);
