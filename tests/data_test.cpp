@@ -152,15 +152,30 @@ TEST_CASE("text_file_problem: a directory or an empty file, found before reading
   CHECK(text_file_problem((dir / "fifo").string()) == "is not a regular file (a FIFO, device or socket)");  // never blocks
   CHECK(text_file_problem("/dev/zero") == "is not a regular file (a FIFO, device or socket)");
   CHECK(text_file_problem((dir / "missing").string()).empty());  // missing data: the loader's (exit 3)
-  for (const char* bad : {"sub", "empty"}) {
+  // Over the cap, found by its size without reading it: a sparse file one byte past 64 MiB.
+  std::ofstream(dir / "huge").close();
+  fs::resize_file(dir / "huge", kMaxTextFileBytes + 1);
+  CHECK(text_file_problem((dir / "huge").string()) ==
+        fmt::format("is {} bytes, larger than the {}-byte cap of a text file", kMaxTextFileBytes + 1, kMaxTextFileBytes));
+  CHECK(text_file_problem((dir / "ok").string(), 5) == "is 16 bytes, larger than the 5-byte cap of a text file");
+  CHECK(text_file_problem((dir / "ok").string(), 16).empty());
+  for (const char* bad : {"sub", "empty", "huge"}) {
     INFO(bad);
     try {
       load_text_corpus(dir.string(), {"ok", bad});
       FAIL("expected a RuntimeFailure");
     } catch (const RuntimeFailure& e) {
-      CHECK(std::string(e.what()).find(std::string(bad) == "sub" ? "is a directory" : "is empty") != std::string::npos);
+      const std::string b = bad;
+      CHECK(std::string(e.what()).find(b == "sub" ? "is a directory" : b == "empty" ? "is empty" : "-byte cap") !=
+            std::string::npos);
     }
   }
+  // "hello world\n" is 12 characters: the split at 10 % keeps ⌊10.8⌋ = 10 and 2; "hi\n" leaves 1 for validation.
+  CHECK(read_text_corpus(dir.string(), {"ok"}) == "hello world\n");
+  CHECK(text_train_size(12, 0.1) == 10);
+  CHECK(load_text_corpus(dir.string(), {"ok"}).val.numel() == 2);
+  std::ofstream(dir / "short") << "hi\n";
+  CHECK_THROWS_WITH(load_text_corpus(dir.string(), {"short"}), Catch::Contains("too short to split"));
   fs::remove_all(dir);
 }
 

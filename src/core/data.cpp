@@ -154,7 +154,7 @@ std::string clean_fortune_text(const std::string& raw) {
   return out;
 }
 
-std::string text_file_problem(const std::string& path) {
+std::string text_file_problem(const std::string& path, std::size_t max_bytes) {
   namespace fs = std::filesystem;
   std::error_code e;
   const fs::file_status st = fs::status(path, e);
@@ -162,15 +162,14 @@ std::string text_file_problem(const std::string& path) {
   if (fs::is_directory(st)) return "is a directory";
   // A FIFO would block the reader forever, a device (/dev/zero) never ends: text is a file.
   if (!fs::is_regular_file(st)) return "is not a regular file (a FIFO, device or socket)";
-  if (fs::file_size(path, e) == 0 && !e) return "is empty";
+  const auto size = fs::file_size(path, e);
+  if (e) return "";
+  if (size == 0) return "is empty";
+  if (size > max_bytes) return fmt::format("is {} bytes, larger than the {}-byte cap of a text file", size, max_bytes);
   return "";
 }
 
-TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::string>& files, double val_fraction,
-                            std::size_t max_bytes) {
-  if (files.empty()) throw std::invalid_argument("load_text_corpus: no files");
-  if (!(val_fraction > 0.0 && val_fraction < 1.0))
-    throw std::invalid_argument(fmt::format("load_text_corpus: val_fraction must be in (0, 1), got {}", val_fraction));
+std::string read_text_corpus(const std::string& dir, const std::vector<std::string>& files, std::size_t max_bytes) {
   auto fail = [](const std::string& path, const std::string& what) {
     return RuntimeFailure(fmt::format("{}: {} (the text corpus comes from Debian's fortunes package: "
                                       "apt-get install fortunes, or set the text path in the config)",
@@ -179,7 +178,7 @@ TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::strin
   std::string text;
   for (const auto& name : files) {
     const std::string path = dir + "/" + name;
-    if (const std::string problem = text_file_problem(path); !problem.empty()) throw fail(path, problem);
+    if (const std::string problem = text_file_problem(path, max_bytes); !problem.empty()) throw fail(path, problem);
     std::ifstream f(path, std::ios::binary);
     if (!f) throw fail(path, "cannot open");
     std::string raw;
@@ -187,9 +186,22 @@ TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::strin
     f.read(raw.data(), static_cast<std::streamsize>(raw.size()));
     if (f.bad()) throw fail(path, "read error");
     raw.resize(static_cast<std::size_t>(f.gcount()));
-    if (raw.size() > max_bytes) throw fail(path, fmt::format("larger than {} bytes", max_bytes));
+    if (raw.size() > max_bytes) throw fail(path, fmt::format("larger than {} bytes", max_bytes));  // grew since
     text += clean_fortune_text(raw);
   }
+  return text;
+}
+
+int64_t text_train_size(int64_t n, double val_fraction) {
+  return static_cast<int64_t>(std::floor((1.0 - val_fraction) * static_cast<double>(n)));
+}
+
+TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::string>& files, double val_fraction,
+                            std::size_t max_bytes) {
+  if (files.empty()) throw std::invalid_argument("load_text_corpus: no files");
+  if (!(val_fraction > 0.0 && val_fraction < 1.0))
+    throw std::invalid_argument(fmt::format("load_text_corpus: val_fraction must be in (0, 1), got {}", val_fraction));
+  const std::string text = read_text_corpus(dir, files, max_bytes);
   const std::set<char> set(text.begin(), text.end());
   TextCorpus c;
   c.chars.assign(set.begin(), set.end());
@@ -198,9 +210,10 @@ TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::strin
   auto ids = torch::empty({static_cast<int64_t>(text.size())}, torch::kLong);
   auto* p = ids.data_ptr<int64_t>();
   for (std::size_t i = 0; i < text.size(); ++i) p[i] = index[static_cast<unsigned char>(text[i])];
-  const auto n_train = static_cast<int64_t>(std::floor((1.0 - val_fraction) * static_cast<double>(text.size())));
+  const int64_t n_train = text_train_size(ids.size(0), val_fraction);
   if (n_train < 2 || ids.size(0) - n_train < 2)
-    throw fail(dir, fmt::format("corpus of {} characters is too short to split at {}", text.size(), val_fraction));
+    throw RuntimeFailure(fmt::format("{}: corpus of {} characters is too short to split at {}", dir, text.size(),
+                                     val_fraction));
   c.train = ids.slice(0, 0, n_train).clone();
   c.val = ids.slice(0, n_train).clone();
   return c;

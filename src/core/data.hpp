@@ -48,6 +48,8 @@ torch::Tensor shuffled_indices(int64_t n, uint64_t seed);
 inline const char* kFortunesDir = "/usr/share/games/fortunes";
 /// The cookie files the text lessons read by default (plain English: 480 KB, 95 characters).
 inline const std::vector<std::string> kDefaultFortuneFiles = {"computers", "science", "literature", "wisdom"};
+/// The largest text file a corpus reads (64 MiB: the fortunes package's files are ≤ 0.3 MB).
+inline constexpr std::size_t kMaxTextFileBytes = std::size_t{64} << 20;
 
 /// A character-level corpus (nanoGPT's shakespeare_char recipe): the vocabulary is the sorted set
 /// of characters in the text, a token is a character's index in it, the first (1 − val_fraction)
@@ -70,18 +72,27 @@ std::string clean_fortune_text(const std::string& raw);
 /// What makes `path` unusable as a file of a text corpus, found without reading it (symbolic links
 /// followed): "is a directory", "is not a regular file (a FIFO, device or socket)" (a FIFO would
 /// block the reader, /dev/zero never ends), "is empty" (0 bytes; a file that cleans to no text is
-/// not found here), or "" for a non-empty regular file and for a path that does not exist or
-/// cannot be examined (load_text_corpus reports those at run time, as missing data: exit 3). For an
-/// experiment's validate(), which names the config key (gpt_spec's validate_text_files).
-std::string text_file_problem(const std::string& path);
+/// not found here), "is N bytes, larger than the `max_bytes`-byte cap", or "" for a regular file
+/// within the cap and for a path that does not exist or cannot be examined (load_text_corpus
+/// reports those at run time, as missing data: exit 3). For an experiment's validate(), which
+/// names the config key (gpt_spec's validate_text_files).
+std::string text_file_problem(const std::string& path, std::size_t max_bytes = kMaxTextFileBytes);
 
-/// Reads `files` (names inside `dir`) in order, cleans each (clean_fortune_text), joins them and
-/// splits the tokens at ⌊(1 − val_fraction)·N⌋. Throws RuntimeFailure naming the path and the
-/// `fortunes` package for a missing or unreadable file, a directory or an empty file
-/// (text_file_problem), a file over `max_bytes`, or a corpus too
-/// short to split; std::invalid_argument for val_fraction outside (0, 1) or no files.
+/// Reads `files` (names inside `dir`) in order, cleans each (clean_fortune_text) and joins them.
+/// Throws RuntimeFailure naming the path and the `fortunes` package for a missing or unreadable
+/// file, any text_file_problem, or a file over `max_bytes`.
+std::string read_text_corpus(const std::string& dir, const std::vector<std::string>& files,
+                             std::size_t max_bytes = kMaxTextFileBytes);
+
+/// Tokens of the training split of an `n`-token text: ⌊(1 − val_fraction)·n⌋ (the rest is validation).
+int64_t text_train_size(int64_t n, double val_fraction);
+
+/// The corpus of read_text_corpus(dir, files, max_bytes), tokenised by its sorted characters and split
+/// at text_train_size. Throws what read_text_corpus throws, RuntimeFailure for a corpus too short
+/// to split (fewer than 2 tokens on either side); std::invalid_argument for val_fraction outside
+/// (0, 1) or no files.
 TextCorpus load_text_corpus(const std::string& dir, const std::vector<std::string>& files, double val_fraction = 0.1,
-                            std::size_t max_bytes = std::size_t{64} << 20);
+                            std::size_t max_bytes = kMaxTextFileBytes);
 
 /// A batch of `batch` random windows of `context` tokens and their next tokens, as nanoGPT's
 /// get_batch: ix = torch.randint(len(tokens) − context, (batch,), generator=gen); x[b] =

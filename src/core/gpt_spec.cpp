@@ -1,5 +1,8 @@
 #include "core/gpt_spec.hpp"
 
+#include <algorithm>
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "core/errors.hpp"
@@ -43,27 +46,53 @@ GptConfig gpt_config_at(const Config& cfg, const std::string& p, int64_t vocab) 
   return g;
 }
 
-void validate_gpt_keys(const Config& cfg, const std::string& p, const std::string& text_prefix) {
+void validate_gpt_keys(const Config& cfg, const std::string& p, const std::string& text_prefix, bool validation_windows) {
   const int64_t w = cfg.integer(p + "/width"), h = cfg.integer(p + "/heads");
   if (w % h != 0)
     throw ConfigError(fmt::format("{}/heads: expected a divisor of {}/width ({}), got {}", p, p, w, h));
-  if (!text_prefix.empty()) validate_text_files(cfg, text_prefix);
+  if (!text_prefix.empty()) validate_text_files(cfg, text_prefix, p + "/context", validation_windows);
 }
 
-void validate_text_files(const Config& cfg, const std::string& p) {
+void validate_text_files(const Config& cfg, const std::string& p, const std::string& context_key,
+                         bool validation_windows) {
   const auto files = cfg.strings(p + "/text_files");
   if (files.empty()) throw ConfigError(fmt::format("{}/text_files: expected at least one file, got []", p));
   const std::string dir = cfg.str(p + "/text_dir");
+  bool all_there = true;
   for (std::size_t i = 0; i < files.size(); ++i) {
     const std::string path = dir + "/" + files[i];
     if (const std::string problem = text_file_problem(path); !problem.empty())
       throw ConfigError(fmt::format("{}/text_files/{}: expected a text file (a fortune cookie file inside {}/text_dir), "
                                     "got \"{}\": {} {}", p, i, p, printable_text(files[i]), printable_text(path), problem));
+    std::error_code e;
+    all_there = all_there && std::filesystem::exists(path, e);
   }
+  if (!all_there) return;  // missing data: load_text_corpus says so at run time (exit 3)
+  // The files are regular and within the cap (a few hundred KB by default): read them to check the split.
+  std::string text;
+  try {
+    text = read_text_corpus(dir, files);
+  } catch (const RuntimeFailure&) {
+    return;  // unreadable: an I/O failure, reported at run time
+  }
+  const auto n = static_cast<int64_t>(text.size());
+  const int64_t train = text_train_size(n, kTextValFraction), val = n - train;
+  if (train < 2 || val < 2)
+    throw ConfigError(fmt::format("{}/text_files: expected a corpus long enough to split into training and validation "
+                                  "text ({} %: at least 2 characters each), got {} characters after cleaning",
+                                  p, 100 * kTextValFraction, n));
+  if (context_key.empty()) return;
+  const int64_t t = cfg.integer(context_key);
+  const bool short_train = train <= t, short_val = validation_windows && val <= t;
+  if (short_train || short_val)
+    throw ConfigError(fmt::format("{}: expected fewer tokens than the {} split of {}/text_files ({} of {} "
+                                  "characters; windows of context + 1 tokens are drawn from it), got {}",
+                                  context_key, short_train ? "training" : "validation", p, short_train ? train : val,
+                                  n, t));
 }
 
 TextCorpus load_text_corpus_at(const Config& cfg, const std::string& p) {
-  return load_text_corpus(cfg.str(p + "/text_dir"), cfg.strings(p + "/text_files"));
+  return load_text_corpus(cfg.str(p + "/text_dir"), cfg.strings(p + "/text_files"), kTextValFraction);
 }
 
 }  // namespace mpt

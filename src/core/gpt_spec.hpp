@@ -34,14 +34,25 @@ void add_gpt_training_keys(ConfigSpec& s, const std::string& prefix, double lr, 
 GptConfig gpt_config_at(const Config& cfg, const std::string& prefix, int64_t vocab);
 
 /// Cross-key checks, for an experiment's validate(): heads divides width, and when `text_prefix`
-/// is given its text keys' (validate_text_files). Throws ConfigError naming the pointer.
-void validate_gpt_keys(const Config& cfg, const std::string& prefix, const std::string& text_prefix = "");
+/// is given its text keys' (validate_text_files, with `prefix`/context as the context key). Throws
+/// ConfigError naming the pointer.
+void validate_gpt_keys(const Config& cfg, const std::string& prefix, const std::string& text_prefix = "",
+                       bool validation_windows = true);
+
+/// The validation fraction of every GPT corpus (load_text_corpus's default: the last 10 %).
+inline constexpr double kTextValFraction = 0.1;
 
 /// Cross-key checks of the text keys under `prefix`, for an experiment's validate(): at least one
-/// file, and no entry that is a directory or an empty file (core/data's text_file_problem). Throws
-/// ConfigError naming the entry's pointer (`prefix`/text_files/i), its path and what it is; a
-/// missing file is left to load_text_corpus at run time (missing data: RuntimeFailure, exit 3).
-void validate_text_files(const Config& cfg, const std::string& prefix);
+/// file; no entry that is a directory, empty, not a regular file or over the size cap (core/data's
+/// text_file_problem); and, when every file exists and reads, a cleaned corpus that splits into
+/// training and validation text of ≥ 2 tokens each and, when `context_key` is given, a training
+/// split (and with `validation_windows` a validation split) of more tokens than the context (the
+/// windows of context + 1 tokens that text_batch draws). Throws ConfigError naming
+/// the entry's pointer (`prefix`/text_files/i, its path and what it is), `prefix`/text_files or
+/// `context_key`. A missing or unreadable file is left to load_text_corpus at run time (missing
+/// data: RuntimeFailure, exit 3).
+void validate_text_files(const Config& cfg, const std::string& prefix, const std::string& context_key = "",
+                         bool validation_windows = true);
 
 /// The corpus the text keys under `prefix` name (load_text_corpus). Throws RuntimeFailure for a
 /// missing or unreadable file (the message names the path and the package).

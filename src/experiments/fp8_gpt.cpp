@@ -122,10 +122,7 @@ MemoryEstimate gpt_memory(const Config& cfg) {
 void gpt_section(const Context& ctx, Report& report) {
   const auto& cfg = ctx.cfg;
   const TextCorpus corpus = load_text_corpus_at(cfg, "/gpt");
-  const GptConfig g = gpt_config_at(cfg, kModel, corpus.vocab());
-  if (corpus.val.size(0) <= g.context)
-    throw ConfigError(fmt::format("/gpt/model/context: expected fewer tokens than the validation split ({}), got {}",
-                                  corpus.val.size(0), g.context));
+  const GptConfig g = gpt_config_at(cfg, kModel, corpus.vocab());  // validate_gpt checked the split against the context
   const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
   const int64_t steps = cfg.integer("/gpt/steps"), ledger_step = cfg.integer("/gpt/ledger_step");
   const int64_t last = std::min<int64_t>(cfg.integer("/gpt/mean_of_last"), steps);

@@ -211,7 +211,7 @@ void validate_gpt(const Config& cfg) {
   const int64_t w = cfg.integer("/gpt/model/width"), h = cfg.integer("/gpt/model/heads");
   if (w % h != 0)
     throw ConfigError(fmt::format("/gpt/model/heads: expected a divisor of /gpt/model/width ({}), got {}", w, h));
-  validate_text_files(cfg, "/gpt");  // at least one file; none a directory or empty
+  validate_text_files(cfg, "/gpt", "/gpt/model/context");  // files that split into more tokens than the context
 }
 
 MemoryEstimate gpt_memory(const Config& cfg) {
@@ -233,11 +233,8 @@ MemoryEstimate gpt_memory(const Config& cfg) {
 
 void gpt_section(const Context& ctx, Report& report) {
   const auto& cfg = ctx.cfg;
-  TextCorpus corpus = load_text_corpus(cfg.str("/gpt/text_dir"), cfg.strings("/gpt/text_files"));
+  TextCorpus corpus = load_text_corpus_at(cfg, "/gpt");  // validate_gpt checked its split against the context
   const GptConfig g = gpt_config(cfg, corpus.vocab());
-  if (corpus.val.size(0) <= g.context)
-    throw ConfigError(fmt::format("/gpt/model/context: expected fewer tokens than the validation split ({}), got {}",
-                                  corpus.val.size(0), g.context));
   const int64_t last = std::min(cfg.integer("/gpt/mean_of_last"), cfg.integer("/gpt/steps"));
   Table t{"gpt_policies",
           fmt::format("Per-operation precision: tiny GPT {}x{} ({} heads, T = {}, vocab {}, {} parameters) on fortunes, "

@@ -93,3 +93,10 @@ cli_case(fp8_gpt_text_empty 2 "/gpt/text_files/0: expected a text file .*got \"e
 # the run and the step, results.diverged lists it. No equivalence check compares the recipes: exit 0.
 diverged_case(fp8_diverged 0 "diverged: fp32's loss became nan at step 4" ${FP8_TINY} --set train.lr=100
               --set "recipes=[\"fp32\",\"tensorwise\"]" --set outlier.enabled=false)
+# Probe leftovers: a corpus too short to split, and a context longer than the validation split,
+# exit 2 in validate naming the keys (were exit 3 at run time naming the folder, and
+# --print-config passed them).
+cli_case(fp8_gpt_text_too_short 2 "/gpt/text_files: expected a corpus long enough to split into training and validation text .*got 3 characters"
+         ${FP8_GPT_TINY} --set gpt.text_dir=tests/cli/text --set "gpt.text_files=[\"tiny\"]")
+cli_case(fp8_gpt_context_beyond_validation_text 2 "/gpt/model/context: expected fewer tokens than the validation split of /gpt/text_files \\(14 of 135 characters.*got 16"
+         ${FP8_GPT_TINY} --set gpt.text_dir=tests/cli/text --set "gpt.text_files=[\"four_chars\"]")

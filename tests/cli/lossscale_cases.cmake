@@ -84,3 +84,6 @@ diverged_case(lossscale_diverged 0 "diverged: fp32's loss became nan at step 2" 
               --set train.lr=1e20 --set "train.recipes=[\"fp32\",\"fp16+master+dynamic\"]")
 diverged_case(lossscale_gpt_diverged 0 "diverged: fp32's loss became nan at step 1" lossscale ${LS_TINY}
               --set train.enabled=false --set gpt.lr=1e20 --set "gpt.policies=[\"fp32\",\"bf16\"]")
+# Probe leftover: a corpus too short to split exits 2 in validate, so --print-config refuses it too.
+cli_case(lossscale_gpt_text_too_short_print_config 2 "/gpt/text_files: expected a corpus long enough to split .*got 3 characters"
+         lossscale ${LS_TINY} --print-config --set gpt.text_dir=tests/cli/text --set "gpt.text_files=[\"tiny\"]")

@@ -79,7 +79,7 @@ cli_case(shard_gpt_sgd_bf16 0 "OK: 6 of 6 checks passed" ${SHG} --set optimizer.
 cli_case(shard_gpt_reduce_every_micro_batch 0 "stage3 vs stage2, reducing every micro-batch: .* OK" ${SHG}
          --set zero.reduce_every_micro_batch=true)
 # A context as long as the training text: exit 2 naming the key before any spawn (was exit 3 in every rank).
-cli_case(shard_gpt_context_beyond_text 2 "/model/gpt/context: expected fewer tokens than the training split of /data/text_files \\(121\\), got 125"
+cli_case(shard_gpt_context_beyond_text 2 "/model/gpt/context: expected fewer tokens than the training split of /data/text_files \\(121 of 135 characters.*got 125"
          ${SHG} --set model.gpt.context=125 --set data.text_dir=tests/cli/text --set "data.text_files=[\"four_chars\"]")
 # Rank 0 computes the one-process references for seconds while rank 1 waits (timeout 2 s): the group
 # forms first, so rank 0's heartbeat says it is working and rank 1 waits (was: killed as "never started").
