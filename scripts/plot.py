@@ -325,28 +325,37 @@ def plot_shard(doc, out, fmt):
     return paths
 
 
-def plot_lowbit_history(doc, out, fmt, paths, title):
-    """Training loss per recipe/variant from results.history (a list of losses per name)."""
-    hist = doc["results"].get("history", {})
+def plot_lowbit_history(doc, out, fmt, paths, title, key="history", name="training"):
+    """Training loss per recipe/variant from results.<key> (a list of losses per name)."""
+    hist = doc["results"].get(key, {})
     if hist:
-        loss_curves(hist, title, out, "training", fmt, paths)
+        loss_curves(hist, title, out, name, fmt, paths)
+
+
+def ledger_bars(ledger, title, out, name, fmt, paths):
+    """A GEMM ledger's rows (name, rel_error) as horizontal bars, in the table's order."""
+    if not ledger:
+        return
+    fig, ax = plt.subplots(figsize=(9, max(4.8, 0.12 * len(ledger))))
+    ax.barh(range(len(ledger)), [100 * num(r["rel_error"]) for r in ledger])
+    ax.set_yticks(range(len(ledger)), [r["name"] for r in ledger], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("relative error of the GEMM against fp32 (%)")
+    ax.set_title(title)
+    save(fig, out, name, fmt, paths)
 
 
 def plot_fp8(doc, out, fmt):
     """fp8: the loss curves per recipe; the GEMM ledger's relative error per recipe, layer and GEMM;
-    the outlier window (% of x saturated and flushed per step, current vs delayed scaling)."""
+    the outlier window (% of x saturated and flushed per step, current vs delayed scaling); the
+    tiny GPT's loss curves and GEMM ledger when its section ran."""
     paths, res = [], doc["results"]
     plot_lowbit_history(doc, out, fmt, paths, "fp8 recipes: training loss")
-    ledger = res.get("ledger", [])
-    if ledger:
-        fig, ax = plt.subplots(figsize=(9, 4.8))
-        labels = [r["name"] for r in ledger]
-        ax.barh(range(len(ledger)), [100 * num(r["rel_error"]) for r in ledger])
-        ax.set_yticks(range(len(ledger)), labels, fontsize=6)
-        ax.invert_yaxis()
-        ax.set_xlabel("relative error of the GEMM against fp32 (%)")
-        ax.set_title("GEMM ledger: each recipe's error per layer and GEMM (out, dgrad, wgrad)")
-        save(fig, out, "ledger", fmt, paths)
+    ledger_bars(res.get("ledger", []), "GEMM ledger: each recipe's error per layer and GEMM (out, dgrad, wgrad)",
+                out, "ledger", fmt, paths)
+    plot_lowbit_history(doc, out, fmt, paths, "fp8 recipes on the tiny GPT: training loss", "gpt_history", "gpt_training")
+    ledger_bars(res.get("gpt_ledger", []), "Tiny GPT's GEMM ledger: each recipe's error per block GEMM",
+                out, "gpt_ledger", fmt, paths)
     outl = res.get("outlier", [])
     if outl:
         fig, ax = plt.subplots(figsize=(8, 4.5))

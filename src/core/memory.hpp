@@ -95,6 +95,10 @@ void add_mlp_training(MemoryEstimate& e, const std::string& label, const std::ve
                       double copies, double saved, const std::string& param_keys, const std::string& act_keys,
                       double elem_bytes = 4);
 
+/// Bytes of `samples` Fashion-MNIST samples as core/data's loader holds them: 784 fp32 pixels and
+/// an int64 label each (3144 bytes a sample).
+inline double fashion_mnist_bytes(int64_t samples) { return static_cast<double>(samples) * (784 * 4 + 8); }
+
 /// The rows an MLP holds at once in a train-then-evaluate run: a training batch (at most the
 /// `train_samples`) or an evaluation chunk of up to `eval_chunk` of the `test_samples`, whichever
 /// is larger (the `batch` of add_mlp_training for fp8's and fp4's estimates).

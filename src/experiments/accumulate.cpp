@@ -496,7 +496,7 @@ MemoryEstimate accumulate_memory(const Config& cfg, int /*world_size*/) {
   MemoryEstimate e = parts[0];
   for (auto& p : parts)
     if (p.total() > e.total()) e = p;
-  e.add("Fashion-MNIST images and labels", "/data/samples", static_cast<double>(cfg.integer("/data/samples")) * (784 * 4 + 8));
+  e.add("Fashion-MNIST images and labels", "/data/samples", fashion_mnist_bytes(cfg.integer("/data/samples")));
   return e;
 }
 

@@ -584,7 +584,7 @@ MemoryEstimate dataparallel_memory(const Config& cfg, int world_size) {
     add_mlp_training(train, "training MLP", {784, cfg.integer("/train/hidden"), 10}, cfg.integer("/train/global_batch"),
                      6, 3, "/train/hidden", "/train/global_batch, /train/hidden");
     train.add("Fashion-MNIST images and labels", "/train/samples",
-              static_cast<double>(cfg.integer("/train/samples")) * (784 * 4 + 8));
+              fashion_mnist_bytes(cfg.integer("/train/samples")));
     if (train.total() > e.total()) e = train;
   }
   e.times(world_size, "processes (/nproc)");

@@ -243,7 +243,7 @@ MemoryEstimate fp4_memory(const Config& cfg, int /*world_size*/) {
   add_mlp_training(e, "MLP under a variant", widths(cfg), rows, 6, 8, "/model/hidden",
                    "/train/batch, /data/test_samples, /model/hidden");
   e.add("Fashion-MNIST images and labels", "/data/train_samples, /data/test_samples",
-        static_cast<double>(samples + cfg.integer("/data/test_samples")) * (784 * 4 + 8));
+        fashion_mnist_bytes(samples + cfg.integer("/data/test_samples")));
   return e;
 }
 

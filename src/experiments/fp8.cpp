@@ -610,7 +610,7 @@ MemoryEstimate fp8_memory(const Config& cfg, int /*world_size*/) {
     if (gpt.total() > e.total()) e = gpt;
   }
   e.add("Fashion-MNIST images and labels", "/data/train_samples, /data/test_samples",
-        static_cast<double>(samples + cfg.integer("/data/test_samples")) * (784 * 4 + 8));
+        fashion_mnist_bytes(samples + cfg.integer("/data/test_samples")));
   return e;
 }
 

@@ -552,8 +552,8 @@ MemoryEstimate lossscale_memory(const Config& cfg, int /*world_size*/) {
   MemoryEstimate train;
   add_mlp_training(train, "training MLP", widths, cfg.integer("/train/batch"), 6, 4,
                    "/train/hidden/width, /train/hidden/depth", "/train/batch, /train/hidden/width, /train/hidden/depth");
-  const double samples = static_cast<double>(cfg.integer("/train/train_samples") + cfg.integer("/train/test_samples"));
-  train.add("Fashion-MNIST images and labels", "/train/train_samples, /train/test_samples", samples * (784 * 4 + 8));
+  train.add("Fashion-MNIST images and labels", "/train/train_samples, /train/test_samples",
+            fashion_mnist_bytes(cfg.integer("/train/train_samples") + cfg.integer("/train/test_samples")));
   return train.total() > sweep.total() ? train : sweep;
 }
 

@@ -830,7 +830,7 @@ MemoryEstimate shard_memory(const Config& cfg, int world_size) {
   e.add("flat parameters of every step (rank 0)", "/train/steps, /train/stages, /model/hidden",
         runs * static_cast<double>(cfg.integer("/train/steps")) * P * 4);
   e.add("Fashion-MNIST images and labels", "/train/samples",
-        static_cast<double>(cfg.integer("/train/samples")) * (784 * 4 + 8));
+        fashion_mnist_bytes(cfg.integer("/train/samples")));
   e.times(world_size, "processes (/nproc)");
   return e;
 }
