@@ -183,3 +183,31 @@ TEST_CASE("TpGpt on two ranks: every operation equals the one-process tiny GPT (
     }
   }
 }
+
+TEST_CASE("korthikanti_bytes and fp32_activation_bytes: the per-layer counts of Korthikanti et al. 2022 §4", "[tensor_parallel]") {
+  // The paper's Table 2 terms written out per tensor (fp16 values 2 bytes, dropout masks 1 byte), at
+  // s = 32, b = 4, h = 64, a = 4 (docs/tensorparallel.md's figures: 360448, 221184, 180224 bytes).
+  const int64_t s = 32, b = 4, h = 64, a = 4, sbh = s * b * h;
+  // attention: QKV input 2sbh, QK^T 4sbh, softmax 2as²b, its dropout mask as²b, the dropout output
+  // with V 2as²b + 2sbh, the projection input 2sbh, its dropout mask sbh: 11sbh + 5as²b;
+  // MLP: 2sbh + 8sbh + 8sbh + sbh = 19sbh; the two LayerNorms 4sbh: 34sbh + 5as²b in all.
+  CHECK(tp::korthikanti_bytes(s, b, h, a, 1, false) == double(34 * sbh + 5 * a * s * s * b));
+  CHECK(tp::korthikanti_bytes(s, b, h, a, 1, false) == 360448.0);
+  for (int64_t t : {2, 4}) {
+    INFO("t = " << t);
+    // TP: the LayerNorms (4sbh), the QKV and MLP inputs (2sbh + 2sbh) and the two dropout masks
+    // (2sbh) stay whole: 10sbh; the rest is split over t: 24sbh/t + 5as²b/t.
+    CHECK(tp::korthikanti_bytes(s, b, h, a, t, false) == double(10 * sbh + 24 * sbh / t + 5 * a * s * s * b / t));
+    CHECK(tp::korthikanti_bytes(s, b, h, a, t, true) == double((34 * sbh + 5 * a * s * s * b) / t));
+    // fp32 here (4 bytes, no dropout): LayerNorm inputs 8sbh, QKV and MLP inputs 4sbh each, q k v
+    // 12sbh/t, softmax output 4as²b/t, projection input 4sbh/t, GELU input and output 32sbh/t.
+    CHECK(tp::fp32_activation_bytes(s, b, h, a, t, false) == double(16 * sbh + 48 * sbh / t + 4 * a * s * s * b / t));
+    CHECK(tp::fp32_activation_bytes(s, b, h, a, t, true) ==
+          double(8 * sbh / t + 8 * sbh + 48 * sbh / t + 4 * a * s * s * b / t));
+  }
+  CHECK(tp::korthikanti_bytes(s, b, h, a, 2, false) == 221184.0);
+  CHECK(tp::korthikanti_bytes(s, b, h, a, 2, true) == 180224.0);
+  CHECK(tp::fp32_activation_bytes(s, b, h, a, 1, false) == double(64 * sbh + 4 * a * s * s * b));
+  CHECK(tp::fp32_activation_bytes(s, b, h, a, 2, false) == 360448.0);
+  CHECK(tp::fp32_activation_bytes(s, b, h, a, 2, true) == 327680.0);
+}

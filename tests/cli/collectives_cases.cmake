@@ -47,3 +47,8 @@ cli_case(collectives_no_ops 2 "/ops: expected a list of strings \\(non-empty\\),
 cli_case(collectives_max_below_one_element 2 "/max_bytes: expected at least 8 bytes for \"all_gather\" on 2 ranks" ${CQ}
          --set min_bytes=4 --set max_bytes=4)
 cli_case(collectives_bad_dtype 2 "/dtype: .*did you mean \"float64\"" ${CQ} --set dtype=float61)
+# The thread policy a 2-process run records (issue 16, item 3): max(1, cores / 2) intra-op threads
+# per rank, libgomp's waiters PASSIVE by mpt's default — and a user's OMP_WAIT_POLICY kept.
+result_case(threads_policy_two_ranks threads_policy_two_ranks ${CQ} --nproc 2 --set "ops=[\"all_reduce\"]")
+result_case(threads_policy_user_wait_policy threads_policy_two_ranks ${CQ} --nproc 2 --set "ops=[\"all_reduce\"]")
+set_tests_properties(cli.threads_policy_user_wait_policy PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=ACTIVE")

@@ -322,7 +322,10 @@ def main():
         bad = [n for n in names if not filecmp.cmp(os.path.join(tmp, n), os.path.join(a.check, n), shallow=False)]
     print(f"torch {torch.__version__}: regenerated {', '.join(names)}")
     if not ao:
-        print("blocks.txt not regenerated: torchao is not importable here (PYTHONPATH=<dir with torchao 0.18.0>)")
+        print("FAILED: blocks.txt (the MX and NVFP4 block cases) not regenerated: torchao is not importable "
+              f"by {sys.executable}; scripts/setup.sh installs the pinned torchao 0.18.0 "
+              "(scripts/torch2-requirements.txt)")
+        return 1
     if bad:
         print(f"FAILED: differ from the committed tables: {', '.join(bad)}")
         return 1
