@@ -449,6 +449,49 @@ TEST_CASE("QuantLinear with the fp32 recipe equals torch::linear bit for bit, fo
   }
 }
 
+TEST_CASE("QuantLinear with a limited-precision accumulator: each GEMM is quant::gemm, promotion shrinks the error",
+          "[quant]") {
+  // The fp32 recipe (no quantization) with DeepSeek-V3's accumulator model on all three GEMMs: the
+  // layer's out, dgrad and wgrad must be exactly gemm() of the operands GemmRecipe names (out:
+  // x [M,K] · W [N,K]ᵀ; dgrad: dy [M,N] · Wᵀ [K,N]ᵀ; wgrad: dyᵀ [N,M] · xᵀ [K,M]ᵀ), and promotion
+  // to fp32 every N_C = 128 must cut the ledger's error of the out GEMM (K = 1024 = 8 N_C).
+  const std::int64_t M = 16, K = 1024, N = 8;
+  auto run = [&](const Accumulator& acc, torch::Tensor& y, torch::Tensor& gx, torch::Tensor& gw, double& err,
+                 QuantLinear& layer) {
+    QuantRecipe r = recipe("fp32");
+    r.out.acc = r.dgrad.acc = r.wgrad.acc = acc;
+    torch::manual_seed(21);  // the same W and b in both runs
+    layer = QuantLinear(K, N, r, /*bias=*/true);
+    torch::manual_seed(22);
+    auto x = torch::rand({M, K}).requires_grad_(true);
+    y = layer->forward(x);
+    y.backward(torch::ones_like(y) / static_cast<double>(N));
+    gx = x.grad();
+    gw = layer->weight.grad();
+    err = layer->ledger()[0].rel_error;
+    return x.detach();
+  };
+  torch::Tensor y, gx, gw, y2, gx2, gw2;
+  double e_limited = 0, e_promoted = 0;
+  QuantLinear l1(nullptr), l2(nullptr);
+  const Accumulator limited{14, 4, 0}, promoted{14, 4, 128};
+  const auto x = run(limited, y, gx, gw, e_limited, l1);
+  run(promoted, y2, gx2, gw2, e_promoted, l2);
+  const auto w = l1->weight.detach();
+  const auto dy = torch::ones({M, N}) / static_cast<double>(N);
+  CHECK(torch::equal(y, gemm(x, w, limited) + l1->bias.detach()));
+  CHECK(torch::equal(gx, gemm(dy, w.t().contiguous(), limited)));
+  CHECK(torch::equal(gw, gemm(dy.t().contiguous(), x.t().contiguous(), limited)));
+  // The truncation did something in each GEMM, so the three checks above tell acc from plain fp32.
+  CHECK(!torch::equal(y, torch::addmm(l1->bias.detach(), x, w.t())));
+  CHECK(!torch::equal(gx, dy.mm(w)));
+  CHECK(!torch::equal(gw, dy.t().mm(x)));
+  CHECK(e_limited > 0);
+  CHECK(e_promoted < e_limited);
+  CHECK(torch::equal(l2->weight.detach(), w));
+  CHECK(torch::equal(y2, gemm(x, w, promoted) + l1->bias.detach()));
+}
+
 TEST_CASE("QuantLinear trains under each named recipe and keeps a ledger per GEMM and step", "[quant]") {
   for (const std::string name : {"tensorwise", "rowwise", "blockwise", "mxfp8", "mxfp8_floor", "nvfp4"}) {
     INFO(name);
