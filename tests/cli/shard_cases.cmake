@@ -14,8 +14,12 @@ cli_case(shard_reduce_every_micro_batch 0 "stage2_reduce_after_last" ${SHQ} --se
 # Three ranks: dim-0 chunks do not divide (32 and 10 rows over 3: padding), sums of 3 terms.
 cli_case(shard_three_processes 0 "OK: [0-9]+ of [0-9]+ checks passed" ${SHQ} --nproc 3 --set train.global_batch=18
          --set train.samples=288)
-# A rank dies at step 1: the run fails (exit 3) naming rank 1, within the timeout.
-cli_case(shard_killed_rank 3 "rank 1 of 2 failed" ${SHQ} --set fault.rank=1 --set fault.step=1 --set dist.timeout_s=5)
+# A rank dies at step 1 (exit 86 mid-step): every rank ends within the timeout, exit 3, rank 1 named
+# with its exit code, no result file, no process left (hung_rank.sh in its exit mode).
+add_test(NAME cli.shard_killed_rank
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/hung_rank.sh $<TARGET_FILE:mpt> shard --config configs/shard_quick.json
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.shard_killed_rank PROPERTIES TIMEOUT 120 ENVIRONMENT FAULT_MODE=exit)
 # Bad inputs: exit 2 naming the keys, before any process starts.
 cli_case(shard_bad_stage 2 "/train/stages.*expected.*<= 3" shard --set "train.stages=[0,4]")
 cli_case(shard_batch_not_multiple 2 "/train/global_batch: expected a multiple of N x /train/micro_batches = 2 x 2"

@@ -12,9 +12,12 @@ cli_case(tensorparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${TPQ
 cli_case(tensorparallel_four_processes 0 "OK: [0-9]+ of [0-9]+ checks passed" ${TPQ} --nproc 4)
 # Megatron's default padding (make_vocab_size_divisible_by = 128): 33 -> 256, most of it padding.
 cli_case(tensorparallel_vocab_pad_128 0 "padded to 256" ${TPQ} --set model.vocab_divisible_by=128)
-# A rank dies in the timed TP steps: the run fails (exit 3) naming rank 1, within the timeout.
-cli_case(tensorparallel_killed_rank 3 "rank 1 of 2 failed" ${TPQ} --set fault.rank=1 --set fault.step=1
-         --set dist.timeout_s=5)
+# A rank dies at step 1 (exit 86 mid-step): every rank ends within the timeout, exit 3, rank 1 named
+# with its exit code, no result file, no process left (hung_rank.sh in its exit mode).
+add_test(NAME cli.tensorparallel_killed_rank
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/hung_rank.sh $<TARGET_FILE:mpt> tensorparallel --config configs/tensorparallel_quick.json
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.tensorparallel_killed_rank PROPERTIES TIMEOUT 120 ENVIRONMENT FAULT_MODE=exit)
 # Bad inputs: exit 2 naming the keys, before any process starts.
 cli_case(tensorparallel_heads_not_divisible 2 "/model/heads: expected a multiple of the TP degree t = 3" ${TPQ}
          --nproc 3 --set model.width=48 --set mlp.hidden=48 --set data.seq=15)
