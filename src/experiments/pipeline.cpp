@@ -729,8 +729,9 @@ Report run_pipeline_experiment(const Context& ctx) {
                                {"wait_ms", wait * 1e3}});
       if (kind == ScheduleKind::Naive || m == gantt_m)
         charts.push_back({fmt::format("Timeline {} (p = {}, m = {}{}): {} + microbatch, '.' idle", name, p, m,
-                                      chunked ? fmt::format(", v = {}; f/b/w: odd chunks{}", chunks,
-                                                          zbv ? ", chunk 1 = virtual stage 2p-1-s" : "")
+                                      chunked ? fmt::format(", v = {}; {}", chunks,
+                                                          zbv ? "f/b/w: chunk 1 = virtual stage 2p-1-s"
+                                                              : "f/b: odd chunks")
                                               : "",
                                       zb ? "F/B/W (B input gradient, W weight gradient)" : "F/B"),
                           render_gantt(run, p, static_cast<int>(cfg.integer("/gantt/width")))});
