@@ -93,6 +93,9 @@ cli_case(pipeline_processes_interleaved 0 "interleaved-1f1b\\.m4: processes grad
          ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"interleaved-1f1b\"]")
 cli_case(pipeline_processes_zb_h1 0 "zb-h1\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
          ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"zb-h1\"]")
+# ZB-V over Gloo: the V placement on processes (rank 0 holds the loss, rank 1 the turn).
+cli_case(pipeline_processes_zb_v 0 "zb-v\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
+         ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"zb-v\"]" --set sync.enabled=false)
 cli_case(pipeline_processes_config 0 "naive: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
          pipeline --config configs/pipeline_processes.json ${PIPE_FAST} --set pipeline.steps=1
          --set "pipeline.schedules=[\"naive\",\"1f1b\"]")
