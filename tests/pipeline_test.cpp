@@ -340,7 +340,7 @@ std::vector<PipelineRun> run_ranks(const std::vector<std::shared_ptr<dist::Group
                                    const std::vector<std::vector<torch::nn::Linear>>& copies,
                                    const std::vector<std::pair<int, int>>& ranges,
                                    const std::vector<std::vector<PipeOp>>& sched, int m, const torch::Tensor& x,
-                                   const torch::Tensor& y) {
+                                   const torch::Tensor& y, Placement placement = Placement::Loop) {
   const std::size_t p = groups.size();
   std::vector<PipelineRun> runs(p);
   std::vector<std::string> errors(p);
@@ -350,6 +350,7 @@ std::vector<PipelineRun> run_ranks(const std::vector<std::shared_ptr<dist::Group
       try {
         ProcessPipelineOptions opts;
         if (!backward_groups.empty()) opts.backward_group = backward_groups[r];
+        opts.placement = placement;
         runs[r] = run_pipeline_process(groups[r], MlpStage(copies[r], ranges), sched, m, x, y, SyntheticCost{}, opts);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -897,4 +898,224 @@ TEST_CASE("a transformer on the executor: the tiny GPT in 2 stages gives the unp
     CHECK(all_equal(threaded.grads, runs[r].grads));
     CHECK(runs[r].loss == threaded.loss);
   }
+}
+
+// ----------------------------------------------------------------------------
+// ZB-V: two chunks per rank in a V (Qi et al. 2023 §6; torch's ScheduleZBVZeroBubble)
+// ----------------------------------------------------------------------------
+
+TEST_CASE("ZB-V: torch's ScheduleZBVZeroBubble programs (p=2, m=4; p=3, m=2), the V placement", "[pipeline][zb]") {
+  CHECK(parse_schedule("zb-v") == ScheduleKind::ZBV);
+  CHECK(schedule_name(ScheduleKind::ZBV) == "zb-v");
+  CHECK(schedule_placement(ScheduleKind::ZBV) == Placement::V);
+  CHECK(schedule_placement(ScheduleKind::ZBH1) == Placement::Loop);
+  // Printed by torch 2.15's ScheduleZBVZeroBubble._calculate_single_rank_operations (rank, stage
+  // index -> chunk 0 when it is the rank's own index, else 1; I as B), Nones dropped.
+  const auto two = make_schedule(ScheduleKind::ZBV, 2, 4, 2);
+  CHECK(schedule_string(two[0]) == "F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 F3.0 B0.0 W0.0 F2.1 B2.1 W2.1 B1.0 "
+                                   "W1.0 F3.1 B3.1 W3.1 B2.0 W2.0 B3.0 W3.0");
+  CHECK(schedule_string(two[1]) == "F0.0 F0.1 F1.0 F1.1 B0.1 W0.1 F2.0 B0.0 W0.0 F2.1 B1.1 W1.1 F3.0 B1.0 W1.0 F3.1 "
+                                   "B2.1 W2.1 B2.0 B3.1 B3.0 W2.0 W3.1 W3.0");
+  const auto three = make_schedule(ScheduleKind::ZBV, 3, 2, 2);  // m < 2p - 1: torch's padding dropped
+  CHECK(schedule_string(three[0]) == "F0.0 F1.0 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 B0.0 W0.0 B1.0 W1.0");
+  CHECK(schedule_string(three[1]) == "F0.0 F1.0 F0.1 F1.1 B0.1 W0.1 B1.1 W1.1 B0.0 W0.0 B1.0 W1.0");
+  CHECK(schedule_string(three[2]) == "F0.0 F0.1 F1.0 F1.1 B0.1 W0.1 B0.0 W0.0 B1.1 W1.1 B1.0 W1.0");
+  // V: rank s holds virtual stages s and 2p - 1 - s; loop: s, s + p.
+  for (int s = 0; s < 4; ++s) {
+    CHECK(virtual_stage(s, 0, 4, Placement::V) == s);
+    CHECK(virtual_stage(s, 1, 4, Placement::V) == 7 - s);
+    CHECK(virtual_stage(s, 1, 4, Placement::Loop) == 4 + s);
+    for (int k = 0; k < 2; ++k)
+      for (auto pl : {Placement::Loop, Placement::V}) CHECK(stage_rank(virtual_stage(s, k, 4, pl), 4, pl) == s);
+  }
+  CHECK_THROWS_AS(virtual_stage(0, 2, 4, Placement::V), std::invalid_argument);
+  CHECK_THROWS_AS(stage_rank(8, 4, Placement::V), std::invalid_argument);
+  CHECK_THROWS_AS(make_schedule(ScheduleKind::ZBV, 2, 4), std::invalid_argument);  // chunks 1
+  CHECK_THROWS_AS(make_schedule(ScheduleKind::ZBV, 2, 4, 3), std::invalid_argument);
+  // The turn has no SEND/RECV (torch's _has_comms): rank 1 (p = 2) hands virtual stage 1's output
+  // to virtual stage 2 locally, and its gradient back.
+  const auto acts = to_actions(make_schedule(ScheduleKind::ZBV, 2, 1, 2), 2, Placement::V);
+  CHECK(actions_string(acts[1]) == "1RECV_F0 1F0 2F0 2SEND_F0 2RECV_B0 2I0 2W0 1I0 1SEND_B0 1W0");
+  CHECK(actions_string(acts[0]) == "0F0 0SEND_F0 3RECV_F0 3F0 3I0 3SEND_B0 3W0 0RECV_B0 0I0 0W0");
+}
+
+TEST_CASE("ZB-V: each F, B, W once per chunk, F < B < W, no deadlock, peak min(2p, 2m, m+1+s) <= 1F1B's, p <= 6, "
+          "m <= 16", "[pipeline][zb]") {
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 16; ++m) {
+      INFO("p=" << p << " m=" << m);
+      const auto sched = make_schedule(ScheduleKind::ZBV, p, m, 2);
+      for (int s = 0; s < p; ++s) {
+        std::map<std::tuple<char, int, int>, int> seen;  // (kind, microbatch, chunk) -> position
+        const auto& ops = sched[static_cast<std::size_t>(s)];
+        for (std::size_t i = 0; i < ops.size(); ++i) {
+          CHECK(seen.count({ops[i].kind, ops[i].microbatch, ops[i].chunk}) == 0);
+          seen[{ops[i].kind, ops[i].microbatch, ops[i].chunk}] = static_cast<int>(i);
+        }
+        CHECK(ops.size() == static_cast<std::size_t>(6 * m));
+        for (int j = 0; j < m; ++j)
+          for (int k = 0; k < 2; ++k) {
+            REQUIRE(seen.count({'W', j, k}) == 1);
+            CHECK(seen.at({'F', j, k}) < seen.at({'B', j, k}));
+            CHECK(seen.at({'B', j, k}) < seen.at({'W', j, k}));
+            if (j > 0) CHECK(seen.at({'W', j - 1, k}) < seen.at({'W', j, k}));  // GPipe's accumulation order
+          }
+      }
+      // The replay under the V placement runs to the end (throws on a deadlock).
+      const auto sim = simulate_schedule(sched, costs(2 * p, 1), costs(2 * p, 1), costs(2 * p, 1), Placement::V);
+      CHECK(sim.events.size() == static_cast<std::size_t>(6 * m * p));
+      const auto peaks = peak_in_flight(sched);
+      for (int s = 0; s < p; ++s) {
+        CHECK(peaks[static_cast<std::size_t>(s)] == zbv_peak_theory(p, m, s));
+        // 2p chunk activations = p stages': 1F1B's peak (stage 0 holds min(p, m) microbatches).
+        CHECK(peaks[static_cast<std::size_t>(s)] <= 2 * std::min(p, m));
+      }
+    }
+  CHECK_THROWS_AS(zbv_peak_theory(2, 4, 2), std::invalid_argument);
+}
+
+TEST_CASE("time model: ZB-V idles max(p-1, 4p-2-2m) chunk times per rank with F = B = W (1F1B 9x, ZB-H1 3x more at "
+          "m = 2p)", "[pipeline][zb]") {
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 16; ++m) {
+      INFO("p=" << p << " m=" << m);
+      const double t = 2;  // per chunk: a stage (2 chunks) takes F = B = W = 4
+      const auto sim = simulate_schedule(make_schedule(ScheduleKind::ZBV, p, m, 2), costs(2 * p, t), costs(2 * p, t),
+                                         costs(2 * p, t), Placement::V);
+      CHECK(mean_idle(sim) == bubble_time_theory(ScheduleKind::ZBV, p, m, 2 * t, 2 * t, 2 * t));
+      CHECK(sim.step_s == 6 * m * t + mean_idle(sim));  // every rank is busy 6m chunk times
+      if (m >= 2 * p - 1)
+        for (double busy : sim.busy_s) CHECK(sim.step_s - busy == (p - 1) * t);  // the same on every rank
+    }
+  // Per stage F = B = W = 1 at p = 4, m = 8: 1F1B 9, ZB-H1 3, ZB-V 1.5 (3 chunk forwards of 0.5).
+  CHECK(bubble_time_theory(ScheduleKind::OneFOneB, 4, 8, 1, 1, 1) == 9);
+  CHECK(bubble_time_theory(ScheduleKind::ZBH1, 4, 8, 1, 1, 1) == 3);
+  CHECK(bubble_time_theory(ScheduleKind::ZBV, 4, 8, 1, 1, 1) == 1.5);
+  CHECK_THROWS_AS(bubble_time_theory(ScheduleKind::ZBV, 4, 8, 1, 1, 0.5), std::invalid_argument);
+  // The V placement is needed: the programs under the loop placement wait on each other.
+  CHECK_THROWS_AS(simulate_schedule(make_schedule(ScheduleKind::ZBV, 3, 6, 2), costs(6, 1), costs(6, 1), costs(6, 1)),
+                  std::logic_error);
+}
+
+TEST_CASE("B/W split in a V: ZB-V's gradients are GPipe's bit for bit (torch::equal), threads; the turn is local",
+          "[pipeline][zb]") {
+  seed_all(5);
+  const auto layers = mlp_layers({6, 12, 12, 12, 12, 12, 1});
+  const auto x = torch::randn({16, 6});
+  const auto y = torch::randn({16, 1});
+  const auto full = full_batch_grads(layers, x, y);
+  for (int p : {1, 2, 3})
+    for (int m : {1, 2, 4, 8}) {
+      INFO("p=" << p << " m=" << m);
+      QueueTransport trg(10);
+      const auto gpipe = run_pipeline(MlpStage(layers, stage_ranges(6, balanced_cuts(6, p))),
+                                      make_schedule(ScheduleKind::GPipe, p, m), m, x, y, SyntheticCost{}, trg);
+      const auto sched = make_schedule(ScheduleKind::ZBV, p, m, 2);
+      const auto v_ranges = stage_ranges(6, balanced_cuts(6, 2 * p));  // 2p chunks: rank s runs s and 2p-1-s
+      RecordingTransport tr(p);
+      const auto zb = run_pipeline(MlpStage(layers, v_ranges), sched, m, x, y, SyntheticCost{}, tr, Placement::V);
+      CHECK(all_equal(gpipe.grads, zb.grads));
+      CHECK(zb.loss == gpipe.loss);  // on rank 0, which holds the last virtual stage
+      CHECK(max_diff(full, zb.grads) < 1e-6);
+      CHECK(zb.events.size() == static_cast<std::size_t>(6 * m * p));
+      CHECK(zb.peak_held == peak_in_flight(sched));
+      // The messages are the lowered form's, none at the turn (rank p-1 keeps its own tensors).
+      const auto lowered = to_actions(sched, 2, Placement::V);
+      for (int s = 0; s < p; ++s) {
+        std::vector<PipeAction> comm;
+        for (const auto& a : lowered[static_cast<std::size_t>(s)])
+          if (is_comm(a)) comm.push_back(a);
+        CHECK(actions_string(tr.log()[static_cast<std::size_t>(s)]) == actions_string(comm));
+        for (const auto& a : comm) CHECK_FALSE(((a.stage == p - 1 && (a.type == ComputationType::SEND_F ||
+                                                                      a.type == ComputationType::RECV_B)) ||
+                                                (a.stage == p && (a.type == ComputationType::RECV_F ||
+                                                                  a.type == ComputationType::SEND_B))));
+      }
+    }
+  // A V needs 2 chunks per stage.
+  QueueTransport tr(10);
+  CHECK_THROWS_AS(run_pipeline(MlpStage(layers, stage_ranges(6, balanced_cuts(6, 3))),
+                               make_schedule(ScheduleKind::ZBV, 1, 1, 2), 1, x, y, SyntheticCost{}, tr, Placement::V),
+                  std::invalid_argument);
+}
+
+TEST_CASE("ZB-V on the tiny GPT: one rank, both chunks (the whole V local), GPipe's microbatch gradients bitwise",
+          "[pipeline][gpt][zb]") {
+  seed_all(21);
+  TinyGpt model(pipe_gpt());
+  const GptStages stages(model, /*cut=*/2);
+  const auto x = torch::randint(11, {8, 8}, torch::kLong);
+  const auto y = torch::randint(11, {8, 8}, torch::kLong);
+  for (int m : {1, 4}) {
+    std::vector<int> order(static_cast<std::size_t>(m));
+    for (int j = 0; j < m; ++j) order[static_cast<std::size_t>(j)] = j;
+    const auto ref = gpt_microbatch_grads(model, stages, x, y, m, order);
+    const auto sched = make_schedule(ScheduleKind::ZBV, 1, m, 2);
+    QueueTransport tr(10);
+    const auto run = run_pipeline(stages, sched, m, x, y, SyntheticCost{}, tr, Placement::V);
+    CHECK(all_equal(ref, run.grads));
+    CHECK(run.peak_held == peak_in_flight(sched));
+  }
+}
+
+TEST_CASE("one process per stage, ZB-V over Gloo: the threaded executor's gradients bitwise, GPipe's",
+          "[pipeline][dist][zb]") {
+  const int p = 2;
+  const std::vector<int64_t> widths = {6, 12, 12, 12, 1};  // 4 layers: 2p = 4 chunks of one
+  std::vector<std::vector<torch::nn::Linear>> copies;
+  for (int r = 0; r <= p; ++r) {
+    seed_all(11);
+    copies.push_back(mlp_layers(widths));
+  }
+  const auto x = torch::randn({8, 6});
+  const auto y = torch::randn({8, 1});
+  const auto v_ranges = stage_ranges(4, balanced_cuts(4, 2 * p));
+  auto groups = thread_groups(p, "ut_pipe_zbv/", 10000ms);
+  auto backward_groups = thread_groups(p, "ut_pipe_zbv_bwd/", 10000ms);
+  for (int m : {1, 4}) {
+    INFO("m=" << m);
+    const auto sched = make_schedule(ScheduleKind::ZBV, p, m, 2);
+    const auto runs = run_ranks(groups, backward_groups, copies, v_ranges, sched, m, x, y, Placement::V);
+    QueueTransport trg(10), trv(10);
+    const auto gpipe = run_pipeline(MlpStage(copies[p], stage_ranges(4, balanced_cuts(4, p))),
+                                    make_schedule(ScheduleKind::GPipe, p, m), m, x, y, SyntheticCost{}, trg);
+    const auto threaded = run_pipeline(MlpStage(copies[p], v_ranges), sched, m, x, y, SyntheticCost{}, trv, Placement::V);
+    for (const auto& run : runs) {
+      CHECK(all_equal(threaded.grads, run.grads));
+      CHECK(all_equal(gpipe.grads, run.grads));
+      CHECK(run.loss == threaded.loss);
+      CHECK(run.peak_held == peak_in_flight(sched));
+      CHECK(run.events.size() == static_cast<std::size_t>(6 * m * p));
+    }
+  }
+  // The transport knows the V: boundary 1 (the turn) joins rank 1 to itself, not to rank 0.
+  CHECK_THROWS_AS(ProcessGroupTransport(groups[0], {{4, 12}, {4, 12}, {4, 12}}, nullptr, Placement::V).send(
+                      0, 1, 'F', 0, torch::zeros({4, 12}), 1),
+                  std::invalid_argument);
+}
+
+TEST_CASE("executor: ZB-V's measured bubble within 0.05 of the time model's with F = B = W", "[pipeline][timing][zb]") {
+  seed_all(0);
+  const auto layers = mlp_layers({8, 8, 8, 8, 8, 8, 8, 8, 8});
+  const auto x = torch::randn({8, 8});
+  const auto y = torch::randn({8, 8});
+  const auto v_ranges = stage_ranges(8, balanced_cuts(8, 8));  // p = 4: 8 chunks of one layer
+  SyntheticCost cost;
+  cost.forward_us = 10000;  // F = B = W = 10 ms per chunk
+  cost.backward_factor = 2;
+  cost.weight_factor = 1;
+  const auto sched = make_schedule(ScheduleKind::ZBV, 4, 4, 2);
+  std::vector<PipelineRun> steps;
+  for (int i = 0; i < 3; ++i) {
+    QueueTransport tr(10);
+    steps.push_back(run_pipeline(MlpStage(layers, v_ranges), sched, 4, x, y, cost, tr, Placement::V));
+  }
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.step_s < b.step_s; });
+  const auto& run = steps[1];
+  // The time model: 6m = 24 chunk times busy, idle max(p-1, 4p-2-2m) = 6: step 30 x 10 ms, bubble 0.2.
+  const auto sim = simulate_schedule(sched, costs(8, 0.01), costs(8, 0.01), costs(8, 0.01), Placement::V);
+  INFO("measured bubble " << measured_bubble(run) << ", model " << measured_bubble(sim) << "; idle " << mean_idle(run)
+                          << " s, model " << mean_idle(sim));
+  CHECK(std::fabs(measured_bubble(run) - measured_bubble(sim)) < 0.05);
+  CHECK(std::fabs(mean_idle(sim) - bubble_time_theory(ScheduleKind::ZBV, 4, 4, 0.02, 0.02, 0.02)) < 1e-12);
 }

@@ -61,8 +61,8 @@ PipelineRun assemble_run(const std::vector<StageRun>& parts, std::vector<torch::
     ev.end_s -= first_start;
   }
   run.step_s = last_end - first_start;
-  if (!parts.empty())
-    for (double l : parts.back().losses) run.loss += l;
+  for (const auto& part : parts)  // the rank holding the last virtual stage (loop: p - 1; V: 0)
+    for (double l : part.losses) run.loss += l;
   run.grads = std::move(grads);
   return run;
 }
@@ -71,7 +71,8 @@ PipelineRun assemble_run(const std::vector<StageRun>& parts, std::vector<torch::
 
 StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<PipeOp>& ops, int m,
                    const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys, const SyntheticCost& cost,
-                   StageTransport& transport, Clock::time_point t0, const std::function<void(int)>& after_op) {
+                   StageTransport& transport, Clock::time_point t0, const std::function<void(int)>& after_op,
+                   Placement placement) {
   const int virtual_stages = model.chunks();  // p · v
   auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
   const double factor = cost.stage_factor.empty() ? 1.0 : cost.stage_factor[static_cast<std::size_t>(s)];
@@ -84,7 +85,24 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
     return xs.empty() ? torch::Device(torch::kCPU) : xs.front().device();
   }();
   StageRun out;
-  const bool has_last = (virtual_stages - 1) % p == s;
+  if (placement == Placement::V && virtual_stages != 2 * p)
+    throw std::logic_error(fmt::format("stage {}: the V placement needs 2 chunks per stage ({} virtual stages), the "
+                                       "model has {}", s, 2 * p, virtual_stages));
+  const bool has_last = stage_rank(virtual_stages - 1, p, placement) == s;
+  // Tensors between two virtual stages of this rank (V's turn): handed over here, not through
+  // the transport (torch.distributed.pipelining: no SEND/RECV where _has_comms is false, the
+  // stage's set_local_fwd_input). Key: (kind, microbatch, boundary).
+  std::map<std::tuple<char, int, int>, torch::Tensor> local;
+  auto take_local = [&](char kind, int j, int boundary) {
+    auto it = local.find({kind, j, boundary});
+    if (it == local.end())
+      throw std::logic_error(fmt::format("stage {}: the {} of microbatch {} across boundary {} (this rank's own) is not "
+                                         "there yet: the program runs its consumer before its producer", s,
+                                         kind == 'F' ? "activation" : "gradient", j, boundary));
+    torch::Tensor t = it->second;
+    local.erase(it);
+    return t;
+  };
   if (has_last) out.losses.assign(static_cast<std::size_t>(m), 0.0);
   struct Held {
     torch::Tensor input, output;
@@ -99,23 +117,25 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
   int64_t held_bytes = 0;
   int done = 0;
   for (const auto& op : ops) {
-    const int c = op.chunk * p + s;  // the virtual stage this op runs
-    if (op.chunk < 0 || c >= virtual_stages)
+    if (op.chunk < 0 || op.chunk * p + s >= virtual_stages)
       throw std::logic_error(fmt::format("stage {}: chunk {} is outside the model ({} virtual stages)", s, op.chunk,
                                          virtual_stages));
+    const int c = virtual_stage(s, op.chunk, p, placement);  // the virtual stage this op runs
     const double fwd_us = cost.forward_us * factor * model.cost_units(c);
     const double w_us = fwd_us * cost.weight_factor;
     // Fused backward: the whole backward_factor; split: B its input-gradient part, W the rest.
     const double bwd_us = fwd_us * cost.backward_factor - (split ? w_us : 0.0);
     const bool first = c == 0, last = c == virtual_stages - 1;
-    const int prev = (s + p - 1) % p, next = (s + 1) % p;  // the stages of virtual stages c − 1 and c + 1
+    // The stages of virtual stages c − 1 and c + 1 (this one: a local hand-over).
+    const int prev = first ? -1 : stage_rank(c - 1, p, placement), next = last ? -1 : stage_rank(c + 1, p, placement);
     PipeEvent ev;
     ev.stage = s;
     ev.op = op;
     const auto wait0 = Clock::now();
     if (op.kind == 'F') {
-      torch::Tensor in = first ? xs[static_cast<std::size_t>(op.microbatch)]
-                               : transport.recv(prev, s, 'F', op.microbatch, c - 1);
+      torch::Tensor in = first       ? xs[static_cast<std::size_t>(op.microbatch)]
+                         : prev == s ? take_local('F', op.microbatch, c - 1)
+                                     : transport.recv(prev, s, 'F', op.microbatch, c - 1);
       const auto c0 = Clock::now();
       ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
       ev.start_s = since(c0);
@@ -134,6 +154,8 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
         o = model.loss(o, ys[static_cast<std::size_t>(op.microbatch)]) / m;
         out.losses[static_cast<std::size_t>(op.microbatch)] = o.item<double>();
         h.output = o;
+      } else if (next == s) {
+        local[{'F', op.microbatch, c}] = o.detach();
       } else {
         transport.send(s, next, 'F', op.microbatch, o.detach(), c);
       }
@@ -143,7 +165,9 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
       out.peak_held = std::max(out.peak_held, static_cast<int>(held.size()));
       out.peak_bytes = std::max(out.peak_bytes, held_bytes);
     } else if (op.kind == 'B') {
-      torch::Tensor g = last ? torch::Tensor() : transport.recv(next, s, 'B', op.microbatch, c);
+      torch::Tensor g = last        ? torch::Tensor()
+                        : next == s ? take_local('B', op.microbatch, c)
+                                    : transport.recv(next, s, 'B', op.microbatch, c);
       const auto c0 = Clock::now();
       ev.wait_s = std::chrono::duration<double>(c0 - wait0).count();
       ev.start_s = since(c0);
@@ -187,7 +211,12 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
         out.peak_bytes = std::max(out.peak_bytes, held_bytes);
       }
       synthetic_wait(bwd_us, cost.spin);
-      if (!first) transport.send(s, prev, 'B', op.microbatch, input_grad, c - 1);
+      if (!first) {
+        if (prev == s)
+          local[{'B', op.microbatch, c - 1}] = input_grad;
+        else
+          transport.send(s, prev, 'B', op.microbatch, input_grad, c - 1);
+      }
       h.backward_done = true;
       if (!split) {
         held_bytes -= h.bytes;
@@ -255,11 +284,14 @@ std::vector<torch::Tensor> all_parameters(const PipelineStage& model) {
 
 PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vector<PipeOp>>& schedule, int m,
                          const torch::Tensor& x, const torch::Tensor& y, const SyntheticCost& cost,
-                         StageTransport& transport) {
+                         StageTransport& transport, Placement placement) {
   const int p = static_cast<int>(schedule.size());
   if (p < 1 || model.chunks() % p != 0)
     throw std::invalid_argument(fmt::format("run_pipeline: {} stage programs for {} virtual stages (expected a "
                                             "multiple: v chunks per stage)", p, model.chunks()));
+  if (placement == Placement::V && model.chunks() != 2 * p)
+    throw std::invalid_argument(fmt::format("run_pipeline: the V placement needs 2 chunks per stage, {} virtual stages "
+                                            "for {} stages", model.chunks(), p));
   if (m < 1 || x.size(0) % m != 0)
     throw std::invalid_argument(fmt::format("run_pipeline: batch {} is not divisible into {} microbatches", x.size(0), m));
   const auto params = all_parameters(model);
@@ -275,7 +307,7 @@ PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vect
     threads.emplace_back([&, s] {
       try {
         parts[static_cast<std::size_t>(s)] = run_stage(s, p, model, schedule[static_cast<std::size_t>(s)], m, xs, ys,
-                                                       cost, transport, t0);
+                                                       cost, transport, t0, {}, placement);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(s)] = e.what();
         transport.abort(fmt::format("stage {} failed: {}", s, e.what()));
@@ -307,6 +339,10 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
   if (p < 1 || vs % p != 0)
     throw std::invalid_argument(fmt::format("run_pipeline_process: {} stage programs for {} virtual stages (expected "
                                             "a multiple: v chunks per stage)", p, vs));
+  const Placement placement = opts.placement;
+  if (placement == Placement::V && vs != 2 * p)
+    throw std::invalid_argument(fmt::format("run_pipeline_process: the V placement needs 2 chunks per stage, {} virtual "
+                                            "stages for {} stages", vs, p));
   if (!group || group->size() != p)
     throw std::invalid_argument(fmt::format("run_pipeline_process: {} stages need a group of {} processes, got {}", p,
                                             p, group ? group->size() : 0));
@@ -315,12 +351,14 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
         fmt::format("run_pipeline_process: batch {} is not divisible into {} microbatches", x.size(0), m));
   const int r = group->rank();
   const auto params = all_parameters(model);
-  for (int c = r; c < vs; c += p)  // this rank's chunks
+  for (int c = 0; c < vs; ++c) {
+    if (stage_rank(c, p, placement) != r) continue;  // not this rank's chunk
     for (const auto& prm : model.parameters(c))
       if (prm.device() != group->device())
         throw std::invalid_argument(fmt::format("run_pipeline_process: the model and batch must be on the group's "
                                                 "device ({}), got {} and {}", group->device().str(),
                                                 prm.device().str(), x.device().str()));
+  }
   if (x.device() != group->device())
     throw std::invalid_argument(fmt::format("run_pipeline_process: the batch must be on the group's device ({}), got "
                                             "{}", group->device().str(), x.device().str()));
@@ -335,13 +373,14 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
   // --- this rank's stage ---
   StageRun mine;
   {
-    ProcessGroupTransport transport(group, shapes, opts.backward_group);
+    ProcessGroupTransport transport(group, shapes, opts.backward_group, placement);
     group->barrier();  // every stage starts together; the step's clock starts here
     const auto t0 = Clock::now();
     try {
       // After every op the job's peers see this process work, even with a sleeping cost.
       const auto after_op = [&](int done) { group->job()->note_progress(); if (opts.after_op) opts.after_op(done); };
-      mine = run_stage(r, p, model, schedule[static_cast<std::size_t>(r)], m, xs, ys, cost, transport, t0, after_op);
+      mine = run_stage(r, p, model, schedule[static_cast<std::size_t>(r)], m, xs, ys, cost, transport, t0, after_op,
+                       placement);
       transport.flush();
     } catch (const std::exception& e) {
       throw RuntimeFailure(fmt::format("stage {} (rank {} of {}) failed: {}", r, r, p, e.what()));
@@ -375,9 +414,9 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
     int64_t at = 0;
     for (int c = 0; c < vs; ++c)
       for (const auto& prm : model.parameters(c)) {
-        // This rank's chunks (virtual stages r, r + p, ...) fill their gradients; a gradient
-        // left undefined (a parameter the loss does not depend on) stays zero.
-        if (c % p == r && prm.grad().defined())
+        // This rank's chunks (loop: virtual stages r, r + p, ...; V: r and 2p - 1 - r) fill their
+        // gradients; a gradient left undefined (a parameter the loss does not depend on) stays zero.
+        if (stage_rank(c, p, placement) == r && prm.grad().defined())
           flat.narrow(0, at, prm.numel()).copy_(prm.grad().reshape({-1}));
         at += prm.numel();
       }
@@ -410,7 +449,8 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
       part.events.push_back(ev);
     }
   }
-  for (int j = 0; j < m; ++j) parts.back().losses.push_back(a[offset.back() + j]);
+  auto& loss_part = parts[static_cast<std::size_t>(stage_rank(vs - 1, p, placement))];  // the last virtual stage's rank
+  for (int j = 0; j < m; ++j) loss_part.losses.push_back(a[offset.back() + j]);
   std::vector<torch::Tensor> grads;
   int64_t at = 0;
   for (auto& prm : params) {

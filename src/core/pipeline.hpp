@@ -60,12 +60,15 @@ struct StageRun {
 };
 
 /// Runs stage `stage`'s program `ops` of one training step of `model` (its chunks c =
-/// k·stages + stage for the program's chunks k; model.chunks() = stages·v). For F(j, k), the
+/// virtual_stage(stage, k, stages, placement) for the program's chunks k: loop k·stages + stage,
+/// V stage and 2p − 1 − stage; model.chunks() = stages·v, 2·stages under V). For F(j, k), the
 /// input (microbatch j of `xs` for c = 0, else received from the stage of c − 1 and made a leaf
 /// that requires grad) through model.forward(c), the output sent to the stage of c + 1 (last
-/// chunk: model.loss(out, ys[j]) / m); for B(j, k), the gradient received from the stage of
-/// c + 1 (last: from the loss) back through the chunk, the input's gradient sent to the stage
-/// of c − 1. Parameter gradients accumulate in .grad. When the program has W ops
+/// chunk: model.loss(out, ys[j]) / m, on whichever rank holds it: p − 1 loop, 0 under V); for
+/// B(j, k), the gradient received from the stage of c + 1 (last: from the loss) back through
+/// the chunk, the input's gradient sent to the stage of c − 1. A neighbour virtual stage on
+/// this rank (V's turn, p − 1 → p) gets the tensor handed over locally, not through the
+/// transport (torch.distributed.pipelining has no SEND/RECV there). Parameter gradients accumulate in .grad. When the program has W ops
 /// (splits_backward), B(j, k) computes only the gradients w.r.t. the chunk's input and its
 /// weight-gradient roots (ChunkSaved::weight_roots; none named: the chunk output) with
 /// torch::autograd::grad(retain_graph = true) and keeps the latter; W(j, k) then runs, per
@@ -76,11 +79,12 @@ struct StageRun {
 /// (steady clock). `after_op`, when set, is called with the number of operations done after
 /// each one (fault injection in tests). Throws what the transport throws (RuntimeFailure),
 /// what the model throws, and std::logic_error for a chunk outside the model, a B before its
-/// F or a W before its B.
+/// F, a W before its B, a local hand-over consumed before it was produced, or V with
+/// model.chunks() ≠ 2·stages.
 StageRun run_stage(int stage, int stages, const PipelineStage& model, const std::vector<PipeOp>& ops, int microbatches,
                    const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys,
                    const SyntheticCost& cost, StageTransport& transport, std::chrono::steady_clock::time_point t0,
-                   const std::function<void(int)>& after_op = {});
+                   const std::function<void(int)>& after_op = {}, Placement placement = Placement::Loop);
 
 /// Runs one training step (forward + backward, no optimizer step) of `model` with `schedule`
 /// (p = schedule.size() stages; model.chunks() = p·v for v chunks per stage), one thread per
@@ -88,11 +92,12 @@ StageRun run_stage(int stage, int stages, const PipelineStage& model, const std:
 /// into m = microbatches equal chunks (dim 0) and each microbatch's loss is divided by m, so
 /// the gradients equal the full-batch mean loss's. Gradients are reset first (.grad undefined);
 /// PipelineRun::grads holds every chunk's parameters' gradients, chunk by chunk. Throws
-/// std::invalid_argument when batch % m != 0 or model.chunks() is not a multiple of p,
-/// RuntimeFailure when a stage fails (the others are woken and stop).
+/// std::invalid_argument when batch % m != 0 or model.chunks() is not a multiple of p (under
+/// `placement` V: not 2p), RuntimeFailure when a stage fails (the others are woken and stop).
+/// `placement`: where the chunks sit (schedule_placement of the schedule's kind: V for ZB-V).
 PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vector<PipeOp>>& schedule,
                          int microbatches, const torch::Tensor& x, const torch::Tensor& y, const SyntheticCost& cost,
-                         StageTransport& transport);
+                         StageTransport& transport, Placement placement = Placement::Loop);
 
 /// Options of the multi-process executor.
 struct ProcessPipelineOptions {
@@ -102,6 +107,8 @@ struct ProcessPipelineOptions {
   /// A second group of the same ranks that carries the gradients (null: the main group
   /// carries both directions). Needed with NCCL: see ProcessGroupTransport.
   std::shared_ptr<dist::Group> backward_group;
+  /// Where the model chunks sit (schedule_placement: V for ZB-V, loop otherwise).
+  Placement placement = Placement::Loop;
 };
 
 /// The same training step as run_pipeline, with one process per stage: this process is

@@ -20,8 +20,9 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "interleaved-1f1b") return ScheduleKind::Interleaved1F1B;
   if (name == "zb-h1") return ScheduleKind::ZBH1;
+  if (name == "zb-v") return ScheduleKind::ZBV;
   throw std::invalid_argument("unknown schedule '" + name +
-                              "' (expected naive, gpipe, 1f1b, interleaved-1f1b or zb-h1)");
+                              "' (expected naive, gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v)");
 }
 
 std::string schedule_name(ScheduleKind k) {
@@ -31,8 +32,25 @@ std::string schedule_name(ScheduleKind k) {
     case ScheduleKind::OneFOneB: return "1f1b";
     case ScheduleKind::Interleaved1F1B: return "interleaved-1f1b";
     case ScheduleKind::ZBH1: return "zb-h1";
+    case ScheduleKind::ZBV: return "zb-v";
   }
   return "?";
+}
+
+Placement schedule_placement(ScheduleKind k) { return k == ScheduleKind::ZBV ? Placement::V : Placement::Loop; }
+
+int virtual_stage(int s, int k, int p, Placement placement) {
+  if (placement == Placement::Loop) return k * p + s;
+  if (k != 0 && k != 1)
+    throw std::invalid_argument(fmt::format("virtual_stage: the V placement has chunks 0 and 1, got {}", k));
+  return k == 0 ? s : 2 * p - 1 - s;
+}
+
+int stage_rank(int c, int p, Placement placement) {
+  if (placement == Placement::Loop) return c % p;
+  if (c < 0 || c >= 2 * p)
+    throw std::invalid_argument(fmt::format("stage_rank: the V placement has virtual stages 0 .. {}, got {}", 2 * p - 1, c));
+  return c < p ? c : 2 * p - 1 - c;
 }
 
 std::vector<std::vector<PipeOp>> repeat_steps(const std::vector<std::vector<PipeOp>>& schedule, int steps,
@@ -62,6 +80,9 @@ std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int p, int m, 
       throw std::invalid_argument(fmt::format("make_schedule: interleaved-1f1b needs the microbatches to be a "
                                               "multiple of the stages (microbatches go through the chunks in groups "
                                               "of p = {}), got m = {}", p, m));
+  } else if (kind == ScheduleKind::ZBV) {
+    if (v != 2)
+      throw std::invalid_argument(fmt::format("make_schedule: zb-v runs exactly 2 model chunks per stage (a V), got {}", v));
   } else if (v != 1) {
     throw std::invalid_argument(fmt::format("make_schedule: {} runs one model chunk per stage, got {}",
                                             schedule_name(kind), v));
@@ -89,6 +110,49 @@ std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int p, int m, 
         ops.push_back(op('B', b++));
       }
       while (b < total) ops.push_back(op('B', b++));
+    } else if (kind == ScheduleKind::ZBV) {
+      // ZB-V (Qi et al. 2023 §6), as torch.distributed.pipelining builds it:
+      // ScheduleZBVZeroBubble._calculate_single_rank_operations (torch/distributed/pipelining/
+      // schedules.py). Chunk 0 is virtual stage s, chunk 1 virtual stage 2p - 1 - s. torch runs
+      // n = max(2p - 1, m) microbatches' worth of slots and turns those of microbatches >= m
+      // into None (an idle slot); here they are left out.
+      const int n = std::max(2 * p - 1, m);
+      std::vector<PipeOp> all;
+      int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+      auto F = [&](int k) { all.push_back({'F', k == 0 ? f0++ : f1++, k}); };
+      auto B = [&](int k) { all.push_back({'B', k == 0 ? b0++ : b1++, k}); };
+      auto W = [&](int k, int j) { all.push_back({'W', j, k}); };
+      for (int i = 0; i < 2 * (p - s) - 1; ++i) F(0);  // warm-up 1: chunk 0 only
+      for (int i = 0; i < s; ++i) {                     // warm-up 2: F1 F0
+        F(1);
+        F(0);
+      }
+      for (int i = 0; i < p - s; ++i) {  // warm-up 3: F1 B1 W1 (the turn reached)
+        F(1);
+        B(1);
+        W(1, b1 - 1);
+      }
+      while (f1 < f0 || f0 < n) {  // steady: F0 B0 W0 F1 B1 W1
+        if (f0 < n) F(0);
+        B(0);
+        W(0, b0 - 1);
+        F(1);
+        B(1);
+        W(1, b1 - 1);
+      }
+      int w0 = b0, w1 = b1;
+      for (int i = 0; i < s; ++i) {  // cool-down: B0 B1, W's postponed
+        B(0);
+        B(1);
+      }
+      for (int i = 0; i < p - s; ++i) {  // B0 and the oldest pending W0
+        B(0);
+        W(0, w0++);
+      }
+      while (w1 < b1) W(1, w1++);
+      while (w0 < b0) W(0, w0++);
+      for (const auto& op : all)
+        if (op.microbatch < m) ops.push_back(op);
     } else if (kind == ScheduleKind::ZBH1) {
       // ZB-H1 (Qi et al. 2023, Fig. 3; torch.distributed.pipelining _get_1f1b_rank_ops with
       // enable_zero_bubble): 1F1B's order of F and B (B = input gradient), and after the i-th
@@ -149,6 +213,13 @@ std::vector<int> peak_in_flight(const std::vector<std::vector<PipeOp>>& schedule
   return peaks;
 }
 
+int zbv_peak_theory(int p, int m, int s) {
+  if (p < 1 || m < 1 || s < 0 || s >= p)
+    throw std::invalid_argument(fmt::format("zbv_peak_theory: expected stages >= 1, microbatches >= 1 and a rank 0 .. "
+                                            "stages - 1, got {}, {}, {}", p, m, s));
+  return std::min({2 * p, 2 * m, m + 1 + s});
+}
+
 std::string schedule_string(const std::vector<PipeOp>& ops) {
   const bool chunked = std::any_of(ops.begin(), ops.end(), [](const PipeOp& op) { return op.chunk != 0; });
   std::string s;
@@ -164,6 +235,12 @@ double bubble_theory(int p, int m, int v) {
 }
 
 double bubble_time_theory(ScheduleKind kind, int p, int m, double f, double b, double w, int v) {
+  if (kind == ScheduleKind::ZBV) {
+    if (f != b || b != w)
+      throw std::invalid_argument(fmt::format("bubble_time_theory: zb-v's closed form holds for F = B = W, got F = {}, "
+                                              "B = {}, W = {} (replay the programs: simulate_schedule)", f, b, w));
+    return std::max(p - 1, 4 * p - 2 - 2 * m) * (f / 2);  // a chunk takes half a stage's time
+  }
   if (kind == ScheduleKind::ZBH1) {
     if (w > f + b)
       throw std::invalid_argument(fmt::format("bubble_time_theory: ZB-H1's (p-1)(F+B-W) assumes W <= F + B, got F = "
@@ -175,7 +252,7 @@ double bubble_time_theory(ScheduleKind kind, int p, int m, double f, double b, d
 }
 
 PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, const std::vector<double>& f,
-                              const std::vector<double>& b, const std::vector<double>& w) {
+                              const std::vector<double>& b, const std::vector<double>& w, Placement placement) {
   const int p = static_cast<int>(schedule.size());
   int v = 1;  // chunks: the largest chunk index + 1
   for (const auto& ops : schedule)
@@ -199,7 +276,7 @@ PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, 
       const bool split = splits_backward(ops);
       while (i < ops.size()) {
         const PipeOp& op = ops[i];
-        const int c = op.chunk * p + s;
+        const int c = virtual_stage(s, op.chunk, p, placement);
         // What the op waits for: the activation from c - 1, the gradient from c + 1, its own B.
         std::tuple<char, int, int> dep{' ', op.microbatch, 0};
         if (op.kind == 'F' && c > 0) dep = {'F', op.microbatch, c - 1};
@@ -252,7 +329,8 @@ PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, 
 // The explicit form (torch.distributed.pipelining's _Action)
 // ----------------------------------------------------------------------------
 
-std::vector<std::vector<PipeAction>> to_actions(const std::vector<std::vector<PipeOp>>& schedule, int v) {
+std::vector<std::vector<PipeAction>> to_actions(const std::vector<std::vector<PipeOp>>& schedule, int v,
+                                                Placement placement) {
   const int p = static_cast<int>(schedule.size());
   const int last = p * v - 1;  // the last virtual stage
   std::vector<std::vector<PipeAction>> out(schedule.size());
@@ -263,17 +341,20 @@ std::vector<std::vector<PipeAction>> to_actions(const std::vector<std::vector<Pi
     for (const auto& op : ops) {
       if (op.chunk < 0 || op.chunk >= v)
         throw std::invalid_argument(fmt::format("to_actions: stage {}: chunk {} outside 0 .. {}", s, op.chunk, v - 1));
-      const int c = op.chunk * p + s;
+      const int c = virtual_stage(s, op.chunk, p, placement);
       const int j = op.microbatch;
+      // A neighbour on this rank (V's turn) is handed the tensor locally: no SEND/RECV (torch's _has_comms).
+      const bool prev_remote = c > 0 && stage_rank(c - 1, p, placement) != s;
+      const bool next_remote = c < last && stage_rank(c + 1, p, placement) != s;
       using CT = ComputationType;
       if (op.kind == 'F') {
-        if (c > 0) acts.push_back({c, CT::RECV_F, j});
+        if (prev_remote) acts.push_back({c, CT::RECV_F, j});
         acts.push_back({c, CT::FORWARD, j});
-        if (c < last) acts.push_back({c, CT::SEND_F, j});
+        if (next_remote) acts.push_back({c, CT::SEND_F, j});
       } else if (op.kind == 'B') {
-        if (c < last) acts.push_back({c, CT::RECV_B, j});
+        if (next_remote) acts.push_back({c, CT::RECV_B, j});
         acts.push_back({c, split ? CT::BACKWARD_INPUT : CT::FULL_BACKWARD, j});
-        if (c > 0) acts.push_back({c, CT::SEND_B, j});
+        if (prev_remote) acts.push_back({c, CT::SEND_B, j});
       } else if (op.kind == 'W') {
         acts.push_back({c, CT::BACKWARD_WEIGHT, j});
       } else {

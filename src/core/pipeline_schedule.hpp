@@ -11,19 +11,28 @@
 //    ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §3.1): 1F1B with B and W
 //    apart, stage s postponing its W's by s microbatches so that W fills the cool-down
 //    bubble; peak memory that of 1F1B's first stage (p microbatches).
+//    ZB-V (Qi et al. 2023, §6; torch.distributed.pipelining's ScheduleZBVZeroBubble): two
+//    model chunks per rank placed in a V, chunk 0 of rank s = virtual stage s, chunk 1 =
+//    virtual stage 2p − 1 − s; the turn (p − 1 → p) stays on rank p − 1 and the loss is on
+//    rank 0. With F = B = W no bubble; peak memory 1F1B's (2p chunk activations = p stages').
+//
+//        virtual stage   0   1  ..  p−1 | p  ..  2p−2  2p−1
+//        rank (V)        0   1  ..  p−1 | p−1 ..  1     0        (loop: c mod p)
 //  - torch.distributed.pipelining (schedules.py) writes the same programs as lists of
 //    _Action(stage_index, computation_type, microbatch_index). PipeOp is its compute-only
 //    form; to_actions() lowers a schedule to _Action's explicit form (PipeAction), the
 //    send/recv the executor performs around each op made explicit:
 //
-//        PipeOp on rank s, chunk k     _Action (stage_index = virtual stage c = k·p + s)
+//        PipeOp on rank s, chunk k     _Action (stage_index = virtual stage c = virtual_stage(s, k))
 //        F(j)                          RECV_F (c > 0), FORWARD, SEND_F (c < p·v − 1)
 //        B(j), program without W       RECV_B (c < p·v − 1), FULL_BACKWARD, SEND_B (c > 0)
 //        B(j), program with W          RECV_B, BACKWARD_INPUT, SEND_B   (as above)
 //        W(j)                          BACKWARD_WEIGHT (no communication)
 //
 //    (torch's _add_send_recv places each SEND right after its compute and each RECV right
-//    before the compute that needs it, which is where the executor puts them.) The executor
+//    before the compute that needs it, which is where the executor puts them; a hop between
+//    two virtual stages of one rank, V's turn, has no SEND/RECV: torch's _has_comms is false
+//    there and the executor hands the tensor over locally.) The executor
 //    runs the compute-only form; tests check that the messages it sends and receives are, in
 //    order, those of the lowered form.
 #pragma once
@@ -45,7 +54,7 @@ namespace mpt {
 struct PipeOp {
   char kind = 'F';     ///< 'F' forward, 'B' backward (input gradient when split), 'W' weight gradient
   int microbatch = 0;  ///< 0-based microbatch index
-  int chunk = 0;       ///< the stage's model chunk k: virtual stage k·p + s (0 unless interleaved)
+  int chunk = 0;       ///< the stage's model chunk k: virtual stage virtual_stage(s, k) (0 unless interleaved / ZB-V)
   bool operator==(const PipeOp& o) const {
     return kind == o.kind && microbatch == o.microbatch && chunk == o.chunk;
   }
@@ -64,8 +73,8 @@ enum class ComputationType {
   RECV_B            ///< receive an output gradient from the next virtual stage
 };
 
-/// torch.distributed.pipelining's _Action: virtual stage `stage` (k·p + s for chunk k of rank
-/// s), the computation, the microbatch.
+/// torch.distributed.pipelining's _Action: virtual stage `stage` (virtual_stage(s, k) for chunk
+/// k of rank s), the computation, the microbatch.
 struct PipeAction {
   int stage = 0;
   ComputationType type = ComputationType::FORWARD;
@@ -75,11 +84,27 @@ struct PipeAction {
   }
 };
 
+/// Where the model chunks sit: virtual stage c of p·v on which rank. Loop (interleaved 1F1B,
+/// Megatron-LM; torch's generate_stage_to_rank_mapping style "loop"): chunk k of rank s is
+/// virtual stage k·p + s. V (ZB-V, Qi et al. 2023 §6; torch's style "v", two chunks): chunk 0
+/// of rank s is virtual stage s, chunk 1 is 2p − 1 − s.
+enum class Placement { Loop, V };
+
+/// The virtual stage of chunk `chunk` of rank `rank` of `stages` ranks under `placement`.
+/// Throws std::invalid_argument for a V chunk other than 0 and 1.
+int virtual_stage(int rank, int chunk, int stages, Placement placement = Placement::Loop);
+
+/// The rank holding virtual stage `c` of `stages` ranks: c mod p (Loop); c for c < p, else
+/// 2p − 1 − c (V; throws std::invalid_argument for c outside 0 .. 2p − 1).
+int stage_rank(int c, int stages, Placement placement = Placement::Loop);
+
 /// The explicit form of `schedule` (p = schedule.size() ranks, `chunks` model chunks each:
 /// p·chunks virtual stages): per rank, each op's actions as in the table of the file comment
-/// (RECV before the compute, SEND after it). Throws std::invalid_argument for an op whose
-/// chunk is outside 0 .. chunks − 1 or an unknown kind.
-std::vector<std::vector<PipeAction>> to_actions(const std::vector<std::vector<PipeOp>>& schedule, int chunks = 1);
+/// (RECV before the compute, SEND after it; none between two virtual stages of one rank, as
+/// torch's _has_comms). Throws std::invalid_argument for an op whose chunk is outside
+/// 0 .. chunks − 1 or an unknown kind.
+std::vector<std::vector<PipeAction>> to_actions(const std::vector<std::vector<PipeOp>>& schedule, int chunks = 1,
+                                                Placement placement = Placement::Loop);
 
 /// An action as torch.distributed.pipelining prints it: "<stage><type><microbatch>", type
 /// F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B (e.g. "1SEND_F0", "0I3").
@@ -88,12 +113,15 @@ std::string action_string(const PipeAction& a);
 /// The schedules mpt knows. Naive = the whole batch as one microbatch (GPipe with m = 1).
 /// Interleaved1F1B: Megatron-LM's interleaved schedule (Narayanan et al. 2021, §2.2), v
 /// model chunks per stage. ZBH1: the zero-bubble schedule ZB-H1 (Qi et al. 2023), B and W split.
-enum class ScheduleKind { Naive, GPipe, OneFOneB, Interleaved1F1B, ZBH1 };
-/// "naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1" -> ScheduleKind; throws
+/// ZBV: ZB-V (Qi et al. 2023 §6), two chunks per rank in a V (Placement::V), B and W split.
+enum class ScheduleKind { Naive, GPipe, OneFOneB, Interleaved1F1B, ZBH1, ZBV };
+/// "naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v" -> ScheduleKind; throws
 /// std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& name);
-/// The config name of a schedule ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1").
+/// The config name of a schedule ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v").
 std::string schedule_name(ScheduleKind k);
+/// The chunk placement a schedule runs with: V for ZBV, Loop otherwise.
+Placement schedule_placement(ScheduleKind k);
 
 /// Per-stage operation lists for `stages` stages and `microbatches` microbatches
 /// (Naive ignores `microbatches` and uses 1). Result[s] is stage s's program, in order.
@@ -109,8 +137,16 @@ std::string schedule_name(ScheduleKind k);
 /// (0-based) stage s runs the next pending W once i ≥ s, and the W's still pending at the
 /// end. Stage s thus postpones its W's by s microbatches: at most p microbatches are held
 /// (forward done, W not) on every stage, 1F1B's peak (stage 0).
-/// Throws std::invalid_argument for stages < 1, microbatches < 1, chunks ≠ 1 for the other
-/// schedules, and for Interleaved1F1B chunks < 2 or microbatches not a multiple of stages
+/// ZBV (ZB-V; pytorch torch/distributed/pipelining/schedules.py,
+/// ScheduleZBVZeroBubble._calculate_single_rank_operations, chunks = 2, Placement::V): with
+/// n = max(2p − 1, m), rank s runs 2(p − s) − 1 forwards of chunk 0, then s pairs F(chunk 1)
+/// F(chunk 0), then p − s triples F B W of chunk 1; in the steady state F0 (while < n) B0 W0
+/// F1 B1 W1 until both chunks have done n forwards; the cool-down s pairs B0 B1, then p − s
+/// pairs B0 W0 (oldest W of chunk 0), then the pending W's of chunk 1, then of chunk 0. The
+/// ops of microbatches ≥ m are dropped (torch's None, an idle slot). Every chunk runs its W's
+/// in microbatch order.
+/// Throws std::invalid_argument for stages < 1, microbatches < 1, ZBV with chunks ≠ 2, chunks ≠ 1
+/// for the other schedules, and for Interleaved1F1B chunks < 2 or microbatches not a multiple of stages
 /// (Megatron's requirement: microbatches go through the chunks in groups of p).
 std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int stages, int microbatches, int chunks = 1);
 
@@ -123,6 +159,17 @@ std::vector<std::vector<PipeOp>> make_schedule(ScheduleKind kind, int stages, in
 /// synchronizations"). Throws std::invalid_argument for steps < 1 or microbatches < 1.
 std::vector<std::vector<PipeOp>> repeat_steps(const std::vector<std::vector<PipeOp>>& schedule, int steps,
                                               int microbatches);
+
+/// The most (microbatch, chunk) pairs rank `rank` holds at once under ZB-V with `stages` ranks
+/// and `microbatches` microbatches: min(2p, 2m, m + 1 + s). For m ≥ 2p − 1 every rank holds 2p
+/// chunk activations = p stages' worth, 1F1B's peak (stage 0 holds p microbatches of a whole
+/// stage): Qi et al. 2023 §6, "the same peak memory as 1F1B". Derived from the construction
+/// (make_schedule): the warm-up runs 2(p − s) − 1 + 2s = 2p − 1 forwards on every rank before
+/// its first W, and each steady-state F adds one pair just before a W frees one; for fewer
+/// microbatches (the ops of the dropped ones missing) the bounds 2m and m + 1 + s were read off
+/// the programs and are checked against peak_in_flight for p ≤ 6, m ≤ 16 in tests. Throws std::invalid_argument for stages < 1, microbatches < 1 or a
+/// rank outside 0 .. p − 1.
+int zbv_peak_theory(int stages, int microbatches, int rank);
 
 /// Per stage: the largest number of (microbatch, chunk) pairs whose forward has run and
 /// whose backward has not (the activations the stage must hold at once; with one chunk
@@ -148,8 +195,16 @@ double bubble_theory(int stages, int microbatches, int chunks = 1);
 /// m ≥ p, and (p − 1)(F + B) − (m − 1)W for m < p (only m − 1 W's are there to fill the
 /// cool-down; derived from the replay, simulate_schedule, and checked against it exactly in
 /// tests). Other schedules: the fused formula (p − 1)(F + B + W) (GPipe, naive) or
-/// (p − 1)(F + B + W)/v (interleaved). Throws std::invalid_argument for ZB-H1 with
-/// W > F + B (the formula assumes W fits the gap).
+/// (p − 1)(F + B + W)/v (interleaved). ZB-V (f, b, w: a whole stage, both chunks; a chunk takes
+/// half): the authors' comparison for F = B = W (Qi et al. 2023 §6; the sail-sg
+/// zero-bubble-pipeline-parallelism table) gives ZB-V a bubble rate of 0 with 1F1B's activation
+/// memory and twice its pipeline communication; torch's construction (make_schedule) replayed with F = B = W = t per chunk
+/// leaves max(p − 1, 4p − 2 − 2m)·t per rank: for m ≥ 2p − 1 rank s waits s·t for its first
+/// input (the fill of the V's first leg), then never idles, and ends (p − 1 − s)·t before the
+/// last rank (each rank is busy 6m·t); fewer microbatches leave 2 t more per missing one.
+/// Derived from the replay and checked against it exactly in tests; returned for f = b = w
+/// only. Throws std::invalid_argument for ZB-H1 with W > F + B (the formula assumes W fits the
+/// gap) and for ZB-V with unequal F, B, W (no closed form: replay with simulate_schedule).
 double bubble_time_theory(ScheduleKind kind, int stages, int microbatches, double f, double b, double w,
                           int chunks = 1);
 
@@ -183,11 +238,13 @@ struct PipelineRun {
 /// b[c] + w[c]), communication is
 /// free and each stage runs its program in order, starting an op as soon as its input is
 /// there (F(j, c) after F(j, c − 1) ends on the previous stage, B(j, c) after B(j, c + 1);
-/// B also after its own F, W after the stage's own B). The deterministic time model of the executor. Returns
+/// B also after its own F, W after the stage's own B; virtual stage c of rank s and chunk k is
+/// virtual_stage(s, k, p, placement)). The deterministic time model of the executor. Returns
 /// per-stage events (times in the unit of f, b, w) in a PipelineRun (grads empty, loss 0).
 /// Throws std::logic_error when the programs deadlock (an op waits on one never run),
 /// std::invalid_argument when a cost vector is not p·v long.
 PipelineRun simulate_schedule(const std::vector<std::vector<PipeOp>>& schedule, const std::vector<double>& f,
-                              const std::vector<double>& b, const std::vector<double>& w);
+                              const std::vector<double>& b, const std::vector<double>& w,
+                              Placement placement = Placement::Loop);
 
 }  // namespace mpt

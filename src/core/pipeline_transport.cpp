@@ -66,8 +66,11 @@ void QueueTransport::abort(const std::string& why) {
 
 ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<dist::Group> group,
                                              std::vector<std::vector<int64_t>> boundary_shapes,
-                                             std::shared_ptr<dist::Group> backward_group)
-    : group_(std::move(group)), backward_group_(std::move(backward_group)), shapes_(std::move(boundary_shapes)) {
+                                             std::shared_ptr<dist::Group> backward_group, Placement placement)
+    : group_(std::move(group)),
+      backward_group_(std::move(backward_group)),
+      shapes_(std::move(boundary_shapes)),
+      placement_(placement) {
   if (!group_) throw std::invalid_argument("ProcessGroupTransport: no process group");
   if (!backward_group_) backward_group_ = group_;
   if (backward_group_->size() != group_->size() || backward_group_->rank() != group_->rank() ||
@@ -81,6 +84,9 @@ ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<dist::Group> group,
   if (static_cast<int>(shapes_.size()) < p - 1 || (static_cast<int>(shapes_.size()) + 1) % p != 0)
     throw std::invalid_argument(fmt::format("ProcessGroupTransport: {} stages need p*v - 1 boundary shapes ({} with "
                                             "one chunk per stage), got {}", p, p - 1, shapes_.size()));
+  if (placement_ == Placement::V && static_cast<int>(shapes_.size()) != 2 * p - 1)
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport: the V placement has 2 chunks per stage: {} "
+                                            "boundary shapes, got {}", 2 * p - 1, shapes_.size()));
 }
 
 ProcessGroupTransport::~ProcessGroupTransport() {
@@ -95,10 +101,11 @@ const char* message_name(char kind) { return kind == 'F' ? "activation" : "gradi
 std::pair<int, int> ProcessGroupTransport::boundary_of(int src, int dst, int boundary) const {
   const int p = group_->size();
   const int b = boundary < 0 ? std::min(src, dst) : boundary;
-  // Boundary b joins the stages of virtual stages b and b + 1: b mod p and (b + 1) mod p.
-  const bool joins = b >= 0 && b < static_cast<int>(shapes_.size()) &&
-                     std::min(src, dst) == std::min(b % p, (b + 1) % p) &&
-                     std::max(src, dst) == std::max(b % p, (b + 1) % p) && src != dst;
+  // Boundary b joins the stages of virtual stages b and b + 1 (loop: b mod p and (b + 1) mod p).
+  const bool in_range = b >= 0 && b < static_cast<int>(shapes_.size());
+  const int lo = in_range ? stage_rank(b, p, placement_) : -1, hi = in_range ? stage_rank(b + 1, p, placement_) : -1;
+  const bool joins = in_range && std::min(src, dst) == std::min(lo, hi) && std::max(src, dst) == std::max(lo, hi) &&
+                     src != dst;
   if (!joins)
     throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: boundary {} does not join stages {} "
                                             "and {} ({} stages, {} boundaries)", group_->rank(), b, src, dst, p,
@@ -134,7 +141,7 @@ torch::Tensor ProcessGroupTransport::recv(int src, int dst, char kind, int micro
   const auto [b, lap] = boundary_of(src, dst, boundary);
   // Forward messages come from the stage of virtual stage b, gradients from that of b + 1.
   const int p = group_->size();
-  if (src != (kind == 'F' ? b % p : (b + 1) % p))
+  if (src != stage_rank(kind == 'F' ? b : b + 1, p, placement_))
     throw std::invalid_argument(fmt::format("ProcessGroupTransport on rank {}: {} {} across boundary {} does not come "
                                             "from stage {}", me, kind, microbatch, b, src));
   auto t = torch::empty(shapes_[static_cast<std::size_t>(b)],

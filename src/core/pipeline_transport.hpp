@@ -18,6 +18,8 @@
 
 #include <torch/torch.h>
 
+#include "core/pipeline_schedule.hpp"
+
 namespace mpt {
 
 namespace dist {
@@ -92,9 +94,11 @@ class ProcessGroupTransport : public StageTransport {
   /// direction each stream carries one direction only (torch.distributed.pipelining batches
   /// the send with the next recv instead, batch_isend_irecv). Tensors live on the group's
   /// device (CPU for Gloo, the rank's GPU for NCCL). Throws std::invalid_argument when there
-  /// are not p·v − 1 shapes for some v ≥ 1 or the two groups differ in ranks or device.
+  /// are not p·v − 1 shapes for some v ≥ 1 (V: 2p − 1) or the two groups differ in ranks or device.
+  /// `placement`: which rank holds virtual stage c (stage_rank: loop c mod p; V, ZB-V's, c or
+  /// 2p − 1 − c), so which two ranks boundary b joins.
   ProcessGroupTransport(std::shared_ptr<dist::Group> group, std::vector<std::vector<int64_t>> boundary_shapes,
-                        std::shared_ptr<dist::Group> backward_group = nullptr);
+                        std::shared_ptr<dist::Group> backward_group = nullptr, Placement placement = Placement::Loop);
   /// Aborts sends still in flight (after a failure) so that nothing waits on them.
   ~ProcessGroupTransport() override;
 
@@ -133,6 +137,7 @@ class ProcessGroupTransport : public StageTransport {
   std::shared_ptr<dist::Group> group_;           // activations (and rank, size, device)
   std::shared_ptr<dist::Group> backward_group_;  // gradients (may be group_)
   std::vector<std::vector<int64_t>> shapes_;
+  Placement placement_ = Placement::Loop;
   std::vector<Pending> sends_;
   std::mutex mu_;                               // guards recv_ and aborted_ (abort may come from another thread)
   std::shared_ptr<dist::Work> recv_;            // the recv being waited on, for abort()

@@ -29,6 +29,14 @@
  *     bubble (p-1)(F+B-W) against (p-1)(F+B+W), the replayed time model (simulate_schedule), the
  *     peak held (p on every stage, 1F1B's peak) and bytes; measured idle time under timings.
  *
+
+ *     zb-v (Qi et al. 2023 §6; torch.distributed.pipelining's ScheduleZBVZeroBubble): the model
+ *     cut into 2p chunks placed in a V, rank s holding virtual stages s and 2p-1-s, so that the
+ *     turn (p-1 -> p) is a hand-over inside rank p-1 and the loss is on rank 0; with F = B = W
+ *     only the fill of the V's first leg is idle ((p-1) chunk forwards per rank for m >= 2p-1),
+ *     and every rank holds at most 2p chunk activations, 1F1B's p stages. It joins the
+ *     zero_bubble table.
+ *
  *  4. executor = "processes": the same sweep with one process per stage (rank r owns stage r),
  *     activations and gradients sent between processes with c10d send/recv (Gloo on CPU, NCCL
  *     on CUDA, one GPU per rank); rank 0 gathers every stage's events and gradients and builds
@@ -40,6 +48,7 @@
  *   mpt pipeline --config configs/pipeline_split3.json     (the lesson's 3-stage exercise)
  *   mpt pipeline --config configs/pipeline_processes.json  (4 processes, one per stage)
  *   mpt pipeline --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]"   (zero bubble against 1F1B)
+ *   mpt pipeline --set "pipeline.schedules=[\"1f1b\",\"zb-h1\",\"zb-v\"]"   (and the V)
  *   torchrun --nproc_per_node 4 --no-python mpt pipeline --set executor=processes
  */
 #include <algorithm>
@@ -69,9 +78,10 @@ ConfigSpec pipeline_spec() {
   s.integer("/pipeline/batch", 64, "samples per step (split into m microbatches)", 1, 1 << 20);
   s.integers("/pipeline/microbatches", {1, 2, 4, 8, 16}, "microbatch counts m of the sweep", 1, 4096);
   s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b", "zb-h1"},
-            {"naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1"},
+            {"naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"},
             "schedules of the sweep (naive: the whole batch as one microbatch; interleaved-1f1b: Megatron-LM's, "
-            "/pipeline/chunks model chunks per stage; zb-h1: zero bubble, B and W split, Qi et al. 2023)");
+            "/pipeline/chunks model chunks per stage; zb-h1: zero bubble, B and W split, Qi et al. 2023; zb-v: "
+            "zero bubble with 2 chunks per stage in a V, Qi et al. 2023 section 6)");
   s.integer("/pipeline/chunks", 2, "model chunks per stage v of interleaved-1f1b (the model cut into stages x v "
             "virtual stages; stage s runs s, s+p, ...)", 2, 64);
   s.integer("/pipeline/steps", 3, "timed steps per run; the one with the median step time is reported", 1, 100);
@@ -95,7 +105,7 @@ ConfigSpec pipeline_spec() {
   s.integer("/cost/heavy_stage", -1, "stage whose cost is multiplied by heavy_factor (-1: none)", -1, 63);
   s.number("/cost/heavy_factor", 2, "cost multiplier of the heavy stage", 0, 100);
   s.boolean("/sync/enabled", true, "time two steps with and without a step-end barrier (gradient-norm or inf-check "
-            "all-reduce over the stages) at m = /gantt/microbatches, for gpipe, 1f1b and zb-h1");
+            "all-reduce over the stages) at m = /gantt/microbatches, for gpipe, 1f1b, zb-h1 and zb-v");
   s.integer("/gantt/microbatches", 8, "Gantt charts are drawn for the runs with this m (and for naive)", 1, 4096);
   s.integer("/gantt/width", 96, "columns of a Gantt chart", 10, 1000);
   s.distinct("/split/extra_stages");  // each names a row
@@ -103,10 +113,18 @@ ConfigSpec pipeline_spec() {
   return s;
 }
 
-// Whether /pipeline/schedules asks for interleaved-1f1b (the only schedule with model chunks).
-bool wants_interleaved(const Config& cfg) {
+// Whether /pipeline/schedules asks for `name`.
+bool wants(const Config& cfg, const std::string& name) {
   const auto names = cfg.strings("/pipeline/schedules");
-  return std::find(names.begin(), names.end(), "interleaved-1f1b") != names.end();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// Whether /pipeline/schedules asks for interleaved-1f1b (the schedule with /pipeline/chunks model chunks).
+bool wants_interleaved(const Config& cfg) { return wants(cfg, "interleaved-1f1b"); }
+
+// Model chunks per stage of a schedule: v interleaved, 2 for zb-v (a V), else 1.
+int chunks_of(ScheduleKind kind, int v) {
+  return kind == ScheduleKind::Interleaved1F1B ? v : kind == ScheduleKind::ZBV ? 2 : 1;
 }
 
 // Config lists are long long; LibTorch sizes are int64_t (long on Linux).
@@ -235,12 +253,11 @@ Table schedules_table(int p, int m, int v, const std::vector<std::string>& kinds
   bool skipped = false;
   for (const auto& k : kinds) {
     const auto kind = parse_schedule(k);
-    const bool chunked = kind == ScheduleKind::Interleaved1F1B;
-    if (chunked && m % p != 0) {
+    if (kind == ScheduleKind::Interleaved1F1B && m % p != 0) {
       skipped = true;
       continue;
     }
-    const auto sched = make_schedule(kind, p, m, chunked ? v : 1);
+    const auto sched = make_schedule(kind, p, m, chunks_of(kind, v));
     const auto peaks = peak_in_flight(sched);
     for (int s = 0; s < p; ++s)
       t.rows.push_back({{"name", fmt::format("{}.s{}", k, s)}, {"schedule", k}, {"stage", s},
@@ -252,8 +269,13 @@ Table schedules_table(int p, int m, int v, const std::vector<std::string>& kinds
   if (std::find(kinds.begin(), kinds.end(), "zb-h1") != kinds.end())
     t.notes.push_back("zb-h1 (Qi et al. 2023): 1f1b's F and B, B = input gradient only; after its i-th B stage s runs "
                       "the oldest pending W (weight gradient) once i >= s, the rest at the end");
-  t.notes.push_back("peak held: microbatches whose forward ran and backward (zb-h1: W) did not (activations kept at "
-                    "once)");
+  if (std::find(kinds.begin(), kinds.end(), "zb-v") != kinds.end())
+    t.notes.push_back("zb-v (torch's ScheduleZBVZeroBubble): Fj.k = microbatch j through chunk k, chunk 0 = virtual "
+                      "stage s, chunk 1 = 2p-1-s (a V); warm-up 2(p-s)-1 F of chunk 0, s pairs F1 F0, p-s triples "
+                      "F1 B1 W1; steady F0 B0 W0 F1 B1 W1; cool-down s pairs B0 B1, p-s pairs B0 W0, then the "
+                      "pending W's; peak held counts (microbatch, chunk) pairs, each half a stage");
+  t.notes.push_back("peak held: microbatches whose forward ran and backward (zb-h1, zb-v: W) did not (activations "
+                    "kept at once)");
   if (std::find(kinds.begin(), kinds.end(), "interleaved-1f1b") != kinds.end()) {
     if (skipped)
       t.notes.push_back(fmt::format("interleaved-1f1b: not shown, m = {} is not a multiple of p = {}", m, p));
@@ -323,6 +345,10 @@ void validate_pipeline(const Config& cfg, int world_size) {
       throw ConfigError(fmt::format("/pipeline/microbatches: expected at least one multiple of /pipeline/stages ({}) "
                                     "for interleaved-1f1b (Megatron's requirement), got none", p));
   }
+  if (wants(cfg, "zb-v") && 2 * p > layers_n)
+    throw ConfigError(fmt::format("/pipeline/stages: expected at most {} with zb-v in /pipeline/schedules (2 chunks of "
+                                  "one layer at least per stage, placed in a V; the model has {} layers), got {}: use "
+                                  "fewer stages or more layers (/pipeline/widths)", layers_n / 2, layers_n, p));
   if (cfg.number("/cost/weight_factor") > cfg.number("/cost/backward_factor"))
     throw ConfigError(fmt::format("/cost/weight_factor: expected at most /cost/backward_factor ({}): W is a part of "
                                   "the backward, got {}", cfg.number("/cost/backward_factor"),
@@ -369,7 +395,8 @@ void validate_pipeline(const Config& cfg, int world_size) {
         continue;
       }
       for (auto m : ms) steps += k != "interleaved-1f1b" || m % p == 0 ? n_steps : 0;
-      if (cfg.boolean("/sync/enabled") && (k == "gpipe" || k == "1f1b" || k == "zb-h1")) steps += 2 * n_steps;
+      if (cfg.boolean("/sync/enabled") && (k == "gpipe" || k == "1f1b" || k == "zb-h1" || k == "zb-v"))
+        steps += 2 * n_steps;
     }
     if (cfg.integer("/fault/step") >= steps)
       throw ConfigError(fmt::format("/fault/step: expected a step 0 .. {} (the run's last step: the warm-up, "
@@ -413,6 +440,10 @@ Report run_pipeline_experiment(const Context& ctx) {
   ProcessPipelineOptions popts;
   const torch::Device device = processes ? world.device() : ctx.device;
   const bool interleaved = wants_interleaved(cfg);
+  if (processes && device.is_cuda() && wants(cfg, "zb-v"))
+    throw ConfigError("/pipeline/schedules: zb-v with /executor = \"processes\" on CUDA is not supported: between two "
+                      "neighbour ranks activations go both ways (chunk 0 down the V, chunk 1 up) on one NCCL stream "
+                      "(it needs batched send/recv); run it with executor=threads or on the CPU (Gloo)");
   if (processes && device.is_cuda() && interleaved)
     throw ConfigError("/pipeline/schedules: interleaved-1f1b with /executor = \"processes\" on CUDA is not "
                       "supported: with p = 2 both directions of a lap share one NCCL stream (it needs batched "
@@ -466,14 +497,16 @@ Report run_pipeline_experiment(const Context& ctx) {
   int step_index = 0;
   // `step_ranges`: the layer ranges of the virtual stages (p, or p·v interleaved).
   // `xx`, `yy`: the batch (x, y; both doubled for two steps' programs in one run).
+  // `placement`: where the chunks sit (zb-v: a V).
   auto one_step_on = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
                          const std::vector<std::pair<int, int>>& step_ranges, const torch::Tensor& xx,
-                         const torch::Tensor& yy) {
+                         const torch::Tensor& yy, Placement placement) {
     if (!processes) {
       QueueTransport transport(timeout_s);
       ++step_index;
-      return run_pipeline(MlpStage(layers, step_ranges), sched, m, xx, yy, cost, transport);
+      return run_pipeline(MlpStage(layers, step_ranges), sched, m, xx, yy, cost, transport, placement);
     }
+    popts.placement = placement;
     const int64_t step = step_index++;
     popts.after_op = [&world, step](int done) {
       if (done >= 1) world.fault_point(step);  // /fault/rank stops in the middle of step /fault/step
@@ -481,13 +514,13 @@ Report run_pipeline_experiment(const Context& ctx) {
     return run_pipeline_process(group, MlpStage(layers, step_ranges), sched, m, xx, yy, cost, popts);
   };
   auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
-                      const std::vector<std::pair<int, int>>& step_ranges) {
-    return one_step_on(sched, m, step_ranges, x, y);
+                      const std::vector<std::pair<int, int>>& step_ranges, Placement placement) {
+    return one_step_on(sched, m, step_ranges, x, y, placement);
   };
 
   // One untimed warm-up step (thread or process start-up, first allocations, lazy initialisation).
   const int n_steps = static_cast<int>(cfg.integer("/pipeline/steps"));
-  one_step(make_schedule(ScheduleKind::GPipe, p, 1), 1, ranges);
+  one_step(make_schedule(ScheduleKind::GPipe, p, 1), 1, ranges, Placement::Loop);
 
   Table sweep{"sweep", fmt::format("Microbatched step on {} stages ({} layers, batch {}): gradients and memory", p,
                                    layers_n, batch),
@@ -505,9 +538,12 @@ Report run_pipeline_experiment(const Context& ctx) {
   // Zero bubble (zb-h1 next to 1f1b): Qi et al.'s per-stage bubble formula, the executor's time
   // model, and (timings) the measured idle time per stage.
   const auto all_kinds = cfg.strings("/pipeline/schedules");
-  const bool wants_zb = std::find(all_kinds.begin(), all_kinds.end(), "zb-h1") != all_kinds.end();
-  Table zb_table{"zero_bubble", fmt::format("Zero bubble: ZB-H1 against 1F1B on {} stages, per-stage bubble (idle "
-                                            "time) from the formula and from the time model", p),
+  const bool wants_zb = std::find(all_kinds.begin(), all_kinds.end(), "zb-h1") != all_kinds.end() ||
+                        std::find(all_kinds.begin(), all_kinds.end(), "zb-v") != all_kinds.end();
+  const bool zbv_wanted = wants(cfg, "zb-v");
+  Table zb_table{"zero_bubble", fmt::format("Zero bubble: {} against 1F1B on {} stages, per-stage bubble (idle "
+                                            "time) from the formula and from the time model",
+                                            zbv_wanted ? "ZB-H1 and ZB-V" : "ZB-H1", p),
                  {text_col("name", "name"), text_col("schedule", "schedule"), int_col("microbatches", "m"),
                   float_col("f_ms", "F", "ms"), float_col("b_ms", "B", "ms"), float_col("w_ms", "W", "ms"),
                   float_col("idle_formula_ms", "idle formula", "ms"), float_col("idle_model_ms", "idle model", "ms"),
@@ -526,17 +562,21 @@ Report run_pipeline_experiment(const Context& ctx) {
   std::vector<std::tuple<std::string, ScheduleKind, int, std::vector<torch::Tensor>>> process_grads;  // name, kind, m, grads
   // Interleaved 1F1B: the model cut into p·v virtual stages; stage s runs chunks s, s + p, ...
   const auto chunk_ranges = interleaved ? stage_ranges(layers_n, balanced_cuts(layers_n, p * v)) : ranges;
+  // ZB-V: the model cut into 2p virtual stages; rank s runs s and 2p - 1 - s (a V).
+  const auto v_ranges = zbv_wanted ? stage_ranges(layers_n, balanced_cuts(layers_n, 2 * p)) : ranges;
   std::vector<long long> skipped_m;
   for (const auto& k : cfg.strings("/pipeline/schedules")) {
     const auto kind = parse_schedule(k);
-    const bool chunked = kind == ScheduleKind::Interleaved1F1B;
-    const int chunks = chunked ? v : 1;
-    const auto& run_ranges = chunked ? chunk_ranges : ranges;
+    const bool interleaved_k = kind == ScheduleKind::Interleaved1F1B, zbv = kind == ScheduleKind::ZBV;
+    const bool chunked = interleaved_k || zbv;  // more than one model chunk per stage
+    const int chunks = chunks_of(kind, v);
+    const Placement placement = schedule_placement(kind);
+    const auto& run_ranges = interleaved_k ? chunk_ranges : zbv ? v_ranges : ranges;
     std::vector<long long> mlist = ms;
     if (kind == ScheduleKind::Naive) mlist = {1};
     for (auto m64 : mlist) {
       const int m = static_cast<int>(m64);
-      if (chunked && m % p != 0) {  // Megatron's requirement: microbatches in groups of p
+      if (interleaved_k && m % p != 0) {  // Megatron's requirement: microbatches in groups of p
         skipped_m.push_back(m);
         continue;
       }
@@ -544,7 +584,7 @@ Report run_pipeline_experiment(const Context& ctx) {
       // Several identical steps; timings from the median one (the machine may be shared),
       // numbers checked to be bitwise the same in every step.
       std::vector<PipelineRun> steps;
-      for (int i = 0; i < n_steps; ++i) steps.push_back(one_step(sched, m, run_ranges));
+      for (int i = 0; i < n_steps; ++i) steps.push_back(one_step(sched, m, run_ranges, placement));
       std::vector<std::size_t> order(steps.size());
       for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::sort(order.begin(), order.end(), [&](auto a, auto b) { return steps[a].step_s < steps[b].step_s; });
@@ -562,7 +602,8 @@ Report run_pipeline_experiment(const Context& ctx) {
       if (kind == ScheduleKind::GPipe) gpipe_grads[m] = run.grads;
       if ((kind == ScheduleKind::OneFOneB || chunked || kind == ScheduleKind::ZBH1) && gpipe_grads.count(m)) {
         // Every layer accumulates its microbatch gradients in the same order (B0, B1, ...;
-        // zb-h1: W0, W1, ...) in every schedule, and a cut changes no arithmetic, so the
+        // zb-h1, zb-v: W0, W1, ... per chunk) in every schedule, and a cut (interleaved and zb-v cut
+        // into more chunks than gpipe's stages) changes no arithmetic, so the
         // results are bitwise identical. zb-h1's W runs the fused backward's weight-gradient
         // kernels (the same AddmmBackward node) on the same numbers.
         double d = 0;
@@ -581,10 +622,17 @@ Report run_pipeline_experiment(const Context& ctx) {
       report.check(name + ": stages whose measured peak differs from the schedule's", mismatch, 0.0);
       // GPipe holds all m; 1F1B at most p; interleaved at most its warm-up + 1 (microbatch, chunk)
       // pairs on stage 0: 2(p-1) + (v-1)p + 1, or all m*v when m = p.
-      // zb-h1: every stage up to 1F1B's peak, p (a microbatch is held until its W).
+      // zb-h1: every stage up to 1F1B's peak, p (a microbatch is held until its W). zb-v: every
+      // rank min(2p, 2m, m + 1 + s) chunk pairs (zbv_peak_theory), at most 2p = 1F1B's p stages.
       const int bound = kind == ScheduleKind::OneFOneB || kind == ScheduleKind::ZBH1 ? std::min(p, m)
-                        : chunked                      ? std::min(m * v, 2 * (p - 1) + (v - 1) * p + 1)
-                                                       : m;
+                        : zbv                                                        ? std::min(2 * p, 2 * m)
+                        : chunked ? std::min(m * v, 2 * (p - 1) + (v - 1) * p + 1)
+                                  : m;
+      if (zbv) {
+        int off = 0;  // ranks whose measured peak is not the theory's
+        for (int s = 0; s < p; ++s) off += run.peak_held[static_cast<std::size_t>(s)] != zbv_peak_theory(p, m, s);
+        report.check(name + ": ranks whose measured peak differs from min(2p, 2m, m+1+s)", off, 0.0);
+      }
       report.check(name + fmt::format(": peak {} held - bound ({})", chunked ? "(microbatch, chunk) pairs" : "microbatches",
                                       bound),
                    std::max(0, peak - bound), 0.0);
@@ -596,8 +644,9 @@ Report run_pipeline_experiment(const Context& ctx) {
       double sum_us = 0, max_us = 0;
       for (std::size_t c = 0; c < run_ranges.size(); ++c) {
         const auto [b, e] = run_ranges[c];
-        const double us = cost.forward_us * cost.stage_factor[c % static_cast<std::size_t>(p)] * (e - b) *
-                          (1 + cost.backward_factor);
+        const double us = cost.forward_us *
+                          cost.stage_factor[static_cast<std::size_t>(stage_rank(static_cast<int>(c), p, placement))] *
+                          (e - b) * (1 + cost.backward_factor);
         if (c < static_cast<std::size_t>(p)) sum_us += us;
         max_us = std::max(max_us, us);
       }
@@ -607,28 +656,45 @@ Report run_pipeline_experiment(const Context& ctx) {
       std::vector<double> f_us, b_us, w_us;
       for (std::size_t c = 0; c < run_ranges.size(); ++c) {
         const auto [b, e] = run_ranges[c];
-        const double fc = cost.forward_us * cost.stage_factor[c % static_cast<std::size_t>(p)] * (e - b);
+        const double fc = cost.forward_us *
+                          cost.stage_factor[static_cast<std::size_t>(stage_rank(static_cast<int>(c), p, placement))] *
+                          (e - b);
         f_us.push_back(fc);
         b_us.push_back(fc * (cost.backward_factor - cost.weight_factor));
         w_us.push_back(fc * cost.weight_factor);
       }
-      const PipelineRun sim = simulate_schedule(sched, f_us, b_us, w_us);
+      const PipelineRun sim = simulate_schedule(sched, f_us, b_us, w_us, placement);
       double sim_idle_us = 0;  // per stage, mean
       for (double busy : sim.busy_s) sim_idle_us += (sim.step_s - busy) / p;
-      const bool zb = kind == ScheduleKind::ZBH1;
+      const bool zb = kind == ScheduleKind::ZBH1 || zbv;
       const double model_ms = zb ? sim.step_s / 1e3 : (sum_us + (m * chunks - 1) * max_us) / 1e3;
       // With no synthetic cost (/cost/forward_us = 0) the model's step is 0 s and its bubble has no value.
       const json sim_bubble = sim.step_s > 0 ? json(sim_idle_us / sim.step_s) : json(nullptr);
       const json theory = zb ? sim_bubble : json(bubble_theory(p, m, chunks));
       if (wants_zb && (zb || kind == ScheduleKind::OneFOneB)) {
         // Qi et al. 2023's per-stage bubble, for the slowest stage's F, B, W (equal stages: every stage's).
-        const std::size_t slow = static_cast<std::size_t>(
-            std::max_element(f_us.begin(), f_us.end()) - f_us.begin());
-        // Equal stages only: under /cost/heavy_stage the formula does not apply ("-").
-        const json formula_ms = heavy >= 0 ? json(nullptr)
-                                           : json(bubble_time_theory(kind, p, m, f_us[slow], b_us[slow], w_us[slow]) / 1e3);
-        zb_table.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"f_ms", f_us[slow] / 1e3},
-                           {"b_ms", b_us[slow] / 1e3}, {"w_ms", w_us[slow] / 1e3},
+        // zb-v: F, B, W of a whole stage, its two chunks (virtual stages s and 2p - 1 - s).
+        std::vector<double> fs = f_us, bs = b_us, ws = w_us;
+        if (zbv) {
+          fs.assign(static_cast<std::size_t>(p), 0.0);
+          bs = ws = fs;
+          for (int c = 0; c < 2 * p; ++c) {
+            const auto r = static_cast<std::size_t>(stage_rank(c, p, placement));
+            fs[r] += f_us[static_cast<std::size_t>(c)];
+            bs[r] += b_us[static_cast<std::size_t>(c)];
+            ws[r] += w_us[static_cast<std::size_t>(c)];
+          }
+        }
+        const std::size_t slow = static_cast<std::size_t>(std::max_element(fs.begin(), fs.end()) - fs.begin());
+        // Equal stages only: under /cost/heavy_stage the formula does not apply ("-"); zb-v's
+        // closed form needs equal chunks and F = B = W (else "-": the idle model replays it).
+        const bool equal_chunks = std::adjacent_find(f_us.begin(), f_us.end(), std::not_equal_to<>()) == f_us.end();
+        const bool formula_ok =
+            heavy < 0 && (!zbv || (equal_chunks && fs[slow] == bs[slow] && bs[slow] == ws[slow]));
+        const json formula_ms = !formula_ok ? json(nullptr)
+                                            : json(bubble_time_theory(kind, p, m, fs[slow], bs[slow], ws[slow]) / 1e3);
+        zb_table.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"f_ms", fs[slow] / 1e3},
+                           {"b_ms", bs[slow] / 1e3}, {"w_ms", ws[slow] / 1e3},
                            {"idle_formula_ms", formula_ms}, {"idle_model_ms", sim_idle_us / 1e3},
                            {"step_model_ms", sim.step_s / 1e3}, {"bubble_model", sim_bubble},
                            {"peak_held", peak}, {"peak_bytes", peak_bytes},
@@ -663,7 +729,10 @@ Report run_pipeline_experiment(const Context& ctx) {
                                {"wait_ms", wait * 1e3}});
       if (kind == ScheduleKind::Naive || m == gantt_m)
         charts.push_back({fmt::format("Timeline {} (p = {}, m = {}{}): {} + microbatch, '.' idle", name, p, m,
-                                      chunked ? fmt::format(", v = {}; f/b: odd chunks", v) : "",
+                                      chunked ? fmt::format(", v = {}; {}", chunks,
+                                                          zbv ? "f/b/w: chunk 1 = virtual stage 2p-1-s"
+                                                              : "f/b: odd chunks")
+                                              : "",
                                       zb ? "F/B/W (B input gradient, W weight gradient)" : "F/B"),
                           render_gantt(run, p, static_cast<int>(cfg.integer("/gantt/width")))});
     }
@@ -692,27 +761,35 @@ Report run_pipeline_experiment(const Context& ctx) {
   if (cfg.boolean("/sync/enabled")) {
     const auto x2 = torch::cat({x, x}), y2 = torch::cat({y, y});  // step 2 sees the same microbatches
     auto median_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m, const torch::Tensor& xx,
-                           const torch::Tensor& yy) {
+                           const torch::Tensor& yy, const std::vector<std::pair<int, int>>& step_ranges,
+                           Placement placement) {
       std::vector<double> t;
-      for (int i = 0; i < n_steps; ++i) t.push_back(one_step_on(sched, m, ranges, xx, yy).step_s);
+      for (int i = 0; i < n_steps; ++i) t.push_back(one_step_on(sched, m, step_ranges, xx, yy, placement).step_s);
       std::sort(t.begin(), t.end());
       return t[t.size() / 2];
     };
     for (const auto& k : kinds) {
       const auto kind = parse_schedule(k);
-      if (kind != ScheduleKind::GPipe && kind != ScheduleKind::OneFOneB && kind != ScheduleKind::ZBH1) continue;
+      if (kind != ScheduleKind::GPipe && kind != ScheduleKind::OneFOneB && kind != ScheduleKind::ZBH1 &&
+          kind != ScheduleKind::ZBV)
+        continue;
       const int m = gantt_m;
-      const auto one = make_schedule(kind, p, m);
+      const Placement placement = schedule_placement(kind);
+      const auto& sync_ranges = kind == ScheduleKind::ZBV ? v_ranges : ranges;  // zb-v: 2p chunks in a V
+      const auto one = make_schedule(kind, p, m, chunks_of(kind, v));
       const auto two = repeat_steps(one, 2, m);
-      std::vector<double> f_us, b_us, w_us;  // F, B, W of each stage, µs (as in the zero-bubble table)
-      for (int c = 0; c < p; ++c) {
-        const auto [lo, hi] = ranges[static_cast<std::size_t>(c)];
-        const double fc = cost.forward_us * cost.stage_factor[static_cast<std::size_t>(c)] * (hi - lo);
+      std::vector<double> f_us, b_us, w_us;  // F, B, W of each virtual stage, µs (as in the zero-bubble table)
+      for (std::size_t c = 0; c < sync_ranges.size(); ++c) {
+        const auto [lo, hi] = sync_ranges[c];
+        const double fc = cost.forward_us *
+                          cost.stage_factor[static_cast<std::size_t>(stage_rank(static_cast<int>(c), p, placement))] *
+                          (hi - lo);
         f_us.push_back(fc);
         b_us.push_back(fc * (cost.backward_factor - cost.weight_factor));
         w_us.push_back(fc * cost.weight_factor);
       }
-      const PipelineRun sim1 = simulate_schedule(one, f_us, b_us, w_us), sim2 = simulate_schedule(two, f_us, b_us, w_us);
+      const PipelineRun sim1 = simulate_schedule(one, f_us, b_us, w_us, placement),
+                        sim2 = simulate_schedule(two, f_us, b_us, w_us, placement);
       const double barrier_us = 2 * sim1.step_s, free_us = sim2.step_s, cost_us = (barrier_us - free_us) / 2;
       const std::string name = fmt::format("{}.m{}", k, m);
       sync.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"step_model_ms", sim1.step_s / 1e3},
@@ -720,13 +797,14 @@ Report run_pipeline_experiment(const Context& ctx) {
                            {"sync_cost_ms", cost_us / 1e3},
                            {"sync_cost", sim1.step_s > 0 ? json(cost_us / sim1.step_s) : json(nullptr)},
                            {"stage_ends_model_ms", stage_ends_ms(sim1, p)}});
-      const double barrier_s = 2 * median_step(one, m, x, y), free_s = median_step(two, 2 * m, x2, y2);
+      const double barrier_s = 2 * median_step(one, m, x, y, sync_ranges, placement),
+                   free_s = median_step(two, 2 * m, x2, y2, sync_ranges, placement);
       sync_measured.rows.push_back({{"name", name}, {"barrier_ms", barrier_s * 1e3}, {"free_ms", free_s * 1e3},
                                     {"sync_cost_ms", (barrier_s - free_s) / 2 * 1e3},
                                     {"sync_cost_model_ms", cost_us / 1e3}});
     }
     if (sync.rows.empty())
-      measured.notes.push_back("step_sync: not timed, /pipeline/schedules has none of gpipe, 1f1b, zb-h1 (the schedules "
+      measured.notes.push_back("step_sync: not timed, /pipeline/schedules has none of gpipe, 1f1b, zb-h1, zb-v (the schedules "
                              "it compares); /sync/enabled has no effect");
     sync.notes.push_back("cost/step = (barrier - none) / 2: the idle time a step-end all-reduce over the stages adds "
                          "to each step, its own latency not counted (communication free in the model)");
@@ -735,10 +813,12 @@ Report run_pipeline_experiment(const Context& ctx) {
                          "last ops are W's, which wait for nothing: a stage that ends later than stage 0 (unequal "
                          "stages, /cost/heavy_stage) holds every stage at the barrier, while without it stage 0 "
                          "starts step 2's forwards during that stage's W's");
-    sync.notes.push_back("ZB-H2 and ZB-V start step 2's warm-up forwards during step 1's cool-down by design: there "
-                         "the barrier takes back what they gain, so Qi et al. 2023 (§4) replace it with "
-                         "post-validation: each stage steps at once and a later all-reduce of the gradient norm and "
-                         "inf/nan flag rolls the step back when it fails");
+    sync.notes.push_back("zb-v: rank s ends (p-1-s) chunk times before the last rank (rank 0 first), and without a "
+                         "barrier it starts step 2's forwards then, the V's fill overlapping the other ranks' last "
+                         "W's; the barrier takes that back. ZB-H2 and ZB-V start step 2's warm-up during step 1's "
+                         "cool-down by design, so Qi et al. 2023 (§4) replace the barrier with post-validation: each "
+                         "stage steps at once and a later all-reduce of the gradient norm and inf/nan flag rolls the "
+                         "step back when it fails");
   }
   if (processes && lead) {
     // The same steps with one thread per stage (no synthetic cost: only the gradients
@@ -746,9 +826,9 @@ Report run_pipeline_experiment(const Context& ctx) {
     SyntheticCost no_cost;
     for (const auto& [name, kind, m, grads] : process_grads) {
       QueueTransport transport(timeout_s);
-      const bool chunked = kind == ScheduleKind::Interleaved1F1B;
-      const auto threaded = run_pipeline(MlpStage(layers, chunked ? chunk_ranges : ranges), make_schedule(kind, p, m, chunked ? v : 1),
-                                         m, x, y, no_cost, transport);
+      const auto& rr = kind == ScheduleKind::Interleaved1F1B ? chunk_ranges : kind == ScheduleKind::ZBV ? v_ranges : ranges;
+      const auto threaded = run_pipeline(MlpStage(layers, rr), make_schedule(kind, p, m, chunks_of(kind, v)), m, x, y,
+                                         no_cost, transport, schedule_placement(kind));
       double d = 0;
       for (std::size_t i = 0; i < grads.size(); ++i) d = nan_max(d, max_abs_diff(threaded.grads[i], grads[i]));
       report.check(name + ": processes gradient == threads gradient (bitwise)", d, 0.0,
@@ -758,6 +838,11 @@ Report run_pipeline_experiment(const Context& ctx) {
   if (!skipped_m.empty())
     sweep.notes.push_back(fmt::format("interleaved-1f1b skipped for m = {}: not a multiple of p = {} (Megatron-LM runs "
                                       "microbatches through the chunks in groups of p)", fmt::join(skipped_m, ", "), p));
+  if (zbv_wanted)
+    sweep.notes.push_back(fmt::format("zb-v: the {} layers cut evenly into 2p = {} virtual stages placed in a V, rank s "
+                                      "runs s and {}-s (the turn p-1 -> p inside rank {}, the loss on rank 0); peak "
+                                      "held counts (microbatch, chunk) pairs, at most 2p = {} (1F1B's p stages)",
+                                      layers_n, 2 * p, 2 * p - 1, p - 1, 2 * p));
   if (interleaved)
     sweep.notes.push_back(fmt::format("interleaved-1f1b: the {} layers cut evenly into p*v = {} virtual stages, stage "
                                       "s runs chunks s, s+{}, ...; peak held counts (microbatch, chunk) pairs; bubble "
@@ -781,7 +866,7 @@ Report run_pipeline_experiment(const Context& ctx) {
   measured.notes.push_back(fmt::format("median of {} steps after one warm-up step; theory (p-1)/(m+p-1){} assumes "
                                        "equal stages and free communication{}", n_steps,
                                        interleaved ? ", interleaved (p-1)/(v*m+p-1)," : "",
-                                       wants_zb ? "; zb-h1: the time model's idle / step (zero_bubble)" : ""));
+                                       wants_zb ? "; zb-h1, zb-v: the time model's idle / step (zero_bubble)" : ""));
   if (heavy >= 0)
     measured.notes.push_back(fmt::format("stage {} costs {}x: the slowest stage sets the pace of every other stage",
                                          heavy, cfg.number("/cost/heavy_factor")));
@@ -794,6 +879,12 @@ Report run_pipeline_experiment(const Context& ctx) {
       zb_table.notes.push_back(fmt::format("idle formula '-': the formula assumes equal stages, and stage {} costs {}x "
                                            "(/cost/heavy_stage); the idle model replays the unequal costs",
                                            heavy, cfg.number("/cost/heavy_factor")));
+    if (zbv_wanted)
+      zb_table.notes.push_back("zb-v (Qi et al. 2023 section 6; torch's ScheduleZBVZeroBubble): F, B, W of a whole stage "
+                               "(its 2 chunks). The authors give a bubble rate of 0 for F = B = W; the construction "
+                               "replayed leaves the fill of the V's first leg, max(p-1, 4p-2-2m) x F/2 per rank (rank "
+                               "s waits s chunk forwards for its first input, then never idles); formula '-' unless "
+                               "the chunks are equal and F = B = W (no closed form: the idle model replays it)");
     zb_table.notes.push_back("B = input gradient (backward_factor - weight_factor) x F, W = weight gradient "
                              "(weight_factor x F); 1f1b runs B and W fused, zb-h1 apart (autograd::grad on the stage "
                              "input and each Linear's output, then on each Linear's weight and bias)");
@@ -846,7 +937,8 @@ MemoryEstimate pipeline_memory(const Config& cfg, int world_size) {
 }  // namespace
 
 Experiment pipeline_experiment() {
-  return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B/interleaved/ZB-H1 schedules, the bubble measured",
+  return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B/interleaved/ZB-H1/ZB-V schedules, the bubble "
+          "measured",
           pipeline_spec, run_pipeline_experiment, validate_pipeline, pipeline_memory, Processes::Multi,
           pipeline_plan};
 }

@@ -26,6 +26,13 @@ cli_case(pipeline_zb_gantt_rows 0 "stage 3 \\|\\.+F0[^|]*B0[^|]*W0"
          pipeline ${PIPE_FAST} --set cost.forward_us=500 --set gantt.microbatches=4 --set "pipeline.schedules=[\"zb-h1\"]")
 cli_case(pipeline_zb_table 0 "Zero bubble: ZB-H1 against 1F1B on 4 stages"
          pipeline ${PIPE_FAST} --set "pipeline.schedules=[\"1f1b\",\"zb-h1\"]")
+# ZB-V (2 chunks per stage in a V): GPipe's gradients bit for bit, the measured peak per rank min(2p, 2m, m+1+s).
+cli_case(pipeline_zb_v 0 "zb-v\\.m4: zb-v gradient == gpipe gradient \\(bitwise\\) +0 <= 0 +OK"
+         pipeline ${PIPE_FAST} --set "pipeline.schedules=[\"gpipe\",\"zb-v\"]" --set sync.enabled=false)
+cli_case(pipeline_zb_v_peak 0 "zb-v\\.m4: ranks whose measured peak differs from min\\(2p, 2m, m\\+1\\+s\\) +0 <= 0 +OK"
+         pipeline ${PIPE_FAST} --set "pipeline.schedules=[\"zb-v\"]" --set sync.enabled=false)
+cli_case(pipeline_bad_zb_v_stages 2 "/pipeline/stages: expected at most 4 with zb-v in /pipeline/schedules .*got 5"
+         pipeline --set pipeline.stages=5 --set "pipeline.schedules=[\"zb-v\"]")
 add_test(NAME cli.pipeline_deterministic_results
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deterministic.sh $<TARGET_FILE:mpt> pipeline ${PIPE_FAST}
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -86,6 +93,9 @@ cli_case(pipeline_processes_interleaved 0 "interleaved-1f1b\\.m4: processes grad
          ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"interleaved-1f1b\"]")
 cli_case(pipeline_processes_zb_h1 0 "zb-h1\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
          ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"zb-h1\"]")
+# ZB-V over Gloo: the V placement on processes (rank 0 holds the loss, rank 1 the turn).
+cli_case(pipeline_processes_zb_v 0 "zb-v\\.m4: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
+         ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set "pipeline.schedules=[\"gpipe\",\"zb-v\"]" --set sync.enabled=false)
 cli_case(pipeline_processes_config 0 "naive: processes gradient == threads gradient \\(bitwise\\) +0 <= 0 +OK"
          pipeline --config configs/pipeline_processes.json ${PIPE_FAST} --set pipeline.steps=1
          --set "pipeline.schedules=[\"naive\",\"1f1b\"]")

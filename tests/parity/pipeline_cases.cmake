@@ -8,3 +8,6 @@ parity_case(pipeline_processes pipeline_ref.py pipeline --set executor=processes
             --set cost.forward_us=50 --set "pipeline.microbatches=[1,2,4]" --set pipeline.steps=1)
 # Interleaved 1F1B: the sweep's gradients are PyTorch's microbatch loop's, bit for bit.
 parity_case(pipeline_interleaved pipeline_ref.py pipeline --config configs/pipeline_interleaved.json --set cost.forward_us=50)
+# ZB-V (2 chunks per rank in a V): the programs are torch's ScheduleZBVZeroBubble's, the gradients PyTorch's loop's.
+parity_case(pipeline_zbv pipeline_ref.py pipeline --config configs/pipeline_zbv.json --set cost.forward_us=50
+            --set "pipeline.microbatches=[4,8]" --set pipeline.steps=1 --set sync.enabled=false)

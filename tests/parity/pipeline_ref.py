@@ -10,7 +10,8 @@ construction order (model, then inputs, then targets, after torch.manual_seed):
     stage of mpt's executor accumulates B0, B1, ...) against the full-batch one, and its loss;
   - the zb-h1 programs of the `schedules` table, from torch.distributed.pipelining's own
     construction (_get_1f1b_rank_ops with enable_zero_bubble=True and one stage per rank, what
-    ScheduleInterleavedZeroBubble builds), where this PyTorch has it (2.x; not 1.13).
+    ScheduleInterleavedZeroBubble builds), where this PyTorch has it (2.x; not 1.13); and the zb-v
+    programs from ScheduleZBVZeroBubble._calculate_single_rank_operations (2 chunks per rank in a V).
 Prints the reference `results` as JSON; compare.py checks mpt's numbers against it exactly.
 The TwoStageNet of the lesson is widths [8, 16, 16, 16, 1] cut at 2:
   stage1 = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
@@ -141,12 +142,35 @@ def zb_h1_programs(p, m):
     return out
 
 
+def zb_v_programs(p, m):
+    """Per rank: torch.distributed.pipelining's ZB-V order (ScheduleZBVZeroBubble), as "F0.0 F1.0 ..."
+    (microbatch.chunk; chunk 0 = virtual stage rank, chunk 1 = 2p - 1 - rank; BACKWARD_INPUT printed as
+    B; torch's None slots dropped), or None when this PyTorch lacks it. The method reads only the group
+    size, m and the stage count of the schedule object, so a stand-in object carries them."""
+    try:
+        import types
+        from torch.distributed.pipelining import schedules as S
+        build = S.ScheduleZBVZeroBubble._calculate_single_rank_operations
+    except (ImportError, AttributeError):
+        return None
+    names = {S._ComputationType.FORWARD: "F", S._ComputationType.BACKWARD_INPUT: "B",
+             S._ComputationType.BACKWARD_WEIGHT: "W"}
+    this = types.SimpleNamespace(pp_group_size=p, _n_microbatches=m, num_stages=2 * p)
+    out = []
+    for rank in range(p):
+        ops = build(this, rank)
+        out.append(" ".join(f"{names[a.computation_type]}{a.microbatch_index}.{0 if a.stage_index == rank else 1}"
+                            for a in ops if a is not None))
+    return out
+
+
 def schedules_rows(cfg):
     """The `schedules` table's rows (names; zb-h1 with its program), or None without the reference."""
     p, m = cfg["pipeline"]["stages"], cfg["gantt"]["microbatches"]
     zb = zb_h1_programs(p, m)
     if zb is None:
         return None
+    zbv = zb_v_programs(p, m) if "zb-v" in cfg["pipeline"]["schedules"] else None
     rows = []
     for kind in cfg["pipeline"]["schedules"]:
         if kind == "naive" or (kind == "interleaved-1f1b" and m % p != 0):
@@ -155,6 +179,8 @@ def schedules_rows(cfg):
             row = {"name": f"{kind}.s{s}"}
             if kind == "zb-h1":
                 row["program"] = zb[s]
+            if kind == "zb-v" and zbv is not None:
+                row["program"] = zbv[s]
             rows.append(row)
     return rows
 
