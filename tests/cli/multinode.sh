@@ -101,7 +101,7 @@ exit 0
 SH
 
 start=$(date +%s)
-PYTHON=$py timeout -s KILL 60 unshare -rmnupf --kill-child --mount-proc bash "$tmp/nodes.sh" "$tmp" \
+PYTHON=$py timeout -s KILL 90 unshare -rmnupf --kill-child --mount-proc bash "$tmp/nodes.sh" "$tmp" \
   "$mpt" "${args[@]}" --out "$tmp/two.json"
 code=$?
 took=$(( $(date +%s) - start ))
