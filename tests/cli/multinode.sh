@@ -33,7 +33,10 @@ export PATH="$PATH:/usr/sbin:/sbin"
 command -v unshare > /dev/null || skip "unshare (util-linux) not found"
 command -v nsenter > /dev/null || skip "nsenter (util-linux) not found"
 command -v ip > /dev/null || skip "ip (iproute2) not found: apt-get install iproute2"
-"$py" -c 'import torch.distributed.run' 2> /dev/null || skip "torchrun not found: $py -m torch.distributed.run fails"
+# torch/distributed/run.py is there (found without importing torch: that alone costs seconds of CPU)
+"$py" -c 'import importlib.util as u, os, sys; t = u.find_spec("torch")
+sys.exit(not (t and os.path.isfile(os.path.join(t.submodule_search_locations[0], "distributed", "run.py"))))' 2> /dev/null \
+  || skip "torchrun not found: $py has no torch.distributed.run"
 why=$(unshare -rmnupf --kill-child --mount-proc true 2>&1) || skip "unshare -rmnupf (user, mount, net, UTS, PID namespaces) failed: $why"
 why=$(unshare -rn ip link add veth0 type veth peer name veth1 2>&1) || skip "ip link add ... type veth in a network namespace failed: $why"
 
