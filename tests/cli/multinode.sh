@@ -26,7 +26,7 @@ tmp=$(mktemp -d /tmp/mpt-nodes.XXXXXX)
 cleanup() { for p in $(pgrep -f -- "$tmp"); do kill -KILL "$p" 2>/dev/null; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 skip() { echo "SKIP: $*"; exit 77; }
-fail() { echo "FAIL: $*"; for f in "$tmp"/node*.log; do [ -f "$f" ] && { echo "--- $f"; grep -v -e "^  File" -e "^    " -e "^Traceback" "$f" | head -30; }; done; exit 1; }
+fail() { echo "FAIL: $*"; for f in "$tmp"/node*.log; do [ -f "$f" ] && { echo "--- $f"; grep -v -e "^    " "$f" | tail -30; }; done; exit 1; }
 export PATH="$PATH:/usr/sbin:/sbin"
 
 # Preflight: each tool, then a user + network namespace, then a veth pair in it.
@@ -37,6 +37,17 @@ command -v ip > /dev/null || skip "ip (iproute2) not found: apt-get install ipro
 "$py" -c 'import importlib.util as u, os, sys; t = u.find_spec("torch")
 sys.exit(not (t and os.path.isfile(os.path.join(t.submodule_search_locations[0], "distributed", "run.py"))))' 2> /dev/null \
   || skip "torchrun not found: $py has no torch.distributed.run"
+# Debian's torchrun (torch 1.13 on Python 3.11) fails before it starts a worker ("AttributeError:
+# 'NoneType' object has no attribute 'get'" in elastic/multiprocessing/api.py's to_map: its Std
+# lookup returns None there). Then each node's ranks are started by hand with the variables
+# torchrun's agent sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+# MASTER_PORT; rank 0 hosts the TCPStore, as under SLURM): the same multi-node path through mpt.
+launcher=torchrun
+if grep -q "^__version__ = '1\." "$(dirname "$("$py" -c 'import importlib.util as u; print(u.find_spec("torch").origin)')")/version.py" 2> /dev/null \
+   && ! why=$(cd "$tmp" && timeout 60 "$py" -m torch.distributed.run --nproc_per_node 1 --no_python true 2>&1); then
+  launcher=env
+  echo "note: $py -m torch.distributed.run fails here ($(echo "$why" | tail -1)): each node's ranks get torchrun's variables by hand"
+fi
 why=$(unshare -rmnupf --kill-child --mount-proc true 2>&1) || skip "unshare -rmnupf (user, mount, net, UTS, PID namespaces) failed: $why"
 why=$(unshare -rn ip link add veth0 type veth peer name veth1 2>&1) || skip "ip link add ... type veth in a network namespace failed: $why"
 
@@ -70,6 +81,14 @@ chmod +x "$tmp/rank.sh"
 # One node's torchrun agent: agent.sh NODE_RANK COMMAND...
 cat > "$tmp/agent.sh" <<'SH'
 node=$1; shift
+if [ "$MPT_NODES_LAUNCHER" = env ]; then  # torchrun's variables by hand; exit: the first failure
+  for l in 0 1; do
+    RANK=$((2 * node + l)) WORLD_SIZE=4 LOCAL_RANK=$l LOCAL_WORLD_SIZE=2 GROUP_RANK=$node MASTER_ADDR=10.77.0.1 \
+      MASTER_PORT=29500 "$MPT_NODES_TMP/rank.sh" "$@" & pids[$l]=$!
+  done
+  wait ${pids[0]}; c0=$?; wait ${pids[1]}; c1=$?
+  [ $c0 != 0 ] && exit $c0; exit $c1
+fi
 exec "$PYTHON" -m torch.distributed.run --nnodes 2 --nproc_per_node 2 --node_rank $node --master_addr 10.77.0.1 \
   --master_port 29500 --monitor_interval 0.2 --no_python "$MPT_NODES_TMP/rank.sh" "$@"
 SH
@@ -104,7 +123,7 @@ exit 0
 SH
 
 start=$(date +%s)
-PYTHON=$py timeout -s KILL 90 unshare -rmnupf --kill-child --mount-proc bash "$tmp/nodes.sh" "$tmp" \
+MPT_NODES_LAUNCHER=$launcher PYTHON=$py timeout -s KILL 90 unshare -rmnupf --kill-child --mount-proc bash "$tmp/nodes.sh" "$tmp" \
   "$mpt" "${args[@]}" --out "$tmp/two.json"
 code=$?
 took=$(( $(date +%s) - start ))
@@ -113,10 +132,10 @@ took=$(( $(date +%s) - start ))
 read -r c0 c1 < "$tmp/agents"
 [ -s "$tmp/left" ] && fail "processes left in the namespaces after both agents ended: $(cat "$tmp/left")"
 ran_ms=$(( ($(cat "$tmp/end") - $(cat "$tmp/start")) / 1000000 ))
-echo "two nodes: agents exited $c0 and $c1 after $ran_ms ms"
+echo "two nodes ($launcher): node launchers exited $c0 and $c1 after $ran_ms ms"
 
 if [ "$mode" = fault ]; then
-  [ "$c0" != 0 ] && [ "$c1" != 0 ] || fail "torchrun agents exited $c0 (node 0) and $c1 (node 1): expected both non-zero"
+  [ "$c0" != 0 ] && [ "$c1" != 0 ] || fail "the node launchers ($launcher) exited $c0 (node 0) and $c1 (node 1): expected both non-zero"
   t0=$(cat "$tmp/start")
   for r in 0 1 2 3; do
     [ -f "$tmp/rc.$r" ] || fail "rank $r left no exit code (killed without its wrapper seeing it end?)"
@@ -134,15 +153,18 @@ if [ "$mode" = fault ]; then
     [ $(( (t - t3) / 1000000 )) -le $(( (timeout_s + 1 + 2) * 1000 )) ] \
       || fail "rank $r ended $(( (t - t3) / 1000000 )) ms after rank 3 (bound $(( timeout_s + 3 )) s)"
   done
-  # Node 0's ranks (a remote node's failure) name rank 3 as the one that did not answer.
-  for r in 0 1; do
-    grep -E "failed on rank $r of 4: .*rank 3 did not answer" "$tmp/node0.log" > "$tmp/named" \
+  # Node 0's ranks (a remote node's failure) name rank 3 among the ranks that did not answer. Without
+  # torchrun's agent (env) rank 0 hosts the store and may exit before rank 1 reads it ("cannot tell
+  # which rank (the store did not answer)"); rank 0 names rank 3 (and maybe rank 1, gone too) then.
+  named=(0 1); [ "$launcher" = env ] && named=(0)
+  for r in "${named[@]}"; do
+    grep -E "failed on rank $r of 4: .*rank ([0-9], )*3(, [0-9])* did not answer" "$tmp/node0.log" > "$tmp/named" \
       || fail "rank $r's error does not name rank 3"
     sed 's/: \[.*GLHF[^;]*;/: [...];/' "$tmp/named" | head -1
   done
   [ ! -e "$tmp/two.json" ] || fail "a result file was written"
 else
-  [ "$c0" = 0 ] && [ "$c1" = 0 ] || fail "torchrun agents exited $c0 (node 0) and $c1 (node 1)"
+  [ "$c0" = 0 ] && [ "$c1" = 0 ] || fail "the node launchers ($launcher) exited $c0 (node 0) and $c1 (node 1)"
   [ -f "$tmp/two.json" ] || fail "the two-node run wrote no result"
   "$mpt" "${args[@]}" --nproc 4 -q --out "$tmp/one.json" > "$tmp/one.log" 2>&1 || { cat "$tmp/one.log"; fail "the one-node --nproc 4 run failed"; }
   /usr/bin/python3 -c 'import json,sys; json.dump(json.load(open(sys.argv[1]))["results"], open(sys.argv[2], "w"))' \
