@@ -43,6 +43,7 @@ packages=(
   dataset-fashion-mnist              # real data: /usr/share/datasets/fashion-mnist
   fortunes                           # real text: /usr/share/games/fortunes (the tiny GPT's corpus)
   python3-matplotlib                 # scripts/plot.py
+  iproute2                           # ip: the network namespaces of tests/cli/multinode.sh
   libgloo-dev                        # Gloo headers for c10d (PyPI's wheel ships ProcessGroupGloo.hpp, not gloo/)
 )
 if [ "$torch" = debian ]; then

@@ -73,6 +73,14 @@ TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]"
     CHECK(li->agent_store);
     CHECK(li->store_prefix == "/worker/attempt_2");
     CHECK(li->world_size_var == "WORLD_SIZE");  // named when the harness caps the world size
+    CHECK(li->local_world_size == 4);            // no LOCAL_WORLD_SIZE: one node
+    CHECK(li->node_rank == 0);
+    e.set("LOCAL_WORLD_SIZE", "2");  // torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1
+    e.set("GROUP_RANK", "1");
+    auto two = dist::launch_from_environment();
+    REQUIRE(two);
+    CHECK(two->local_world_size == 2);
+    CHECK(two->node_rank == 1);
   }
   SECTION("mpt --nproc: the launcher hosts the store") {
     EnvGuard e;
@@ -101,6 +109,13 @@ TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]"
     CHECK(li->rank == 1);
     CHECK(li->world_size == 2);
     CHECK(li->world_size_var == "SLURM_NTASKS");
+    CHECK(li->local_world_size == 2);
+    e.set("SLURM_NODEID", "1");
+    e.set("SLURM_NTASKS_PER_NODE", "1(x2)");  // 1 task on each of 2 nodes
+    auto two = dist::launch_from_environment();
+    REQUIRE(two);
+    CHECK(two->node_rank == 1);
+    CHECK(two->local_world_size == 1);
   }
   SECTION("inconsistent values are errors") {
     EnvGuard e;
@@ -115,6 +130,12 @@ TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]"
     e.set("WORLD_SIZE", "2");
     CHECK_THROWS_AS(dist::launch_from_environment(), RuntimeFailure);
   }
+}
+
+TEST_CASE("route_source_address: the local address the route to a host leaves from", "[dist]") {
+  CHECK(dist::route_source_address("127.0.0.1", 29500) == "127.0.0.1");
+  CHECK(dist::route_source_address("localhost", 0) == "127.0.0.1");
+  CHECK(dist::route_source_address("no-such-host.invalid", 29500).empty());  // RFC 6761: never resolves
 }
 
 TEST_CASE("Reducer on a one-process group leaves the local gradient (also accumulated)", "[dist]") {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <set>
 
 #include "app/output.hpp"
 #include "core/compat.hpp"
@@ -313,6 +314,26 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       }
       if (rank == 0)
         trace_doc = trace_document(exp, cfg, parts, world_size, launch ? launch->launcher : std::string("none"));
+    }
+    // Where the ranks ran: each rank's host, node and local rank, gathered on rank 0 through the
+    // job's store (one small value per rank) and recorded as env.launch, so a result says
+    // whether its N ranks shared a machine (mpt --nproc) or spanned nodes (torchrun, SLURM).
+    if (world && world->connected()) {
+      const dist::LaunchInfo li = launch.value_or(dist::LaunchInfo{});
+      const json mine = {{"rank", rank}, {"host", env.at("host")}, {"node_rank", li.node_rank},
+                         {"local_rank", li.local_rank}, {"local_world_size", li.local_world_size}};
+      std::vector<json> ranks;
+      if (several) {
+        for (const auto& s : world->job()->gather_on_rank0("launch", mine.dump())) ranks.push_back(json::parse(s));
+      } else {
+        ranks.push_back(mine);
+      }
+      if (rank == 0) {
+        std::set<int> nodes;
+        for (const auto& r : ranks) nodes.insert(r.at("node_rank").get<int>());
+        env["launch"] = {{"launcher", li.launcher}, {"world_size", world_size}, {"nodes", nodes.size()},
+                         {"master_addr", li.master_addr}, {"ranks", ranks}};
+      }
     }
     // The job's connection (store, heartbeat) outlives the groups until this rank returns: a
     // TCPStore that rank 0 hosts (SLURM, torchrun without the agent's) serves its peers' last calls.

@@ -763,9 +763,24 @@ std::shared_ptr<Group> Group::create(std::shared_ptr<Job> job, int rank, int siz
   } else {
     try {
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      // The address Gloo binds and advertises to its peers: GLOO_SOCKET_IFNAME's interfaces when
+      // set (as torch.distributed's ProcessGroupGloo does, comma-separated); loopback for a master
+      // on loopback; else the address this host reaches the master through (route_source_address:
+      // across nodes, not the 127.0.0.1 that a hostname in /etc/hosts often resolves to); Gloo's
+      // hostname-based default only where no route is found.
       const bool loopback = info.master_addr == "127.0.0.1" || info.master_addr == "localhost";
-      opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                       : c10d::ProcessGroupGloo::createDefaultDevice());
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      if (ifname && *ifname) {
+        std::stringstream names(ifname);
+        for (std::string name; std::getline(names, name, ',');)
+          if (!name.empty()) opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+      } else if (loopback) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else if (const std::string local = route_source_address(info.master_addr, info.master_port); !local.empty()) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
+      } else {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
       opts->threads = 1;
       g->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
     } catch (const std::exception& e) {

@@ -77,6 +77,7 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.world_size = env_int("MPT_WORLD_SIZE", 1);
     li.world_size_var = "MPT_WORLD_SIZE";
     li.local_rank = env_int("MPT_LOCAL_RANK", li.rank);
+    li.local_world_size = li.world_size;  // spawn_local: every worker on this machine
     const char* agent = env("MPT_AGENT_STORE");
     li.agent_store = agent && std::string(agent) == "1";
   } else if (env("RANK") || env("WORLD_SIZE")) {
@@ -91,6 +92,8 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.world_size = env_int("WORLD_SIZE", 1);
     li.world_size_var = "WORLD_SIZE";
     li.local_rank = env_int("LOCAL_RANK", 0);
+    li.local_world_size = env_int("LOCAL_WORLD_SIZE", li.world_size);
+    li.node_rank = env_int("GROUP_RANK", 0);  // torchrun's --node-rank (the agent's group)
     const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
     li.agent_store = agent && std::string(agent) == "True";
     li.store_prefix = li.agent_store ? fmt::format("/worker/attempt_{}", env_int("TORCHELASTIC_RESTART_COUNT", 0)) : "";
@@ -100,6 +103,13 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.world_size = env_int("SLURM_NTASKS", 1);
     li.world_size_var = "SLURM_NTASKS";
     li.local_rank = env_int("SLURM_LOCALID", 0);
+    li.node_rank = env_int("SLURM_NODEID", 0);
+    if (const char* t = env("SLURM_NTASKS_PER_NODE")) {  // "2" or "2(x3)": the first count
+      const long n = std::strtol(t, nullptr, 10);
+      li.local_world_size = n > 0 && n <= li.world_size ? static_cast<int>(n) : li.world_size;
+    } else {
+      li.local_world_size = li.world_size;
+    }
   } else {
     return std::nullopt;
   }
@@ -112,6 +122,28 @@ std::optional<LaunchInfo> launch_from_environment() {
     throw RuntimeFailure(fmt::format("{} environment: MASTER_PORT must be set to a TCP port (1-65535) for {} processes",
                                      li.launcher, li.world_size));
   return li;
+}
+
+std::string route_source_address(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port > 0 ? port : 9).c_str(), &hints, &res) != 0 || !res) return "";
+  std::string out;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char buf[INET_ADDRSTRLEN] = {};
+    if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr)
+      out = buf;
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return out;
 }
 
 int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s) {

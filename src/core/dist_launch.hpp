@@ -18,6 +18,8 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 1;  ///< processes of this job on this node (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE)
+  int node_rank = 0;         ///< this node's index (torchrun's GROUP_RANK, SLURM_NODEID; 0 under mpt --nproc)
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   std::string launcher = "none";  ///< "none", "mpt" (--nproc), "torchrun", "slurm"
@@ -27,10 +29,18 @@ struct LaunchInfo {
 };
 
 /// Reads the launcher environment: MPT_RANK/MPT_WORLD_SIZE (mpt --nproc), then torchrun's
-/// RANK/WORLD_SIZE/LOCAL_RANK, then SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID. nullopt when
+/// RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK, then SLURM_PROCID/SLURM_NTASKS/
+/// SLURM_LOCALID/SLURM_NTASKS_PER_NODE/SLURM_NODEID (the node fields default to one node). nullopt when
 /// none is set (a plain single process). MASTER_ADDR/MASTER_PORT are required for
 /// world_size > 1. Throws RuntimeFailure for malformed or inconsistent values.
 std::optional<LaunchInfo> launch_from_environment();
+
+/// The local IPv4 address through which this host reaches `host` (a name or address): the
+/// source address the kernel's routing table picks for it (a UDP socket connect()ed to
+/// host:port, read back with getsockname; no packet is sent). "" when `host` does not resolve
+/// or no route leads there. What a multi-node Gloo group binds to: a hostname that resolves
+/// to 127.0.0.1 (a common /etc/hosts) would make Gloo advertise loopback to the other nodes.
+std::string route_source_address(const std::string& host, int port);
 
 /// Exit code of a worker stopped on purpose by the /fault config keys (tests of failure
 /// handling): distinct from 3, which a rank uses when it stops because a peer failed.

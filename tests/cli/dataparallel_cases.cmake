@@ -77,3 +77,9 @@ cli_case(dataparallel_print_config_fault_step 2 "/fault/step: expected a step 0 
 # the vs 1-proc and replica checks compare nan and fail (exit 1; std::max had kept the finite 0).
 diverged_case(dataparallel_diverged 1 "diverged: N=2's loss became nan at step 1" ${DPQ} --set train.lr=1e20
               --set train.nosync_steps=0)
+# Multi-node (issue 19): DDP over two "nodes" x 2 ranks (network namespaces, a veth pair, one torchrun
+# agent per node) equals a one-node --nproc 4 run bitwise (tests/cli/multinode.sh; 77 where no namespaces).
+add_test(NAME cli.dataparallel_two_nodes
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode.sh $<TARGET_FILE:mpt> ${MPT_REF_PYTHON} dataparallel
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.dataparallel_two_nodes PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
