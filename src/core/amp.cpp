@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -179,11 +180,40 @@ struct StorageRound : torch::autograd::Function<StorageRound> {
   }
 };
 
+// StorageRound whose backward also counts the gradient's underflow (round_to_counting_underflow:
+// one pass). The counters' addresses travel in saved_data as integers.
+struct CountingStorageRound : torch::autograd::Function<CountingStorageRound> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t fmt,
+                               int64_t underflow, int64_t total) {
+    ctx->saved_data["fmt"] = fmt;
+    ctx->saved_data["underflow"] = underflow;
+    ctx->saved_data["total"] = total;
+    return round_to(x, static_cast<Format>(fmt));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const auto f = static_cast<Format>(ctx->saved_data["fmt"].toInt());
+    auto* under = reinterpret_cast<long long*>(static_cast<std::intptr_t>(ctx->saved_data["underflow"].toInt()));
+    auto* total = reinterpret_cast<long long*>(static_cast<std::intptr_t>(ctx->saved_data["total"].toInt()));
+    int64_t n = 0;
+    auto r = round_to_counting_underflow(grad[0], f, &n);
+    *under += n;
+    *total += grad[0].numel();
+    return {r, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor emulate_storage(const torch::Tensor& x, Format f) {
   if (f == Format::FP32) return x;
   return StorageRound::apply(x, static_cast<int64_t>(f));
+}
+
+torch::Tensor emulate_storage_counting(const torch::Tensor& x, Format f, long long* underflow, long long* total) {
+  if (f == Format::FP32) return x;
+  return CountingStorageRound::apply(x, static_cast<int64_t>(f), static_cast<int64_t>(reinterpret_cast<std::intptr_t>(underflow)),
+                                     static_cast<int64_t>(reinterpret_cast<std::intptr_t>(total)));
 }
 
 namespace {

@@ -1,9 +1,14 @@
 // Number formats and rounding. See precision.hpp.
 #include "core/precision.hpp"
 
+#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
+
+#include <ATen/Parallel.h>
 
 #include "core/quant.hpp"
 
@@ -42,7 +47,149 @@ torch::Tensor round_fp8(const torch::Tensor& x32, Format f, std::optional<quant:
   return quant::cast(x32.cpu(), fp8_element(f), o).to(x32.device());
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fused rounding to fp16 / bf16 on the bits (round_element's doc comment in precision.hpp)
+// ---------------------------------------------------------------------------------------------
+// GCC vectorises the loops below (SSE2 on the x86-64 baseline) only at -O3 and without
+// -ftrapping-math. Neither changes a result: no-trapping-math lets selects evaluate both float
+// arms; contraction and reassociation stay off, so (|x| + 0.5) − 0.5 is computed as written.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("O3", "no-trapping-math")
+#endif
+inline std::uint32_t bits_of(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float float_of(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// bf16: keep the top 16 bits, rounding the dropped 16 to nearest, ties to even (the carry may
+// run into the exponent: up a binade, or to inf past bf16's max). NaN: quieted, top bits kept.
+inline float round_bf16_element(float x) {
+  const std::uint32_t u = bits_of(x);
+  const std::uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  return float_of(nan ? ((u | 0x00400000u) & 0xFFFF0000u) : r);
+}
+
+// fp16: |x| ≥ 2^−14 (fp16's normals): round the significand to 10 bits on the bits, as above with
+// 13 dropped bits; |x| < 2^−14: round to the subnormals' grid 2^−24 by fp32 arithmetic —
+// |x| + 0.5 has ulp 2^−24, so the fp32 addition rounds |x| to nearest, ties to even, on that grid,
+// and subtracting 0.5 is exact. Beyond 65504 (what rounds to 65536 or more) → inf. Sign restored.
+inline float round_fp16_element(float x) {
+  const std::uint32_t u = bits_of(x);
+  const std::uint32_t sign = u & 0x80000000u, a = u ^ sign;
+  const std::uint32_t normal = (a + 0x0FFFu + ((a >> 13) & 1u)) & 0xFFFFE000u;
+  const std::uint32_t sub = bits_of((float_of(a) + 0.5f) - 0.5f);
+  std::uint32_t r = a < 0x38800000u ? sub : normal;
+  r = r > 0x477FE000u ? 0x7F800000u : r;                   // 65504 = 0x477FE000
+  r = a > 0x7F800000u ? ((a | 0x00400000u) & 0xFFFFE000u) : r;  // NaN
+  return float_of(r | sign);
+}
+
+// One pass over n contiguous fp32 values: out[i] = R(in[i]) (in == out allowed), and, when
+// `Count`, the elements nonzero in fp32 that R makes zero. No branches in the loop.
+template <bool Fp16, bool Count>
+int64_t round_span(const float* in, float* out, int64_t n) {
+  int64_t under = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = in[i];
+    const float r = Fp16 ? round_fp16_element(x) : round_bf16_element(x);
+    if (Count) under += static_cast<int64_t>((x != 0.0f) & (r == 0.0f));
+    out[i] = r;
+  }
+  return under;
+}
+
+template <bool Fp16>
+int64_t count_span(const float* in, int64_t n) {
+  int64_t under = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = in[i];
+    const float r = Fp16 ? round_fp16_element(x) : round_bf16_element(x);
+    under += static_cast<int64_t>((x != 0.0f) & (r == 0.0f));
+  }
+  return under;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+// The fused kernels apply to contiguous fp32 CPU tensors and fp16 / bf16 (CUDA, strided tensors
+// and other dtypes take ATen's operators). A tensor that autograd records keeps ATen's
+// differentiable casts.
+bool fusable(const torch::Tensor& x, Format f) {
+  return (f == Format::FP16 || f == Format::BF16) && x.defined() && x.device().is_cpu() &&
+         x.scalar_type() == torch::kFloat && x.is_contiguous() &&
+         !(x.requires_grad() && torch::GradMode::is_enabled());
+}
+
+constexpr int64_t kGrain = 32768;  // elements per parallel_for chunk, as core/amp's fused SGD
+
+// Rounds `in` into `out` (both contiguous fp32, same numel); returns the underflow count when Count.
+template <bool Count>
+int64_t round_fused(const torch::Tensor& in, torch::Tensor& out, Format f) {
+  const float* ip = in.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t n = in.numel();
+  const bool h = f == Format::FP16;
+  if (n <= kGrain) return h ? round_span<true, Count>(ip, op, n) : round_span<false, Count>(ip, op, n);
+  std::atomic<int64_t> under{0};
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    under += h ? round_span<true, Count>(ip + b, op + b, e - b) : round_span<false, Count>(ip + b, op + b, e - b);
+  });
+  return under.load();
+}
+
 }  // namespace
+
+float round_element(float x, Format f) {
+  return f == Format::FP16 ? round_fp16_element(x) : f == Format::BF16 ? round_bf16_element(x) : x;
+}
+
+void round_to_(torch::Tensor& x, Format f) {
+  if (x.scalar_type() != torch::kFloat)
+    throw std::invalid_argument(std::string("round_to_: expected an fp32 tensor, got ") + c10::toString(x.scalar_type()));
+  if (f == Format::FP32) return;
+  if (fusable(x, f)) {
+    round_fused<false>(x, x, f);
+    return;
+  }
+  x.copy_(round_to(x, f));
+}
+
+int64_t count_underflow(const torch::Tensor& g, Format f) {
+  if (f == Format::FP32) return 0;
+  if (fusable(g, f)) {
+    const float* p = g.data_ptr<float>();
+    const int64_t n = g.numel();
+    const bool h = f == Format::FP16;
+    if (n <= kGrain) return h ? count_span<true>(p, n) : count_span<false>(p, n);
+    std::atomic<int64_t> under{0};
+    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+      under += h ? count_span<true>(p + b, e - b) : count_span<false>(p + b, e - b);
+    });
+    return under.load();
+  }
+  torch::NoGradGuard ng;
+  return ((g != 0) & (round_to(g, f) == 0)).sum().item<int64_t>();
+}
+
+torch::Tensor round_to_counting_underflow(const torch::Tensor& x, Format f, int64_t* underflow) {
+  if (fusable(x, f)) {
+    auto out = torch::empty_like(x);
+    *underflow += round_fused<true>(x, out, f);
+    return out;
+  }
+  *underflow += count_underflow(x, f);
+  return round_to(x, f);
+}
 
 const FormatInfo& format_info(Format f) { return table().at(static_cast<std::size_t>(f)); }
 
@@ -61,6 +208,11 @@ torch::ScalarType storage_dtype(Format f) {
 }
 
 torch::Tensor round_to(const torch::Tensor& x, Format f) {
+  if (fusable(x, f)) {  // one pass and one allocation instead of two casts and two allocations
+    auto out = torch::empty_like(x);
+    round_fused<false>(x, out, f);
+    return out;
+  }
   auto x32 = x.to(torch::kFloat);
   switch (f) {
     case Format::FP32: return x32;

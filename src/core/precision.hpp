@@ -61,6 +61,32 @@ torch::ScalarType storage_dtype(Format f);
 /// ±448 (inf too), E5M2 overflows to ±inf; NaN stays NaN.
 torch::Tensor round_to(const torch::Tensor& x, Format f);
 
+/// round_to(x, f) written into `x` itself: x must be an fp32 tensor; afterwards it holds f's values.
+/// CPU, contiguous, f ∈ {fp16, bf16}: one pass over memory, no allocation (round_element's
+/// arithmetic); otherwise x.copy_(round_to(x, f)). FP32 leaves x unchanged. Throws
+/// std::invalid_argument for a non-fp32 x.
+void round_to_(torch::Tensor& x, Format f);
+
+/// How many elements of `g` (any shape, fp32 values — a gradient in fp32 math) are nonzero but
+/// round to zero in `f`: ((g != 0) & (round_to(g, f) == 0)).sum(), the gradient-underflow count
+/// of Micikevicius et al. 2017, §3.2. Fused (one pass, no temporaries, no host sync beyond the
+/// result) for contiguous fp32 CPU tensors and f ∈ {fp16, bf16}; ATen's expression otherwise.
+/// FP32 counts 0.
+int64_t count_underflow(const torch::Tensor& g, Format f);
+
+/// round_to(x, f) and count_underflow(x, f) from one pass over x (the fused path as above; ATen's
+/// operators otherwise): returns the rounded fp32 tensor and adds the count to `*underflow`.
+torch::Tensor round_to_counting_underflow(const torch::Tensor& x, Format f, int64_t* underflow);
+
+/// One fp32 value rounded to fp16 or bf16 and widened back (f ∈ {FP16, BF16}; anything else is
+/// returned unchanged): IEEE 754 round to nearest, ties to even, on the bits — bf16 keeps the
+/// top 16 bits, fp16 rounds the significand to 10 bits (to the 2^−24 grid below 2^−14:
+/// subnormals), beyond 65504 + half an ulp → ±inf; NaN stays NaN (quieted). The values of
+/// `x.to(kHalf / kBFloat16).to(kFloat)` for every non-NaN input (tests/precision_test.cpp checks
+/// every fp16 / bf16 pattern, their midpoints and a stride through all 2^32 fp32 patterns); NaN
+/// payloads are not kept (ATen's vector and scalar casts differ there too).
+float round_element(float x, Format f);
+
 /// Rounds one double through fp32 and then to `f` (the path of a Python float
 /// stored into a torch tensor of that dtype).
 double round_scalar(double x, Format f);
