@@ -268,6 +268,9 @@ torch::Tensor store_as(const torch::Tensor& x, Format f, Compute c) {
 // ---------------------------------------------------------------------------------------------
 namespace {
 
+// Vectorised at -O3 without -ftrapping-math, as core/precision's rounding loops (precision.hpp's
+// MPT_ROUNDING_PUSH; no result changes): the fp32 cases inline detail::round_*_element.
+MPT_ROUNDING_PUSH
 // One pass of w ← R(w − fp32(g)·lr) over [begin, end), counting; W is the stored element type of
 // w, G of g, and R rounds the fp32 result to what w stores (identity, or through a narrower type).
 template <typename W, typename G, typename Round>
@@ -291,6 +294,18 @@ void fused_sgd(W* w, const G* g, float lr, int64_t n, Round round, UpdateCounts&
   counts.lost += lost.load();
 }
 
+// The fp32 cases' roundings, as function objects so that they inline into fused_sgd's loop.
+struct KeepFp32 {
+  float operator()(float x) const { return x; }
+};
+struct RoundBf16 {
+  float operator()(float x) const { return detail::round_bf16_element(x); }
+};
+struct RoundFp16 {
+  float operator()(float x) const { return detail::round_fp16_element(x); }
+};
+MPT_ROUNDING_POP
+
 }  // namespace
 
 UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, float lr, Format stored) {
@@ -308,11 +323,11 @@ UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, 
   if (fused && wt == torch::kFloat) {
     float* wp = w.data_ptr<float>();
     const float* gp = g.data_ptr<float>();
-    // The roundings of ATen's casts: c10::BFloat16 / c10::Half round to nearest, ties to even.
-    if (stored == Format::FP32) fused_sgd(wp, gp, lr, n, [](float x) { return x; }, counts);
-    else if (stored == Format::BF16)
-      fused_sgd(wp, gp, lr, n, [](float x) { return static_cast<float>(c10::BFloat16(x)); }, counts);
-    else fused_sgd(wp, gp, lr, n, [](float x) { return static_cast<float>(c10::Half(x)); }, counts);
+    // The roundings of ATen's casts (round to nearest, ties to even) on the bits, vectorised:
+    // core/precision's round_element, equal to c10::BFloat16 / c10::Half for every non-NaN input.
+    if (stored == Format::FP32) fused_sgd(wp, gp, lr, n, KeepFp32{}, counts);
+    else if (stored == Format::BF16) fused_sgd(wp, gp, lr, n, RoundBf16{}, counts);
+    else fused_sgd(wp, gp, lr, n, RoundFp16{}, counts);
     return counts;
   }
   if (fused && wt == torch::kBFloat16) {

@@ -51,47 +51,9 @@ torch::Tensor round_fp8(const torch::Tensor& x32, Format f, std::optional<quant:
 // Fused rounding to fp16 / bf16 on the bits (round_element's doc comment in precision.hpp)
 // ---------------------------------------------------------------------------------------------
 // GCC vectorises the loops below (SSE2 on the x86-64 baseline) only at -O3 and without
-// -ftrapping-math. Neither changes a result: no-trapping-math lets selects evaluate both float
-// arms; contraction and reassociation stay off, so (|x| + 0.5) − 0.5 is computed as written.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC optimize("O3", "no-trapping-math")
-#endif
-inline std::uint32_t bits_of(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-inline float float_of(std::uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-// bf16: keep the top 16 bits, rounding the dropped 16 to nearest, ties to even (the carry may
-// run into the exponent: up a binade, or to inf past bf16's max). NaN: quieted, top bits kept.
-inline float round_bf16_element(float x) {
-  const std::uint32_t u = bits_of(x);
-  const std::uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-  return float_of(nan ? ((u | 0x00400000u) & 0xFFFF0000u) : r);
-}
-
-// fp16: |x| ≥ 2^−14 (fp16's normals): round the significand to 10 bits on the bits, as above with
-// 13 dropped bits; |x| < 2^−14: round to the subnormals' grid 2^−24 by fp32 arithmetic —
-// |x| + 0.5 has ulp 2^−24, so the fp32 addition rounds |x| to nearest, ties to even, on that grid,
-// and subtracting 0.5 is exact. Beyond 65504 (what rounds to 65536 or more) → inf. Sign restored.
-inline float round_fp16_element(float x) {
-  const std::uint32_t u = bits_of(x);
-  const std::uint32_t sign = u & 0x80000000u, a = u ^ sign;
-  const std::uint32_t normal = (a + 0x0FFFu + ((a >> 13) & 1u)) & 0xFFFFE000u;
-  const std::uint32_t sub = bits_of((float_of(a) + 0.5f) - 0.5f);
-  std::uint32_t r = a < 0x38800000u ? sub : normal;
-  r = r > 0x477FE000u ? 0x7F800000u : r;                   // 65504 = 0x477FE000
-  r = a > 0x7F800000u ? ((a | 0x00400000u) & 0xFFFFE000u) : r;  // NaN
-  return float_of(r | sign);
-}
-
+// -ftrapping-math (precision.hpp's MPT_ROUNDING_PUSH: the element functions there carry the same
+// options, so that they inline here).
+MPT_ROUNDING_PUSH
 // One pass over n contiguous fp32 values: out[i] = R(in[i]) (in == out allowed), and, when
 // `Count`, the elements nonzero in fp32 that R makes zero. No branches in the loop.
 template <bool Fp16, bool Count>
@@ -99,7 +61,7 @@ int64_t round_span(const float* in, float* out, int64_t n) {
   int64_t under = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float x = in[i];
-    const float r = Fp16 ? round_fp16_element(x) : round_bf16_element(x);
+    const float r = Fp16 ? detail::round_fp16_element(x) : detail::round_bf16_element(x);
     if (Count) under += static_cast<int64_t>((x != 0.0f) & (r == 0.0f));
     out[i] = r;
   }
@@ -111,15 +73,13 @@ int64_t count_span(const float* in, int64_t n) {
   int64_t under = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float x = in[i];
-    const float r = Fp16 ? round_fp16_element(x) : round_bf16_element(x);
+    const float r = Fp16 ? detail::round_fp16_element(x) : detail::round_bf16_element(x);
     under += static_cast<int64_t>((x != 0.0f) & (r == 0.0f));
   }
   return under;
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
+MPT_ROUNDING_POP
 
 // The fused kernels apply to contiguous fp32 CPU tensors and fp16 / bf16 (CUDA, strided tensors
 // and other dtypes take ATen's operators). A tensor that autograd records keeps ATen's
@@ -150,7 +110,7 @@ int64_t round_fused(const torch::Tensor& in, torch::Tensor& out, Format f) {
 }  // namespace
 
 float round_element(float x, Format f) {
-  return f == Format::FP16 ? round_fp16_element(x) : f == Format::BF16 ? round_bf16_element(x) : x;
+  return f == Format::FP16 ? detail::round_fp16_element(x) : f == Format::BF16 ? detail::round_bf16_element(x) : x;
 }
 
 void round_to_(torch::Tensor& x, Format f) {
