@@ -34,6 +34,18 @@ Benchmarks (--only NAME, repeatable; default: all):
   ddp          inner loop: `mpt dataparallel --nproc 2` (N = 2, Gloo) vs torch's
                DistributedDataParallel (bench/dataparallel_ddp.py), same model, batches and
                buckets: step time; the final loss checked equal (to roundoff) first
+  accumulate_step  inner loop: the accumulated step `mpt accumulate` times in its memory table
+               (zero the gradients, then batch B in k micro-batches, forward + backward + loss.item()
+               each; MLP 784-H-H-10) vs bench/accumulate_step.py (the same step in PyTorch-Python):
+               k = 1 and 4, B = 512, H = 128, median of 21 steps; checked equal first: every value
+               the accumulate parity reference computes on the same run (the gradients, training,
+               normalisation and BatchNorm sections use the same accumulate_grad), bit for bit. The
+               memory rows themselves hold no value to compare (allocator bytes, times)
+  pipeline_step    inner loop: one `mpt pipeline` step on the threads executor, no synthetic cost
+               (1f1b, m = 8, 4 stages; timings.measured step_ms, median of 5 steps) vs
+               bench/pipeline_step.py (the same microbatch loop in one Python thread, what a user
+               without a pipeline runtime writes); the step's loss and max |g - g_full| checked
+               equal (bit for bit) first
   zero2        inner loop: `mpt shard --nproc 2` (N = 2, Gloo) with stages 0 and 2 in one run:
                the ZeRO-2 step (reduce-scatter + sharded Adam + all-gather) / the DDP step
                (all-reduce + Adam), issue 19's target <= 1.1; both equal bitwise (the run's own
@@ -77,7 +89,7 @@ BENCH = os.path.join(ROOT, "bench")
 PARITY = os.path.join(ROOT, "tests", "parity")
 SCHEMA_VERSION = 2
 ALL = ["underflow", "lossscale", "accumulate", "dataparallel", "pipeline", "checkpoint", "mlp", "mlp_large", "ddp",
-       "zero2", "gemm", "busy", "trace"]
+       "accumulate_step", "pipeline_step", "zero2", "gemm", "busy", "trace"]
 
 
 def log(*a):
@@ -327,6 +339,69 @@ class Bench:
         pt = [x[1]["step_ms"] for x in res]
         self.add(f"ddp_n{n}", "ddp", "step", "ms", mt, pt, [a / b for a, b in zip(mt, pt)], target="<= 1.0",
                  note=f"784-128-10, global batch 64, Gloo, {steps} steps, 1 thread per rank")
+
+    # ------------------------------------------------------------------------------------
+    # accumulate_step / pipeline_step: the inner loops of accumulate and pipeline
+    # ------------------------------------------------------------------------------------
+    def accumulate_step(self):
+        repeats = 5 if self.args.quick else 21
+        ks = [1, 4]
+        cmd, out = self.mpt_cmd("accumulate_step", "accumulate", "--set", f"timing.repeats={repeats}",
+                                "--set", f"memory.micro_batches={json.dumps(ks)}", "--set", "memory.batch=512",
+                                "--set", "memory.hidden=128")
+        run(cmd)
+        # The same accumulate_grad on the same data: every deterministic section equal to the
+        # parity reference, bit for bit (tests/parity/compare.py), before timing.
+        ref_out = os.path.join(self.tmp, "accumulate_step.ref.json")
+        _, _, ref_json = run([REF_PY, os.path.join(PARITY, "accumulate_ref.py"), out], stdout=subprocess.PIPE)
+        with open(ref_out, "w") as f:
+            f.write(ref_json)
+        same = subprocess.run([REF_PY, os.path.join(PARITY, "compare.py"), out, ref_out], cwd=ROOT,
+                              capture_output=True, text=True)
+        if same.returncode != 0:
+            raise Mismatch(f"accumulate_step: results differ:\n{same.stdout[-1500:]}")
+        log(f"accumulate_step: {same.stdout.strip()}")
+        py = [REF_PY, os.path.join(BENCH, "accumulate_step.py"), out]
+
+        def one():
+            run(cmd)
+            m = load(out)
+            _, _, text = run(py, stdout=subprocess.PIPE)
+            return m, json.loads(text)
+        res = self.rounds(one)
+        for k in ks:
+            key = f"B/{k}"
+            mt = [x[0]["timings"]["memory_step_time"][key]["step_s"] * 1e3 for x in res]
+            pt = [x[1][key]["step_s"] * 1e3 for x in res]
+            self.add(f"accumulate_step_k{k}", "accumulate", "step", "ms", mt, pt, [a / b for a, b in zip(mt, pt)],
+                     target="<= 0.67", note=f"784-128-128-10, batch 512 in {k} micro-batch(es), median of {repeats}")
+
+    def pipeline_step(self):
+        steps = 3 if self.args.quick else 5
+        m_micro, sched = 8, "1f1b"
+        cmd, out = self.mpt_cmd("pipeline_step", "pipeline", "--set", f'pipeline.schedules=["{sched}"]',
+                                "--set", f"pipeline.microbatches=[{m_micro}]", "--set", f"pipeline.steps={steps}",
+                                "--set", "cost.forward_us=0")
+        py = [REF_PY, os.path.join(BENCH, "pipeline_step.py"), out, sched, str(m_micro), str(steps)]
+        name = f"{sched}.m{m_micro}"
+
+        def one():
+            run(cmd)
+            m = load(out)
+            _, _, text = run(py, stdout=subprocess.PIPE)
+            return m, json.loads(text)
+        m, p = one()
+        row = {r["name"]: r for r in m["results"]["sweep"]}[name]
+        if row["loss"] != p["loss"] or row["grad_max_abs_diff"] != p["grad_max_abs_diff"]:
+            raise Mismatch(f"pipeline_step: loss {row['loss']!r} vs {p['loss']!r}, max|g - g_full| "
+                           f"{row['grad_max_abs_diff']!r} vs {p['grad_max_abs_diff']!r}")
+        log(f"pipeline_step: loss and max|g - g_full| of {name} equal (bit for bit)")
+        res = self.rounds(one)
+        mt = [{r["name"]: r for r in x[0]["timings"]["measured"]}[name]["step_ms"] for x in res]
+        pt = [x[1]["step_ms"] for x in res]
+        self.add("pipeline_step_1f1b_m8", "pipeline", "step", "ms", mt, pt, [a / b for a, b in zip(mt, pt)],
+                 target="<= 0.67", note=f"16-64x7-1, batch 64, 4 stage threads vs one Python thread, "
+                                        f"median of {steps} steps")
 
     # ------------------------------------------------------------------------------------
     # zero2: N = 2 over Gloo, ZeRO stage 2 vs stage 0 (DDP) in one mpt shard run

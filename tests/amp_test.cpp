@@ -308,12 +308,18 @@ TEST_CASE("activation_as: emulated sigmoid/tanh equal the native kernels, backwa
 }
 
 namespace {
+// ATen's casts, unfused (round_to's CPU fast path for fp16 / bf16 is what is under test elsewhere).
+torch::Tensor aten_round(const torch::Tensor& x, Format f) {
+  if (f == Format::FP16) return x.to(torch::kFloat).to(torch::kHalf).to(torch::kFloat);
+  if (f == Format::BF16) return x.to(torch::kFloat).to(torch::kBFloat16).to(torch::kFloat);
+  return round_to(x, f);
+}
 // The unfused ATen expression sgd_update_counting_lost must equal, bit for bit.
 UpdateCounts reference_sgd(torch::Tensor& w, const torch::Tensor& g, float lr, Format stored) {
   torch::NoGradGuard ng;
   auto u = g.to(torch::kFloat) * lr;
   auto next32 = w.to(torch::kFloat) - u;
-  auto next = w.scalar_type() == torch::kFloat ? round_to(next32, stored) : next32.to(w.scalar_type());
+  auto next = w.scalar_type() == torch::kFloat ? aten_round(next32, stored) : next32.to(w.scalar_type());
   auto intended = u != 0;
   UpdateCounts c;
   c.lost = (intended & (next == w)).sum().item<int64_t>();
@@ -344,7 +350,7 @@ TEST_CASE("sgd_update_counting_lost equals ATen's unfused update and counts bit 
                        Case{torch::kBFloat16, Format::BF16}, Case{torch::kHalf, Format::FP16}}) {
     for (const float lr : {1e-3f, 0.1f}) {
       CAPTURE(c10::toString(c.dtype), format_name(c.stored), lr);
-      auto start = c.dtype == torch::kFloat ? round_to(w0, c.stored) : w0.to(c.dtype);
+      auto start = c.dtype == torch::kFloat ? aten_round(w0, c.stored) : w0.to(c.dtype);
       auto g = c.dtype == torch::kFloat ? g0 : g0.to(c.dtype);
       auto a = start.clone(), b = start.clone();
       const UpdateCounts fused = sgd_update_counting_lost(a, g, lr, c.stored);
@@ -472,4 +478,53 @@ TEST_CASE("SgdMomentum: b = g, then b = m*b + g, p -= lr*b (torch.optim.SGD's si
   CHECK(p[0].item<float>() == 0.5625f);
   CHECK_THROWS_AS(SgdMomentum({p}, 0.0, 0.5), std::invalid_argument);
   CHECK_THROWS_AS(SgdMomentum({p}, 0.1, 1.0), std::invalid_argument);
+}
+
+TEST_CASE("emulate_storage_counting: the same values and gradients as emulate_storage, and the hook's underflow count",
+          "[amp]") {
+  // A two-layer net in emulated fp16 / bf16 twice: once with emulate_storage plus a hook on each
+  // stored parameter counting ((g != 0) & (cast(g) == 0)).sum() with ATen's casts (what
+  // core/amp_recipe did before), once with emulate_storage_counting. Small inputs and a scaled
+  // loss put a good share of the gradients below fp16's subnormals.
+  torch::manual_seed(13);
+  auto x = torch::randn({256, 64}) * torch::exp2(torch::randint(-24, 0, {256, 64}).to(torch::kFloat));
+  auto w1 = torch::randn({128, 64}) * 0.1, w2 = torch::randn({10, 128}) * 0.1;
+  for (Format f : {Format::FP16, Format::BF16}) {
+    CAPTURE(format_name(f));
+    long long hook_under = 0, hook_total = 0, fused_under = 0, fused_total = 0;
+    auto run = [&](bool fused) {
+      auto a = aten_round(w1, f).requires_grad_(true), b = aten_round(w2, f).requires_grad_(true);
+      torch::Tensor sa, sb;
+      if (fused) {
+        sa = emulate_storage_counting(a, f, &fused_under, &fused_total);
+        sb = emulate_storage_counting(b, f, &fused_under, &fused_total);
+      } else {
+        sa = emulate_storage(a, f);
+        sb = emulate_storage(b, f);
+        for (auto* t : {&sa, &sb})
+          t->register_hook([&, f](torch::Tensor g) {
+            hook_under += ((g != 0) & (aten_round(g, f) == 0)).sum().item<int64_t>();
+            hook_total += g.numel();
+          });
+      }
+      auto h = emulate_storage(torch::relu(emulate_storage(torch::linear(emulate_storage(x, f), sa), f)), f);
+      auto loss = emulate_storage(torch::linear(h, sb), f).pow(2).mean() * 1e-3;
+      loss.backward();
+      return std::pair{a.grad(), b.grad()};
+    };
+    auto [ga, gb] = run(false);
+    auto [fa, fb] = run(true);
+    CHECK(torch::equal(ga, fa));
+    CHECK(torch::equal(gb, fb));
+    CHECK(fused_total == hook_total);
+    CHECK(fused_total == 128 * 64 + 10 * 128);
+    CHECK(fused_under == hook_under);
+    if (f == Format::FP16) {  // the count is exercised: some underflow, not all
+      CHECK(hook_under > 100);
+      CHECK(hook_under < hook_total);
+    }
+  }
+  auto z = torch::ones({2}, torch::requires_grad());
+  long long u = 0, t = 0;
+  CHECK(emulate_storage_counting(z, Format::FP32, &u, &t).is_same(z));
 }

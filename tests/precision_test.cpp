@@ -116,3 +116,120 @@ TEST_CASE("round_to fp8 equals LibTorch 2.x's float8 casts on every bf16 bit pat
   WARN("LibTorch " << compat::torch_version() << " has no float8 dtypes: checked on the 2.x route (and tests/quant/ tables)");
 #endif
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fused fp16 / bf16 rounding (round_to's CPU fast path, round_to_, count_underflow,
+// round_to_counting_underflow, round_element) against ATen's casts x.to(dtype).to(float)
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+// ATen's unfused rounding, which the fused kernels must equal.
+torch::Tensor aten_round(const torch::Tensor& x, Format f) {
+  return x.to(f == Format::FP16 ? torch::kHalf : torch::kBFloat16).to(torch::kFloat);
+}
+// Elements where a and b differ: bit patterns for non-NaN (so −0 ≠ +0), NaN-ness for NaN.
+int64_t bit_mismatches(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto nan_a = torch::isnan(a), nan_b = torch::isnan(b);
+  const auto same_bits = a.contiguous().view(torch::kInt) == b.contiguous().view(torch::kInt);
+  return (~((nan_a & nan_b) | (~nan_a & ~nan_b & same_bits))).sum().item<int64_t>();
+}
+// Every fused entry point on x (contiguous fp32) against ATen, bit for bit, and the counts.
+void check_fused(const torch::Tensor& x, Format f) {
+  INFO(format_name(f) << ", " << x.numel() << " elements");
+  const auto ref = aten_round(x, f);
+  CHECK(bit_mismatches(round_to(x, f), ref) == 0);
+  auto y = x.clone();
+  round_to_(y, f);
+  CHECK(bit_mismatches(y, ref) == 0);
+  const int64_t ref_under = ((x != 0) & (ref == 0)).sum().item<int64_t>();
+  CHECK(count_underflow(x, f) == ref_under);
+  int64_t under = 7;  // adds to what is there
+  CHECK(bit_mismatches(round_to_counting_underflow(x, f, &under), ref) == 0);
+  CHECK(under == 7 + ref_under);
+  // the scalar path, element by element
+  auto scalar = x.clone();
+  float* p = scalar.data_ptr<float>();
+  for (int64_t i = 0; i < scalar.numel(); ++i) p[i] = round_element(p[i], f);
+  CHECK(bit_mismatches(scalar, ref) == 0);
+}
+
+// fp32 values around every pattern of a 16-bit format: each pattern, the midpoint to the next
+// pattern (exact in fp32: at most 12 significant bits), and the fp32 neighbours of both.
+torch::Tensor around_every_pattern(torch::ScalarType dt16) {
+  auto bits = torch::arange(0, 1 << 16, torch::kInt).to(torch::kShort);
+  auto v = bits.view(dt16).to(torch::kFloat);                       // all 2^16 patterns, NaNs included
+  auto next = (bits + 1).view(dt16).to(torch::kFloat);              // the next pattern up in magnitude
+  auto mid = ((v.to(torch::kDouble) + next.to(torch::kDouble)) / 2).to(torch::kFloat);  // exact
+  const float inf = std::numeric_limits<float>::infinity();
+  auto up = [&](const torch::Tensor& t) { return torch::nextafter(t, torch::full_like(t, inf)); };
+  auto down = [&](const torch::Tensor& t) { return torch::nextafter(t, torch::full_like(t, -inf)); };
+  return torch::cat({v, up(v), down(v), mid, up(mid), down(mid)});
+}
+
+}  // namespace
+
+TEST_CASE("fused fp16 rounding equals ATen's cast around all 2^16 fp16 patterns, their midpoints and neighbours",
+          "[precision]") {
+  auto x = around_every_pattern(torch::kHalf);
+  check_fused(x, Format::FP16);
+  // the ties really are there: 2049 (between 2048 and 2050) and the smallest subnormal's half
+  CHECK(round_element(2049.0f, Format::FP16) == 2048.0f);
+  CHECK(round_element(2051.0f, Format::FP16) == 2052.0f);
+  CHECK(round_element(std::ldexp(1.0f, -25), Format::FP16) == 0.0f);
+  CHECK(round_element(std::nextafter(std::ldexp(1.0f, -25), 1.0f), Format::FP16) == std::ldexp(1.0f, -24));
+  CHECK(std::isinf(round_element(65520.0f, Format::FP16)));
+  CHECK(round_element(std::nextafter(65520.0f, 0.0f), Format::FP16) == 65504.0f);
+  CHECK(std::signbit(round_element(-1e-9f, Format::FP16)));
+}
+
+TEST_CASE("fused bf16 rounding equals ATen's cast around all 2^16 bf16 patterns, their midpoints and neighbours",
+          "[precision]") {
+  check_fused(around_every_pattern(torch::kBFloat16), Format::BF16);
+  CHECK(round_element(257.0f, Format::BF16) == 256.0f);
+  CHECK(round_element(259.0f, Format::BF16) == 260.0f);
+  CHECK(std::isinf(round_element(std::numeric_limits<float>::max(), Format::BF16)));
+}
+
+TEST_CASE("fused fp16 / bf16 rounding equals ATen's cast on a stride through all 2^32 fp32 patterns and random inputs",
+          "[precision]") {
+  // Stride 4093 (prime) through the 2^32 patterns, from two offsets: ~2.1M values of every
+  // exponent, sign and NaN payload; then random values over 50 binades with exact zeros, and a
+  // size that is not a multiple of the parallel chunk (32768).
+  auto stride = torch::arange(0, (int64_t{1} << 32), 4093, torch::kLong);
+  auto patterns = torch::cat({stride, stride + 1777}).remainder(int64_t{1} << 32);
+  auto x_bits = torch::where(patterns >= (int64_t{1} << 31), patterns - (int64_t{1} << 32), patterns).to(torch::kInt);
+  auto x = x_bits.view(torch::kFloat);
+  torch::manual_seed(11);
+  auto r = torch::randn({100003}) * torch::exp2(torch::randint(-40, 20, {100003}).to(torch::kFloat)) *
+           (torch::rand({100003}) > 0.05).to(torch::kFloat);
+  for (Format f : {Format::FP16, Format::BF16}) {
+    check_fused(x, f);
+    check_fused(r, f);
+    check_fused(r.narrow(0, 0, 1000), f);  // below one chunk: the serial path
+  }
+}
+
+TEST_CASE("round_to / round_to_ / count_underflow: non-contiguous, autograd and other formats take ATen's path",
+          "[precision]") {
+  torch::manual_seed(5);
+  auto m = torch::randn({300, 200}) * 1e-5;
+  auto t = m.t();  // strided
+  CHECK(!t.is_contiguous());
+  for (Format f : {Format::FP16, Format::BF16}) {
+    CHECK(bit_mismatches(round_to(t, f), aten_round(t, f)) == 0);
+    CHECK(count_underflow(t, f) == ((t != 0) & (aten_round(t, f) == 0)).sum().item<int64_t>());
+    auto strided = torch::randn({200, 300}).t();
+    auto ref = aten_round(strided, f);
+    round_to_(strided, f);
+    CHECK(bit_mismatches(strided, ref) == 0);
+  }
+  // a tensor autograd records keeps a differentiable result
+  auto leaf = torch::randn({64}).requires_grad_(true);
+  auto y = round_to(leaf, Format::FP16);
+  CHECK(y.requires_grad());
+  y.sum().backward();
+  CHECK(torch::equal(leaf.grad(), torch::ones({64})));
+  CHECK(count_underflow(m, Format::FP32) == 0);
+  auto h = torch::ones({3}, torch::kHalf);
+  CHECK_THROWS_AS(round_to_(h, Format::FP16), std::invalid_argument);
+}

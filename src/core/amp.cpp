@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -179,11 +180,40 @@ struct StorageRound : torch::autograd::Function<StorageRound> {
   }
 };
 
+// StorageRound whose backward also counts the gradient's underflow (round_to_counting_underflow:
+// one pass). The counters' addresses travel in saved_data as integers.
+struct CountingStorageRound : torch::autograd::Function<CountingStorageRound> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t fmt,
+                               int64_t underflow, int64_t total) {
+    ctx->saved_data["fmt"] = fmt;
+    ctx->saved_data["underflow"] = underflow;
+    ctx->saved_data["total"] = total;
+    return round_to(x, static_cast<Format>(fmt));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const auto f = static_cast<Format>(ctx->saved_data["fmt"].toInt());
+    auto* under = reinterpret_cast<long long*>(static_cast<std::intptr_t>(ctx->saved_data["underflow"].toInt()));
+    auto* total = reinterpret_cast<long long*>(static_cast<std::intptr_t>(ctx->saved_data["total"].toInt()));
+    int64_t n = 0;
+    auto r = round_to_counting_underflow(grad[0], f, &n);
+    *under += n;
+    *total += grad[0].numel();
+    return {r, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor emulate_storage(const torch::Tensor& x, Format f) {
   if (f == Format::FP32) return x;
   return StorageRound::apply(x, static_cast<int64_t>(f));
+}
+
+torch::Tensor emulate_storage_counting(const torch::Tensor& x, Format f, long long* underflow, long long* total) {
+  if (f == Format::FP32) return x;
+  return CountingStorageRound::apply(x, static_cast<int64_t>(f), static_cast<int64_t>(reinterpret_cast<std::intptr_t>(underflow)),
+                                     static_cast<int64_t>(reinterpret_cast<std::intptr_t>(total)));
 }
 
 namespace {
@@ -238,6 +268,9 @@ torch::Tensor store_as(const torch::Tensor& x, Format f, Compute c) {
 // ---------------------------------------------------------------------------------------------
 namespace {
 
+// Vectorised at -O3 without -ftrapping-math, as core/precision's rounding loops (precision.hpp's
+// MPT_ROUNDING_PUSH; no result changes): the fp32 cases inline detail::round_*_element.
+MPT_ROUNDING_PUSH
 // One pass of w ← R(w − fp32(g)·lr) over [begin, end), counting; W is the stored element type of
 // w, G of g, and R rounds the fp32 result to what w stores (identity, or through a narrower type).
 template <typename W, typename G, typename Round>
@@ -261,6 +294,18 @@ void fused_sgd(W* w, const G* g, float lr, int64_t n, Round round, UpdateCounts&
   counts.lost += lost.load();
 }
 
+// The fp32 cases' roundings, as function objects so that they inline into fused_sgd's loop.
+struct KeepFp32 {
+  float operator()(float x) const { return x; }
+};
+struct RoundBf16 {
+  float operator()(float x) const { return detail::round_bf16_element(x); }
+};
+struct RoundFp16 {
+  float operator()(float x) const { return detail::round_fp16_element(x); }
+};
+MPT_ROUNDING_POP
+
 }  // namespace
 
 UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, float lr, Format stored) {
@@ -278,11 +323,11 @@ UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, 
   if (fused && wt == torch::kFloat) {
     float* wp = w.data_ptr<float>();
     const float* gp = g.data_ptr<float>();
-    // The roundings of ATen's casts: c10::BFloat16 / c10::Half round to nearest, ties to even.
-    if (stored == Format::FP32) fused_sgd(wp, gp, lr, n, [](float x) { return x; }, counts);
-    else if (stored == Format::BF16)
-      fused_sgd(wp, gp, lr, n, [](float x) { return static_cast<float>(c10::BFloat16(x)); }, counts);
-    else fused_sgd(wp, gp, lr, n, [](float x) { return static_cast<float>(c10::Half(x)); }, counts);
+    // The roundings of ATen's casts (round to nearest, ties to even) on the bits, vectorised:
+    // core/precision's round_element, equal to c10::BFloat16 / c10::Half for every non-NaN input.
+    if (stored == Format::FP32) fused_sgd(wp, gp, lr, n, KeepFp32{}, counts);
+    else if (stored == Format::BF16) fused_sgd(wp, gp, lr, n, RoundBf16{}, counts);
+    else fused_sgd(wp, gp, lr, n, RoundFp16{}, counts);
     return counts;
   }
   if (fused && wt == torch::kBFloat16) {

@@ -124,6 +124,14 @@ class GradScaler {
 /// fp16/bf16 storage). For f = FP32 it returns x unchanged. Shapes are preserved.
 torch::Tensor emulate_storage(const torch::Tensor& x, Format f);
 
+/// emulate_storage(x, f) that also counts, in backward, the incoming fp32 gradient's elements that
+/// underflow in `f` (count_underflow, core/precision) — from the same pass that rounds it — adding
+/// them to `*underflow` and the gradient's numel to `*total` (a hook on the result counting
+/// ((g != 0) & (round_to(g, f) == 0)).sum() sees the same g: the same counts, one pass instead of
+/// six operators). The counters must outlive the backward pass. For f = FP32 it returns x
+/// unchanged and counts nothing.
+torch::Tensor emulate_storage_counting(const torch::Tensor& x, Format f, long long* underflow, long long* total);
+
 /// Stores `x` in format `f` as compute mode `c` does. Emulated: emulate_storage(x, f) — an
 /// fp32 tensor holding f's values, the gradient flowing back rounded to f. Native: x cast to
 /// f's dtype (storage_dtype) — a differentiable cast, so the gradient flows back in f and is

@@ -47,8 +47,9 @@ struct Mlp {
 
 // Counts gradients that underflow in `f`: g is a gradient computed in fp32 math, before it is
 // stored in `f`.
+// ((g != 0) & (round_to(g, f) == 0)).sum(), fused into one pass (core/precision).
 void count_underflow(GradCounter* counter, const torch::Tensor& g, Format f) {
-  counter->underflow += ((g != 0) & (round_to(g, f) == 0)).sum().item<int64_t>();
+  counter->underflow += mpt::count_underflow(g, f);
   counter->total += g.numel();
 }
 
@@ -62,12 +63,16 @@ torch::Tensor mlp_forward(const Mlp& m, const torch::Tensor& images, Format f, C
   auto h = store_as(images.reshape({images.size(0), -1}), f, c);
   const std::size_t layers = m.params.size() / 2;
   for (std::size_t i = 0; i < layers; ++i) {
-    auto w = store_as(m.params[2 * i], f, c);
-    auto b = store_as(m.params[2 * i + 1], f, c);
-    const bool count = counter && f != Format::FP32 && w.requires_grad();
+    const bool count = counter && f != Format::FP32 && m.params[2 * i].requires_grad();
+    torch::Tensor w, b;
     if (count && c == Compute::Emulated) {
-      // emulate_storage hands its backward the fp32 gradient before rounding it
-      for (auto* t : {&w, &b}) t->register_hook([counter, f](torch::Tensor g) { count_underflow(counter, g, f); });
+      // emulate_storage's backward gets the fp32 gradient before rounding it: counted there, in
+      // the pass that rounds it (what a hook on w and b counting it would see)
+      w = emulate_storage_counting(m.params[2 * i], f, &counter->underflow, &counter->total);
+      b = emulate_storage_counting(m.params[2 * i + 1], f, &counter->underflow, &counter->total);
+    } else {
+      w = store_as(m.params[2 * i], f, c);
+      b = store_as(m.params[2 * i + 1], f, c);
     }
     auto z = torch::linear(h, w, b);
     if (count && c == Compute::Native) {
@@ -81,7 +86,14 @@ torch::Tensor mlp_forward(const Mlp& m, const torch::Tensor& images, Format f, C
       });
     }
     h = store_as(z, f, c);
-    if (i + 1 < layers) h = activation_as(h, m.activation, f, c);
+    if (i + 1 < layers) {
+      // Emulated relu of a stored h: relu(h) holds f's values already, so rounding it again would
+      // change nothing in forward; in backward, rounding the incoming gradient before relu's mask
+      // or after it (h's own rounding, just below) gives the same bits (the mask only zeroes):
+      // two rounding passes per layer saved, every value the same.
+      const bool stored_relu = c == Compute::Emulated && f != Format::FP32 && m.activation == "relu";
+      h = stored_relu ? torch::relu(h) : activation_as(h, m.activation, f, c);
+    }
   }
   return h;
 }
@@ -187,7 +199,7 @@ RecipeRun train_recipe(const PrecisionRecipe& r, Compute c, const std::vector<to
                     : r.scaling == LossScaling::Dynamic ? scaler.get_scale() : 1.0f;
     run.loss.push_back(loss.item<double>());
     run.scale.push_back(s);
-    progress.update(step + 1, fmt::format("loss {:.4f}  scale {:g}", run.loss.back(), s));
+    if (opt.progress) progress.update(step + 1, fmt::format("loss {:.4f}  scale {:g}", run.loss.back(), s));
     switch (r.scaling) {
       case LossScaling::None:
         loss.backward();

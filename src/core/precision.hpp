@@ -8,6 +8,8 @@
 // Tensor Cores do): arithmetic in fp32, every stored tensor rounded with round_to().
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,85 @@ torch::ScalarType storage_dtype(Format f);
 /// casts to float8_e4m3fn / float8_e5m2 (core/quant's cast, on every route): E4M3 saturates at
 /// ±448 (inf too), E5M2 overflows to ±inf; NaN stays NaN.
 torch::Tensor round_to(const torch::Tensor& x, Format f);
+
+/// round_to(x, f) written into `x` itself: x must be an fp32 tensor; afterwards it holds f's values.
+/// CPU, contiguous, f ∈ {fp16, bf16}: one pass over memory, no allocation (round_element's
+/// arithmetic); otherwise x.copy_(round_to(x, f)). FP32 leaves x unchanged. Throws
+/// std::invalid_argument for a non-fp32 x.
+void round_to_(torch::Tensor& x, Format f);
+
+/// How many elements of `g` (any shape, fp32 values — a gradient in fp32 math) are nonzero but
+/// round to zero in `f`: ((g != 0) & (round_to(g, f) == 0)).sum(), the gradient-underflow count
+/// of Micikevicius et al. 2017, §3.2. Fused (one pass, no temporaries, no host sync beyond the
+/// result) for contiguous fp32 CPU tensors and f ∈ {fp16, bf16}; ATen's expression otherwise.
+/// FP32 counts 0.
+int64_t count_underflow(const torch::Tensor& g, Format f);
+
+/// round_to(x, f) and count_underflow(x, f) from one pass over x (the fused path as above; ATen's
+/// operators otherwise): returns the rounded fp32 tensor and adds the count to `*underflow`.
+torch::Tensor round_to_counting_underflow(const torch::Tensor& x, Format f, int64_t* underflow);
+
+/// One fp32 value rounded to fp16 or bf16 and widened back (f ∈ {FP16, BF16}; anything else is
+/// returned unchanged): IEEE 754 round to nearest, ties to even, on the bits — bf16 keeps the
+/// top 16 bits, fp16 rounds the significand to 10 bits (to the 2^−24 grid below 2^−14:
+/// subnormals), beyond 65504 + half an ulp → ±inf; NaN stays NaN (quieted). The values of
+/// `x.to(kHalf / kBFloat16).to(kFloat)` for every non-NaN input (tests/precision_test.cpp checks
+/// every fp16 / bf16 pattern, their midpoints and a stride through all 2^32 fp32 patterns); NaN
+/// payloads are not kept (ATen's vector and scalar casts differ there too).
+float round_element(float x, Format f);
+
+// The element roundings of round_element, inline for the fused loops of core/precision and
+// core/amp. GCC vectorises those loops only at -O3 and without -ftrapping-math; both change no
+// result (no-trapping-math lets a select evaluate both float arms; contraction and reassociation
+// stay off, so (|x| + 0.5) − 0.5 is computed as written). The functions here and the loops that
+// inline them sit between MPT_ROUNDING_PUSH / MPT_ROUNDING_POP so that their options agree (GCC
+// does not inline across differing optimize options).
+#if defined(__GNUC__) && !defined(__clang__)
+#define MPT_ROUNDING_PUSH _Pragma("GCC push_options") _Pragma("GCC optimize(\"O3\", \"no-trapping-math\")")
+#define MPT_ROUNDING_POP _Pragma("GCC pop_options")
+#else
+#define MPT_ROUNDING_PUSH
+#define MPT_ROUNDING_POP
+#endif
+
+namespace detail {
+MPT_ROUNDING_PUSH
+inline std::uint32_t bits_of(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float float_of(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+/// round_element(x, BF16): keep the top 16 bits, rounding the dropped 16 to nearest, ties to even
+/// (the carry may run into the exponent: up a binade, or to inf past bf16's max) — c10::BFloat16's
+/// round_to_nearest_even. NaN: quieted, sign and top payload bits kept.
+inline float round_bf16_element(float x) {
+  const std::uint32_t u = bits_of(x);
+  const std::uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  return float_of(nan ? ((u | 0x00400000u) & 0xFFFF0000u) : r);
+}
+/// round_element(x, FP16): |x| ≥ 2^−14 (fp16's normals): the significand rounded to 10 bits on the
+/// bits as above, 13 dropped bits; |x| < 2^−14: rounded to the subnormals' grid 2^−24 by fp32
+/// arithmetic — |x| + 0.5 has ulp 2^−24, so the fp32 addition rounds |x| to nearest, ties to even,
+/// on that grid, and subtracting 0.5 is exact. What rounds past 65504 → inf. Sign restored; NaN
+/// quieted with its top payload bits (the values of F16C's vcvtps2ph, checked on all 2^32 inputs).
+inline float round_fp16_element(float x) {
+  const std::uint32_t u = bits_of(x);
+  const std::uint32_t sign = u & 0x80000000u, a = u ^ sign;
+  const std::uint32_t normal = (a + 0x0FFFu + ((a >> 13) & 1u)) & 0xFFFFE000u;
+  const std::uint32_t sub = bits_of((float_of(a) + 0.5f) - 0.5f);
+  std::uint32_t r = a < 0x38800000u ? sub : normal;
+  r = r > 0x477FE000u ? 0x7F800000u : r;                        // 65504 = 0x477FE000
+  r = a > 0x7F800000u ? ((a | 0x00400000u) & 0xFFFFE000u) : r;  // NaN
+  return float_of(r | sign);
+}
+MPT_ROUNDING_POP
+}  // namespace detail
 
 /// Rounds one double through fp32 and then to `f` (the path of a Python float
 /// stored into a torch tensor of that dtype).
