@@ -6,7 +6,8 @@
 #   scripts/bench.sh --torch debian           # build-debian/mpt vs Debian's python3-torch (LibTorch 1.13)
 #   scripts/bench.sh --quick                  # smaller runs, 1 round (a smoke test)
 #   scripts/bench.sh --only mlp --only ddp    # choose: underflow, lossscale, accumulate, dataparallel,
-#                                             #   pipeline, checkpoint, mlp, mlp_large, ddp, zero2, gemm, busy
+#                                             #   pipeline, checkpoint, mlp, mlp_large, ddp, accumulate_step,
+#                                             #   pipeline_step, zero2, gemm, busy, trace
 #   scripts/bench.sh --rounds 9 --out FILE    # default FILE: bench/results/<UTC date>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."

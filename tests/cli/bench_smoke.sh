@@ -30,6 +30,7 @@ for name in ("mlp_fp32", "mlp_bf16", "mlp_fp16", "fp16_vs_fp32"):
     for k in ("mpt", "python", "ratio"):
         assert isinstance(r[k], float) and math.isfinite(r[k]) and r[k] > 0, f"{name}.{k} = {r[k]!r}"
     assert r["rounds"] == 1 and len(r["mpt_samples"]) == 1, r
+    assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"], r  # one round: all three the same
 # the whole-run pair: wall time and peak RSS of both processes, after compare.py found them equal
 r = rows.get("lossscale_sweep")
 assert r is not None, f"no row lossscale_sweep: {sorted(rows)}"

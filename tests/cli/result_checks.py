@@ -1,8 +1,10 @@
-"""Assertions on result documents of `mpt checkpoint` and `mpt accumulate` (see result_check.sh).
+"""Assertions on result documents (see result_check.sh): `mpt checkpoint`, `mpt accumulate`, and the
+thread policy every multi-process run records in env.
 
 usage: result_checks.py CHECK RESULT.json
 """
 import json
+import os
 import sys
 
 
@@ -61,6 +63,27 @@ def accumulate_memory(doc):
     peaks = [r["peak_bytes"] for r in m]
     assert all(a > b for a, b in zip(peaks, peaks[1:])), peaks
     print(f"ok: peaks {peaks}")
+
+
+def threads_policy_two_ranks(doc):
+    """env.threads_policy of a 2-process run (issue 16, item 3): each process takes max(1, cores / 2)
+    intra-op threads unless OMP_NUM_THREADS says otherwise; libgomp waits PASSIVE by mpt's default,
+    and a user's OMP_WAIT_POLICY is kept."""
+    p = doc["env"]["threads_policy"]
+    cores = len(os.sched_getaffinity(0))
+    assert p["cores"] == cores, (p, cores)
+    assert p["local_processes"] == 2, p
+    if os.environ.get("OMP_NUM_THREADS"):
+        assert p["source"] == "OMP_NUM_THREADS" and p["intra_op"] == int(os.environ["OMP_NUM_THREADS"]), p
+    else:
+        assert p["source"] == "auto" and p["intra_op"] == max(1, cores // 2), (p, cores)
+    wait = os.environ.get("OMP_WAIT_POLICY")
+    if wait is None:
+        assert p["omp_wait_policy"] == "PASSIVE" and p["omp_wait_policy_source"].startswith("mpt's default"), p
+    else:
+        assert p["omp_wait_policy"] == wait and p["omp_wait_policy_source"] == "environment", (p, wait)
+    print(f"ok: {p['intra_op']} intra-op thread(s) per rank on {cores} core(s), 2 local processes, "
+          f"OMP_WAIT_POLICY {p['omp_wait_policy']} ({p['omp_wait_policy_source']})")
 
 
 if __name__ == "__main__":
