@@ -172,6 +172,10 @@ TEST_CASE("text_file_problem: a directory or an empty file, found before reading
   }
   // "hello world\n" is 12 characters: the split at 10 % keeps ⌊10.8⌋ = 10 and 2; "hi\n" leaves 1 for validation.
   CHECK(read_text_corpus(dir.string(), {"ok"}) == "hello world\n");
+  // An absolute name is taken as it is, not glued onto the folder (the probe: "/d//usr/share/...").
+  CHECK(text_file_path("/some/dir", "f") == "/some/dir/f");
+  CHECK(text_file_path("/some/dir", (dir / "ok").string()) == (dir / "ok").string());
+  CHECK(read_text_corpus("/nonexistent", {(dir / "ok").string()}) == "hello world\n");
   CHECK(text_train_size(12, 0.1) == 10);
   CHECK(load_text_corpus(dir.string(), {"ok"}).val.numel() == 2);
   std::ofstream(dir / "short") << "hi\n";

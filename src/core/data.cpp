@@ -169,6 +169,10 @@ std::string text_file_problem(const std::string& path, std::size_t max_bytes) {
   return "";
 }
 
+std::string text_file_path(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
 std::string read_text_corpus(const std::string& dir, const std::vector<std::string>& files, std::size_t max_bytes) {
   auto fail = [](const std::string& path, const std::string& what) {
     return RuntimeFailure(fmt::format("{}: {} (the text corpus comes from Debian's fortunes package: "
@@ -177,7 +181,7 @@ std::string read_text_corpus(const std::string& dir, const std::vector<std::stri
   };
   std::string text;
   for (const auto& name : files) {
-    const std::string path = dir + "/" + name;
+    const std::string path = text_file_path(dir, name);
     if (const std::string problem = text_file_problem(path, max_bytes); !problem.empty()) throw fail(path, problem);
     std::ifstream f(path, std::ios::binary);
     if (!f) throw fail(path, "cannot open");

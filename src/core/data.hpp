@@ -78,7 +78,11 @@ std::string clean_fortune_text(const std::string& raw);
 /// names the config key (gpt_spec's validate_text_files).
 std::string text_file_problem(const std::string& path, std::size_t max_bytes = kMaxTextFileBytes);
 
-/// Reads `files` (names inside `dir`) in order, cleans each (clean_fortune_text) and joins them.
+/// The path of a corpus file `name` in folder `dir`: dir/name, or `name` itself when it is absolute
+/// (std::filesystem::path's operator/, as Python's os.path.join).
+std::string text_file_path(const std::string& dir, const std::string& name);
+
+/// Reads `files` (names inside `dir`, or absolute paths: text_file_path) in order, cleans each (clean_fortune_text) and joins them.
 /// Throws RuntimeFailure naming the path and the `fortunes` package for a missing or unreadable
 /// file, any text_file_problem, or a file over `max_bytes`.
 std::string read_text_corpus(const std::string& dir, const std::vector<std::string>& files,

@@ -19,7 +19,7 @@ void add_gpt_keys(ConfigSpec& s, const std::string& p, const GptKeyDefaults& d) 
 
 void add_text_keys(ConfigSpec& s, const std::string& p) {
   s.string(p + "/text_dir", kFortunesDir, "folder of the text corpus (Debian's fortunes package)");
-  s.strings(p + "/text_files", kDefaultFortuneFiles, {}, "cookie files read, in order");
+  s.strings(p + "/text_files", kDefaultFortuneFiles, {}, "cookie files read, in order (names inside text_dir, or absolute paths)");
 }
 
 void add_gpt_training_keys(ConfigSpec& s, const std::string& p, double lr, double momentum) {
@@ -60,7 +60,7 @@ void validate_text_files(const Config& cfg, const std::string& p, const std::str
   const std::string dir = cfg.str(p + "/text_dir");
   bool all_there = true;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const std::string path = dir + "/" + files[i];
+    const std::string path = text_file_path(dir, files[i]);
     if (const std::string problem = text_file_problem(path); !problem.empty())
       throw ConfigError(fmt::format("{}/text_files/{}: expected a text file (a fortune cookie file inside {}/text_dir), "
                                     "got \"{}\": {} {}", p, i, p, printable_text(files[i]), printable_text(path), problem));

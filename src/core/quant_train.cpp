@@ -2,6 +2,7 @@
 #include "core/quant_train.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -50,6 +51,11 @@ Evaluation evaluate(QuantMlp& n, const Dataset& d, std::int64_t chunk) {
   }
   for (auto& l : n.layers) l->train();
   return {loss / static_cast<double>(d.size()), correct / static_cast<double>(d.size())};
+}
+
+bool diverged(const TrainRun& r) {
+  return std::any_of(r.loss.begin(), r.loss.end(), [](double v) { return !std::isfinite(v); }) ||
+         !std::isfinite(r.test.loss);
 }
 
 TrainRun train(QuantMlp& n, const Dataset& train_set, const Dataset& test_set, const TrainPlan& plan, bool tty,

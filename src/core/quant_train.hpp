@@ -74,6 +74,9 @@ struct TrainRun {
   double step_s = 0;                               ///< mean wall time of a step (run-dependent)
 };
 
+/// Whether `r` diverged: a training loss or its test loss is NaN or ±inf (evaluated or not).
+bool diverged(const TrainRun& r);
+
 /// Trains `net` with SGD (p ← p − lr·g, torch.optim.SGD's unfused update) and cross-entropy, and
 /// calls update_scales() on every layer after each step (delayed scaling). `progress_label`: the
 /// stderr progress line, shown when `tty`.

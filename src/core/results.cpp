@@ -50,6 +50,17 @@ bool note_divergence(Report& report, Table& t, const std::string& run, const std
   return true;
 }
 
+bool note_eval_divergence(Report& report, Table& t, const std::string& run, const std::string& what, double value) {
+  if (std::isfinite(value)) return false;
+  const json v = num(value);
+  t.notes.push_back(fmt::format("diverged: {}'s {} is {} after training (every training loss was finite); its numbers, "
+                                "and comparisons with it, mean nothing (a nan on either side is a mismatch)",
+                                run, what, v.get<std::string>()));
+  if (!report.results.contains("diverged")) report.results["diverged"] = json::array();
+  report.results["diverged"].push_back({{"name", run}, {"table", t.name}, {"step", nullptr}, {"loss", v}});
+  return true;
+}
+
 json num(double d) {
   if (std::isnan(d)) return "nan";
   if (std::isinf(d)) return d > 0 ? "inf" : "-inf";

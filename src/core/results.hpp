@@ -121,6 +121,13 @@ std::int64_t first_nonfinite(const std::vector<double>& values);
 bool note_divergence(Report& report, Table& t, const std::string& run, const std::vector<double>& losses,
                      std::int64_t first_step = 0);
 
+/// The same for a run whose training losses stayed finite but whose evaluation `what` (e.g. "test
+/// loss") came out `value`, not finite (the last update overflowed the weights, or the evaluation
+/// did): the note "diverged: <run>'s <what> is <nan|inf> after training; ..." and a
+/// report.results["diverged"] row {"name", "table", "step": null, "loss"}. Nothing for a finite
+/// `value`. Returns whether it noted.
+bool note_eval_divergence(Report& report, Table& t, const std::string& run, const std::string& what, double value);
+
 /// Replaces non-finite doubles by "inf"/"-inf"/"nan" everywhere in `v` (recursively).
 json encode_nonfinite(const json& v);
 /// Inverse of encode_nonfinite for a single value: "inf"/"-inf"/"nan" strings or numbers to double.

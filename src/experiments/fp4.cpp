@@ -194,15 +194,17 @@ Report run_fp4(const Context& ctx) {
     }
     curve.columns.push_back(float_col(v, v));
   }
-  auto gap = [&](const std::string& base, const std::string& v) {
-    return runs.count(base) ? num(runs[v].test.loss - runs[base].test.loss) : json(nullptr);
+  // A gap to a diverged run (a training or test loss not finite) is nan, not a number that reads as a result.
+  auto gap = [&](const std::string& base, const std::string& v, double q::Evaluation::*m = &q::Evaluation::loss) -> json {
+    if (!runs.count(base)) return nullptr;
+    return q::diverged(runs[v]) || q::diverged(runs[base]) ? num(std::nan("")) : num(runs[v].test.*m - runs[base].test.*m);
   };
   json history = json::object();
   for (const auto& v : variants) {
     const q::TrainRun& r = runs[v];
     t.rows.push_back({{"name", v}, {"test_loss", num(r.test.loss)}, {"test_accuracy", num(r.test.accuracy)},
                       {"loss_gap_bf16", gap("bf16", v)}, {"loss_gap_nvfp4", gap("nvfp4", v)},
-                      {"accuracy_gap_bf16", runs.count("bf16") ? num(r.test.accuracy - runs["bf16"].test.accuracy) : json(nullptr)},
+                      {"accuracy_gap_bf16", gap("bf16", v, &q::Evaluation::accuracy)},
                       {"out_error", num(errors[v]["out"])}, {"dgrad_error", num(errors[v]["dgrad"])},
                       {"wgrad_error", num(errors[v]["wgrad"])}, {"last_loss", num(r.loss.back())}});
     json h = json::array();
@@ -210,7 +212,8 @@ Report run_fp4(const Context& ctx) {
     history[v] = h;
     const double base = runs.at("fp32").step_s;  // validate_fp4: fp32 is among the variants
     cost.rows.push_back({{"name", v}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", num(r.step_s / base)}, {"step_time_s", r.step_s}});
-    note_divergence(report, t, v, r.loss);  // a loss that became nan or inf, and at which step
+    // a loss that became nan or inf, and at which step; or a test loss that did after training
+    if (!note_divergence(report, t, v, r.loss)) note_eval_divergence(report, t, v, "test loss", r.test.loss);
   }
   for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {
     json row = {{"name", fmt::format("step{}", s)}, {"step", s}};

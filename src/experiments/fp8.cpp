@@ -524,19 +524,26 @@ Report run_fp8(const Context& ctx) {
     curve.columns.push_back(float_col(name, name));
   }
   const bool have_bf16 = runs.count("bf16") > 0;
+  // A gap to a diverged run (a training or test loss not finite) is nan, not a number that reads as a result.
+  auto gap = [&](const q::TrainRun& r, double q::Evaluation::*m) -> json {
+    if (!have_bf16) return nullptr;
+    const q::TrainRun& b = runs["bf16"];
+    return q::diverged(r) || q::diverged(b) ? num(std::nan("")) : num(r.test.*m - b.test.*m);
+  };
   json history = json::object();
   for (const auto& name : recipes) {
     const q::TrainRun& r = runs[name];
     t.rows.push_back({{"name", name}, {"test_loss", num(r.test.loss)}, {"test_accuracy", num(r.test.accuracy)},
-                      {"loss_gap_bf16", have_bf16 ? num(r.test.loss - runs["bf16"].test.loss) : json(nullptr)},
-                      {"accuracy_gap_bf16", have_bf16 ? num(r.test.accuracy - runs["bf16"].test.accuracy) : json(nullptr)},
+                      {"loss_gap_bf16", gap(r, &q::Evaluation::loss)},
+                      {"accuracy_gap_bf16", gap(r, &q::Evaluation::accuracy)},
                       {"last_loss", num(r.loss.back())}});
     json h = json::array();
     for (double v : r.loss) h.push_back(num(v));
     history[name] = h;
     cost.rows.push_back({{"name", name}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", r.step_s / runs["fp32"].step_s},
                          {"step_time_s", r.step_s}});
-    note_divergence(report, t, name, r.loss);  // a loss that became nan or inf, and at which step
+    // a loss that became nan or inf, and at which step; or a test loss that did after training
+    if (!note_divergence(report, t, name, r.loss)) note_eval_divergence(report, t, name, "test loss", r.test.loss);
   }
   for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {
     json row = {{"name", fmt::format("step{}", s)}, {"step", s}};

@@ -175,7 +175,8 @@ void gpt_section(const Context& ctx, Report& report) {
     history[name] = h;
     cost.rows.push_back({{"name", name}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", r.step_s / runs["fp32"].step_s},
                          {"step_time_s", r.step_s}});
-    note_divergence(report, t, "gpt " + name, r.loss);
+    if (!note_divergence(report, t, "gpt " + name, r.loss))
+      note_eval_divergence(report, t, "gpt " + name, "validation loss", r.val_loss);
   }
   t.notes.push_back(fmt::format("train loss: the mean of the last {} training losses; val loss: {} batch{} of the validation "
                                 "split under the recipe's forward (delayed: its last scales, no amax recorded); gaps: recipe - "

@@ -100,3 +100,9 @@ cli_case(fp8_gpt_text_too_short 2 "/gpt/text_files: expected a corpus long enoug
          ${FP8_GPT_TINY} --set gpt.text_dir=tests/cli/text --set "gpt.text_files=[\"tiny\"]")
 cli_case(fp8_gpt_context_beyond_validation_text 2 "/gpt/model/context: expected fewer tokens than the validation split of /gpt/text_files \\(14 of 135 characters.*got 16"
          ${FP8_GPT_TINY} --set gpt.text_dir=tests/cli/text --set "gpt.text_files=[\"four_chars\"]")
+# Probe (stop 27): at lr 100 the training losses may stay finite while the test loss is nan or inf: the run
+# is said to have diverged, and every gap to a diverged bf16 run is nan (were finite numbers).
+cli_case(fp8_test_loss_diverged 0 "fp32 +(nan|inf) +[0-9.]+ +nan +nan "
+         fp8 --set train.steps=4 --set data.train_samples=1024 --set data.test_samples=200 --set "model.hidden=[32,32]"
+         --set ledger.step=3 --set outlier.step=3 --set delayed.amax_history_len=3 --set outlier.after=1
+         --set accumulator.k=1024 --set "recipes=[\"fp32\",\"bf16\",\"tensorwise\"]" --set train.lr=100)
