@@ -906,6 +906,12 @@ Report run_pipeline_experiment(const Context& ctx) {
   }
   // Measured values vary run to run: printed, and stored under timings (not results).
   report.timings["events"] = events;
+  // The charts are drawn at m = /gantt/microbatches only: say so when the sweep has no such m.
+  const auto sweep_ms = cfg.integers("/pipeline/microbatches");
+  if (std::find(sweep_ms.begin(), sweep_ms.end(), static_cast<long long>(gantt_m)) == sweep_ms.end())
+    measured.notes.push_back(fmt::format("no Gantt chart for the schedules but naive: they are drawn at "
+                                         "/gantt/microbatches = {}, which /pipeline/microbatches does not hold",
+                                         gantt_m));
   report.add(std::move(measured), Store::Timings);
   for (auto& c : charts) report.add(std::move(c));
   report.timings["sweep_s"] = now_seconds() - t0;

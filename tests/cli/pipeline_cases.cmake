@@ -151,3 +151,6 @@ cli_case(pipeline_fault_step_beyond 2 "/fault/step: expected a step 0 \\.\\. 16 
 cli_case(pipeline_fault_step_last 3 "rank 1 of 2 failed:? \\(?exit code 86 \\(injected fault\\)"
          ${PIPE_PROC} --nproc 2 --set pipeline.stages=2 --set fault.rank=1 --set fault.step=16 --set pipeline.timeout_s=5)
 set_tests_properties(cli.pipeline_fault_step_last PROPERTIES TIMEOUT 60)
+# Probe (stop 27): a sweep without m = /gantt/microbatches drew no chart and said nothing.
+cli_case(pipeline_gantt_m_not_swept 0 "no Gantt chart for the schedules but naive: they are drawn at /gantt/microbatches = 8"
+         pipeline --set "pipeline.microbatches=[2]" --set cost.forward_us=0 --set pipeline.steps=1)
