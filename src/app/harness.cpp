@@ -9,6 +9,9 @@
 #include <optional>
 #include <set>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "app/output.hpp"
 #include "core/compat.hpp"
 #include "core/dist.hpp"
@@ -359,6 +362,16 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       }
       spdlog::info("wrote the timeline {} ({} events; open it in ui.perfetto.dev)", opts.trace,
                    (*trace_doc)["traceEvents"].size());
+    }
+    // Divergence is said on stderr too (the tables' notes are not printed under --quiet).
+    if (report.results.contains("diverged")) {
+      std::vector<std::string> runs;
+      for (const auto& d : report.results["diverged"])
+        runs.push_back(d["step"].is_null() ? fmt::format("{} (after training)", d["name"].get<std::string>())
+                                           : fmt::format("{} (step {})", d["name"].get<std::string>(),
+                                                         d["step"].get<std::int64_t>()));
+      spdlog::warn("{}: diverged (a loss became nan or inf): {}; see results.diverged and the tables' notes", prog,
+                   fmt::join(runs, ", "));
     }
     if (!report.all_checks_ok()) {
       for (const auto& c : report.checks)

@@ -87,3 +87,6 @@ diverged_case(lossscale_gpt_diverged 0 "diverged: fp32's loss became nan at step
 # Probe leftover: a corpus too short to split exits 2 in validate, so --print-config refuses it too.
 cli_case(lossscale_gpt_text_too_short_print_config 2 "/gpt/text_files: expected a corpus long enough to split .*got 3 characters"
          lossscale ${LS_TINY} --print-config --set gpt.text_dir=tests/cli/text --set "gpt.text_files=[\"tiny\"]")
+# Probe (stop 27): under -q (no tables, so no notes) divergence was not said at all; now a warning on stderr.
+cli_case(lossscale_quiet_says_diverged 0 "mpt lossscale: diverged \\(a loss became nan or inf\\): fp32 \\(step [0-9]+\\)"
+         lossscale ${LS_TINY} -q --set gpt.enabled=false --set train.lr=1e20 --set "train.recipes=[\"fp32\"]")
