@@ -26,6 +26,8 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -74,50 +76,72 @@ std::string heartbeat_key(int global_rank) { return fmt::format("mpt/heartbeat/{
 
 // The thread that publishes this rank's heartbeat, on a store connection of its own (a
 // TCPStore client serialises its operations: a long wait of the main thread would delay it).
-// `waiting` and `progress` are its Job's (JobState), which outlive it.
+// `waiting` and `progress` are its Job's (JobState), which outlive it. Its state is shared with
+// the thread, and the thread reads the Job's counters only before a store call: when the store's
+// host is stopped (SIGSTOP) a set never returns (LibTorch's TCPStore has no receive timeout
+// there), so the destructor waits a bounded time and then leaves the thread behind, blocked,
+// instead of hanging the rank's exit; if the call ever returns the thread sees `stop` and ends
+// without touching the Job.
 class Heartbeat {
  public:
   Heartbeat(c10::intrusive_ptr<c10d::Store> store, int global_rank, std::chrono::milliseconds interval,
             const std::atomic<int>& waiting, const std::atomic<long long>& progress)
-      : store_(std::move(store)), key_(heartbeat_key(global_rank)), interval_(interval), waiting_(waiting),
-        progress_(progress) {
-    thread_ = std::thread([this] { loop(); });
+      : state_(std::make_shared<State>()) {
+    state_->store = std::move(store);
+    state_->key = heartbeat_key(global_rank);
+    state_->interval = interval;
+    state_->waiting = &waiting;
+    state_->progress = &progress;
+    thread_ = std::thread([s = state_] { loop(*s); });
   }
   ~Heartbeat() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->stop = true;
+    state_->cv.notify_all();
+    // A beat in flight on a healthy store takes milliseconds.
+    const bool ended = state_->cv.wait_for(lock, std::chrono::seconds(2), [this] { return state_->done; });
+    lock.unlock();
+    if (ended)
+      thread_.join();
+    else
+      thread_.detach();  // blocked in a store call on a stopped host: see above
   }
 
  private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (long long beat = 0; !stop_; ++beat) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false, done = false;
+    c10::intrusive_ptr<c10d::Store> store;
+    std::string key;
+    std::chrono::milliseconds interval{1000};
+    const std::atomic<int>* waiting = nullptr;
+    const std::atomic<long long>* progress = nullptr;
+  };
+  static void loop(State& s) {
+    std::unique_lock<std::mutex> lock(s.mu);
+    for (long long beat = 0; !s.stop; ++beat) {
       // The whole process's CPU time: LibTorch's intra-op threads and pipeline stage threads
       // count as work too; this thread's own beats cost far less than the 2% that counts.
       timespec ts{};
       ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
       const long long cpu_ms = static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+      const std::string value = fmt::format("{} {} {} {}", beat, cpu_ms, s.waiting->load(), s.progress->load());
+      lock.unlock();  // the store call may block: the destructor must still get the lock
+      bool gone = false;
       try {
-        store_set(*store_, key_,
-                  fmt::format("{} {} {} {}", beat, cpu_ms, waiting_.load(), progress_.load()));
+        store_set(*s.store, s.key, value);
       } catch (...) {  // the store is gone (the job is ending): nothing to tell anyone
-        return;
+        gone = true;
       }
-      cv_.wait_for(lock, interval_, [this] { return stop_; });
+      lock.lock();
+      if (gone) break;
+      s.cv.wait_for(lock, s.interval, [&s] { return s.stop; });
     }
+    s.done = true;
+    s.cv.notify_all();
   }
-  c10::intrusive_ptr<c10d::Store> store_;
-  std::string key_;
-  std::chrono::milliseconds interval_;
-  const std::atomic<int>& waiting_;
-  const std::atomic<long long>& progress_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 
@@ -506,11 +530,35 @@ struct Monitor {
   std::mutex mu;
   std::optional<std::string> verdict;
 
+  double store_timeout_s = 30.0;  // the job's timeout: bounds the store calls below
+
   /// "; rank R did not answer (...)", or an empty string when every peer reported; computed once.
+  /// The exchange runs on a thread of its own and is waited for at most window_s +
+  /// store_timeout_s: LibTorch's TCPStore check() and set() have no receive timeout, and a store
+  /// whose host is stopped (SIGSTOP) would otherwise hold this rank forever. The thread works on
+  /// copies (the store handles, the ranks), so one left blocked touches nothing of this Monitor.
   std::string diagnose() {
     std::lock_guard<std::mutex> lock(mu);
     if (verdict) return *verdict;
-    verdict = std::string();
+    auto task = std::make_shared<std::packaged_task<std::string()>>(
+        [store = store, job_store = job_store, rank = rank, size = size, global_rank = global_rank,
+         window_s = window_s] { return exchange(store, job_store, rank, size, global_rank, window_s); });
+    std::future<std::string> result = task->get_future();
+    std::thread([task] { (*task)(); }).detach();
+    const double limit = window_s + store_timeout_s;
+    if (result.wait_for(std::chrono::duration<double>(limit)) == std::future_status::ready)
+      verdict = result.get();
+    else
+      verdict = fmt::format("; cannot tell which rank: the store did not answer within {:g} s (its host, the "
+                            "rank that serves MASTER_ADDR:MASTER_PORT, is stopped or hung)",
+                            limit);
+    return *verdict;
+  }
+
+ private:
+  static std::string exchange(const c10::intrusive_ptr<c10d::Store>& store,
+                              const c10::intrusive_ptr<c10d::Store>& job_store, int rank, int size, int global_rank,
+                              double window_s) {
     try {
       store_set(*store, fmt::format("failed/{}", rank), "1");
       std::vector<int> missing;
@@ -522,7 +570,7 @@ struct Monitor {
         if (missing.empty() || now_seconds() >= end) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
-      if (missing.empty()) return *verdict;
+      if (missing.empty()) return std::string();
       std::vector<int> global;
       for (int r : missing) {
         const std::string key = fmt::format("global/{}", r);
@@ -535,13 +583,12 @@ struct Monitor {
         global.push_back(g);
       }
       if (job_store) store_set(*job_store, unresponsive_key(global_rank), join_ranks(global, ","));
-      *verdict = fmt::format("; rank {} did not answer (no failure report from {} within {:g} s after this "
-                             "rank's: hung or dead)",
-                             join_ranks(global, ", "), global.size() == 1 ? "it" : "them", window_s);
+      return fmt::format("; rank {} did not answer (no failure report from {} within {:g} s after this "
+                         "rank's: hung or dead)",
+                         join_ranks(global, ", "), global.size() == 1 ? "it" : "them", window_s);
     } catch (const std::exception& e) {
-      *verdict = fmt::format("; cannot tell which rank (the store did not answer: {})", first_line(e.what()));
+      return fmt::format("; cannot tell which rank (the store did not answer: {})", first_line(e.what()));
     }
-    return *verdict;
   }
 };
 
@@ -797,6 +844,7 @@ std::shared_ptr<Group> Group::create(std::shared_ptr<Job> job, int rank, int siz
     m->size = size;
     m->global_rank = info.rank;
     m->window_s = std::min(5.0, std::max(1.0, 0.25 * static_cast<double>(timeout.count()) / 1000.0));
+    m->store_timeout_s = static_cast<double>(timeout.count()) / 1000.0;
     g->impl_->monitor = m;
   } catch (const std::exception& e) {
     throw RuntimeFailure(fmt::format("rank {} of {}: cannot register with the store: {}", rank, size,

@@ -115,3 +115,10 @@ add_test(NAME cli.shard_two_nodes_killed_rank
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode.sh $<TARGET_FILE:mpt> ${MPT_REF_PYTHON} fault
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.shard_two_nodes cli.shard_two_nodes_killed_rank PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+# Two ranks started by hand (torchrun's variables, no agent): rank 0 hosts the store and is stopped
+# mid-run; rank 1 ends with exit 3 within the bound, saying the store did not answer (it hung
+# until killed: LibTorch's TCPStore check() has no receive timeout; found by the stop-27 probe).
+add_test(NAME cli.shard_store_host_stopped
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/stopped_rank.sh $<TARGET_FILE:mpt> store_stop
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.shard_store_host_stopped PROPERTIES TIMEOUT 120)

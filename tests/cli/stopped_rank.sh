@@ -92,6 +92,37 @@ print(round(2 * n1["steps"] * d["timings"]["per_n"]["n1"]["step_ms"] / 1000, 2))
       || fail "rank 0's N = 1 phase (~${solo} s) did not outlast the ${timeout_s} s timeout: the test shows nothing"
     echo "ok: rank 1 waited ~${solo} s for busy rank 0 (timeout ${timeout_s} s); run took $(( $(ms) - start )) ms" ;;
   busy_stop) stop_test 0 1 3 "${busy[@]}" ;;
+  store_stop)
+    # Two ranks started by hand with torchrun's variables (no agent, no launcher): rank 0 hosts the
+    # TCPStore. Rank 0 stopped mid-run: rank 1's collective times out, and its look for who failed
+    # must not wait forever on the frozen store (LibTorch's check() has no receive timeout; it hung
+    # until killed, found by the stop-27 probe). Expected: exit 3 within timeout + window + timeout.
+    port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    args=(shard --config configs/shard_quick.json --set dist.timeout_s=3 --set train.steps=400 --set train.samples=8192)
+    env MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=0 "$mpt" "${args[@]}" --out "$tmp/r0.json" \
+      > "$tmp/out0" 2> "$tmp/err0" &
+    r0=$!
+    env MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=1 "$mpt" "${args[@]}" --out "$tmp/r1.json" \
+      > "$tmp/out" 2> "$tmp/err" &
+    r1=$!
+    sleep 3
+    kill -0 "$r1" 2>/dev/null || fail "rank 1 ended before rank 0 could be stopped"
+    kill -STOP "$r0"
+    stopped=$(ms)
+    for _ in $(seq 400); do kill -0 "$r1" 2>/dev/null || break; sleep 0.1; done  # at most 40 s
+    took=$(( $(ms) - stopped ))
+    kill -KILL "$r1" 2>/dev/null
+    wait "$r1"; code=$?
+    kill -KILL "$r0" 2>/dev/null
+    [ "$code" = 3 ] || fail "rank 1: exit code $code after ${took} ms, expected 3 (137: hung until killed)"
+    grep -Eq "failed on rank 1 of 2: .*the store did not answer within" "$tmp/err" \
+      || fail "rank 1 does not say the store did not answer"
+    [ "$took" -le 20000 ] || fail "rank 1 took ${took} ms after the stop for a 3 s timeout"
+    sleep 0.3
+    left=$(pgrep -f -- "$tmp")
+    [ -z "$left" ] || fail "processes left behind: $left"
+    grep -E "did not answer" "$tmp/err"
+    echo "ok: rank 1 ended (exit 3) ${took} ms after the store's host was stopped" ;;
   pipe_stop) stop_test 1 3 3 "${pipe[@]}" ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
