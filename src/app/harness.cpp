@@ -208,7 +208,13 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
                                       launch->world_size_var, *opts.nproc));
     }
     const int planned = launch ? launch->world_size : multi ? static_cast<int>(cfg.integer("/nproc")) : 1;
-    exp.validate(cfg, planned);  // before any work and before any worker exists
+    try {
+      exp.validate(cfg, planned);  // before any work and before any worker exists
+    } catch (const ConfigError& e) {
+      // Cross-key errors name JSON pointers; say which config they are of, as single-key errors do.
+      if (opts.config_file.empty()) throw;
+      throw ConfigError(fmt::format("{}{}: {}", opts.config_file, opts.sets.empty() ? "" : " with --set", e.what()));
+    }
     const ProcessPlan plan = multi ? exp.plan(cfg) : ProcessPlan{};
     // A failed rank is found by its peers; alone, a rank that exits or hangs on purpose tests nothing.
     if (plan.fault.rank >= 0 && planned < 2)
