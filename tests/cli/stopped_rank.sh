@@ -96,7 +96,8 @@ print(round(2 * n1["steps"] * d["timings"]["per_n"]["n1"]["step_ms"] / 1000, 2))
     # Two ranks started by hand with torchrun's variables (no agent, no launcher): rank 0 hosts the
     # TCPStore. Rank 0 stopped mid-run: rank 1's collective times out, and its look for who failed
     # must not wait forever on the frozen store (LibTorch's check() has no receive timeout; it hung
-    # until killed, found by the stop-27 probe). Expected: exit 3 within timeout + window + timeout.
+    # until killed, found by the stop-27 probe; LibTorch 1.13's check() times out by itself). Expected: exit 3
+    # within timeout + window + timeout.
     port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     args=(shard --config configs/shard_quick.json --set dist.timeout_s=3 --set train.steps=400 --set train.samples=8192)
     env MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=0 "$mpt" "${args[@]}" --out "$tmp/r0.json" \
@@ -115,7 +116,7 @@ print(round(2 * n1["steps"] * d["timings"]["per_n"]["n1"]["step_ms"] / 1000, 2))
     wait "$r1"; code=$?
     kill -KILL "$r0" 2>/dev/null
     [ "$code" = 3 ] || fail "rank 1: exit code $code after ${took} ms, expected 3 (137: hung until killed)"
-    grep -Eq "failed on rank 1 of 2: .*the store did not answer within" "$tmp/err" \
+    grep -Eq "failed on rank 1 of 2: .*the store did not answer" "$tmp/err" \
       || fail "rank 1 does not say the store did not answer"
     [ "$took" -le 20000 ] || fail "rank 1 took ${took} ms after the stop for a 3 s timeout"
     sleep 0.3
