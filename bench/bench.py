@@ -265,10 +265,7 @@ class Bench:
         py = [REF_PY, os.path.join(BENCH, "mlp_train.py"), out, *twin, *(["plain"] if plain else [])]
 
         def one():
-            run(cmd)
-            m = load(out)
-            _, _, text = run(py, stdout=subprocess.PIPE)
-            return m, json.loads(text)
+            return pair_once(cmd, out, py)
         m, p = one()  # the check run
         rows = {r["name"]: r for r in m["results"]["recipes"]}
         for r in twin:
@@ -329,10 +326,7 @@ class Bench:
         py = [REF_PY, os.path.join(BENCH, "dataparallel_ddp.py"), out, str(n), str(steps)]
 
         def one():
-            run(cmd)
-            m = load(out)
-            _, _, text = run(py, stdout=subprocess.PIPE)
-            return m, json.loads(text)
+            return pair_once(cmd, out, py)
         m, p = one()
         row = next(r for r in m["results"]["training"] if r["name"] == f"n{n}")
         if row["steps"] != steps:
@@ -365,10 +359,7 @@ class Bench:
         py = [REF_PY, os.path.join(BENCH, "accumulate_step.py"), out]
 
         def one():
-            run(cmd)
-            m = load(out)
-            _, _, text = run(py, stdout=subprocess.PIPE)
-            return m, json.loads(text)
+            return pair_once(cmd, out, py)
         res = self.rounds(one)
         for k in ks:
             key = f"B/{k}"
@@ -387,10 +378,7 @@ class Bench:
         name = f"{sched}.m{m_micro}"
 
         def one():
-            run(cmd)
-            m = load(out)
-            _, _, text = run(py, stdout=subprocess.PIPE)
-            return m, json.loads(text)
+            return pair_once(cmd, out, py)
         m, p = one()
         row = {r["name"]: r for r in m["results"]["sweep"]}[name]
         if row["loss"] != p["loss"] or row["grad_max_abs_diff"] != p["grad_max_abs_diff"]:
@@ -450,10 +438,7 @@ class Bench:
         py = [REF_PY, os.path.join(BENCH, "checkpoint_time.py"), out]
 
         def one():
-            run(cmd)
-            m = load(out)
-            _, _, text = run(py, stdout=subprocess.PIPE)
-            return m, json.loads(text)
+            return pair_once(cmd, out, py)
         res = self.rounds(one)
         m0 = res[-1][0]
         ck = next(k for k in m0["timings"]["step_time_s"] if k != "none")
@@ -591,6 +576,15 @@ def fmt(v, width):
         if len(s) <= width:
             return s
     return f"{v:{width}.3g}"
+
+
+def pair_once(cmd, out, py):
+    """One round of an inner-loop pair: runs mpt (`cmd`, result file `out`), then its Python twin
+    `py` (JSON on stdout); returns (mpt's result document, the twin's document)."""
+    run(cmd)
+    m = load(out)
+    _, _, text = run(py, stdout=subprocess.PIPE)
+    return m, json.loads(text)
 
 
 def table(rows, rounds, quick):
