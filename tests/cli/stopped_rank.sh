@@ -116,7 +116,7 @@ print(round(2 * n1["steps"] * d["timings"]["per_n"]["n1"]["step_ms"] / 1000, 2))
     wait "$r1"; code=$?
     kill -KILL "$r0" 2>/dev/null
     [ "$code" = 3 ] || fail "rank 1: exit code $code after ${took} ms, expected 3 (137: hung until killed)"
-    grep -Eq "failed on rank 1 of 2: .*the store did not answer" "$tmp/err" \
+    grep -Eq "(failed|barrier) on rank 1 of 2: .*the store did not answer" "$tmp/err" \
       || fail "rank 1 does not say the store did not answer"
     [ "$took" -le 20000 ] || fail "rank 1 took ${took} ms after the stop for a 3 s timeout"
     sleep 0.3
