@@ -123,6 +123,50 @@ TEST_CASE("launch_from_environment reads torchrun and SLURM variables", "[dist]"
     e.set("WORLD_SIZE", "2");
     e.set("MASTER_PORT", "1");
     CHECK_THROWS_AS(dist::launch_from_environment(), RuntimeFailure);
+    e.set("RANK", "1");  // a valid place, then one wrong per-node variable at a time
+    REQUIRE(dist::launch_from_environment());
+    e.set("LOCAL_WORLD_SIZE", "0");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("LOCAL_WORLD_SIZE=0 is not a process count in [1, WORLD_SIZE=2]"));
+    e.set("LOCAL_WORLD_SIZE", "3");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("LOCAL_WORLD_SIZE=3 is not a process count"));
+    e.set("LOCAL_WORLD_SIZE", "1");
+    e.set("LOCAL_RANK", "1");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("LOCAL_RANK=1 is not a local rank in [0, LOCAL_WORLD_SIZE=1)"));
+    e.set("LOCAL_RANK", "0");
+    e.set("GROUP_RANK", "2");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("GROUP_RANK=2 is not a node rank in [0, WORLD_SIZE=2)"));
+    e.set("GROUP_WORLD_SIZE", "2");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("GROUP_RANK=2 is not a node rank in [0, GROUP_WORLD_SIZE=2)"));
+    e.set("GROUP_RANK", "1");
+    REQUIRE(dist::launch_from_environment());  // rank 1 = node 1's local rank 0
+    e.set("RANK", "0");
+    e.set("LOCAL_WORLD_SIZE", "2");
+    e.set("LOCAL_RANK", "1");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("LOCAL_RANK=1 exceeds the global rank RANK=0"));
+  }
+  SECTION("SLURM's per-node variables") {
+    EnvGuard e;
+    e.set("SLURM_PROCID", "3");
+    e.set("SLURM_NTASKS", "4");
+    e.set("MASTER_PORT", "12345");
+    e.set("SLURM_NTASKS_PER_NODE", "1,3");  // heterogeneous: the largest count bounds the local ranks
+    e.set("SLURM_LOCALID", "2");
+    e.set("SLURM_NODEID", "1");
+    e.set("SLURM_NNODES", "2");
+    auto li = dist::launch_from_environment();
+    REQUIRE(li);
+    CHECK(li->local_world_size == 3);
+    e.set("SLURM_NTASKS_PER_NODE", "2(x2)");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("SLURM_LOCALID=2 is not a local rank in [0, SLURM_NTASKS_PER_NODE=2)"));
+    e.set("SLURM_NTASKS_PER_NODE", "two");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("SLURM_NTASKS_PER_NODE=\"two\" is not a list of task counts"));
+    e.set("SLURM_NTASKS_PER_NODE", "8");  // an allocation's count above a smaller step's: capped
+    e.set("SLURM_NODEID", "2");
+    CHECK_THROWS_WITH(dist::launch_from_environment(), Catch::Matchers::Contains("SLURM_NODEID=2 is not a node rank in [0, SLURM_NNODES=2)"));
+    e.set("SLURM_NODEID", "1");
+    li = dist::launch_from_environment();
+    REQUIRE(li);
+    CHECK(li->local_world_size == 4);
   }
   SECTION("a multi-process job needs MASTER_PORT") {
     EnvGuard e;

@@ -104,9 +104,27 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.world_size_var = "SLURM_NTASKS";
     li.local_rank = env_int("SLURM_LOCALID", 0);
     li.node_rank = env_int("SLURM_NODEID", 0);
-    if (const char* t = env("SLURM_NTASKS_PER_NODE")) {  // "2" or "2(x3)": the first count
-      const long n = std::strtol(t, nullptr, 10);
-      li.local_world_size = n > 0 && n <= li.world_size ? static_cast<int>(n) : li.world_size;
+    if (const char* t = env("SLURM_NTASKS_PER_NODE")) {
+      // "2", "2(x3)" or, for nodes with different counts, "3,1(x2)": the largest count bounds
+      // every node's local ranks.
+      long most = 0;
+      for (const char* p = t;;) {
+        char* end = nullptr;
+        const long n = std::strtol(p, &end, 10);
+        if (end == p || n < 0)
+          throw RuntimeFailure(fmt::format("environment variable SLURM_NTASKS_PER_NODE={:?} is not a list of task "
+                                           "counts such as 2 or 2(x3),1", t));
+        most = std::max(most, std::min<long>(n, 1'000'001));
+        p = end;
+        if (*p == '(') p = std::strchr(p, ')') ? std::strchr(p, ')') + 1 : p + std::strlen(p);
+        if (*p == '\0') break;
+        if (*p != ',')
+          throw RuntimeFailure(fmt::format("environment variable SLURM_NTASKS_PER_NODE={:?} is not a list of task "
+                                           "counts such as 2 or 2(x3),1", t));
+        ++p;
+      }
+      // An allocation's per-node count may exceed a smaller step's SLURM_NTASKS: at most that.
+      li.local_world_size = static_cast<int>(std::min<long>(most, li.world_size));
     } else {
       li.local_world_size = li.world_size;
     }
@@ -116,7 +134,50 @@ std::optional<LaunchInfo> launch_from_environment() {
   if (li.world_size < 1 || li.rank >= li.world_size)
     throw RuntimeFailure(fmt::format("{} environment: rank {} is not in [0, world size {})", li.launcher, li.rank,
                                      li.world_size));
+  // The per-node variables must describe a place that exists: a local rank on its node, a node
+  // among the job's (torchrun sets LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE and GROUP_RANK <
+  // GROUP_WORLD_SIZE; SLURM likewise SLURM_LOCALID < tasks per node, SLURM_NODEID < SLURM_NNODES).
+  // A local rank chooses this rank's GPU and env.launch records them, so a wrong one is refused.
+  const bool torchrun = li.launcher == "torchrun", slurm = li.launcher == "slurm";
+  const char* lr_var = torchrun ? "LOCAL_RANK" : slurm ? "SLURM_LOCALID" : "MPT_LOCAL_RANK";
+  const char* lws_var = torchrun ? "LOCAL_WORLD_SIZE" : slurm ? "SLURM_NTASKS_PER_NODE" : "MPT_WORLD_SIZE";
+  const char* node_var = torchrun ? "GROUP_RANK" : "SLURM_NODEID";
+  if (li.local_world_size < 1 || li.local_world_size > li.world_size)
+    throw RuntimeFailure(fmt::format("{} environment: {}={} is not a process count in [1, {}={}]", li.launcher,
+                                     lws_var, li.local_world_size, li.world_size_var, li.world_size));
+  if (li.local_rank >= li.local_world_size)
+    throw RuntimeFailure(fmt::format("{} environment: {}={} is not a local rank in [0, {}={})", li.launcher, lr_var,
+                                     li.local_rank, lws_var, li.local_world_size));
+  if (li.local_rank > li.rank)
+    throw RuntimeFailure(fmt::format("{} environment: {}={} exceeds the global rank {}={} (ranks are numbered "
+                                     "node by node, so a local rank is never above the global one)",
+                                     li.launcher, lr_var, li.local_rank, torchrun ? "RANK" : slurm ? "SLURM_PROCID"
+                                                                                               : "MPT_RANK", li.rank));
+  if (torchrun || slurm) {
+    const char* nodes_var = torchrun ? "GROUP_WORLD_SIZE" : "SLURM_NNODES";
+    const int nodes = env_int(nodes_var, li.world_size);
+    if (nodes < 1 || nodes > li.world_size)
+      throw RuntimeFailure(fmt::format("{} environment: {}={} is not a node count in [1, {}={}]", li.launcher,
+                                       nodes_var, nodes, li.world_size_var, li.world_size));
+    if (li.node_rank >= nodes)
+      throw RuntimeFailure(fmt::format("{} environment: {}={} is not a node rank in [0, {})", li.launcher, node_var,
+                                       li.node_rank, env(nodes_var) ? fmt::format("{}={}", nodes_var, nodes)
+                                                                    : fmt::format("{}={}", li.world_size_var, nodes)));
+  }
   if (const char* a = env("MASTER_ADDR")) li.master_addr = a;
+  if (li.world_size > 1) {
+    // Resolved once here, so that a mistyped host fails at once with its name instead of
+    // c10d's connect retries (a page of warnings and two timeouts; found by the stop-27 probe).
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(li.master_addr.c_str(), nullptr, &hints, &res);
+    if (res) ::freeaddrinfo(res);
+    if (rc != 0)
+      throw RuntimeFailure(fmt::format("{} environment: MASTER_ADDR={:?} does not resolve to an address ({}): expected "
+                                       "the host name or IP address of the machine of rank 0",
+                                       li.launcher, li.master_addr, ::gai_strerror(rc)));
+  }
   li.master_port = env_int("MASTER_PORT", 0);
   if (li.world_size > 1 && (li.master_port <= 0 || li.master_port > 65535))
     throw RuntimeFailure(fmt::format("{} environment: MASTER_PORT must be set to a TCP port (1-65535) for {} processes",

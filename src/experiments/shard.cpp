@@ -861,8 +861,15 @@ void validate_shard(const Config& cfg, int world_size) {
         throw ConfigError(fmt::format("{}: stage 3 (/train/stages or /mixed/stage) shards every GPT parameter along "
                                       "dim 0 over N = {} ranks: expected >= {}, got {}",
                                       key, world_size, world_size, cfg.integer(key)));
-    if (world_size > 1) {  // V is the corpus's: read it (small text files) before any worker starts
-      const int64_t v = load_text_corpus_at(cfg, "/data").vocab();
+    // V is the corpus's: read it (small text files) before any worker starts. Missing or
+    // unreadable data is not the config's fault: the run says so (exit 3), and --print-config,
+    // which checks the config, prints it, as every experiment does.
+    int64_t v = world_size;
+    if (world_size > 1) {
+      try {
+        v = load_text_corpus_at(cfg, "/data").vocab();
+      } catch (const RuntimeFailure&) {
+      }
       if (v < world_size)
         throw ConfigError(fmt::format("/data/text_files: stage 3 shards wte and lm_head ({} rows: the corpus's "
                                       "characters) over N = {} ranks: expected a vocabulary of >= {}, got {}",
