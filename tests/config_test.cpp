@@ -103,6 +103,8 @@ TEST_CASE("set overrides: errors", "[config]") {
 TEST_CASE("integers written as 12.0 are integers, 1.5 is not", "[config]") {
   auto s = spec();
   CHECK(resolve_config(s, "", {"model.depth=12.0"}).integer("/model/depth") == 12);
+  // ... and stored as one: --print-config and the result's config echo 12, not 12.0.
+  CHECK(resolve_config(s, "", {"model.depth=12.0"}).json_value().at("model").at("depth").dump() == "12");
   CHECK_THROWS_AS(resolve_config(s, "", {"model.depth=1.5"}), ConfigError);
 }
 

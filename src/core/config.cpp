@@ -546,6 +546,21 @@ Config resolve(const ConfigSpec& spec, const json* from_file, const std::string&
     spec.validate_value(ptr, value, source);
     cfg[json::json_pointer(ptr)] = value;
   }
+  // An integer written 12.0 was accepted as 12 (is_integral): stored as 12, so that
+  // --print-config and the result's config echo the value the run uses, not its spelling.
+  for (const auto& [ptr, p] : spec.params()) {
+    if (p.type != ParamType::Int && p.type != ParamType::IntList) continue;
+    const json::json_pointer at(ptr);
+    if (!cfg.contains(at)) continue;
+    json& v = cfg[at];
+    auto as_int = [](json& x) {
+      if (x.is_number_float()) x = static_cast<long long>(x.get<double>());
+    };
+    if (v.is_array())
+      for (auto& x : v) as_int(x);
+    else
+      as_int(v);
+  }
   return Config(&spec, std::move(cfg));
 }
 

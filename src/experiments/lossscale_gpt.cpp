@@ -268,7 +268,7 @@ void gpt_section(const Context& ctx, Report& report) {
     json h = json::array();
     for (double v : run.loss) h.push_back(num(v));
     history[p.name] = {{"loss", h}};
-    note_divergence(report, t, p.name, run.loss);
+    note_divergence(report, t, p.name, run.loss, /*first_step=*/1);  // counted from 1, as the MLP part's curve
     if (p.low == Format::FP32) continue;
     SiteCounts all;
     for (const auto& [site, c] : run.sites) {

@@ -78,11 +78,12 @@ cli_case(lossscale_gpt_text_directory 2 "/gpt/text_files/0: expected a text file
 cli_case(lossscale_gpt_text_empty 2 "/gpt/text_files/1: expected a text file .*tests/cli/text/empty is empty"
          lossscale ${LS_TINY} --set train.enabled=false --set gpt.text_dir=tests/cli/text
          --set "gpt.text_files=[\"four_chars\",\"empty\"]")
-# 3: divergence is said. At lr 1e20 every recipe's loss is nan from step 2 (the curve counts from 1);
-# the GPT's policies at lr 1e20 from step 1 (counted from 0). No check compares the losses: exit 0.
+# 3: divergence is said. At lr 1e20 every recipe's loss is nan from step 2, the GPT's policies'
+# too (both parts count steps from 1, as the curve; the GPT's counted from 0 until the stop-27
+# probe found the two parts of one command disagree). No check compares the losses: exit 0.
 diverged_case(lossscale_diverged 0 "diverged: fp32's loss became nan at step 2" lossscale ${LS_TINY} ${LS_NO_GPT}
               --set train.lr=1e20 --set "train.recipes=[\"fp32\",\"fp16+master+dynamic\"]")
-diverged_case(lossscale_gpt_diverged 0 "diverged: fp32's loss became nan at step 1" lossscale ${LS_TINY}
+diverged_case(lossscale_gpt_diverged 0 "diverged: fp32's loss became nan at step 2" lossscale ${LS_TINY}
               --set train.enabled=false --set gpt.lr=1e20 --set "gpt.policies=[\"fp32\",\"bf16\"]")
 # Probe leftover: a corpus too short to split exits 2 in validate, so --print-config refuses it too.
 cli_case(lossscale_gpt_text_too_short_print_config 2 "/gpt/text_files: expected a corpus long enough to split .*got 3 characters"
