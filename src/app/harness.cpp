@@ -289,9 +289,30 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     // This rank's World (its device, the store and groups on first use, the fault point); the
     // groups end with the run, before the report is printed, as they did inside the experiment.
     std::optional<World> world;
-    if (multi)
+    if (multi) {
       world.emplace(launch.value_or(dist::LaunchInfo{}), device,
                     std::chrono::milliseconds(static_cast<int64_t>(plan.timeout_s * 1000)), plan.fault);
+      // What every rank must share, checked against rank 0's when the job connects: the
+      // experiment, the versions and the config, less the data folders (another machine may
+      // keep the same files elsewhere).
+      json shared = cfg.json_value();
+      std::function<void(json&)> drop_dirs = [&](json& j) {
+        if (!j.is_object()) return;
+        for (auto it = j.begin(); it != j.end();) {
+          const std::string& k = it.key();
+          const bool dir = k == "dir" || (k.size() > 4 && k.compare(k.size() - 4, 4, "_dir") == 0);
+          if (dir && it->is_string()) {
+            it = j.erase(it);
+          } else {
+            drop_dirs(*it);
+            ++it;
+          }
+        }
+      };
+      drop_dirs(shared);
+      world->set_launch_fingerprint(json{{"experiment", exp.name}, {"mpt", MPT_VERSION},
+                                         {"libtorch", compat::torch_version()}, {"config", shared}}.dump());
+    }
     Context ctx{cfg, device, tty, rank, world_size, world ? &*world : nullptr};
     // --trace: every rank records; with several processes each measures its clock against
     // rank 0's first (through the store; the world group connects it).

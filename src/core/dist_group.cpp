@@ -32,6 +32,7 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -184,6 +185,77 @@ void observe(c10d::Store& store, int global, PeerBeat& b, double now) {
   ++b.changes;
 }
 
+// Bounds the store calls of a job's own threads: LibTorch's TCPStore client has no receive
+// timeout for check() and set(), so a call to a store whose host is stopped (SIGSTOP) or hung
+// never returns, and the rank would hang past every timeout (found by cli.shard_store_host_stopped
+// on a loaded machine: rank 0 stopped while rank 1 was in a barrier). A thread of its own, which
+// never touches the store, looks every 100 ms at the calls in flight (StoreWatchdog::Call); one
+// older than the limit ends the process with exit 3 and its message on stderr, as
+// ProcessGroupNCCL's watchdog tears down a process whose collective timed out
+// (TORCH_NCCL_ASYNC_ERROR_HANDLING). Thread-safe.
+class StoreWatchdog {
+ public:
+  explicit StoreWatchdog(double limit_s) : limit_s_(limit_s), thread_([this] { loop(); }) {}
+  ~StoreWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  StoreWatchdog(const StoreWatchdog&) = delete;
+  StoreWatchdog& operator=(const StoreWatchdog&) = delete;
+
+  /// One guarded store call, in scope (RAII): `what` says what it is part of ("barrier on rank
+  /// 1 of 2"); a null watchdog guards nothing.
+  class Call {
+   public:
+    Call(StoreWatchdog* w, std::string what) : w_(w) {
+      if (!w_) return;
+      std::lock_guard<std::mutex> lock(w_->mu_);
+      id_ = ++w_->next_;
+      w_->calls_.emplace(id_, std::make_pair(now_seconds(), std::move(what)));
+    }
+    ~Call() {
+      if (!w_) return;
+      std::lock_guard<std::mutex> lock(w_->mu_);
+      w_->calls_.erase(id_);
+    }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    StoreWatchdog* w_;
+    std::uint64_t id_ = 0;
+  };
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      const double now = now_seconds();
+      for (const auto& [id, call] : calls_) {
+        if (now - call.first <= limit_s_) continue;
+        const std::string msg = fmt::format(
+            "[error] mpt: {}: the store did not answer within {:g} s (its host, the rank that serves "
+            "MASTER_ADDR:MASTER_PORT, is stopped or hung); this rank ends (exit 3)\n",
+            call.second, limit_s_);
+        [[maybe_unused]] auto n = ::write(2, msg.data(), msg.size());
+        std::_Exit(kExitRuntime);
+      }
+    }
+  }
+  const double limit_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::uint64_t next_ = 0;
+  std::map<std::uint64_t, std::pair<double, std::string>> calls_;  // id -> (start, what)
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 }  // namespace
 
 namespace detail {
@@ -199,6 +271,7 @@ struct JobState {
   std::atomic<long long> progress{0};
   c10::intrusive_ptr<c10d::Store> store;     // the job's store (TCPStore, or HashStore for one process)
   std::unique_ptr<Heartbeat> heartbeat;      // after store: destroyed (joined) before it
+  std::unique_ptr<StoreWatchdog> watchdog;   // jobs of several ranks: bounds the main thread's store calls
 };
 
 }  // namespace detail
@@ -303,8 +376,12 @@ void store_barrier(JobState& job, c10d::Store& store, const std::string& tag, in
   const std::string base = "mpt_barrier/" + tag + "/";
   WaitScope waiting(job, -2);
   const double t_timeout = static_cast<double>(timeout.count()) / 1000.0;
+  StoreWatchdog* dog = job.watchdog.get();
   try {
-    store_set(store, base + std::to_string(rank), "1");
+    {
+      StoreWatchdog::Call call(dog, what);
+      store_set(store, base + std::to_string(rank), "1");
+    }
     std::vector<int> missing;
     for (int r = 0; r < size; ++r)
       if (r != rank) missing.push_back(r);
@@ -312,6 +389,7 @@ void store_barrier(JobState& job, c10d::Store& store, const std::string& tag, in
     const double start = now_seconds();
     auto sleep_ms = std::chrono::milliseconds(1);
     for (;;) {
+      std::optional<StoreWatchdog::Call> call(std::in_place, dog, what);
       missing.erase(std::remove_if(missing.begin(), missing.end(),
                                    [&](int r) { return store.check({base + std::to_string(r)}); }),
                     missing.end());
@@ -324,6 +402,7 @@ void store_barrier(JobState& job, c10d::Store& store, const std::string& tag, in
           observe(*job.store, global(r), b, now);
           last = std::max(last, b.progress_at);
         }
+      call.reset();
       if (now - last > t_timeout) {
         std::vector<int> late_global;
         std::string states;
@@ -485,24 +564,51 @@ std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::millisec
     [[maybe_unused]] auto n = ::write(2, msg.data(), msg.size());
     std::_Exit(kExitRuntime);
   });
-  auto open = [&]() -> c10::intrusive_ptr<c10d::Store> {
-    c10::intrusive_ptr<c10d::Store> s = c10::make_intrusive<c10d::TCPStore>(info.master_addr, o);
+  // A client's connection runs on a thread of its own, waited for at most the timeout + 1 s:
+  // TCPStore's constructor pings the server with no receive timeout, so a host stopped (SIGSTOP)
+  // after it began to listen held a connecting rank forever (rank 0 hosting; found when the
+  // stopped-store-host test ran on a loaded machine). The thread holds copies only.
+  const std::string addr = info.master_addr, prefix = info.store_prefix;
+  auto open = [addr, prefix, timeout](c10d::TCPStoreOptions opts, bool ping) -> c10::intrusive_ptr<c10d::Store> {
+    c10::intrusive_ptr<c10d::Store> s = c10::make_intrusive<c10d::TCPStore>(addr, opts);
     s->setTimeout(timeout);
-    if (!info.store_prefix.empty()) s = c10::make_intrusive<c10d::PrefixStore>(info.store_prefix, s);
+    if (!prefix.empty()) s = c10::make_intrusive<c10d::PrefixStore>(prefix, s);
+    // One round trip: a port that answers with something else than a TCPStore fails here.
+    if (ping) s->check({"mpt/ping"});
     return s;
   };
+  const double limit_s = std::max(timeout_s, 1.0) + 1.0;
+  auto open_bounded = [&](c10d::TCPStoreOptions opts, bool ping) -> c10::intrusive_ptr<c10d::Store> {
+    if (opts.isServer) return open(opts, ping);  // its own server thread answers it
+    auto task = std::make_shared<std::packaged_task<c10::intrusive_ptr<c10d::Store>()>>(
+        [open, opts, ping] { return open(opts, ping); });
+    auto result = task->get_future();
+    std::thread([task] { (*task)(); }).detach();
+    if (result.wait_for(std::chrono::duration<double>(limit_s)) != std::future_status::ready)
+      throw RuntimeFailure(fmt::format("the store accepted the connection but did not answer within {:g} s (its "
+                                       "host, the rank that serves MASTER_ADDR:MASTER_PORT, is stopped or hung)",
+                                       limit_s));
+    return result.get();
+  };
   try {
-    state->store = open();
-    // One round trip: a port that answers with something else than a TCPStore fails here.
-    state->store->check({"mpt/ping"});
+    state->store = open_bounded(o, true);
+  } catch (const RuntimeFailure& e) {  // open_bounded's own: the store did not answer
+    throw fail(e.what());
   } catch (const std::exception& e) {  // also std::length_error & co. from a peer speaking another protocol
     state->store.reset();
-    throw fail(fmt::format("{} (is {} a TCPStore of this job?)", first_line(e.what()), where));
+    const std::string what = first_line(e.what());
+    if (o.isServer && what.find("EADDRINUSE") != std::string::npos)
+      throw fail(fmt::format("{} (another process listens on port {}: a second process started as rank 0, or an "
+                             "earlier run still alive; choose another MASTER_PORT)", what, info.master_port));
+    throw fail(fmt::format("{} (is {} a TCPStore of this job?)", what, where));
   }
   if (info.world_size > 1) {
+    // Above the store's own timeout (its waits end by themselves then), so that only a store
+    // that does not answer at all trips it.
+    state->watchdog = std::make_unique<StoreWatchdog>(timeout_s + 2.0);
     try {
       o.isServer = false;
-      state->heartbeat = std::make_unique<Heartbeat>(open(), info.rank, heartbeat_interval(timeout),
+      state->heartbeat = std::make_unique<Heartbeat>(open_bounded(o, false), info.rank, heartbeat_interval(timeout),
                                                      state->waiting_on, state->progress);
     } catch (const std::exception& e) {
       throw fail(fmt::format("the heartbeat connection failed: {}", first_line(e.what())));
@@ -1000,12 +1106,82 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
   return Work(impl);
 }
 
+void Job::check_same_launch(const std::string& fingerprint) {
+  const int self = rank();
+  // The store calls run on a thread of their own, waited for at most the job's timeout + 1 s:
+  // LibTorch's TCPStore calls have no receive timeout, and a store whose host (rank 0) is
+  // stopped would hold this rank forever (as in Monitor::diagnose). The thread holds copies.
+  // Its result: "" (this rank's claim is its own), "duplicate", or rank 0's fingerprint.
+  auto task = std::make_shared<std::packaged_task<std::string()>>(
+      [store = state_->store, self, fingerprint]() -> std::string {
+        if (store->add(fmt::format("mpt/launch/claim/{}", self), 1) > 1) return "duplicate";
+        if (self == 0) {
+          store_set(*store, "mpt/launch/fingerprint", fingerprint);
+          return "";
+        }
+        auto v = store->get("mpt/launch/fingerprint");  // waits for rank 0 (the store's timeout)
+        return std::string(v.begin(), v.end());
+      });
+  std::future<std::string> result = task->get_future();
+  WaitingFor waiting(*this, 0);
+  std::thread([task] { (*task)(); }).detach();
+  const double limit_s = static_cast<double>(timeout().count()) / 1000.0 + 1.0;
+  std::string theirs;
+  if (result.wait_for(std::chrono::duration<double>(limit_s)) != std::future_status::ready)
+    throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come within {:g} s: "
+                                     "the store did not answer (its host, the rank that serves MASTER_ADDR:"
+                                     "MASTER_PORT, is stopped or hung)", self, world_size(), limit_s));
+  try {
+    theirs = result.get();
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come: {}", self,
+                                     world_size(), first_line(e.what())));
+  }
+  if (theirs == "duplicate")
+    throw ConfigError(fmt::format("rank {} of {}: another process already joined this job as rank {} (two "
+                                  "processes were started with the same rank: check RANK / SLURM_PROCID, or the "
+                                  "launcher's --node-rank on each machine)",
+                                  self, world_size(), self));
+  if (self == 0) return;
+  if (theirs == fingerprint) return;
+  std::string where = "/", here_v, there_v;
+  try {
+    const auto mine = nlohmann::json::parse(fingerprint), zero = nlohmann::json::parse(theirs);
+    const auto ops = nlohmann::json::diff(zero, mine);  // RFC 6902 patch from rank 0's to this rank's
+    if (!ops.empty()) {
+      where = ops[0].value("path", "/");
+      const nlohmann::json::json_pointer at(where);
+      auto shown = [](const nlohmann::json& doc, const nlohmann::json::json_pointer& p) {
+        if (!doc.contains(p)) return std::string("absent");
+        std::string d = doc.at(p).dump();
+        return d.size() > 80 ? d.substr(0, 77) + "..." : d;
+      };
+      here_v = shown(mine, at);
+      there_v = shown(zero, at);
+    }
+  } catch (const std::exception&) {
+    here_v = "(unreadable)";
+    there_v = "(unreadable)";
+  }
+  throw ConfigError(fmt::format("rank {} of {}: this process runs another job than rank 0: {} is {} here, {} on rank "
+                                "0 (every rank must be started with the same experiment, config and --set, and "
+                                "the same mpt)",
+                                self, world_size(), where, here_v, there_v));
+}
+
 std::vector<std::array<double, 4>> Job::clock_exchanges(int rounds) {
   c10d::Store& store = *state_->store;
   const int self = rank();
-  auto get_string = [&store](const std::string& key) {
+  StoreWatchdog* dog = state_->watchdog.get();
+  const std::string what = fmt::format("rank {}: the clock exchange with rank 0", self);
+  auto get_string = [&store, dog, &what](const std::string& key) {
+    StoreWatchdog::Call call(dog, what);  // each call bounded, not the whole exchange
     auto v = store.get(key);  // waits for the key (store timeout)
     return std::string(v.begin(), v.end());
+  };
+  auto set_string = [&store, dog, &what](const std::string& key, const std::string& value) {
+    StoreWatchdog::Call call(dog, what);
+    store_set(store, key, value);
   };
   std::vector<std::array<double, 4>> out;
   try {
@@ -1015,13 +1191,13 @@ std::vector<std::array<double, 4>> Job::clock_exchanges(int rounds) {
           get_string(fmt::format("mpt/clock/ping/{}/{}", r, k));
           const double t1 = trace::now_us();
           const double t2 = trace::now_us();
-          store_set(store, fmt::format("mpt/clock/pong/{}/{}", r, k), fmt::format("{:.3f} {:.3f}", t1, t2));
+          set_string(fmt::format("mpt/clock/pong/{}/{}", r, k), fmt::format("{:.3f} {:.3f}", t1, t2));
         }
       return out;
     }
     for (int k = 0; k < rounds; ++k) {
       const double t0 = trace::now_us();
-      store_set(store, fmt::format("mpt/clock/ping/{}/{}", self, k), fmt::format("{:.3f}", t0));
+      set_string(fmt::format("mpt/clock/ping/{}/{}", self, k), fmt::format("{:.3f}", t0));
       const std::string pong = get_string(fmt::format("mpt/clock/pong/{}/{}", self, k));
       const double t3 = trace::now_us();
       double t1 = 0, t2 = 0;
@@ -1042,14 +1218,17 @@ std::vector<std::string> Job::gather_on_rank0(const std::string& key, const std:
   c10d::Store& store = *state_->store;
   const int self = rank();
   std::vector<std::string> out;
+  const std::string what = fmt::format("rank {}: gathering '{}' on rank 0", self, key);
   try {
     if (self != 0) {
+      StoreWatchdog::Call call(state_->watchdog.get(), what);  // each call bounded, not the whole
       store_set(store, fmt::format("mpt/gather/{}/{}", key, self), mine);
       return out;
     }
     out.push_back(mine);
     for (int r = 1; r < world_size(); ++r) {
       WaitScope waiting(*state_, r);
+      StoreWatchdog::Call call(state_->watchdog.get(), what);
       auto v = store.get(fmt::format("mpt/gather/{}/{}", key, r));
       out.emplace_back(v.begin(), v.end());
     }

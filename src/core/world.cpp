@@ -20,7 +20,11 @@ World::World(dist::LaunchInfo launch, torch::Device device, std::chrono::millise
 }
 
 const std::shared_ptr<dist::Job>& World::job() {
-  if (!job_) job_ = dist::connect_store(launch_, timeout_);
+  if (!job_) {
+    auto job = dist::connect_store(launch_, timeout_);
+    if (job->world_size() > 1 && !fingerprint_.empty()) job->check_same_launch(fingerprint_);
+    job_ = std::move(job);
+  }
   return job_;
 }
 

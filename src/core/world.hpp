@@ -53,8 +53,12 @@ class World {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// This rank's connection to the job (store, heartbeat; dist::connect_store with launch() and
-  /// timeout()), made on the first call. Throws what dist::connect_store throws.
+  /// timeout()), made on the first call; then, with a fingerprint set, dist::Job::check_same_launch.
+  /// Throws what dist::connect_store and check_same_launch throw.
   const std::shared_ptr<dist::Job>& job();
+  /// What every rank must agree on (a JSON object as text: the experiment, its config, the
+  /// versions); checked against rank 0's when the job connects. Empty (the default): no check.
+  void set_launch_fingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
   /// Whether job() has been made (by it, group() or new_group()).
   bool connected() const { return job_ != nullptr; }
   /// dist::Job::note_progress() of this rank's job: peers waiting for this rank see it work.
@@ -82,6 +86,7 @@ class World {
   torch::Device device_;
   std::chrono::milliseconds timeout_;
   FaultPlan fault_;
+  std::string fingerprint_;
   std::shared_ptr<dist::Job> job_;      // before group_: the world group goes first
   std::shared_ptr<dist::Group> group_;
 };

@@ -12,6 +12,10 @@
 #   launcher_env.sh MPT world_cap      WORLD_SIZE=1000000: exit 2 naming WORLD_SIZE and the cap, at once
 #   launcher_env.sh MPT missing_ranks  rank 0 of 4 alone: exit 3 naming ranks 1-3 within the timeout
 #   launcher_env.sh MPT nproc_conflict WORLD_SIZE=1 with an explicit --nproc 2: exit 2 naming both
+#   launcher_env.sh MPT mismatch       two ranks of `mpt shard` started with different --set, then
+#                                      three processes of which two claim rank 1: the rank that differs
+#                                      from rank 0 (and the second rank 1) exits 2 naming the key / the
+#                                      rank, at once (they were collective timeouts that blamed the peer)
 # With two ranks: both exit 0, rank 0 prints and writes the result, rank 1 writes nothing and
 # prints nothing on stdout, and rank 0's output has the row that only the 2-rank run produces.
 set -u
@@ -122,5 +126,37 @@ PY
     grep -q -- "--nproc 2: expected the world size of the torchrun environment (WORLD_SIZE=1)" "$tmp/err" \
       || { echo "FAIL: message"; exit 1; }
     echo "ok: --nproc against WORLD_SIZE is an error" ;;
+  mismatch)
+    quick=("${shard[@]}" --set dist.timeout_s=3)
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$mpt" "${quick[@]}" --out "$tmp/r0.json" \
+      > "$tmp/out0" 2> "$tmp/err0" & p0=$!
+    start=$(date +%s)
+    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$mpt" "${quick[@]}" --set train.steps=7 \
+      --out "$tmp/r1.json" > "$tmp/out1" 2> "$tmp/err1"
+    code=$?; took=$(( $(date +%s) - start ))
+    wait $p0; c0=$?
+    cat "$tmp/err1" "$tmp/err0"
+    [ $code = 2 ] || { echo "FAIL: rank 1 exited $code, expected 2"; exit 1; }
+    grep -qF "rank 1 of 2: this process runs another job than rank 0: /config/train/steps is 7 here, 4 on rank 0" \
+      "$tmp/err1" || { echo "FAIL: rank 1 does not name the key that differs"; exit 1; }
+    [ $took -le 10 ] || { echo "FAIL: rank 1 took $took s"; exit 1; }
+    [ $c0 != 0 ] || { echo "FAIL: rank 0 exited 0 without its peer"; exit 1; }
+    echo "ok: the config that differs from rank 0's is named (exit 2 in $took s; rank 0 exit $c0)"
+    # Two processes started as rank 1: the later one is refused; the job of the other two runs.
+    port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    pids=()
+    for i in 0 1 2; do
+      r=$(( i == 0 ? 0 : 1 ))
+      RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$mpt" "${quick[@]}" \
+        --out "$tmp/d$i.json" > "$tmp/dout$i" 2> "$tmp/derr$i" & pids[$i]=$!
+      [ $i = 0 ] && sleep 0.5  # rank 0 hosts the store
+    done
+    codes=""
+    for i in 0 1 2; do wait "${pids[$i]}"; codes="$codes $?"; done
+    cat "$tmp"/derr*
+    [ "$(grep -lF "rank 1 of 2: another process already joined this job as rank 1" "$tmp"/derr1 "$tmp"/derr2 | wc -l)" = 1 ] \
+      || { echo "FAIL: not exactly one rank 1 refused (exit codes$codes)"; exit 1; }
+    case "$codes" in " 0 0 2"|" 0 2 0") ;; *) echo "FAIL: exit codes$codes, expected 0 and one 2 among the ranks 1"; exit 1 ;; esac
+    echo "ok: a second process started as rank 1 is refused (exit codes$codes)" ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac

@@ -43,7 +43,13 @@ add_test(NAME cli.shard_hung_rank
 add_test(NAME cli.shard_torchrun_env
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> shard
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-set_tests_properties(cli.shard_deterministic cli.shard_hung_rank cli.shard_torchrun_env PROPERTIES TIMEOUT 120)
+# Ranks started with different --set, and two processes started as rank 1: named, exit 2 (they
+# were collective timeouts in which each rank blamed the other; found by the stop-27 probe).
+add_test(NAME cli.shard_env_mismatch
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> mismatch
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.shard_deterministic cli.shard_hung_rank cli.shard_torchrun_env cli.shard_env_mismatch
+                     PROPERTIES TIMEOUT 120)
 # torch.optim.Adam's betas are in [0, 1): beta = 1 is a config error, not a LibTorch error after the spawn
 cli_case(shard_bad_beta1 2 "/optimizer/beta1: expected a number >= 0 and < 1, got 1" ${SHQ} --set optimizer.beta1=1)
 cli_case(shard_duplicate_stage 2 "/train/stages/1: expected each value once, got 1 again" ${SHQ} --set "train.stages=[1,1]")
