@@ -645,6 +645,16 @@ TEST_CASE("recipe options, shape errors and stored bytes", "[quant]") {
   const StoredBytes m = stored_bytes(recipe("mxfp8"), 128, 256, 256);
   CHECK(m.weights == (65536 + 256) * 4 + 2 * 65536);
   CHECK(m.scales == 2 * 2048 + 1024);
+  // nvfp4: one E2M1 copy of W (16x16 blocks serve W and W^T) with 256 UE4M3 block scales + the fp32
+  // tensor scale; x^T [256, 128] in 1x16 blocks: 2048 scales + its tensor scale; x at half a byte.
+  const StoredBytes n4 = stored_bytes(recipe("nvfp4"), 128, 256, 256);
+  CHECK(n4.weights == (65536 + 256) * 4 + 65536 / 2);
+  CHECK(n4.activations == 128 * 256 / 2);
+  CHECK(n4.scales == (256 + 4) + (2048 + 4));
+  // mxfp4: 1x32 blocks differ under transposition: a row-wise and a column-wise copy, E8M0 scales.
+  const StoredBytes m4 = stored_bytes(recipe("mxfp4"), 128, 256, 256);
+  CHECK(m4.weights == (65536 + 256) * 4 + 2 * 65536 / 2);
+  CHECK(m4.scales == 2 * 2048 + 1024);
   const StoredBytes f = stored_bytes(recipe("fp32"), 128, 256, 256);
   CHECK(f.weights == (65536 + 256) * 4);
   CHECK(f.activations == 128 * 256 * 4);

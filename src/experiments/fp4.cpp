@@ -166,6 +166,9 @@ Report run_fp4(const Context& ctx) {
   Table cost{"cost", "Emulation cost per variant (run-dependent: timings; emulation in software, not a speed claim)",
              {text_col("name", "variant"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
+  Table mem{"memory", fmt::format("Bytes stored per variant (computed at the formats' widths), batch {}", cfg.integer("/train/batch")),
+            {text_col("name", "variant"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
+             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes")}};
   std::map<std::string, q::TrainRun> runs;
   std::map<std::string, std::map<std::string, double>> errors;
   for (const auto& v : variants) {
@@ -192,6 +195,18 @@ Report run_fp4(const Context& ctx) {
       }
       errors[v][g] = count ? sum / count : NAN;
     }
+    // Memory: every layer under its own recipe (4-bit, or the bf16 of the kept layers), as fp8's table.
+    q::StoredBytes total;
+    for (std::size_t l = 0; l < L; ++l) {
+      const q::StoredBytes b = q::stored_bytes(n.layers[l]->recipe(), plan.batch, w[l], w[l + 1]);
+      total.weights += b.weights;
+      total.activations += b.activations;
+      total.gradients += b.gradients;
+      total.scales += b.scales;
+    }
+    mem.rows.push_back({{"name", v}, {"weights", total.weights}, {"activations", total.activations},
+                        {"gradients", total.gradients}, {"scales", total.scales},
+                        {"total", total.weights + total.activations + total.gradients + total.scales}});
     curve.columns.push_back(float_col(v, v));
   }
   // A gap to a diverged run (a training or test loss not finite) is nan, not a number that reads as a result.
@@ -225,7 +240,12 @@ Report run_fp4(const Context& ctx) {
   t.notes.push_back(fmt::format("errors: ||C - C_fp32|| / ||C_fp32|| of each GEMM at step {}, mean over the 4-bit layers (all "
                                 "layers for fp32 and bf16); the last Linear stays bf16 everywhere (10 outputs fit no 16-block)",
                                 ledger_step));
+  mem.notes.push_back("weights: the fp32 masters plus the quantized copies of W the GEMMs read (16x16 blocks: one copy "
+                      "serves W and W^T; 1x16 / 1x32 blocks: a row-wise and a column-wise copy); activations: x saved for "
+                      "the weight gradient in wgrad's format; gradients: fp32; scales: UE4M3 / E8M0 1 byte a block, plus "
+                      "4 for an NVFP4 tensor scale (core/quant's stored_bytes; emulation itself holds fp32)");
   report.add(std::move(t));
+  report.add(std::move(mem));
   report.add(std::move(curve));
   report.results["history"] = history;
   report.add(std::move(cost), Store::TimingsByName);
