@@ -44,3 +44,21 @@ add_test(NAME cli.tensorparallel_torchrun_env
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> tensorparallel
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.tensorparallel_torchrun_env PROPERTIES TIMEOUT 180)
+
+# The DP x TP x PP mesh (/mesh/steps > 0: the mesh section alone) on the quick GPT with 2 blocks:
+# every step's parameters bitwise equal to TP on its TP group without pipeline and DP.
+set(TPMESH ${TPQ} --set model.layers=2 --set mesh.steps=2)
+cli_case(tensorparallel_mesh_dp2_pp2 0 "OK: 2 of 2 checks passed" ${TPMESH} --nproc 4 --set mesh.dp=2 --set mesh.pp=2)
+cli_case(tensorparallel_mesh_tp2_pp2 0 "OK: 2 of 2 checks passed" ${TPMESH} --nproc 4 --set mesh.tp=2 --set mesh.pp=2
+         --set mesh.schedule=gpipe)
+# 2 x 2 x 2 = 8 processes, the documented config.
+cli_case(tensorparallel_mesh8 0 "OK: 2 of 2 checks passed" tensorparallel --config configs/tensorparallel_mesh8.json)
+# Bad mesh input: exit 2 naming the keys, before any process starts.
+cli_case(tensorparallel_mesh_world_mismatch 2 "/mesh: expected /mesh/dp x /mesh/tp x /mesh/pp = the world size 4"
+         ${TPMESH} --nproc 4 --set mesh.dp=2)
+cli_case(tensorparallel_mesh_tp_heads 2 "/mesh/tp: expected a divisor of /model/heads = 4" ${TPMESH} --nproc 3
+         --set mesh.tp=3)
+cli_case(tensorparallel_mesh_pp_layers 2 "/mesh/pp: expected a divisor of /model/layers = 2" ${TPMESH} --nproc 3
+         --set mesh.pp=3 --set mesh.microbatches=3 --set data.batch=3)
+cli_case(tensorparallel_mesh_microbatches 2 "/mesh/microbatches: expected at least /mesh/pp = 2" ${TPMESH} --nproc 2
+         --set mesh.pp=2 --set mesh.microbatches=1)
