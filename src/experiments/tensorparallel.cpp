@@ -29,10 +29,14 @@
  *  4. activation bytes per layer, measured by the counting allocator, against Korthikanti's
  *     formulas (fp16, dropout) and the same count for what runs here (fp32, no dropout).
  *  5. step times (forward + backward) of one process, TP and TP + SP.
+ *  6. with /mesh/steps > 0, instead: the GPT on a DP x TP x PP mesh (Megatron's rank order), each
+ *     stage's blocks TP-sharded on the pipeline executor, the DP mean, SGD; after every step the
+ *     parameters bitwise equal to TP without pipeline and DP (checked), and against one process.
  *
  *   mpt tensorparallel                    # TP = 2 processes
  *   mpt tensorparallel --nproc 4 --set model.heads=8
  *   torchrun --nproc_per_node 2 --no-python mpt tensorparallel
+ *   mpt tensorparallel --config configs/tensorparallel_mesh8.json   # dp 2 x tp 2 x pp 2 = 8 processes
  */
 #include <algorithm>
 #include <cmath>
