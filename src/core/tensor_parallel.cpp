@@ -1,9 +1,11 @@
 #include "core/tensor_parallel.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 #include "core/memory.hpp"
 
@@ -530,6 +532,113 @@ void TpGpt::allreduce_sequence_parallel_grads() const {
       group_->allreduce(g);
       p.local.mutable_grad() = g;
     }
+}
+
+torch::Tensor TpGpt::embed(const torch::Tensor& idx) {
+  if (sp_) throw std::logic_error("TpGpt::embed: the pipeline pieces run without sequence parallelism");
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(T <= cfg_.context, "TpGpt: sequence of ", T, " tokens is longer than the context (", cfg_.context, ")");
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  return wte_->forward(idx) + torch::embedding(wpe_, pos);  // as forward_loss
+}
+
+torch::Tensor TpGpt::blocks(const torch::Tensor& x, int64_t begin, int64_t end) {
+  if (begin < 0 || end < begin || end > static_cast<int64_t>(blocks_.size()))
+    throw std::out_of_range("TpGpt::blocks: range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                            ") outside the " + std::to_string(blocks_.size()) + " blocks");
+  auto h = x;
+  for (int64_t i = begin; i < end; ++i)
+    h = block_forward(blocks_[static_cast<std::size_t>(i)], full_->blocks[static_cast<std::size_t>(i)],
+                      "h" + std::to_string(i) + ".", h, nullptr);
+  return h;
+}
+
+torch::Tensor TpGpt::logits(const torch::Tensor& x) { return lm_head_->forward(ln_f_->forward(x)); }
+
+torch::Tensor TpGpt::loss_of_logits(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const int64_t vl = logits.size(-1);
+  return vocab_parallel_cross_entropy(logits.reshape({-1, vl}), targets.reshape({-1}), wte_->vocab_start, cfg_.vocab,
+                                      *group_)
+      .mean();
+}
+
+// ----------------------------------------------------------------------------
+// The DP x TP x PP mesh
+// ----------------------------------------------------------------------------
+
+MeshLayout::MeshLayout(int dp_, int tp_, int pp_) : dp(dp_), tp(tp_), pp(pp_) {
+  if (dp < 1 || tp < 1 || pp < 1)
+    throw std::invalid_argument("MeshLayout: degrees must be >= 1, got dp = " + std::to_string(dp) + ", tp = " +
+                                std::to_string(tp) + ", pp = " + std::to_string(pp));
+}
+
+int MeshLayout::rank_of(int pp_idx, int dp_idx, int tp_idx) const {
+  if (pp_idx < 0 || pp_idx >= pp || dp_idx < 0 || dp_idx >= dp || tp_idx < 0 || tp_idx >= tp)
+    throw std::out_of_range("MeshLayout::rank_of: (" + std::to_string(pp_idx) + ", " + std::to_string(dp_idx) + ", " +
+                            std::to_string(tp_idx) + ") outside the mesh");
+  return (pp_idx * dp + dp_idx) * tp + tp_idx;
+}
+
+MeshLayout::Coord MeshLayout::coord(int rank) const {
+  if (rank < 0 || rank >= size())
+    throw std::out_of_range("MeshLayout::coord: rank " + std::to_string(rank) + " outside the mesh of " +
+                            std::to_string(size()));
+  return {rank / (dp * tp), (rank / tp) % dp, rank % tp};
+}
+
+std::vector<int> MeshLayout::tp_group(int pp_idx, int dp_idx) const {
+  std::vector<int> v;
+  for (int i = 0; i < tp; ++i) v.push_back(rank_of(pp_idx, dp_idx, i));
+  return v;
+}
+std::vector<int> MeshLayout::dp_group(int pp_idx, int tp_idx) const {
+  std::vector<int> v;
+  for (int d = 0; d < dp; ++d) v.push_back(rank_of(pp_idx, d, tp_idx));
+  return v;
+}
+std::vector<int> MeshLayout::pp_group(int dp_idx, int tp_idx) const {
+  std::vector<int> v;
+  for (int s = 0; s < pp; ++s) v.push_back(rank_of(s, dp_idx, tp_idx));
+  return v;
+}
+
+TpGptStages::TpGptStages(TpGpt& model, int stages) : model_(&model), stages_(stages) {
+  const int64_t layers = model.layers();
+  if (stages < 1 || layers % stages != 0)
+    throw std::invalid_argument("TpGptStages: " + std::to_string(stages) + " stages must divide the " +
+                                std::to_string(layers) + " blocks");
+  per_ = layers / stages;
+  for (const auto& p : model.params()) {
+    int c = 0;
+    if (p.name.rfind("h", 0) == 0)
+      c = static_cast<int>(std::stoll(p.name.substr(1, p.name.find('.') - 1)) / per_);
+    else if (p.name.rfind("ln_f.", 0) == 0 || p.name.rfind("lm_head.", 0) == 0)
+      c = stages - 1;
+    chunk_of_.push_back(c);
+  }
+}
+
+torch::Tensor TpGptStages::forward(int chunk, const torch::Tensor& x, ChunkSaved* /*saved*/) const {
+  if (chunk < 0 || chunk >= stages_) throw std::out_of_range("TpGptStages::forward: chunk " + std::to_string(chunk));
+  auto h = chunk == 0 ? model_->embed(x) : x;
+  h = model_->blocks(h, chunk * per_, (chunk + 1) * per_);
+  return chunk == stages_ - 1 ? model_->logits(h) : h;
+}
+
+std::vector<torch::Tensor> TpGptStages::parameters(int chunk) const {
+  std::vector<torch::Tensor> v;
+  const auto& ps = model_->params();
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    if (chunk_of_[i] == chunk) v.push_back(ps[i].local);
+  return v;
+}
+
+torch::Tensor TpGptStages::loss(const torch::Tensor& y, const torch::Tensor& target) const {
+  return model_->loss_of_logits(y, target);
+}
+
+std::vector<int64_t> TpGptStages::output_shape(int /*chunk*/, const std::vector<int64_t>& microbatch_shape) const {
+  return {microbatch_shape.at(0), microbatch_shape.at(1), model_->width()};
 }
 
 // ----------------------------------------------------------------------------

@@ -31,6 +31,7 @@
 
 #include "core/dist_group.hpp"
 #include "core/gpt.hpp"
+#include "core/pipeline_stage.hpp"
 
 namespace mpt::tp {
 
@@ -204,7 +205,22 @@ class TpGpt {
   void allreduce_sequence_parallel_grads() const;
   /// Every local parameter with where it sits in the full model.
   const std::vector<ShardedParam>& params() const { return params_; }
+
+  // The forward in pieces, for a pipeline stage holding blocks [begin, end) (TpGptStages): the
+  // same operations as loss() without sequence parallelism (std::logic_error with SP on).
+  /// wte (vocab-parallel) + wpe: idx [B, T] int64 → x [B, T, C] (replicated over the group).
+  torch::Tensor embed(const torch::Tensor& idx);
+  /// Blocks [begin, end): x [B, T, C] → [B, T, C]. Throws std::out_of_range for a bad range.
+  torch::Tensor blocks(const torch::Tensor& x, int64_t begin, int64_t end);
+  /// ln_f and lm_head: x [B, T, C] → this rank's logits [B, T, V'/t].
+  torch::Tensor logits(const torch::Tensor& x);
+  /// Mean vocab-parallel cross-entropy of local logits [B, T, V'/t] against targets [B, T].
+  torch::Tensor loss_of_logits(const torch::Tensor& logits, const torch::Tensor& targets);
   int64_t padded_vocab() const { return padded_vocab_; }
+  /// The model width C.
+  int64_t width() const { return cfg_.width; }
+  /// The number of transformer blocks L.
+  int64_t layers() const { return cfg_.layers; }
 
  private:
   struct Block {
@@ -228,6 +244,65 @@ class TpGpt {
   torch::nn::LayerNorm ln_f_{nullptr};
   std::unique_ptr<ColumnParallelLinear> lm_head_;
   std::vector<ShardedParam> params_;
+};
+
+// ----------------------------------------------------------------------------
+// The DP x TP x PP mesh
+// ----------------------------------------------------------------------------
+
+/// The rank layout of a 3-D mesh of dp·tp·pp processes with dims ("pp", "dp", "tp"), tp the
+/// fastest: global rank = (pp_idx·dp + dp_idx)·tp + tp_idx. It is Megatron-LM's default
+/// (megatron/core/parallel_state.py, initialize_model_parallel with order "tp-cp-ep-dp-pp"
+/// and cp = ep = 1: RankGenerator puts the first-named dim fastest) and torch's
+/// init_device_mesh(..., (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp")) over
+/// arange(world).view(pp, dp, tp), torchtitan's order: TP's frequent collectives stay between
+/// neighbouring ranks (one node), the pipeline's point-to-point sends take the slowest links.
+/// Throws std::invalid_argument when a degree is < 1.
+struct MeshLayout {
+  MeshLayout(int dp, int tp, int pp);
+  int dp = 1, tp = 1, pp = 1;
+  int size() const { return dp * tp * pp; }
+  /// The global rank at coordinates (pp_idx, dp_idx, tp_idx); std::out_of_range outside the mesh.
+  int rank_of(int pp_idx, int dp_idx, int tp_idx) const;
+  /// Coordinates of a global rank.
+  struct Coord {
+    int pp = 0, dp = 0, tp = 0;
+  };
+  Coord coord(int rank) const;
+  /// The TP group of (pp_idx, dp_idx): tp consecutive ranks (Megatron's tensor-model-parallel group).
+  std::vector<int> tp_group(int pp_idx, int dp_idx) const;
+  /// The DP group of (pp_idx, tp_idx): the ranks holding the same shards of the same stage.
+  std::vector<int> dp_group(int pp_idx, int tp_idx) const;
+  /// The PP group of (dp_idx, tp_idx), in stage order: tp-rank i of stage s sends to tp-rank i
+  /// of stage s + 1 (group rank = stage).
+  std::vector<int> pp_group(int dp_idx, int tp_idx) const;
+};
+
+/// The tiny GPT on a TP group cut into `stages` pipeline chunks of equal block counts (chunk c:
+/// blocks [c·L/p, (c+1)·L/p); chunk 0 also the embeddings, the last chunk ln_f, lm_head and the
+/// vocab-parallel cross-entropy) as a PipelineStage for the executor (core/pipeline): each chunk's
+/// Linears TP-sharded, its messages [mb, T, C] (activations are replicated over the TP group
+/// outside SP regions, so every TP rank sends its own copy, as Megatron does without its
+/// scatter-gather optimisation). Holds `model` (not owned; it must outlive this). Throws
+/// std::invalid_argument when stages < 1 or does not divide the layers.
+class TpGptStages : public PipelineStage {
+ public:
+  TpGptStages(TpGpt& model, int stages);
+  int chunks() const override { return stages_; }
+  torch::Tensor forward(int chunk, const torch::Tensor& x, ChunkSaved* saved = nullptr) const override;
+  /// Chunk c's local leaves in the order of TpGpt::params().
+  std::vector<torch::Tensor> parameters(int chunk) const override;
+  torch::Tensor loss(const torch::Tensor& y, const torch::Tensor& target) const override;
+  /// [rows, T, C] for a microbatch [rows, T].
+  std::vector<int64_t> output_shape(int chunk, const std::vector<int64_t>& microbatch_shape) const override;
+  /// The chunk TpGpt::params()[i] belongs to.
+  int chunk_of(std::size_t i) const { return chunk_of_[i]; }
+
+ private:
+  TpGpt* model_;
+  int stages_;
+  int64_t per_;
+  std::vector<int> chunk_of_;
 };
 
 /// Every rank's `local` (same shape on every rank), in rank order (an all-gather of the flat

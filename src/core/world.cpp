@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -35,6 +37,26 @@ const std::shared_ptr<dist::Group>& World::group() {
 
 std::shared_ptr<dist::Group> World::new_group(const std::string& name, int size, torch::Device device) {
   return dist::Group::create(job(), rank(), size, name, timeout_, device);
+}
+
+std::shared_ptr<dist::Group> World::new_group(const std::string& name, const std::vector<int>& global_ranks,
+                                             torch::Device device) {
+  if (global_ranks.empty()) throw std::invalid_argument("World::new_group '" + name + "': no ranks");
+  int mine = -1;
+  for (std::size_t i = 0; i < global_ranks.size(); ++i) {
+    const int g = global_ranks[i];
+    if (g < 0 || g >= size())
+      throw std::invalid_argument("World::new_group '" + name + "': rank " + std::to_string(g) +
+                                  " is not in the job (0 .. " + std::to_string(size() - 1) + ")");
+    for (std::size_t j = 0; j < i; ++j)
+      if (global_ranks[j] == g)
+        throw std::invalid_argument("World::new_group '" + name + "': rank " + std::to_string(g) + " listed twice");
+    if (g == rank()) mine = static_cast<int>(i);
+  }
+  if (mine < 0) return nullptr;
+  // Group::create registers this process's global rank under the group rank, so failures name
+  // the job's ranks (its rank -> global map), whatever the list.
+  return dist::Group::create(job(), mine, static_cast<int>(global_ranks.size()), name, timeout_, device);
 }
 
 void World::fault_point(int64_t step) const {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -75,6 +76,15 @@ class World {
   /// the job's store (unique per group, e.g. "train_n2/"). Only ranks < size call it. Connects
   /// the job on first use. Throws what dist::connect_store and dist::Group::create throw.
   std::shared_ptr<dist::Group> new_group(const std::string& name, int size, torch::Device device);
+  /// A group of the job's ranks `global_ranks` (torch.distributed.new_group(ranks=...)): group
+  /// rank i is global rank global_ranks[i]. Returns nullptr on a rank not in the list (torch's
+  /// GroupMember.NON_GROUP_MEMBER) without touching the store, so every rank may walk the same
+  /// list of groups in the same order (as torch requires, and as a DeviceMesh is built); the
+  /// members must create their groups in one global order (no deadlock). `name`: the group's
+  /// store prefix, unique per group. Throws std::invalid_argument for an empty list, a rank
+  /// outside 0 .. size() − 1 or listed twice; else what new_group(name, size, device) throws.
+  std::shared_ptr<dist::Group> new_group(const std::string& name, const std::vector<int>& global_ranks,
+                                         torch::Device device);
 
   /// The fault-injection point: on rank FaultPlan::rank at step FaultPlan::step, logs a warning
   /// and ends the process at once with dist::kExitInjectedFault (no clean-up, like a crash), or

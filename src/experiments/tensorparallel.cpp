@@ -29,10 +29,14 @@
  *  4. activation bytes per layer, measured by the counting allocator, against Korthikanti's
  *     formulas (fp16, dropout) and the same count for what runs here (fp32, no dropout).
  *  5. step times (forward + backward) of one process, TP and TP + SP.
+ *  6. with /mesh/steps > 0, instead: the GPT on a DP x TP x PP mesh (Megatron's rank order), each
+ *     stage's blocks TP-sharded on the pipeline executor, the DP mean, SGD; after every step the
+ *     parameters bitwise equal to TP without pipeline and DP (checked), and against one process.
  *
  *   mpt tensorparallel                    # TP = 2 processes
  *   mpt tensorparallel --nproc 4 --set model.heads=8
  *   torchrun --nproc_per_node 2 --no-python mpt tensorparallel
+ *   mpt tensorparallel --config configs/tensorparallel_mesh8.json   # dp 2 x tp 2 x pp 2 = 8 processes
  */
 #include <algorithm>
 #include <cmath>
@@ -47,6 +51,7 @@
 #include "core/gpt.hpp"
 #include "core/memory.hpp"
 #include "core/models.hpp"
+#include "core/pipeline.hpp"
 #include "core/process_plan.hpp"
 #include "core/runtime.hpp"
 #include "core/tensor_parallel.hpp"
@@ -76,6 +81,15 @@ ConfigSpec tensorparallel_spec() {
   s.integer("/mlp/batch", 16, "MLP batch rows", 1, 65536);
   s.boolean("/sp/enabled", true, "also run the GPT with sequence parallelism (Korthikanti et al. 2022)");
   s.integer("/time/steps", 5, "timed forward+backward steps per variant (the median is reported)", 1, 1000);
+  s.integer("/mesh/steps", 0, "SGD steps of the GPT on the DP x TP x PP mesh (0: no mesh; > 0: the mesh section "
+            "alone, on /mesh/dp x /mesh/tp x /mesh/pp = --nproc processes)", 0, 1000);
+  s.integer("/mesh/dp", 1, "mesh: data-parallel degree (each DP rank trains on its /data/batch sequences)", 1, 8);
+  s.integer("/mesh/tp", 1, "mesh: tensor-parallel degree (must divide /model/heads and the MLP width)", 1, 8);
+  s.integer("/mesh/pp", 1, "mesh: pipeline stages (must divide /model/layers)", 1, 8);
+  s.integer("/mesh/microbatches", 2, "mesh: microbatches per DP rank and step (>= /mesh/pp; must divide /data/batch)",
+            1, 4096);
+  s.choice("/mesh/schedule", "1f1b", {"gpipe", "1f1b"}, "mesh: the pipeline schedule (core/pipeline_schedule)");
+  s.number("/mesh/lr", 0.5, "mesh: SGD learning rate (theta -= lr * grad)", 0.0, 100.0);
   s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
   s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step of the TP timing loop (-1: none)", -1, 7);
   s.integer("/fault/step", 1, "for testing: the step at which /fault/rank fails", 0);
@@ -259,8 +273,235 @@ std::vector<int64_t> one_process_block_bytes(TinyGpt m, const torch::Tensor& idx
   return v;
 }
 
+
+// ----------------------------------------------------------------------------
+// 6. The DP x TP x PP mesh (/mesh/steps > 0: this section alone)
+// ----------------------------------------------------------------------------
+// Rank layout ("pp", "dp", "tp"), tp fastest (tp::MeshLayout: Megatron-LM's default order,
+// torchtitan's DeviceMesh): rank = (pp_idx·dp + dp_idx)·tp + tp_idx. Each rank joins three
+// groups: its TP group (the Column/Row-parallel collectives of its stage), its PP group (the
+// pipeline executor's send/recv, tp-rank i of stage s to tp-rank i of stage s + 1) and its DP
+// group (the gradient all-reduce, then ÷ dp: DDP's mean). One step: the executor runs the
+// schedule over the DP rank's m microbatches (each loss ÷ m), the DP mean, SGD θ -= lr·g.
+//
+// The references, on every rank, same seed and global batch (dp·b sequences):
+//  (a) the same TP model on its TP group without pipeline and DP: for each DP shard d the m
+//      microbatches through all blocks in order (loss ÷ m, gradients accumulated in .grad as the
+//      executor's B's do, in microbatch order), then (G_0 + G_1 + ...) ÷ dp, the same SGD. A cut
+//      between stages changes no arithmetic (core/pipeline_stage.hpp) and a two-term all-reduce
+//      is a + b = b + a, so for dp <= 2 the mesh's parameters equal (a)'s bit for bit: bound 0,
+//      checked every step. (Gloo may add dp > 2 terms in another order: then reported.)
+//  (b) one process, the plain TinyGpt (torch::linear, F.cross_entropy), the same microbatches,
+//      the same mean and SGD: the mesh's shards gathered to full shape against it, reported
+//      (the TP arithmetic differs from it by the per-operation reordering bounds the TP
+//      sections check; propagated through the network and the steps there is no closed bound).
+
+/// Sum of microbatch gradients of one DP shard into every parameter's .grad (loss ÷ m each),
+/// through `forward` (idx [b, T] → loss), microbatch by microbatch in order, like the executor's B's.
+template <class F>
+double accumulate_shard(const torch::Tensor& x, const torch::Tensor& y, int m, F&& forward_loss) {
+  double total = 0;
+  const auto xs = x.chunk(m, 0), ys = y.chunk(m, 0);
+  for (int j = 0; j < m; ++j) {
+    torch::Tensor l = forward_loss(xs[static_cast<std::size_t>(j)], ys[static_cast<std::size_t>(j)]) / m;
+    total += l.item<double>();
+    l.backward();
+  }
+  return total;
+}
+
+std::vector<torch::Tensor> take_grads(const std::vector<torch::Tensor>& ps) {
+  std::vector<torch::Tensor> g;
+  for (const auto& p : ps) {
+    g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    p.mutable_grad() = torch::Tensor();
+  }
+  return g;
+}
+
+void sgd(const std::vector<torch::Tensor>& ps, const std::vector<torch::Tensor>& gs, double lr) {
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < ps.size(); ++i) ps[i].add_(gs[i], -lr);
+}
+
+Report run_mesh(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  World& w = *ctx.world;
+  const tp::MeshLayout mesh(static_cast<int>(cfg.integer("/mesh/dp")), static_cast<int>(cfg.integer("/mesh/tp")),
+                            static_cast<int>(cfg.integer("/mesh/pp")));
+  const auto me = mesh.coord(w.rank());
+  const int dp = mesh.dp, pp = mesh.pp, m = static_cast<int>(cfg.integer("/mesh/microbatches"));
+  const int64_t steps = cfg.integer("/mesh/steps"), b = cfg.integer("/data/batch"), T = cfg.integer("/data/seq");
+  const double lr = cfg.number("/mesh/lr");
+  report.env["mesh"] = fmt::format("dp {} x tp {} x pp {}", mesh.dp, mesh.tp, mesh.pp);
+
+  // Groups: every rank walks every group in one order (TP, DP, PP), joining its own three.
+  std::shared_ptr<dist::Group> tpg, dpg, ppg;
+  for (int s = 0; s < pp; ++s)
+    for (int d = 0; d < dp; ++d)
+      if (auto g = w.new_group(fmt::format("mesh/tp/pp{}dp{}/", s, d), mesh.tp_group(s, d), torch::kCPU)) tpg = g;
+  for (int s = 0; s < pp; ++s)
+    for (int i = 0; i < mesh.tp; ++i)
+      if (auto g = w.new_group(fmt::format("mesh/dp/pp{}tp{}/", s, i), mesh.dp_group(s, i), torch::kCPU)) dpg = g;
+  for (int d = 0; d < dp; ++d)
+    for (int i = 0; i < mesh.tp; ++i)
+      if (auto g = w.new_group(fmt::format("mesh/pp/dp{}tp{}/", d, i), mesh.pp_group(d, i), torch::kCPU)) ppg = g;
+
+  {
+    Table lt{"mesh_layout", fmt::format("Rank layout of the {} x {} x {} mesh (\"pp\", \"dp\", \"tp\"; tp fastest)", dp,
+                                        mesh.tp, pp),
+             {text_col("name", "rank"), int_col("pp", "pp"), int_col("dp", "dp"), int_col("tp", "tp"),
+              text_col("tp_group", "TP group"), text_col("dp_group", "DP group"), text_col("pp_group", "PP group")}};
+    auto list = [](const std::vector<int>& v) {
+      std::string out;
+      for (int r : v) out += (out.empty() ? "" : " ") + std::to_string(r);
+      return out;
+    };
+    for (int r = 0; r < mesh.size(); ++r) {
+      const auto c = mesh.coord(r);
+      lt.rows.push_back({{"name", fmt::format("rank{}", r)}, {"pp", static_cast<int64_t>(c.pp)},
+                         {"dp", static_cast<int64_t>(c.dp)}, {"tp", static_cast<int64_t>(c.tp)},
+                         {"tp_group", list(mesh.tp_group(c.pp, c.dp))}, {"dp_group", list(mesh.dp_group(c.pp, c.tp))},
+                         {"pp_group", list(mesh.pp_group(c.dp, c.tp))}});
+    }
+    lt.notes.push_back("rank = (pp_idx * dp + dp_idx) * tp + tp_idx: Megatron-LM's order tp-cp-ep-dp-pp, "
+                       "torch's init_device_mesh(..., (pp, dp, tp))");
+    report.add(std::move(lt));
+  }
+
+  const GptConfig gc = gpt_of(cfg);
+  const int64_t div = cfg.integer("/model/vocab_divisible_by");
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  TinyGpt full(gc);  // the one-process model (reference b), trained in place
+  auto idx = torch::randint(gc.vocab, {dp * b, T}, torch::kLong);
+  auto tgt = torch::randint(gc.vocab, {dp * b, T}, torch::kLong);
+  tp::TpGpt mesh_model(full, tpg, div, false), ref_model(full, tpg, div, false);
+  const tp::TpGptStages stages(mesh_model, pp), ref_stages(ref_model, pp);
+  std::vector<torch::Tensor> mesh_ps, ref_ps, full_ps;
+  for (int c = 0; c < pp; ++c)
+    for (auto& p : stages.parameters(c)) mesh_ps.push_back(p);
+  for (int c = 0; c < pp; ++c)
+    for (auto& p : ref_stages.parameters(c)) ref_ps.push_back(p);
+  // The same order of the full model's parameters, and where each TP shard goes back.
+  std::vector<const tp::ShardedParam*> sharded;
+  for (int c = 0; c < pp; ++c)
+    for (std::size_t i = 0; i < mesh_model.params().size(); ++i)
+      if (stages.chunk_of(i) == c) sharded.push_back(&mesh_model.params()[i]);
+  const auto named = full->named_parameters();
+  for (const auto* sp : sharded) full_ps.push_back(named[sp->name]);
+  const auto sched = make_schedule(parse_schedule(cfg.str("/mesh/schedule")), pp, m);
+  const auto mine_x = idx.narrow(0, me.dp * b, b), mine_y = tgt.narrow(0, me.dp * b, b);
+
+  Table st{"mesh", fmt::format("GPT on the mesh dp {} x tp {} x pp {} ({} microbatches, {}), parameters after each SGD "
+                               "step vs the references", dp, mesh.tp, pp, m, cfg.str("/mesh/schedule")),
+           {text_col("name", "step"), float_col("loss", "mesh loss", "nats", 7), sci_col("loss_vs_one", "vs 1-proc"),
+            sci_col("vs_tp_ref", "max|d theta| TP ref"), sci_col("bound", "bound"),
+            sci_col("vs_one_process", "max|d theta| 1-proc"), sci_col("max_theta", "max|theta|")}};
+  for (int64_t k = 0; k < steps; ++k) {
+    w.fault_point(k);
+    w.note_progress();
+    // The mesh: the pipeline over this PP group, the DP mean, SGD.
+    const PipelineRun run = run_pipeline_process(ppg, stages, sched, m, mine_x, mine_y, SyntheticCost{});
+    std::vector<torch::Tensor> flat_parts;
+    for (const auto& g : run.grads) flat_parts.push_back(g.reshape({-1}));
+    auto flat = torch::cat(flat_parts);
+    auto loss_t = torch::tensor({run.loss}, torch::kFloat64);
+    if (dp > 1) {
+      dpg->allreduce(flat);
+      flat.div_(dp);
+      dpg->allreduce(loss_t);
+      loss_t.div_(dp);
+    }
+    std::vector<torch::Tensor> mesh_g;
+    {
+      int64_t at = 0;
+      for (const auto& p : mesh_ps) {
+        mesh_g.push_back(flat.narrow(0, at, p.numel()).view(p.sizes()));
+        at += p.numel();
+      }
+    }
+    sgd(mesh_ps, mesh_g, lr);
+
+    // (a) TP on the TP group, no pipeline, no DP: every shard's microbatches in order, then the mean.
+    std::vector<torch::Tensor> ref_g;
+    for (int d = 0; d < dp; ++d) {
+      accumulate_shard(idx.narrow(0, d * b, b), tgt.narrow(0, d * b, b), m, [&](const torch::Tensor& x,
+                                                                                 const torch::Tensor& y) {
+        torch::Tensor h = x;
+        for (int c = 0; c < pp; ++c) h = ref_stages.forward(c, h);
+        return ref_stages.loss(h, y);
+      });
+      auto g = take_grads(ref_ps);
+      if (d == 0)
+        ref_g = g;
+      else
+        for (std::size_t i = 0; i < g.size(); ++i) ref_g[i] = ref_g[i] + g[i];
+    }
+    if (dp > 1)
+      for (auto& g : ref_g) g.div_(dp);
+    sgd(ref_ps, ref_g, lr);
+
+    // (b) one process, the plain model.
+    double loss1 = 0;
+    std::vector<torch::Tensor> full_g;
+    for (int d = 0; d < dp; ++d) {
+      loss1 += accumulate_shard(idx.narrow(0, d * b, b), tgt.narrow(0, d * b, b), m,
+                                [&](const torch::Tensor& x, const torch::Tensor& y) {
+                                  return gpt_loss(full->forward(x), y);
+                                });
+      auto g = take_grads(full_ps);
+      if (d == 0)
+        full_g = g;
+      else
+        for (std::size_t i = 0; i < g.size(); ++i) full_g[i] = full_g[i] + g[i];
+    }
+    if (dp > 1)
+      for (auto& g : full_g) g.div_(dp);
+    loss1 /= dp;
+    sgd(full_ps, full_g, lr);
+
+    // Compare: (a) shard by shard on every rank; (b) the shards gathered over the TP group.
+    double da = 0, db = 0, theta = 0;
+    for (std::size_t i = 0; i < mesh_ps.size(); ++i) {
+      da = nan_max(da, max_abs(mesh_ps[i], ref_ps[i]));
+      const auto* spar = sharded[i];
+      auto shards = tp::all_gather_shards(mesh_ps[i].detach(), *tpg);
+      torch::Tensor whole = spar->dim < 0 ? shards[0]
+                                          : tp::unshard(shards, tp::all_gather_shards(spar->index, *tpg), spar->dim,
+                                                        full_ps[i].size(spar->dim));
+      db = nan_max(db, max_abs(whole, full_ps[i]));
+      theta = nan_max(theta, full_ps[i].detach().abs().max().item<double>());
+    }
+    da = max_over_ranks(w, da);
+    db = max_over_ranks(w, db);
+    const double loss_mesh = loss_t.item<double>();
+    const double loss_diff = max_over_ranks(w, std::abs(loss_mesh - loss1));
+    st.rows.push_back({{"name", fmt::format("step{}", k + 1)}, {"loss", loss_mesh}, {"loss_vs_one", loss_diff},
+                       {"vs_tp_ref", da}, {"bound", 0.0}, {"vs_one_process", db}, {"max_theta", theta}});
+    if (dp <= 2)
+      report.check(fmt::format("mesh step {}: parameters bitwise equal to TP on {} ranks without pipeline and DP "
+                               "(same sums; dp <= 2)", k + 1, mesh.tp),
+                   da, 0.0);
+  }
+  st.notes.push_back("mesh loss: the global batch's mean loss before the step (the DP mean of each pipeline's "
+                     "sum of loss_j / m); vs 1-proc: |mesh loss - the plain model's|");
+  st.notes.push_back("TP ref: the same TP-sharded GPT on its TP group, no pipeline, no DP (all blocks in order, "
+                     "every DP shard's microbatches, (G_0 + ... + G_dp-1) / dp, the same SGD): bound 0 — a stage cut "
+                     "changes no arithmetic and a two-term all-reduce is a + b = b + a (checked for dp <= 2)");
+  st.notes.push_back("1-proc: the plain TinyGpt (torch::linear, F.cross_entropy) on the same microbatches; the TP "
+                     "shards gathered to full shape. Reported: TP's row-parallel partial sums and the vocab-parallel "
+                     "cross-entropy round differently (each operation within its reordering bound: the TP "
+                     "sections), and the differences propagate through the network and the steps");
+  if (dp > 2)
+    st.notes.push_back("dp > 2: Gloo may add the dp gradients in another order than (G_0 + G_1) + G_2 ...: reported");
+  report.add(std::move(st));
+  return report;
+}
+
 Report run_tensorparallel(const Context& ctx) {
   const auto& cfg = ctx.cfg;
+  if (cfg.integer("/mesh/steps") > 0) return run_mesh(ctx);
   Report report;
   World& w = *ctx.world;
   const int t = w.size();
@@ -546,7 +787,46 @@ MemoryEstimate tensorparallel_memory(const Config& cfg, int world_size) {
 }
 
 /// Cross-key checks before any work and any worker (exit 2 naming the keys).
+/// The mesh's cross-key checks (/mesh/steps > 0), before any worker starts.
+void validate_mesh(const Config& cfg, int world_size) {
+  const int64_t dp = cfg.integer("/mesh/dp"), tp = cfg.integer("/mesh/tp"), pp = cfg.integer("/mesh/pp");
+  if (dp * tp * pp != world_size)
+    throw ConfigError(fmt::format("/mesh: expected /mesh/dp x /mesh/tp x /mesh/pp = the world size {} (--nproc or the "
+                                  "launcher's WORLD_SIZE), got {} x {} x {} = {}",
+                                  world_size, dp, tp, pp, dp * tp * pp));
+  const int64_t a = cfg.integer("/model/heads"), h = cfg.integer("/model/width"), L = cfg.integer("/model/layers");
+  if (h % a != 0)
+    throw ConfigError(fmt::format("/model/heads: expected a divisor of /model/width = {}, got {}", h, a));
+  if (a % tp != 0)
+    throw ConfigError(fmt::format("/mesh/tp: expected a divisor of /model/heads = {} (every TP rank owns whole heads), "
+                                  "got {}", a, tp));
+  const int64_t mh = cfg.integer("/model/mlp_ratio") * h;
+  if (mh % tp != 0)
+    throw ConfigError(fmt::format("/mesh/tp: expected a divisor of the MLP width /model/mlp_ratio x /model/width = {}, "
+                                  "got {}", mh, tp));
+  if (pp > L || L % pp != 0)
+    throw ConfigError(fmt::format("/mesh/pp: expected a divisor of /model/layers = {} (every stage holds L/pp blocks), "
+                                  "got {}", L, pp));
+  const int64_t m = cfg.integer("/mesh/microbatches"), b = cfg.integer("/data/batch");
+  if (m < pp)
+    throw ConfigError(fmt::format("/mesh/microbatches: expected at least /mesh/pp = {} (a pipeline of p stages needs "
+                                  ">= p microbatches in flight), got {}", pp, m));
+  if (b % m != 0)
+    throw ConfigError(fmt::format("/mesh/microbatches: expected a divisor of /data/batch = {} (equal microbatches), "
+                                  "got {}", b, m));
+  const int64_t s = cfg.integer("/data/seq");
+  if (s > cfg.integer("/model/context"))
+    throw ConfigError(fmt::format("/data/seq: expected at most /model/context = {}, got {}", cfg.integer("/model/context"), s));
+  const int64_t fault = cfg.integer("/fault/rank");
+  if (fault >= world_size)
+    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
+  if (fault >= 0 && cfg.integer("/fault/step") >= cfg.integer("/mesh/steps"))
+    throw ConfigError(fmt::format("/fault/step: expected a step < /mesh/steps = {}, got {}", cfg.integer("/mesh/steps"),
+                                  cfg.integer("/fault/step")));
+}
+
 void validate_tensorparallel(const Config& cfg, int world_size) {
+  if (cfg.integer("/mesh/steps") > 0) return validate_mesh(cfg, world_size);
   const int64_t t = world_size, a = cfg.integer("/model/heads"), h = cfg.integer("/model/width");
   if (h % a != 0)
     throw ConfigError(fmt::format("/model/heads: expected a divisor of /model/width = {}, got {}", h, a));

@@ -4,14 +4,15 @@
 set(TPQ tensorparallel --config configs/tensorparallel_quick.json)
 
 # TP = 2 over loopback: the MLP and every GPT operation equal one process (bitwise or within the
-# derived bound), SP equals TP, LayerNorm gradients identical across ranks.
-cli_case(tensorparallel_two_processes 0 "OK: 15 of 15 checks passed" ${TPQ})
+# derived bound), SP equals TP, LayerNorm gradients identical across ranks — with Megatron's default
+# padding (make_vocab_size_divisible_by = 128): 33 -> 256, rank 1 holding padding only. (The
+# default quick config, 33 padded to 34 on t = 2, is golden.tensorparallel's; this case took over
+# tensorparallel_vocab_pad_128, which ran the same two processes again, to pay for the mesh cases.)
+cli_case(tensorparallel_two_processes 0 "OK: 15 of 15 checks passed" ${TPQ} --set model.vocab_divisible_by=128)
 # One process: every collective is a copy; the same checks hold.
 cli_case(tensorparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${TPQ} --nproc 1)
 # Four ranks: one head per rank, vocabulary 33 padded to 36 (the last rank holds 6 real ids of 9).
 cli_case(tensorparallel_four_processes 0 "OK: [0-9]+ of [0-9]+ checks passed" ${TPQ} --nproc 4)
-# Megatron's default padding (make_vocab_size_divisible_by = 128): 33 -> 256, most of it padding.
-cli_case(tensorparallel_vocab_pad_128 0 "padded to 256" ${TPQ} --set model.vocab_divisible_by=128)
 # A rank dies at step 1 (exit 86 mid-step): every rank ends within the timeout, exit 3, rank 1 named
 # with its exit code, no result file, no process left (hung_rank.sh in its exit mode).
 add_test(NAME cli.tensorparallel_killed_rank
@@ -44,3 +45,21 @@ add_test(NAME cli.tensorparallel_torchrun_env
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/launcher_env.sh $<TARGET_FILE:mpt> tensorparallel
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.tensorparallel_torchrun_env PROPERTIES TIMEOUT 180)
+
+# The DP x TP x PP mesh (/mesh/steps > 0: the mesh section alone) on the quick GPT with 2 blocks:
+# every step's parameters bitwise equal to TP on its TP group without pipeline and DP.
+set(TPMESH ${TPQ} --set model.layers=2 --set mesh.steps=2)
+cli_case(tensorparallel_mesh_dp2_pp2 0 "OK: 2 of 2 checks passed" ${TPMESH} --nproc 4 --set mesh.dp=2 --set mesh.pp=2)
+cli_case(tensorparallel_mesh_tp2_pp2 0 "OK: 2 of 2 checks passed" ${TPMESH} --nproc 4 --set mesh.tp=2 --set mesh.pp=2
+         --set mesh.schedule=gpipe)
+# 2 x 2 x 2 = 8 processes, the documented config.
+cli_case(tensorparallel_mesh8 0 "OK: 2 of 2 checks passed" tensorparallel --config configs/tensorparallel_mesh8.json)
+# Bad mesh input: exit 2 naming the keys, before any process starts.
+cli_case(tensorparallel_mesh_world_mismatch 2 "/mesh: expected /mesh/dp x /mesh/tp x /mesh/pp = the world size 4"
+         ${TPMESH} --nproc 4 --set mesh.dp=2)
+cli_case(tensorparallel_mesh_tp_heads 2 "/mesh/tp: expected a divisor of /model/heads = 4" ${TPMESH} --nproc 3
+         --set mesh.tp=3)
+cli_case(tensorparallel_mesh_pp_layers 2 "/mesh/pp: expected a divisor of /model/layers = 2" ${TPMESH} --nproc 3
+         --set mesh.pp=3 --set mesh.microbatches=3 --set data.batch=3)
+cli_case(tensorparallel_mesh_microbatches 2 "/mesh/microbatches: expected at least /mesh/pp = 2" ${TPMESH} --nproc 2
+         --set mesh.pp=2 --set mesh.microbatches=1)
