@@ -55,8 +55,8 @@ Benchmarks (--only NAME, repeatable; default: all):
   busy         mpt's fp32 MLP step on every core while another process spins on one: OMP_WAIT_POLICY
                ACTIVE (libgomp's default) vs PASSIVE (mpt's); the losses checked equal first
   trace        --trace overhead (issue 20's target <= 5 %): `mpt dataparallel --nproc 2` (N = 2) step
-               time and `mpt pipeline` (1f1b, m = 8, threads) step time with --trace FILE vs
-               without, alternately; the results checked equal first. 'mpt' = traced,
+               time and `mpt pipeline` (1f1b, m = 8, threads; 200 us/layer synthetic cost, and none)
+               step time with --trace FILE vs without, alternately; the results checked equal first. 'mpt' = traced,
                'python' = untraced (both mpt)
   checkpoint   (after its whole-run pairs) inner loop: `mpt checkpoint` vs
                torch.utils.checkpoint.checkpoint_sequential (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
@@ -513,7 +513,14 @@ class Bench:
                                           "--set", "pipeline.microbatches=[8]", "--set", "pipeline.steps=5",
                                           "--set", "cost.forward_us=200"],
                   lambda d: {r["name"]: r for r in d["timings"]["measured"]}["1f1b.m8"]["step_ms"],
-                  "pipeline 1f1b m = 8 on 4 threads, 200 us/layer synthetic forward")]
+                  "pipeline 1f1b m = 8 on 4 threads, 200 us/layer synthetic forward"),
+                 # The worst case: no synthetic cost, the step is the MLP's own compute (a few ms), so the
+                 # per-message and per-op recording is the largest fraction of it.
+                 ("trace_pipeline_1f1b_nocost", ["pipeline", "--set", 'pipeline.schedules=["1f1b"]',
+                                                 "--set", "pipeline.microbatches=[8]", "--set", "pipeline.steps=9",
+                                                 "--set", "cost.forward_us=0", "--set", "sync.enabled=false"],
+                  lambda d: {r["name"]: r for r in d["timings"]["measured"]}["1f1b.m8"]["step_ms"],
+                  "pipeline 1f1b m = 8 on 4 threads, no synthetic cost (the MLP's compute only)")]
         for name, a, step, note in cases:
             plain, out_p = self.mpt_cmd(name + "_off", *a)
             traced, out_t = self.mpt_cmd(name + "_on", *a)

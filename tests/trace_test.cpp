@@ -1,9 +1,11 @@
 // Unit tests of core/trace: the recorder (off, on, captures), flow ids, the NTP-style clock
-// offset, the overlap fraction and the Chrome Trace Event document.
+// offset, the overlap fraction and the Chrome Trace Event document; core/pipeline_trace's
+// slice args (schedule, run, virtual stage).
 #include <set>
 #include <thread>
 
 #include "catch.hpp"
+#include "core/pipeline_trace.hpp"
 #include "core/trace.hpp"
 
 using namespace mpt;
@@ -160,4 +162,38 @@ TEST_CASE("trace: events from many threads are all kept", "[trace]") {
   for (auto& t : ts) t.join();
   CHECK(trace::event_count() == 1000);
   trace::stop();
+}
+
+TEST_CASE("pipeline trace: slices carry their schedule, run and virtual stage (V: 2p - 1 - s)", "[trace]") {
+  trace::start(0);
+  trace_pipeline_sweep("threads", 2, {"1f1b", "zb-v"});
+  const auto t0 = std::chrono::steady_clock::now();
+  // Stage 1 of p = 2: zb-v's chunk 1 is virtual stage 2p - 1 - 1 = 2; a loop chunk 1 is 1 + 2 = 3.
+  const std::vector<PipeEvent> ev = {{1, {'F', 0, 0}, 0.0, 1e-3, 0.0}, {1, {'W', 0, 1}, 2e-3, 3e-3, 0.0}};
+  {
+    PipelineTraceRun r("zb-v.m1", "zb-v", 1, 2, Placement::V);
+    trace_stage_events(ev, t0, 1, 2, Placement::V, /*threaded=*/true);
+  }
+  trace_stage_events(ev, t0, 1, 2, Placement::Loop, /*threaded=*/true);  // outside a run: no label
+  trace::stop();
+  const auto got = trace::events();
+  REQUIRE(got.size() == 4);
+  CHECK(got[0].name == "F0");
+  CHECK(got[0].tid == 21);  // lane 2: stage 1's compute track
+  CHECK(got[0].args["virtual_stage"] == 1);
+  CHECK(got[1].name == "W0.1");
+  CHECK(got[1].args["virtual_stage"] == 2);
+  CHECK(got[1].args["schedule"] == "zb-v");
+  CHECK(got[1].args["run"] == "zb-v.m1");
+  CHECK(got[1].dur_us == Approx(1e3));
+  CHECK(got[3].args["virtual_stage"] == 3);
+  CHECK(got[3].args["schedule"] == "");
+  CHECK_FALSE(got[3].args.contains("run"));
+  CHECK(got[3].args["step"].get<int64_t>() == got[1].args["step"].get<int64_t>() + 1);  // the lane's next step
+  const json meta = trace::metadata()["pipeline"];
+  CHECK(meta["executor"] == "threads");
+  CHECK(meta["schedules"] == json::array({"1f1b", "zb-v"}));
+  REQUIRE(meta["runs"].size() == 1);
+  CHECK(meta["runs"][0] == json({{"run", "zb-v.m1"}, {"schedule", "zb-v"}, {"microbatches", 1}, {"chunks", 2},
+                                 {"placement", "v"}}));
 }

@@ -262,7 +262,7 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
     out.events.push_back(ev);
     if (after_op) after_op(++done);
   }
-  trace_stage_events(out.events, t0, s, dynamic_cast<QueueTransport*>(&transport) != nullptr);  // timeline
+  trace_stage_events(out.events, t0, s, p, placement, dynamic_cast<QueueTransport*>(&transport) != nullptr);  // timeline
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -15,6 +16,7 @@ namespace {
 
 std::mutex g_mu;
 std::map<int, int64_t> g_steps;  // lane -> steps recorded so far
+std::string g_schedule;          // the live PipelineTraceRun's schedule ("" : none)
 
 std::string op_name(char kind, int microbatch, int chunk) {
   return chunk > 0 ? fmt::format("{}{}.{}", kind, microbatch, chunk) : fmt::format("{}{}", kind, microbatch);
@@ -33,21 +35,55 @@ trace::P2P annotation(bool send, int src, int dst, char kind, int microbatch, in
 }  // namespace
 
 void trace_stage_events(const std::vector<PipeEvent>& events, std::chrono::steady_clock::time_point t0, int stage,
-                        bool threaded) {
+                        int stages, Placement placement, bool threaded) {
   if (!trace::enabled()) return;
   const int lane = threaded ? stage + 1 : 0;
   int64_t step = 0;
+  std::string schedule;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     step = g_steps[lane]++;
+    schedule = g_schedule;
   }
   const double base = trace::to_us(t0);
   for (const auto& e : events)
     trace::complete(trace::Track::Compute, op_name(e.op.kind, e.op.microbatch, e.op.chunk), base + e.start_s * 1e6,
                     base + e.end_s * 1e6,
                     {{"stage", e.stage}, {"microbatch", e.op.microbatch}, {"chunk", e.op.chunk},
-                     {"kind", std::string(1, e.op.kind)}, {"step", step}, {"wait_us", e.wait_s * 1e6}},
+                     {"virtual_stage", virtual_stage(e.stage, e.op.chunk, stages, placement)},
+                     {"kind", std::string(1, e.op.kind)}, {"schedule", schedule}, {"step", step},
+                     {"wait_us", e.wait_s * 1e6}},
                     lane);
+}
+
+void trace_pipeline_sweep(const std::string& executor, int stages, const std::vector<std::string>& schedules) {
+  if (!trace::enabled()) return;
+  trace::set_metadata("pipeline", {{"executor", executor}, {"stages", stages}, {"schedules", schedules},
+                                   {"runs", trace::json::array()}});
+}
+
+PipelineTraceRun::PipelineTraceRun(const std::string& run, const std::string& schedule, int microbatches, int chunks,
+                                   Placement placement) {
+  if (!trace::enabled()) return;
+  on_ = true;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_schedule = schedule;
+  }
+  trace::set_run_label(run);
+  trace::json pipe = trace::metadata().value("pipeline", trace::json::object());
+  pipe["runs"].push_back({{"run", run}, {"schedule", schedule}, {"microbatches", microbatches}, {"chunks", chunks},
+                          {"placement", placement == Placement::V ? "v" : "loop"}});
+  trace::set_metadata("pipeline", std::move(pipe));
+}
+
+PipelineTraceRun::~PipelineTraceRun() {
+  if (!on_) return;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_schedule.clear();
+  }
+  trace::set_run_label("");
 }
 
 void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, int boundary) {
@@ -62,9 +98,9 @@ void trace_queue_p2p(bool send, int src, int dst, char kind, int microbatch, int
   p.args["bytes"] = bytes;
   p.args["peer"] = send ? dst : src;
   const int lane = (send ? src : dst) + 1;
-  trace::complete(trace::Track::Comm, p.name, begin_us, end_us, p.args, lane);
   const double d = end_us - begin_us;
   trace::flow(p, trace::Track::Comm, send ? begin_us : end_us - std::min(1.0, d / 2), lane);
+  trace::complete(trace::Track::Comm, std::move(p.name), begin_us, end_us, std::move(p.args), lane);  // no copies
 }
 
 }  // namespace mpt

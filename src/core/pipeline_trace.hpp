@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/pipeline_schedule.hpp"
@@ -13,15 +14,40 @@
 
 namespace mpt {
 
-/// Records the operations `events` of stage `stage` in one step (times in seconds since `t0`,
-/// the step's steady-clock start) as trace::Track::Compute slices named "F3" ("F3.1" for
-/// chunk 1), args stage, microbatch, chunk, kind, step (this stage's step count since the
-/// process started tracing, from 0) and wait_us (time blocked in recv before the op).
-/// `threaded`: the stages are threads of one process (QueueTransport): stage s goes to the
-/// tracks of lane s + 1; otherwise this process is the stage (lane 0). Any op kind ('F', 'B',
-/// 'W', ...) is recorded the same way. No-op when tracing is off.
+/// Records the operations `events` of stage `stage` of `stages` in one step (times in seconds
+/// since `t0`, the step's steady-clock start) as trace::Track::Compute slices named "F3" ("F3.1"
+/// for chunk 1), args stage, microbatch, chunk, virtual_stage (virtual_stage(stage, chunk,
+/// stages, placement): torch.distributed.pipelining's stage_index; V: chunk 1 of rank s is 2p − 1
+/// − s), kind, schedule (the PipelineTraceRun's; "" outside one), step (this stage's step count
+/// since the process started tracing, from 0) and wait_us (time blocked in recv before the op);
+/// args.run is the PipelineTraceRun's run. `threaded`: the stages are threads of one process
+/// (QueueTransport): stage s goes to the tracks of lane s + 1; otherwise this process is the
+/// stage (lane 0). Any op kind ('F', 'B', 'W', ...) is recorded the same way. No-op when off.
 void trace_stage_events(const std::vector<PipeEvent>& events, std::chrono::steady_clock::time_point t0, int stage,
-                        bool threaded);
+                        int stages, Placement placement, bool threaded);
+
+/// The sweep's metadata, otherData.pipeline of the trace file: executor ("threads" or
+/// "processes"), stages p and the schedules asked for (/pipeline/schedules); the runs
+/// (PipelineTraceRun) are added to it. Nothing when tracing is off.
+void trace_pipeline_sweep(const std::string& executor, int stages, const std::vector<std::string>& schedules);
+
+/// RAII: the steps run while it lives belong to `run` (a row name of the experiment's tables,
+/// e.g. "zb-v.m4") of schedule `schedule` (a /pipeline/schedules name, e.g. "zb-v"): every event
+/// recorded meanwhile gets args.run = run (trace::set_run_label), every compute slice of
+/// trace_stage_events args.schedule, and the file's otherData.pipeline.runs gets {run, schedule,
+/// microbatches, chunks (per stage), placement ("loop" or "v")}, so a trace of a sweep tells its
+/// schedules apart. Runs do not nest (the label is process-wide). Nothing when tracing is off.
+class PipelineTraceRun {
+ public:
+  PipelineTraceRun(const std::string& run, const std::string& schedule, int microbatches, int chunks,
+                   Placement placement);
+  ~PipelineTraceRun();
+  PipelineTraceRun(const PipelineTraceRun&) = delete;
+  PipelineTraceRun& operator=(const PipelineTraceRun&) = delete;
+
+ private:
+  bool on_ = false;
+};
 
 /// Annotates the next send or recv of this thread (dist::Group::send_async / recv_async) with the
 /// message (src → dst, kind, microbatch, boundary): slice name ("send F3 → 1", "recv F3 ← 0"),

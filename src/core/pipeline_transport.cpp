@@ -41,6 +41,7 @@ torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, 
     if (it != box_.end()) {
       torch::Tensor t = std::move(it->second);
       box_.erase(it);
+      lock.unlock();  // the timeline's record is made outside the mailbox's lock (the other stages' sends wait on it)
       if (trace::enabled())
         trace_queue_p2p(false, src, dst, kind, microbatch, std::get<4>(key), static_cast<int64_t>(t.nbytes()), trace_t0,
                         trace::now_us());

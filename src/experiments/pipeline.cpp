@@ -57,6 +57,7 @@
 #include "core/errors.hpp"
 #include "core/models.hpp"
 #include "core/pipeline.hpp"
+#include "core/pipeline_trace.hpp"
 #include "core/runtime.hpp"
 #include "core/experiment.hpp"
 
@@ -520,7 +521,12 @@ Report run_pipeline_experiment(const Context& ctx) {
 
   // One untimed warm-up step (thread or process start-up, first allocations, lazy initialisation).
   const int n_steps = static_cast<int>(cfg.integer("/pipeline/steps"));
-  one_step(make_schedule(ScheduleKind::GPipe, p, 1), 1, ranges, Placement::Loop);
+  // --trace: the sweep's metadata; each group of steps below is labelled with its row name.
+  trace_pipeline_sweep(processes ? "processes" : "threads", p, cfg.strings("/pipeline/schedules"));
+  {
+    PipelineTraceRun traced("warmup", "gpipe", 1, 1, Placement::Loop);
+    one_step(make_schedule(ScheduleKind::GPipe, p, 1), 1, ranges, Placement::Loop);
+  }
 
   Table sweep{"sweep", fmt::format("Microbatched step on {} stages ({} layers, batch {}): gradients and memory", p,
                                    layers_n, batch),
@@ -581,15 +587,18 @@ Report run_pipeline_experiment(const Context& ctx) {
         continue;
       }
       const auto sched = make_schedule(kind, p, m, chunks);
+      const std::string name = kind == ScheduleKind::Naive ? "naive" : fmt::format("{}.m{}", k, m);
       // Several identical steps; timings from the median one (the machine may be shared),
       // numbers checked to be bitwise the same in every step.
       std::vector<PipelineRun> steps;
-      for (int i = 0; i < n_steps; ++i) steps.push_back(one_step(sched, m, run_ranges, placement));
+      {
+        PipelineTraceRun traced(name, k, m, chunks, placement);
+        for (int i = 0; i < n_steps; ++i) steps.push_back(one_step(sched, m, run_ranges, placement));
+      }
       std::vector<std::size_t> order(steps.size());
       for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::sort(order.begin(), order.end(), [&](auto a, auto b) { return steps[a].step_s < steps[b].step_s; });
       const PipelineRun& run = steps[order[order.size() / 2]];
-      const std::string name = kind == ScheduleKind::Naive ? "naive" : fmt::format("{}.m{}", k, m);
 
       double gdiff = 0;
       for (std::size_t i = 0; i < full.size(); ++i) gdiff = nan_max(gdiff, max_abs_diff(full[i], run.grads[i]));
@@ -797,8 +806,15 @@ Report run_pipeline_experiment(const Context& ctx) {
                            {"sync_cost_ms", cost_us / 1e3},
                            {"sync_cost", sim1.step_s > 0 ? json(cost_us / sim1.step_s) : json(nullptr)},
                            {"stage_ends_model_ms", stage_ends_ms(sim1, p)}});
-      const double barrier_s = 2 * median_step(one, m, x, y, sync_ranges, placement),
-                   free_s = median_step(two, 2 * m, x2, y2, sync_ranges, placement);
+      double barrier_s = 0, free_s = 0;
+      {
+        PipelineTraceRun traced("step_sync." + name + ".barrier", k, m, chunks_of(kind, v), placement);
+        barrier_s = 2 * median_step(one, m, x, y, sync_ranges, placement);
+      }
+      {
+        PipelineTraceRun traced("step_sync." + name + ".free", k, 2 * m, chunks_of(kind, v), placement);
+        free_s = median_step(two, 2 * m, x2, y2, sync_ranges, placement);
+      }
       sync_measured.rows.push_back({{"name", name}, {"barrier_ms", barrier_s * 1e3}, {"free_ms", free_s * 1e3},
                                     {"sync_cost_ms", (barrier_s - free_s) / 2 * 1e3},
                                     {"sync_cost_model_ms", cost_us / 1e3}});

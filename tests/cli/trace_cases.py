@@ -8,8 +8,11 @@ Every written trace is validated against the Chrome Trace Event Format (the fiel
 phase needs, numbers for ts/dur, integer pid/tid, every flow start with exactly one finish,
 each flow bound to a slice of its pid/tid/cat, properly nested slices per thread). Then, per
 case: every pipeline send has its recv flow and no recv finishes before its send began (up to
-the two ranks' clock error bounds); the bubble computed from the trace equals the
-experiment's own `measured` table within 0.01 (absolute); dataparallel's hidden fraction
+the two ranks' clock error bounds); a sweep of every schedule (gpipe, 1f1b, interleaved-1f1b,
+zb-h1, zb-v) on threads and on processes: each compute slice names its schedule, run and
+virtual stage, the metadata its ranks, devices, schedules and config, and the bubble computed
+from the trace equals the experiment's own `measured` table within 0.01 (absolute) for every
+schedule, while one perturbed slice moves it beyond that; dataparallel's hidden fraction
 likewise; an unwritable --trace exits 2 before the run and writes nothing; a failed run leaves
 an existing trace untouched (atomic write) and no temporary file.
 Exit 0 pass, 1 fail.
@@ -129,21 +132,39 @@ def x_events(doc):
     return [e for e in doc["traceEvents"] if e.get("ph") == "X"]
 
 
-def bubble_from_trace(doc, step, lanes):
-    """measured_bubble (core/pipeline) from the trace: mean over stages of 1 - busy/step, step =
-    first start to last end of the step's F/B/W slices; `lanes`: 'processes' (lane 0) or
-    'threads' (lanes >= 1)."""
-    ops = [e for e in x_events(doc) if e["tid"] % 10 == 1 and (e["tid"] // 10 == 0) == (lanes == "processes")
-           and isinstance(e.get("args"), dict) and e["args"].get("step") == step and "kind" in e["args"]]
-    if not ops:
-        fail(f"no pipeline slices of step {step} on the {lanes} lanes")
+def pipeline_ops(doc, lanes):
+    """The pipeline's F/B/W slices (compute track, args.kind) on the `lanes`: 'processes' (lane 0
+    of every rank) or 'threads' (lanes >= 1: stage s on lane s + 1)."""
+    return [e for e in x_events(doc) if e["tid"] % 10 == 1 and (e["tid"] // 10 == 0) == (lanes == "processes")
+            and isinstance(e.get("args"), dict) and "kind" in e["args"]]
+
+
+def step_bubble(ops):
+    """measured_bubble (core/pipeline) of one step's slices: mean over stages of 1 - busy/span,
+    busy = the stage's summed slice durations, span = first start to last end over all stages.
+    Returns (bubble, span_us, stages)."""
     first = min(e["ts"] for e in ops)
     last = max(e["ts"] + e["dur"] for e in ops)
     busy = {}
     for e in ops:
         busy[e["args"]["stage"]] = busy.get(e["args"]["stage"], 0.0) + e["dur"]
     span = last - first
-    return sum(1 - b / span for b in busy.values()) / len(busy), len(busy)
+    return sum(1 - b / span for b in busy.values()) / len(busy), span, len(busy)
+
+
+def bubble_from_trace(ops, run):
+    """The bubble of run `run` (a row name of the measured table): its steps (args.run, args.step)
+    as step_bubble, and of those the one the experiment reports - the median step time
+    (order[n / 2] of the steps sorted by step time). Returns (bubble, span_us, stages, the
+    step's slices)."""
+    steps = {}
+    for e in ops:
+        if e["args"].get("run") == run:
+            steps.setdefault(e["args"]["step"], []).append(e)
+    if not steps:
+        fail(f"no pipeline slices of run {run}")
+    per = sorted((step_bubble(v) + (v,) for v in steps.values()), key=lambda t: t[1])
+    return per[len(per) // 2]
 
 
 def hidden_from_trace(doc, run):
@@ -174,29 +195,85 @@ def run(mpt, args, tmp, want=0):
     return p
 
 
+# Every schedule in one run (one process start): p = 4 on threads, 2 on processes; m = 4 (a
+# multiple of p, as interleaved-1f1b needs); 8 layers (p x 2 chunks for interleaved and zb-v).
+# 1 ms per layer: on processes the table aligns each rank's step at its own exit from the step's
+# barrier, the trace at the measured clock offset, and the two differ by about (1 - b) x skew /
+# step where the step's first or last operation is not rank 0's (docs/timelines.md); a loaded
+# 2-core machine was seen to deschedule a rank for ~3 ms after the barrier (1f1b at 300 us/layer:
+# 2.95e-2). Longer operations (F = 4 ms per stage on 2 processes) need a larger skew to move the
+# table's first or last operation to rank 1, and divide its effect by the ~3x longer step.
+SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]
+SWEEP = ["pipeline", "--set", "cost.forward_us=1000", "--set", "pipeline.steps=1", "--set", "pipeline.microbatches=[4]",
+         "--set", "pipeline.schedules=" + json.dumps(SCHEDULES), "--set", "sync.enabled=false"]
 PIPE = ["pipeline", "--set", "cost.forward_us=300", "--set", "pipeline.steps=1", "--set", "pipeline.microbatches=[4]",
         "--set", 'pipeline.schedules=["1f1b"]']
 
 
 def case_pipeline(mpt, tmp, executor):
-    args = PIPE + ["--set", f"executor={executor}"]
+    p = 2 if executor == "processes" else 4
+    args = SWEEP + ["--set", f"executor={executor}", "--set", f"pipeline.stages={p}"]
     if executor == "processes":
-        args += ["--set", "pipeline.stages=2", "--nproc", "2"]
+        args += ["--nproc", str(p)]
     run(mpt, args + ["--out", "r.json", "--trace", "t.json"], tmp)
     doc = validate(os.path.join(tmp, "t.json"))
     res = json.load(open(os.path.join(tmp, "r.json")))
-    if doc["otherData"].get("experiment") != "pipeline" or "config" not in doc["otherData"]:
-        fail("otherData lacks experiment/config")
+    # Metadata: rank, device, schedule, config.
+    other = doc["otherData"]
+    if other.get("experiment") != "pipeline" or other.get("config") != res["config"]:
+        fail("otherData lacks the experiment or its resolved config")
+    if not isinstance(other.get("device"), str) or [r.get("rank") for r in other.get("ranks", [])] != \
+            list(range(p if executor == "processes" else 1)) or not all("device" in r for r in other["ranks"]):
+        fail(f"otherData: expected device and ranks [{{rank, device}}...], got {other.get('device')}, {other.get('ranks')}")
+    pipe = other.get("pipeline", {})
+    if pipe.get("executor") != executor or pipe.get("stages") != p or pipe.get("schedules") != SCHEDULES:
+        fail(f"otherData.pipeline: expected executor {executor}, stages {p}, schedules {SCHEDULES}, got {pipe}")
+    runs = {r["run"]: r for r in pipe.get("runs", [])}
     nflows = sum(1 for e in doc["traceEvents"] if e.get("ph") == "s")
     if nflows == 0:
         fail("a pipeline trace without send -> recv flows")
-    row = {r["name"]: r for r in res["timings"]["measured"]}["1f1b.m4"]
-    # Step 0 is the warm-up (gpipe, m = 1); step 1 is the one timed step of 1f1b.m4.
-    b, stages = bubble_from_trace(doc, 1, executor)
-    print(f"bubble 1f1b.m4 ({executor}, {stages} stages): trace {b:.5f}, table {row['bubble']:.5f}, "
-          f"|diff| {abs(b - row['bubble']):.2e} (bound {TOL})")
-    if abs(b - row["bubble"]) > TOL:
-        fail("the trace's bubble differs from the measured table")
+    # Every compute slice says its schedule, run, chunk and virtual stage (torch.distributed.
+    # pipelining's stage_index: loop c = k p + s; V, zb-v: chunk 1 of rank s is 2p - 1 - s) and
+    # sits on its stage's track (threads: lane s + 1; processes: rank s).
+    ops = pipeline_ops(doc, executor)
+    kinds = {}
+    for e in ops:
+        a = e["args"]
+        r = runs.get(a.get("run"))
+        if r is None or a.get("schedule") != r["schedule"]:
+            fail(f"slice {e['name']} (pid {e['pid']}): run {a.get('run')} / schedule {a.get('schedule')} not in "
+                 f"otherData.pipeline.runs")
+        s, k = a["stage"], a["chunk"]
+        want = (s if k == 0 else 2 * p - 1 - s) if r["placement"] == "v" else k * p + s
+        if a.get("virtual_stage") != want or not 0 <= k < r["chunks"]:
+            fail(f"{a['run']} slice {e['name']} of stage {s}: virtual_stage {a.get('virtual_stage')}, expected {want}")
+        if (e["tid"] // 10 - 1 if executor == "threads" else e["pid"]) != s:
+            fail(f"{a['run']} slice {e['name']} of stage {s} on pid {e['pid']} tid {e['tid']}")
+        kinds.setdefault(a["schedule"], set()).add(a["kind"])
+    for sch in SCHEDULES:
+        want = {"F", "B", "W"} if sch.startswith("zb") else {"F", "B"}
+        if kinds.get(sch) != want:
+            fail(f"{sch}: slice kinds {sorted(kinds.get(sch, []))}, expected {sorted(want)} (W: its own slices)")
+    # The bubble of every schedule from the trace against the measured table.
+    rows = {r["name"]: r for r in res["timings"]["measured"]}
+    if sorted(rows) != sorted(f"{k}.m4" for k in SCHEDULES):
+        fail(f"measured rows: {sorted(rows)}")
+    for name, row in rows.items():
+        b, span, stages, step_ops = bubble_from_trace(ops, name)
+        if stages != p:
+            fail(f"{name}: slices of {stages} stages, expected {p}")
+        print(f"bubble {name} ({executor}, {stages} stages): trace {b:.5f}, table {row['bubble']:.5f}, "
+              f"|diff| {abs(b - row['bubble']):.2e} (bound {TOL})")
+        if abs(b - row["bubble"]) > TOL:
+            fail(f"{name}: the trace's bubble differs from the measured table")
+        # The check can fail: one slice started 10 % of the step earlier lengthens the step by
+        # that much and moves the bubble by (1 - b) x 0.1 / 1.1 (> 0.036 for any b < 0.6).
+        first = min(step_ops, key=lambda e: e["ts"])
+        moved = [dict(e, ts=e["ts"] - 0.1 * span) if e is first else e for e in step_ops]
+        b2 = step_bubble(moved)[0]
+        if abs(b2 - row["bubble"]) <= TOL:
+            fail(f"{name}: a perturbed slice went unnoticed (bubble {b2:.5f} vs {row['bubble']:.5f})")
+    print(f"ok: perturbing one slice of each run moves its bubble beyond {TOL}")
     if executor == "processes":
         clocks = doc["otherData"]["clock"]["ranks"]
         if len(clocks) != 2 or clocks[1]["exchanges"] < 1:
