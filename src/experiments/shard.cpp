@@ -23,7 +23,9 @@
  *  2. equivalence, every step: the parameters of each stage vs the DDP run and vs one process
  *     accumulating the same local batches in rank order (bitwise where the sums are in the
  *     same order: N ≤ 2 — one addition is commutative and ÷2 exact), and vs one process on the
- *     whole batch (different GEMM blocking: reported).
+ *     whole batch (different GEMM blocking: reported). N > 2: every gradient reduction against
+ *     the float64 sum of its own terms, within (γ_{N−1} + γ⁽⁶⁴⁾_{N−1})·Σ|t| (Higham eq. 3.5:
+ *     any order of N terms), a row and a check per run (dist::reduction_error).
  *  3. memory per rank: bytes of parameters, gradients and optimizer states held, counted from
  *     the tensors, against the formulas for the dtypes in use; the allocator's peak per step.
  *  4. communication per step: bytes counted by the process group (core/dist_group's counters)
