@@ -62,8 +62,9 @@ set(SHG shard --config configs/shard_quick.json --set model.name=gpt --set model
 cli_case(shard_gpt_two_processes 0 "OK: 10 of 10 checks passed" ${SHG})
 # Three ranks: sums of 3 terms (vs DDP reported); stages 1, 2 and 3 (one reduce-scatter of the same buffer)
 # checked bitwise equal; 16, 8 and V rows over 3 (padding).
-# Since the N > 2 bound: + 8 checks, one per run (5 fp32 runs, 3 mixed), every reduction within its bound.
-cli_case(shard_gpt_three_processes 0 "OK: 12 of 12 checks passed" ${SHG} --nproc 3 --set train.global_batch=12)
+# Since the N > 2 bound: + 1 check per run (5 fp32 runs, 3 mixed; LibTorch 1.13: 2 mixed, no bf16 reduction),
+# every reduction within its bound: 12 checks, 11 on Debian's route.
+cli_case(shard_gpt_three_processes 0 "OK: 1[12] of 1[12] checks passed" ${SHG} --nproc 3 --set train.global_batch=12)
 # Bad inputs of the GPT: exit 2 naming the keys, before any process starts.
 cli_case(shard_gpt_heads_not_dividing 2 "/model/gpt/heads: expected a divisor of /model/gpt/width \\(16\\), got 3"
          ${SHG} --set model.gpt.heads=3)
