@@ -2,6 +2,7 @@
 // and ShardedDataParallel at ZeRO stages 0-3 on a real two-rank Gloo group (two threads of
 // this process meeting in the job's store as two processes would). Catch2's assertions are not
 // thread-safe: the ranks only compute, the checks run on the main thread afterwards.
+#include <cmath>
 #include <functional>
 #include <thread>
 
@@ -87,6 +88,73 @@ TEST_CASE("all_gather_dim0 and reduce_scatter_dim0 on two Gloo ranks, uneven row
     const double rs = compat::kTorch2 ? 72 + 36 : 72 + 72;
     CHECK(c.at("reduce_scatter").payload_bytes == rs);
     CHECK(c.at("reduce_scatter").sent_bytes == (c.at("reduce_scatter").emulated ? rs : rs / 2));
+  }
+}
+
+TEST_CASE("FlatShardGroup: reused buffers give reduce_scatter_dim0's and all_gather_dim0's values bit for bit, "
+          "padding stays zero", "[dist][shard]") {
+  // Two tensors of 5 and 3 rows (chunks 3 and 2: rank 1 holds 2 and 1 rows) and rows of 3 and 2.
+  torch::manual_seed(3);
+  const std::vector<std::vector<torch::Tensor>> calls = {{torch::randn({5, 3}), torch::randn({3, 2})},
+                                                         {torch::randn({5, 3}), torch::randn({3, 2})},
+                                                         {torch::randn({5, 3}), torch::randn({3, 2})}};
+  std::vector<std::vector<torch::Tensor>> flat_out(2), free_out(2), gathered(2), terms(2);
+  const auto errors = on_two_ranks("flat_group/", [&](std::shared_ptr<dist::Group> g, int r) {
+    const auto i = static_cast<std::size_t>(r);
+    dist::FlatShardGroup fg({{5, 3}, {3, 2}}, r, 2);
+    fg.keep_terms(true);
+    for (const auto& c : calls) {  // the same group three times: buffers reused, values must not leak
+      const std::vector<torch::Tensor> fulls = {c[0] * (r + 1.0), c[1] * (r + 1.0)};
+      std::vector<torch::Tensor> a = {torch::empty({r == 0 ? 3 : 2, 3}), torch::empty({r == 0 ? 2 : 1, 2})};
+      std::vector<torch::Tensor> b = {torch::empty_like(a[0]), torch::empty_like(a[1])};
+      fg.reduce_scatter(*g, fulls, a, torch::kFloat32, 3.0, /*accumulate=*/false);
+      dist::reduce_scatter_dim0(*g, fulls, b, torch::kFloat32, 3.0, /*accumulate=*/false);
+      terms[i].push_back(fg.kept_terms().clone());
+      std::vector<torch::Tensor> full = {torch::empty({5, 3}), torch::empty({3, 2})};
+      fg.all_gather(*g, {dist::shard_dim0(c[0], r, 2), dist::shard_dim0(c[1], r, 2)}, full);
+      for (auto& t : a) flat_out[i].push_back(t);
+      for (auto& t : b) free_out[i].push_back(t);
+      for (auto& t : full) gathered[i].push_back(t);
+    }
+  });
+  REQUIRE(errors == std::vector<std::string>{"", ""});
+  for (std::size_t i = 0; i < 2; ++i) {
+    INFO("rank " << i);
+    for (std::size_t k = 0; k < flat_out[i].size(); ++k) CHECK(torch::equal(flat_out[i][k], free_out[i][k]));
+    for (std::size_t c = 0; c < calls.size(); ++c) {
+      CHECK(torch::equal(gathered[i][2 * c], calls[c][0]));
+      CHECK(torch::equal(gathered[i][2 * c + 1], calls[c][1]));
+      // [N, C] = [2, 3*3 + 2*2]: block 1 holds rows 3-4 of the first tensor (row 5 of the chunk:
+      // padding) and row 2 of the second (its second row: padding), all zero after three calls.
+      const auto blocks = terms[i][c].view({2, 13});
+      CHECK(torch::equal(blocks[1].narrow(0, 6, 3), torch::zeros({3})));
+      CHECK(torch::equal(blocks[1].narrow(0, 11, 2), torch::zeros({2})));
+      CHECK(torch::equal(blocks[0].narrow(0, 0, 9), (calls[c][0] * (i + 1.0) / 3.0).narrow(0, 0, 3).reshape({-1})));
+    }
+  }
+}
+
+TEST_CASE("reduction_error: a reduction equal to the exact sum passes, one missing a rank's terms exceeds the bound",
+          "[dist][shard]") {
+  std::vector<std::vector<dist::ReductionError>> got(2);
+  const auto errors = on_two_ranks("reduction_error/", [&](std::shared_ptr<dist::Group> g, int r) {
+    const auto i = static_cast<std::size_t>(r);
+    // terms: rank r sends [r + 1, 0.5, -1, 0] (all-reduce); the exact sums are [3, 1, -2, 0].
+    const auto t = torch::tensor({r + 1.0f, 0.5f, -1.0f, 0.0f});
+    got[i].push_back(dist::reduction_error(*g, {{t, torch::tensor({3.0f, 1.0f, -2.0f, 0.0f}), false}}));
+    // A reduce-scatter that dropped rank 1's terms: rank 0 keeps block 0 = [1, 0.5] instead of [3, 1].
+    got[i].push_back(dist::reduction_error(*g, {{t, r == 0 ? torch::tensor({1.0f, 0.5f}) : torch::tensor({-2.0f, 0.0f}),
+                                                 true}}));
+  });
+  REQUIRE(errors == std::vector<std::string>{"", ""});
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(got[i][0].max_abs_diff == 0.0);
+    CHECK(got[i][0].max_ratio == 0.0);
+    // The bound of the largest element: (g_1 + g64_1) * (|1| + |2|) with g_1 = u / (1 - u).
+    const double u = std::ldexp(1.0, -24), u64 = std::ldexp(1.0, -53);
+    CHECK(got[i][0].max_bound == Approx(3.0 * (u / (1 - u) + u64 / (1 - u64))).epsilon(1e-12));
+    CHECK(got[i][1].max_abs_diff == 2.0);  // the maxima over both ranks
+    CHECK(got[i][1].max_ratio > 1.0);
   }
 }
 

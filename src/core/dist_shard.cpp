@@ -2,6 +2,7 @@
 #include "core/dist_shard.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 
@@ -42,40 +43,157 @@ torch::Tensor shard_dim0(const torch::Tensor& full, int rank, int world) {
   return full.detach().narrow(0, s.offset, s.rows).clone().contiguous();
 }
 
-void all_gather_dim0(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls) {
-  if (shards.size() != fulls.size() || fulls.empty())
-    throw std::invalid_argument("all_gather_dim0: expected as many shards as full tensors, at least one");
-  const int n = g.size();
-  torch::NoGradGuard ng;
-  // FSDP2's foreach all-gather copy-in: this rank's padded shards side by side, C elements.
-  std::vector<Dim0Split> sp;
-  std::vector<int64_t> off{0};
-  for (std::size_t i = 0; i < fulls.size(); ++i) {
-    const auto& full = fulls[i];
-    const auto& shard = shards[i];
-    sp.push_back(dim0_split(full.size(0), g.rank(), n));
-    if (shard.dim() != full.dim() || shard.size(0) != sp[i].rows || shard.sizes().slice(1) != full.sizes().slice(1))
-      throw std::invalid_argument(fmt::format("all_gather_dim0: expected a shard of {} rows of {}, got {}", sp[i].rows,
-                                              c10::str(full.sizes()), c10::str(shard.sizes())));
-    off.push_back(off.back() + sp[i].chunk * (full.numel() / full.size(0)));
+// ----------------------------------------------------------------------------
+// FlatShardGroup: FSDP2's foreach_reduce / foreach_all_gather layout, buffers kept
+// ----------------------------------------------------------------------------
+
+namespace {
+
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<torch::Tensor>& ts) {
+  std::vector<std::vector<int64_t>> v;
+  for (const auto& t : ts) v.push_back(t.sizes().vec());
+  return v;
+}
+
+// The [N, chunk, row] view of tensor i's column range of the [N, C] buffer `blocks`, and the
+// [dim0, row] view of a contiguous tensor t. Rows [0, dim0) of the padded tensor lie in q full
+// blocks and one partial block of rem rows (dim0 = q·chunk + rem).
+torch::Tensor block_view(const torch::Tensor& blocks, int64_t off, const Dim0Split& s, int64_t row) {
+  return blocks.narrow(1, off, s.chunk * row).view({blocks.size(0), s.chunk, row});
+}
+
+// dst[0 .. dim0) rows of the blocked view <- src [dim0, row] (or the reverse with to_blocks = false).
+void copy_rows(const torch::Tensor& blocked, const torch::Tensor& rows2d, const Dim0Split& s, bool to_blocks) {
+  const int64_t q = s.dim0 / s.chunk, rem = s.dim0 - q * s.chunk, row = rows2d.size(1);
+  if (q > 0) {
+    auto b = blocked.narrow(0, 0, q);
+    auto r = rows2d.narrow(0, 0, q * s.chunk);
+    r = to_blocks ? r.reshape({q, s.chunk, row}) : r.view({q, s.chunk, row});  // the destination: a view
+    to_blocks ? b.copy_(r) : r.copy_(b);
   }
-  const auto opts = fulls[0].options().requires_grad(false);
-  auto in = torch::zeros({off.back()}, opts);
+  if (rem > 0) {
+    auto b = blocked.select(0, q).narrow(0, 0, rem);
+    auto r = rows2d.narrow(0, q * s.chunk, rem);
+    to_blocks ? b.copy_(r) : r.copy_(b);
+  }
+}
+
+}  // namespace
+
+FlatShardGroup::FlatShardGroup(std::vector<std::vector<int64_t>> shapes, int rank, int world)
+    : shapes_(std::move(shapes)), world_(world) {
+  if (shapes_.empty()) throw std::invalid_argument("FlatShardGroup: expected at least one tensor");
+  off_.push_back(0);
+  for (const auto& sh : shapes_) {
+    if (sh.empty()) throw std::invalid_argument("FlatShardGroup: expected tensors of >= 1 dims, got a 0-dim one");
+    int64_t row = 1;
+    for (std::size_t d = 1; d < sh.size(); ++d) row *= sh[d];
+    sp_.push_back(dim0_split(sh[0], rank, world));
+    row_.push_back(row);
+    off_.push_back(off_.back() + sp_.back().chunk * row);
+  }
+}
+
+torch::Tensor& FlatShardGroup::buffer(std::map<torch::ScalarType, torch::Tensor>& m, torch::ScalarType dt,
+                                      int64_t numel, const torch::Device& dev, bool zero) {
+  auto& t = m[dt];
+  if (!t.defined() || t.device() != dev) {
+    const auto o = torch::TensorOptions().dtype(dt).device(dev);
+    t = zero ? torch::zeros({numel}, o) : torch::empty({numel}, o);  // the padding: zero for good
+  }
+  return t;
+}
+
+void FlatShardGroup::copy_in(const std::vector<torch::Tensor>& fulls, const torch::Tensor& in) {
+  auto blocks = in.view({world_, shard_numel()});
   for (std::size_t i = 0; i < fulls.size(); ++i)
-    if (sp[i].rows > 0) in.narrow(0, off[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
-  auto out = torch::empty({n * off.back()}, opts);
+    copy_rows(block_view(blocks, off_[i], sp_[i], row_[i]), fulls[i].reshape({sp_[i].dim0, row_[i]}), sp_[i],
+              /*to_blocks=*/true);
+}
+
+torch::Tensor FlatShardGroup::reduce_scatter_flat(Group& g, const std::vector<torch::Tensor>& fulls,
+                                                  torch::ScalarType reduce_dtype, double divide) {
+  if (fulls.size() != shapes_.size())
+    throw std::invalid_argument(fmt::format("FlatShardGroup::reduce_scatter: expected {} tensors, got {}",
+                                            shapes_.size(), fulls.size()));
+  for (std::size_t i = 0; i < fulls.size(); ++i)
+    if (fulls[i].sizes().vec() != shapes_[i])
+      throw std::invalid_argument(fmt::format("FlatShardGroup::reduce_scatter: expected tensor {} of {}, got {}", i,
+                                              c10::str(c10::IntArrayRef(shapes_[i])), c10::str(fulls[i].sizes())));
+  torch::NoGradGuard ng;
+  const auto dev = fulls[0].device();
+  auto& in = buffer(rs_in_, reduce_dtype, world_ * shard_numel(), dev, /*zero=*/true);
+  auto& out = buffer(rs_out_, reduce_dtype, shard_numel(), dev, /*zero=*/false);
+  copy_in(fulls, in);               // chunk_cat: block r = chunk r of every tensor, cast to reduce_dtype
+  if (divide != 1.0) in.div_(divide);  // the pre-divide (padding: 0 / N = 0)
+  if (keep_) kept_ = in.clone();
+  g.reduce_scatter(in, out);
+  return out;
+}
+
+void FlatShardGroup::reduce_scatter(Group& g, const std::vector<torch::Tensor>& fulls,
+                                    const std::vector<torch::Tensor>& outs, torch::ScalarType reduce_dtype,
+                                    double divide, bool accumulate) {
+  if (outs.size() != fulls.size() || outs.size() != shapes_.size())
+    throw std::invalid_argument("reduce_scatter_dim0: expected as many outputs as full tensors, at least one");
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    auto want = shapes_[i];
+    want[0] = sp_[i].rows;
+    if (outs[i].sizes().vec() != want)
+      throw std::invalid_argument(fmt::format("reduce_scatter_dim0: expected an output of {} rows of {}, got {}",
+                                              sp_[i].rows, c10::str(c10::IntArrayRef(shapes_[i])),
+                                              c10::str(outs[i].sizes())));
+  }
+  auto part = reduce_scatter_flat(g, fulls, reduce_dtype, divide);
+  torch::NoGradGuard ng;
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    auto mine = part.narrow(0, off_[i], sp_[i].rows * row_[i]).view(outs[i].sizes());
+    accumulate ? outs[i].add_(mine) : outs[i].copy_(mine);
+  }
+}
+
+void FlatShardGroup::all_gather(Group& g, const std::vector<torch::Tensor>& shards,
+                                const std::vector<torch::Tensor>& fulls) {
+  if (shards.size() != fulls.size() || fulls.size() != shapes_.size())
+    throw std::invalid_argument("all_gather_dim0: expected as many shards as full tensors, at least one");
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    auto want = shapes_[i];
+    want[0] = sp_[i].rows;
+    if (fulls[i].sizes().vec() != shapes_[i] || shards[i].sizes().vec() != want)
+      throw std::invalid_argument(fmt::format("all_gather_dim0: expected a shard of {} rows of {}, got {}",
+                                              sp_[i].rows, c10::str(c10::IntArrayRef(shapes_[i])),
+                                              c10::str(shards[i].sizes())));
+    if (fulls[i].scalar_type() != fulls[0].scalar_type() || !fulls[i].is_contiguous())
+      throw std::invalid_argument("all_gather_dim0: expected contiguous full tensors of one dtype");
+  }
+  torch::NoGradGuard ng;
+  const auto dt = fulls[0].scalar_type();
+  const auto dev = fulls[0].device();
+  auto& in = buffer(ag_in_, dt, shard_numel(), dev, /*zero=*/true);
+  auto& out = buffer(ag_out_, dt, world_ * shard_numel(), dev, /*zero=*/false);
+  // foreach_all_gather's copy-in: this rank's shards side by side (cast to the full dtype).
+  for (std::size_t i = 0; i < fulls.size(); ++i)
+    if (sp_[i].rows > 0) in.narrow(0, off_[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
   // An all-gather only moves bits: bf16 travels as bytes (LibTorch 1.13 Gloo has no bf16).
-  if (in.scalar_type() == torch::kBFloat16)
+  if (dt == torch::kBFloat16)
     g.all_gather(in.view(torch::kUInt8), out.view(torch::kUInt8));
   else
     g.all_gather(in, out);
-  // Copy-out: rank r's block holds its chunk of every tensor.
-  auto blocks = out.view({n, off.back()});
-  for (std::size_t i = 0; i < fulls.size(); ++i) {
-    const int64_t len = off[i + 1] - off[i];
-    auto rows = blocks.narrow(1, off[i], len).reshape(with_rows(fulls[i], n * sp[i].chunk));
-    fulls[i].copy_(rows.narrow(0, 0, sp[i].dim0));
-  }
+  // Copy-out (split_with_sizes_copy): rank r's block holds its chunk of every tensor.
+  auto blocks = out.view({world_, shard_numel()});
+  for (std::size_t i = 0; i < fulls.size(); ++i)
+    copy_rows(block_view(blocks, off_[i], sp_[i], row_[i]), fulls[i].view({sp_[i].dim0, row_[i]}), sp_[i],
+              /*to_blocks=*/false);
+}
+
+void all_gather_dim0(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls) {
+  if (shards.size() != fulls.size() || fulls.empty())
+    throw std::invalid_argument("all_gather_dim0: expected as many shards as full tensors, at least one");
+  for (std::size_t i = 0; i < fulls.size(); ++i)
+    if (fulls[i].dim() == 0 || shards[i].dim() != fulls[i].dim())
+      throw std::invalid_argument(fmt::format("all_gather_dim0: expected a shard of {}'s dims, got {}",
+                                              c10::str(fulls[i].sizes()), c10::str(shards[i].sizes())));
+  FlatShardGroup(shapes_of(fulls), g.rank(), g.size()).all_gather(g, shards, fulls);
 }
 
 void all_gather_dim0(Group& g, const torch::Tensor& shard, torch::Tensor full) {
@@ -86,39 +204,11 @@ void reduce_scatter_dim0(Group& g, const std::vector<torch::Tensor>& fulls, cons
                          torch::ScalarType reduce_dtype, double divide, bool accumulate) {
   if (outs.size() != fulls.size() || fulls.empty())
     throw std::invalid_argument("reduce_scatter_dim0: expected as many outputs as full tensors, at least one");
-  const int n = g.size();
-  torch::NoGradGuard ng;
-  std::vector<Dim0Split> sp;
-  std::vector<int64_t> off{0};
-  for (std::size_t i = 0; i < fulls.size(); ++i) {
-    const auto& full = fulls[i];
-    const auto& out = outs[i];
-    sp.push_back(dim0_split(full.size(0), g.rank(), n));
-    if (out.dim() != full.dim() || out.size(0) != sp[i].rows || out.sizes().slice(1) != full.sizes().slice(1))
-      throw std::invalid_argument(fmt::format("reduce_scatter_dim0: expected an output of {} rows of {}, got {}",
-                                              sp[i].rows, c10::str(full.sizes()), c10::str(out.sizes())));
-    off.push_back(off.back() + sp[i].chunk * (full.numel() / full.size(0)));
-  }
-  // Copy-in: block r = chunk r of every tensor (zero padding past dim0), cast and pre-divided.
-  const auto opts = torch::TensorOptions().dtype(reduce_dtype).device(fulls[0].device());
-  auto in = torch::zeros({n, off.back()}, opts);
-  for (std::size_t i = 0; i < fulls.size(); ++i) {
-    const int64_t len = off[i + 1] - off[i];
-    auto padded = torch::zeros(with_rows(fulls[i], n * sp[i].chunk), opts);
-    auto body = padded.narrow(0, 0, sp[i].dim0);
-    body.copy_(fulls[i]);
-    if (divide != 1.0) body.div_(divide);
-    in.narrow(1, off[i], len).copy_(padded.view({n, len}));
-  }
-  auto part = torch::empty({off.back()}, opts);
-  g.reduce_scatter(in.view({-1}), part);
-  for (std::size_t i = 0; i < fulls.size(); ++i) {
-    auto mine = part.narrow(0, off[i], off[i + 1] - off[i]).view(with_rows(fulls[i], sp[i].chunk)).narrow(0, 0, sp[i].rows);
-    if (accumulate)
-      outs[i].add_(mine);
-    else
-      outs[i].copy_(mine);
-  }
+  for (std::size_t i = 0; i < fulls.size(); ++i)
+    if (fulls[i].dim() == 0 || outs[i].dim() != fulls[i].dim())
+      throw std::invalid_argument(fmt::format("reduce_scatter_dim0: expected an output of {}'s dims, got {}",
+                                              c10::str(fulls[i].sizes()), c10::str(outs[i].sizes())));
+  FlatShardGroup(shapes_of(fulls), g.rank(), g.size()).reduce_scatter(g, fulls, outs, reduce_dtype, divide, accumulate);
 }
 
 void reduce_scatter_dim0(Group& g, const torch::Tensor& full, torch::Tensor out, torch::ScalarType reduce_dtype,
@@ -142,6 +232,72 @@ void allreduce_flat(Group& g, const std::vector<torch::Tensor>& ins, const std::
     outs[i].copy_(buf.narrow(0, off, k).view(outs[i].sizes()));
     off += k;
   }
+}
+
+namespace {
+
+// γ_k = k·u / (1 − k·u) for unit roundoff u (Higham §3.1). tp::gamma_n is fp32's; the reduce
+// dtype may be bf16 (u = 2^-8) here.
+double gamma_k(int64_t k, double u) {
+  const double ku = static_cast<double>(k) * u;
+  if (ku >= 1.0) throw std::invalid_argument(fmt::format("gamma_k: k·u = {} >= 1", ku));
+  return ku / (1.0 - ku);
+}
+
+double unit_roundoff(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return std::ldexp(1.0, -24);
+    case torch::kBFloat16: return std::ldexp(1.0, -8);
+    case torch::kFloat16: return std::ldexp(1.0, -11);
+    case torch::kFloat64: return std::ldexp(1.0, -53);
+    default: throw std::invalid_argument("reduction_error: expected a floating reduce dtype");
+  }
+}
+
+}  // namespace
+
+ReductionError reduction_error(Group& g, const std::vector<ReductionRecord>& records) {
+  torch::NoGradGuard ng;
+  const int n = g.size();
+  ReductionError e;
+  for (const auto& rec : records) {
+    const int64_t len = rec.terms.numel();
+    if (rec.scattered ? len != n * rec.reduced.numel() : len != rec.reduced.numel())
+      throw std::invalid_argument(fmt::format("reduction_error: expected {} terms for {} reduced elements, got {}",
+                                              rec.scattered ? "N x" : "as many", rec.reduced.numel(), len));
+    // Every rank's summands, [N, len] (bf16 travels as bytes, as all_gather_dim0 sends it).
+    auto terms = rec.terms.contiguous();
+    auto all = torch::empty({n * len}, terms.options());
+    if (terms.scalar_type() == torch::kBFloat16)
+      g.all_gather(terms.view(torch::kUInt8), all.view(torch::kUInt8));
+    else
+      g.all_gather(terms, all);
+    auto t = all.view({n, len}).to(torch::kFloat64);
+    auto exact = t.sum(0);
+    auto abs_sum = t.abs().sum(0);
+    if (rec.scattered) {  // this rank's block of the [N, C] layout
+      const int64_t c = rec.reduced.numel();
+      exact = exact.view({n, c})[g.rank()];
+      abs_sum = abs_sum.view({n, c})[g.rank()];
+    }
+    const double gam = gamma_k(n - 1, unit_roundoff(rec.terms.scalar_type())) + gamma_k(n - 1, std::ldexp(1.0, -53));
+    auto bound = abs_sum * gam;
+    auto diff = (rec.reduced.to(torch::kFloat64) - exact).abs();
+    // diff / bound with 0 / 0 = 0 (all terms zero: the sum must be exactly zero) and x / 0 = inf.
+    auto ratio = torch::where(diff == 0, torch::zeros_like(diff), diff / bound);
+    if (diff.numel() > 0) {
+      e.max_abs_diff = std::max(e.max_abs_diff, diff.max().item<double>());
+      e.max_bound = std::max(e.max_bound, bound.max().item<double>());
+      e.max_ratio = std::max(e.max_ratio, ratio.max().item<double>());
+    }
+    e.elements += diff.numel();
+  }
+  auto m = torch::tensor({e.max_abs_diff, e.max_bound, e.max_ratio}, torch::kFloat64);
+  g.allreduce(m, ReduceOp::Max);
+  e.max_abs_diff = m[0].item<double>();
+  e.max_bound = m[1].item<double>();
+  e.max_ratio = m[2].item<double>();
+  return e;
 }
 
 // ----------------------------------------------------------------------------
@@ -339,6 +495,7 @@ ShardedDataParallel::ShardedDataParallel(const torch::nn::Sequential& net, std::
   std::vector<torch::Tensor> masters;
   for (auto& p : params_) masters.push_back(p.master);
   opt_ = make_optimizer(masters);
+  init_flat();
 }
 
 ShardedDataParallel::ShardedDataParallel(std::shared_ptr<torch::nn::Module> module, Forward forward,
@@ -356,6 +513,16 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<torch::nn::Module> modu
   std::vector<torch::Tensor> masters;
   for (auto& p : params_) masters.push_back(p.master);
   opt_ = make_optimizer(masters);
+  init_flat();
+}
+
+void ShardedDataParallel::init_flat() {
+  if (opts_.stage != 1 && opts_.stage != 2) return;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& p : params_) shapes.push_back(p.shape);
+  flat_ = std::make_unique<FlatShardGroup>(std::move(shapes), group_->rank(), group_->size());
+  flat_->keep_terms(opts_.record_reductions);
+  grad_flat_ = torch::zeros({flat_->shard_numel()}, torch::kFloat32);
 }
 
 void ShardedDataParallel::bind_module_params(bool bind) {
@@ -402,8 +569,15 @@ std::vector<torch::Tensor> ShardedDataParallel::reduce_param_grads(const std::ve
     outs.push_back(torch::empty(with_rows(p.master, p.split.rows), torch::TensorOptions().dtype(torch::kFloat32)));
   }
   if (fulls.empty()) return std::vector<torch::Tensor>(ids.size());  // nothing reaches the shards yet
-  reduce_scatter_dim0(*group_, fulls, outs, opts_.reduce_dtype, static_cast<double>(group_->size()),
-                      /*accumulate=*/false);
+  // One reduce-scatter of the layer's (or the root's) group; its buffers are transient, freed
+  // with the gathered parameters (stage 3 holds no unsharded-size buffer between layers).
+  FlatShardGroup fg(shapes_of(fulls), group_->rank(), group_->size());
+  fg.keep_terms(opts_.record_reductions);
+  auto part = fg.reduce_scatter_flat(*group_, fulls, opts_.reduce_dtype, static_cast<double>(group_->size()));
+  torch::NoGradGuard ng;
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    outs[i].copy_(part.narrow(0, fg.shard_offset(i), outs[i].numel()).view(outs[i].sizes()));
+  if (opts_.record_reductions) records_.push_back({fg.kept_terms(), part.clone(), /*scattered=*/true});
   return outs;  // AccumulateGrad adds them to the shards' .grad
 }
 
@@ -440,18 +614,37 @@ void ShardedDataParallel::reduce_unsharded(bool accumulate) {
       if (!p.master_is_compute) p.master.mutable_grad() = torch::empty(p.shape, torch::kFloat32);
       outs.push_back(p.master.grad());
     }
+    torch::Tensor terms;
+    if (opts_.record_reductions) {  // the summands allreduce_flat sends: the same cast and divide
+      std::vector<torch::Tensor> flat;
+      for (const auto& t : ins) flat.push_back(t.reshape({-1}).to(opts_.reduce_dtype));
+      terms = torch::cat(flat).div_(n);
+    }
     allreduce_flat(*group_, ins, outs, opts_.reduce_dtype, n);
+    if (opts_.record_reductions) {
+      std::vector<torch::Tensor> flat;
+      for (const auto& t : outs) flat.push_back(t.reshape({-1}).to(opts_.reduce_dtype));  // exact: widened
+      records_.push_back({terms, torch::cat(flat), /*scattered=*/false});
+    }
     return;
   }
-  // One reduce-scatter for every parameter (FSDP2's foreach reduce-scatter; DeepSpeed's buckets).
+  // One reduce-scatter for every parameter (FSDP2's foreach_reduce; DeepSpeed's buckets) of the
+  // group's persistent [N, C] buffer; the fp32 gradient shards are views of one flat buffer
+  // (grad_flat_, same layout as the reduce-scatter output), filled by one copy or one add.
   const bool have = accumulate && params_.front().master.grad().defined();
-  std::vector<torch::Tensor> fulls, outs;
-  for (auto& p : params_) {
-    if (!have) p.master.mutable_grad() = torch::empty(with_rows(p.master, p.split.rows), torch::kFloat32);
-    fulls.push_back(p.compute.grad());
-    outs.push_back(p.master.grad());
+  std::vector<torch::Tensor> fulls;
+  for (auto& p : params_) fulls.push_back(p.compute.grad());
+  auto part = flat_->reduce_scatter_flat(*group_, fulls, opts_.reduce_dtype, n);
+  if (opts_.record_reductions) records_.push_back({flat_->kept_terms(), part.clone(), /*scattered=*/true});
+  if (have) {
+    grad_flat_.add_(part);
+  } else {
+    grad_flat_.copy_(part);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i];
+      p.master.mutable_grad() = grad_flat_.narrow(0, flat_->shard_offset(i), p.master.numel()).view(p.master.sizes());
+    }
   }
-  reduce_scatter_dim0(*group_, fulls, outs, opts_.reduce_dtype, n, /*accumulate=*/have);
   if (opts_.stage == 2)
     for (auto& p : params_) p.compute.mutable_grad() = torch::Tensor();  // only the shard is kept
 }
@@ -474,8 +667,9 @@ void ShardedDataParallel::step() {
       shards.push_back(p.master.detach());
       if (p.compute.defined()) fulls.push_back(p.compute.detach());
     }
-    // Stages 1-2: one all-gather of the updated shards, cast to param_dtype first (FSDP2).
-    if (opts_.stage == 1 || opts_.stage == 2) all_gather_dim0(*group_, shards, fulls);
+    // Stages 1-2: one all-gather of the updated shards, cast to param_dtype first (FSDP2), through
+    // the group's persistent buffers.
+    if (flat_) flat_->all_gather(*group_, shards, fulls);
   }
   note_held();
   for (auto& p : params_) {  // zero_grad(set_to_none=True)
@@ -490,7 +684,10 @@ std::vector<torch::Tensor> ShardedDataParallel::full_parameters() {
     out.push_back(opts_.stage == 0 ? p.master.detach().clone() : torch::empty(p.shape, torch::kFloat32));
     shards.push_back(p.master.detach());
   }
-  if (opts_.stage > 0) all_gather_dim0(*group_, shards, out);
+  if (flat_)
+    flat_->all_gather(*group_, shards, out);
+  else if (opts_.stage > 0)
+    all_gather_dim0(*group_, shards, out);  // stage 3: transient buffers (freed, as the reshard frees them)
   return out;
 }
 

@@ -20,8 +20,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -72,6 +74,57 @@ void reduce_scatter_dim0(Group& g, const std::vector<torch::Tensor>& fulls, cons
 void reduce_scatter_dim0(Group& g, const torch::Tensor& full, torch::Tensor out, torch::ScalarType reduce_dtype,
                          double divide, bool accumulate);
 
+/// The flat collective buffers of one parameter group, allocated once and reused every step
+/// (FSDP2's FSDPParamGroup with its reduce_scatter_input / all_gather_output, and DeepSpeed
+/// ZeRO-2's contiguous gradient buffer): the layout is foreach_reduce's and
+/// foreach_all_gather's — block r of the [N, C] buffer holds chunk r (dim0_split) of every
+/// tensor side by side, each zero-padded to ceil(dim0 / N) rows, C = Σ_i chunk_i · row_i elements.
+/// The padding is zeroed when a buffer is made and never written after, so a step only copies
+/// the rows in (a cast where dtypes differ), posts ONE collective, and copies or views out.
+/// Buffers are made on first use per dtype (the reduce dtype; the gather dtype: param_dtype for
+/// the training step, fp32 for full_parameters()), so after the first step no call allocates
+/// (but LibTorch 1.13's emulated reduce-scatter, which all-reduces a copy).
+class FlatShardGroup {
+ public:
+  /// `shapes`: the unsharded tensors of the group (each of >= 1 dims), in order. Throws
+  /// std::invalid_argument for an empty list, a 0-dim shape or a bad rank / world.
+  FlatShardGroup(std::vector<std::vector<int64_t>> shapes, int rank, int world);
+  /// Reduce-scatter as reduce_scatter_dim0 (same arguments, same values bit for bit: the same
+  /// cast, pre-divide and Group::reduce_scatter of the same [N, C] buffer). Throws
+  /// std::invalid_argument for a full tensor or output of the wrong shape.
+  void reduce_scatter(Group& g, const std::vector<torch::Tensor>& fulls, const std::vector<torch::Tensor>& outs,
+                      torch::ScalarType reduce_dtype, double divide, bool accumulate);
+  /// As reduce_scatter, the reduced shards left in the returned flat buffer of C elements of
+  /// `reduce_dtype` (tensor i's shard at shard_offset(i), its rows·row elements first): FSDP2's
+  /// views of the reduce-scatter output. Valid until the next call with that dtype.
+  torch::Tensor reduce_scatter_flat(Group& g, const std::vector<torch::Tensor>& fulls, torch::ScalarType reduce_dtype,
+                                    double divide);
+  /// All-gather as all_gather_dim0 (same arguments and values; bf16 travels as uint8).
+  void all_gather(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls);
+  /// C: elements of one rank's padded shards, side by side.
+  int64_t shard_numel() const { return off_.back(); }
+  /// Offset of tensor i's padded shard in the C elements.
+  int64_t shard_offset(std::size_t i) const { return off_.at(i); }
+  /// Tensor i's split.
+  const Dim0Split& split(std::size_t i) const { return sp_.at(i); }
+  /// The [N·C] summands of the last reduce_scatter_flat (a copy taken before the collective)
+  /// when `keep` is set; undefined otherwise. For ReductionRecord.
+  void keep_terms(bool keep) { keep_ = keep; }
+  const torch::Tensor& kept_terms() const { return kept_; }
+
+ private:
+  torch::Tensor& buffer(std::map<torch::ScalarType, torch::Tensor>& m, torch::ScalarType dt, int64_t numel,
+                        const torch::Device& dev, bool zero);
+  void copy_in(const std::vector<torch::Tensor>& fulls, const torch::Tensor& in);
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<Dim0Split> sp_;
+  std::vector<int64_t> off_, row_;
+  int world_ = 1;
+  std::map<torch::ScalarType, torch::Tensor> rs_in_, rs_out_, ag_in_, ag_out_;
+  bool keep_ = false;
+  torch::Tensor kept_;
+};
+
 /// DDP's gradient all-reduce in one bucket: the tensors are flattened into one buffer of
 /// `reduce_dtype`, divided by `divide`, all-reduced (sum, one call) and written back into each
 /// tensor of `outs` (cast to its dtype; `outs[i]` has the shape of `ins[i]`, may be ins[i]).
@@ -89,7 +142,41 @@ struct ShardOptions {
   /// unsharded gradient over the micro-batches and reduce-scatter after the last one (FSDP2
   /// set_requires_gradient_sync(False) / DDP no_sync). Stages 0-1 always reduce after the last.
   bool reduce_every_micro_batch = false;
+  /// Keep a copy of every gradient reduction's summands and result (ReductionRecord) for
+  /// reduction_error: costs a copy per reduction, for equivalence checks at N > 2, not timing.
+  bool record_reductions = false;
 };
+
+/// One gradient reduction as ShardOptions::record_reductions keeps it.
+struct ReductionRecord {
+  torch::Tensor terms;    ///< this rank's summands as sent (reduce dtype, pre-divided by N), flat:
+                          ///< all-reduce [L]; reduce-scatter [N·C], block r summed onto rank r
+  torch::Tensor reduced;  ///< what the collective returned here (reduce dtype): [L], or this rank's block [C]
+  bool scattered = false; ///< reduce-scatter (true) or all-reduce (false)
+};
+
+/// Largest error of recorded reductions against the exact sum of the same summands, and the
+/// a-priori bound it must stay within (every rank gets the maxima over all ranks).
+struct ReductionError {
+  double max_abs_diff = 0;  ///< max over elements of |reduced − Σ_ranks terms| (the sum in float64)
+  double max_bound = 0;     ///< max over elements of the bound below
+  double max_ratio = 0;     ///< max over elements of |reduced − Σ terms| / bound (≤ 1 must hold; 0/0 = 0)
+  int64_t elements = 0;     ///< elements compared on this rank
+};
+
+/// Checks recorded reductions (a collective: every rank calls it with its records, in the same
+/// order). Any order of summing n = N terms t_r in floating point with unit roundoff u (2^-24 for
+/// fp32, 2^-8 for bf16: the reduce dtype) is within γ_{n−1}·Σ|t_r| of the exact sum, γ_k = k·u/(1 −
+/// k·u) (Higham, Accuracy and Stability of Numerical Algorithms, eq. 3.5 / §4.2: recursive
+/// summation in any order, which pairwise, ring and tree all-reduces are); the reference sum in
+/// float64 adds γ⁽⁶⁴⁾_{n−1}·Σ|t_r|, so per element
+///   |reduced − Σ_fp64 t_r| ≤ (γ_{n−1} + γ⁽⁶⁴⁾_{n−1})·Σ_r |t_r|.
+/// The terms are the pre-divided values each rank sent, so the division by N (exact for N a
+/// power of two, one rounding otherwise) is outside the bound: it is the same on every route.
+/// Gathers every rank's terms (one all-gather each, N·L elements). Throws std::invalid_argument
+/// for records of different shapes across ranks' expectations (a terms/reduced size mismatch).
+ReductionError reduction_error(Group& g, const std::vector<ReductionRecord>& records);
+
 
 /// Makes the optimizer over the fp32 master tensors (full parameters or shards), e.g.
 /// [](auto ps) { return std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-3)); }.
@@ -160,6 +247,9 @@ class ShardedDataParallel {
   /// snapshots if taken between them.
   std::vector<torch::Tensor> full_parameters();
 
+  /// The reductions kept since the last call (ShardOptions::record_reductions), cleared.
+  std::vector<ReductionRecord> take_reductions() { return std::exchange(records_, {}); }
+
   /// Model-state bytes held now.
   HeldBytes held() const;
   /// The largest held() seen per role at the optimizer step (just before and just after it):
@@ -195,6 +285,7 @@ class ShardedDataParallel {
   struct Op;
   void reduce_unsharded(bool accumulate);
   void note_held();
+  void init_flat();
   std::size_t init_param(const torch::Tensor& t, const std::string& what, torch::Tensor module_param);
   std::shared_ptr<Group> group_;
   ShardOptions opts_;
@@ -207,6 +298,9 @@ class ShardedDataParallel {
   std::shared_ptr<torch::nn::Module> module_;  // whole-module wrapper: the module, its forward
   Forward module_forward_;
   std::vector<torch::Tensor> module_params_;
+  std::unique_ptr<FlatShardGroup> flat_;  // stages 1-2: every parameter, one group (persistent buffers)
+  torch::Tensor grad_flat_;               // stages 1-2: the fp32 gradient shards side by side (C elements)
+  std::vector<ReductionRecord> records_;  // record_reductions
 };
 
 }  // namespace mpt::dist

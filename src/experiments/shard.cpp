@@ -23,7 +23,9 @@
  *  2. equivalence, every step: the parameters of each stage vs the DDP run and vs one process
  *     accumulating the same local batches in rank order (bitwise where the sums are in the
  *     same order: N ≤ 2 — one addition is commutative and ÷2 exact), and vs one process on the
- *     whole batch (different GEMM blocking: reported).
+ *     whole batch (different GEMM blocking: reported). N > 2: every gradient reduction against
+ *     the float64 sum of its own terms, within (γ_{N−1} + γ⁽⁶⁴⁾_{N−1})·Σ|t| (Higham eq. 3.5:
+ *     any order of N terms), a row and a check per run (dist::reduction_error).
  *  3. memory per rank: bytes of parameters, gradients and optimizer states held, counted from
  *     the tensors, against the formulas for the dtypes in use; the allocator's peak per step.
  *  4. communication per step: bytes counted by the process group (core/dist_group's counters)
@@ -325,6 +327,7 @@ struct RunOut {
   int64_t numel = 0, padded = 0;
   double step_s = 0;
   int64_t transient_peak = 0;  // allocator: bytes above a step's start, largest over steps >= 1 and ranks
+  dist::ReductionError red;    // N > 2: every gradient reduction vs the exact sum of its terms (maxima)
 };
 
 RunOut train(const Workload& wl, World& w, const Setup& s, const RunSpec& spec, int index, bool faults) {
@@ -366,6 +369,13 @@ RunOut train(const Workload& wl, World& w, const Setup& s, const RunSpec& spec, 
     }
     // Outside the step: the global loss and the parameters for the equivalence check.
     const auto counts = g->comm_counts();
+    if (spec.opts.record_reductions) {  // N > 2: this step's reductions vs their exact sums and bound
+      const auto e = dist::reduction_error(*g, model->take_reductions());
+      out.red.max_abs_diff = std::max(out.red.max_abs_diff, e.max_abs_diff);
+      out.red.max_bound = std::max(out.red.max_bound, e.max_bound);
+      out.red.max_ratio = std::max(out.red.max_ratio, e.max_ratio);
+      out.red.elements += e.elements;
+    }
     auto l = torch::tensor({local}, torch::kFloat64);
     w.group()->allreduce(l);
     out.losses.push_back(l.item<double>() / n);
@@ -549,6 +559,9 @@ Report run_shard(const Context& ctx) {
       runs.push_back(r);
     }
   }
+  // N > 2: Gloo's collectives add the N terms in another order than DDP's / one process's, so
+  // every reduction is checked against the exact sum of its own summands within a derived bound.
+  for (auto& r : runs) r.opts.record_reductions = n > 2;
   std::vector<RunOut> outs;
   for (std::size_t i = 0; i < runs.size(); ++i)
     outs.push_back(train(wl, w, s, runs[i], static_cast<int>(i), /*faults=*/i == 0));
@@ -627,6 +640,35 @@ Report run_shard(const Context& ctx) {
   note_divergence(report, eq, "1-proc", same.losses);
   note_divergence(report, eq, "1-proc whole", whole.losses);
   report.add(std::move(eq));
+
+  // The reduction-order bound (N > 2), a row per run: each reduction of each step against the
+  // float64 sum of the very terms the ranks sent (dist::reduction_error).
+  if (n > 2) {
+    Table rb{"reduction_bound",
+             fmt::format("Gradient reductions vs the exact sum of their terms, every step ({} ranks: any order of "
+                         "{} terms)", n, n),
+             {text_col("name", "run"), int_col("stage", "stage"), sci_col("max_abs_diff", "max|d|"),
+              sci_col("max_bound", "max bound"), sci_col("max_ratio", "max|d|/bound"),
+              int_col("elements", "elements")}};
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const auto& e = outs[i].red;
+      rb.rows.push_back({{"name", runs[i].name}, {"stage", runs[i].opts.stage}, {"max_abs_diff", e.max_abs_diff},
+                         {"max_bound", e.max_bound}, {"max_ratio", e.max_ratio}, {"elements", e.elements}});
+      report.check(fmt::format("{}: every gradient reduction within (g_{{N-1}} + g64_{{N-1}}) sum|t| of the exact sum "
+                               "(N = {})", runs[i].name, n),
+                   e.max_ratio, 1.0);
+    }
+    rb.notes.push_back(
+        "d = reduced - sum over ranks of the terms t_r (each rank's gradient in the reduce dtype, divided by N, as "
+        "sent), the sum in float64; bound = (g_{N-1} + g64_{N-1}) * sum_r |t_r| per element, g_k = k*u/(1 - k*u), u = "
+        "2^-24 (fp32) or 2^-8 (bf16) — Higham eq. 3.5: any order of recursive summation of N terms, which ring, "
+        "halving-doubling and tree all-reduces / reduce-scatters are; g64 covers the float64 reference");
+    rb.notes.push_back(
+        "max over steps, micro-batch reductions, elements and ranks (elements: summed over steps, this rank's); "
+        "DDP's parameters after several Adam steps have no such a-priori bound (see equivalence): the bound is per "
+        "reduction, where the order differs");
+    report.add(std::move(rb));
+  }
 
   // Loss curves side by side.
   {

@@ -14,6 +14,12 @@ cli_case(shard_reduce_every_micro_batch 0 "stage2_reduce_after_last" ${SHQ} --se
 # Three ranks: dim-0 chunks do not divide (32 and 10 rows over 3: padding), sums of 3 terms.
 cli_case(shard_three_processes 0 "OK: [0-9]+ of [0-9]+ checks passed" ${SHQ} --nproc 3 --set train.global_batch=18
          --set train.samples=288)
+# Four ranks (issue 19's N > 2 equivalence): Gloo adds the 4 terms in its own order, so every gradient
+# reduction of stages 0, 2 and 3 is checked against the float64 sum of the same terms within
+# (g_3 + g64_3) sum|t| (dist::reduction_error); a reduction that drops a rank's terms exits 1.
+cli_case(shard_four_processes_bound 0 "OK: 5 of 5 checks passed" ${SHQ} --nproc 4 --set train.steps=2
+         --set "train.stages=[0,2,3]" --set "model.hidden=[8]" --set mixed.compare=false
+         --set zero.compare_every_micro_batch=false)
 # A rank dies at step 1 (exit 86 mid-step): every rank ends within the timeout, exit 3, rank 1 named
 # with its exit code, no result file, no process left (hung_rank.sh in its exit mode).
 add_test(NAME cli.shard_killed_rank
@@ -62,7 +68,9 @@ set(SHG shard --config configs/shard_quick.json --set model.name=gpt --set model
 cli_case(shard_gpt_two_processes 0 "OK: 10 of 10 checks passed" ${SHG})
 # Three ranks: sums of 3 terms (vs DDP reported); stages 1, 2 and 3 (one reduce-scatter of the same buffer)
 # checked bitwise equal; 16, 8 and V rows over 3 (padding).
-cli_case(shard_gpt_three_processes 0 "OK: 4 of 4 checks passed" ${SHG} --nproc 3 --set train.global_batch=12)
+# Since the N > 2 bound: + 1 check per run (5 fp32 runs, 3 mixed; LibTorch 1.13: 2 mixed, no bf16 reduction),
+# every reduction within its bound: 12 checks, 11 on Debian's route.
+cli_case(shard_gpt_three_processes 0 "OK: 1[12] of 1[12] checks passed" ${SHG} --nproc 3 --set train.global_batch=12)
 # Bad inputs of the GPT: exit 2 naming the keys, before any process starts.
 cli_case(shard_gpt_heads_not_dividing 2 "/model/gpt/heads: expected a divisor of /model/gpt/width \\(16\\), got 3"
          ${SHG} --set model.gpt.heads=3)
