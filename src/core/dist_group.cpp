@@ -1169,7 +1169,7 @@ void Job::check_same_launch(const std::string& fingerprint) {
                                 self, world_size(), where, here_v, there_v));
 }
 
-std::vector<std::array<double, 4>> Job::clock_exchanges(int rounds) {
+std::vector<std::array<double, 4>> Job::clock_exchanges(int rounds, const std::string& tag) {
   c10d::Store& store = *state_->store;
   const int self = rank();
   StoreWatchdog* dog = state_->watchdog.get();
@@ -1188,17 +1188,17 @@ std::vector<std::array<double, 4>> Job::clock_exchanges(int rounds) {
     if (self == 0) {
       for (int r = 1; r < world_size(); ++r)
         for (int k = 0; k < rounds; ++k) {
-          get_string(fmt::format("mpt/clock/ping/{}/{}", r, k));
+          get_string(fmt::format("mpt/clock/{}ping/{}/{}", tag, r, k));
           const double t1 = trace::now_us();
           const double t2 = trace::now_us();
-          set_string(fmt::format("mpt/clock/pong/{}/{}", r, k), fmt::format("{:.3f} {:.3f}", t1, t2));
+          set_string(fmt::format("mpt/clock/{}pong/{}/{}", tag, r, k), fmt::format("{:.3f} {:.3f}", t1, t2));
         }
       return out;
     }
     for (int k = 0; k < rounds; ++k) {
       const double t0 = trace::now_us();
-      set_string(fmt::format("mpt/clock/ping/{}/{}", self, k), fmt::format("{:.3f}", t0));
-      const std::string pong = get_string(fmt::format("mpt/clock/pong/{}/{}", self, k));
+      set_string(fmt::format("mpt/clock/{}ping/{}/{}", tag, self, k), fmt::format("{:.3f}", t0));
+      const std::string pong = get_string(fmt::format("mpt/clock/{}pong/{}/{}", tag, self, k));
       const double t3 = trace::now_us();
       double t1 = 0, t2 = 0;
       if (std::sscanf(pong.c_str(), "%lf %lf", &t1, &t2) != 2)

@@ -76,9 +76,10 @@ class Job {
   /// in microseconds of trace::now_us() (t0, t3 this rank's clock, t1, t2 rank 0's: rank r sets
   /// "mpt/clock/ping/r/k" = t0, rank 0 reads it at t1 and sets ".../pong/r/k" = "t1 t2" at t2,
   /// rank r reads it at t3); rank 0 answers every rank in turn and returns no exchanges. Every
-  /// rank of the job calls it once. Throws RuntimeFailure when a peer does not answer within
-  /// the store's timeout.
-  std::vector<std::array<double, 4>> clock_exchanges(int rounds);
+  /// rank of the job calls it once per `tag` (keys "mpt/clock/<tag>ping/r/k": the harness's
+  /// --trace exchange and an experiment's own do not meet). Throws RuntimeFailure when a peer
+  /// does not answer within the store's timeout.
+  std::vector<std::array<double, 4>> clock_exchanges(int rounds, const std::string& tag = "");
 
   /// Gathers one string per rank on rank 0 through the job's store (key "mpt/gather/<key>/<r>"):
   /// rank 0 gets every rank's `mine` in rank order, the others an empty vector (they only set

@@ -15,6 +15,7 @@
 #include "core/errors.hpp"
 #include "core/models.hpp"
 #include "core/runtime.hpp"
+#include "core/trace.hpp"
 
 namespace mpt {
 
@@ -372,10 +373,14 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
 
   // --- this rank's stage ---
   StageRun mine;
+  double base_s = 0;
   {
     ProcessGroupTransport transport(group, shapes, opts.backward_group, placement);
     group->barrier();  // every stage starts together; the step's clock starts here
     const auto t0 = Clock::now();
+    // t0 on rank 0's clock, in seconds: added to this rank's event times below, so that the
+    // stages' events share one time axis (not each rank's own exit from the barrier).
+    base_s = (trace::to_us(t0) + opts.clock_offset_us) / 1e6;
     try {
       // After every op the job's peers see this process work, even with a sleeping cost.
       const auto after_op = [&](int done) { group->job()->note_progress(); if (opts.after_op) opts.after_op(done); };
@@ -400,8 +405,8 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
     a[at++] = mine.peak_held;
     a[at++] = static_cast<double>(mine.peak_bytes);
     for (const auto& ev : mine.events) {
-      a[at++] = ev.start_s;
-      a[at++] = ev.end_s;
+      a[at++] = base_s + ev.start_s;  // assemble_run shifts the first start to 0
+      a[at++] = base_s + ev.end_s;
       a[at++] = ev.wait_s;
     }
     for (std::size_t j = 0; j < mine.losses.size(); ++j) a[offset.back() + static_cast<int64_t>(j)] = mine.losses[j];

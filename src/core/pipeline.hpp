@@ -109,6 +109,12 @@ struct ProcessPipelineOptions {
   std::shared_ptr<dist::Group> backward_group;
   /// Where the model chunks sit (schedule_placement: V for ZB-V, loop otherwise).
   Placement placement = Placement::Loop;
+  /// This rank's clock against rank 0's, microseconds to add to this rank's steady clock
+  /// (trace::ClockSync::offset_us, from Job::clock_exchanges): every stage's events are put on
+  /// rank 0's clock before the step's span is taken. 0 (no measurement) leaves each rank's
+  /// step at its own exit from the step's barrier, which skews the span by how far apart the
+  /// ranks leave it (milliseconds on a loaded machine).
+  double clock_offset_us = 0;
 };
 
 /// The same training step as run_pipeline, with one process per stage: this process is
@@ -117,9 +123,9 @@ struct ProcessPipelineOptions {
 /// program schedule[rank] (make_schedule, as the threaded run), exchanging tensors with
 /// its neighbours through a ProcessGroupTransport (boundary b's shape: model.output_shape(b,
 /// the shape of one microbatch of x); float32). Every rank builds the same `model`, x, y
-/// (same seed) and calls this together. The step starts after a barrier (each rank's
-/// clock starts when it leaves it: the skew is the barrier's, microseconds on one host);
-/// at the end the per-stage events, peaks, losses and parameter gradients are combined on
+/// (same seed) and calls this together. The step starts after a barrier; the events of
+/// every stage are on rank 0's clock (opts.clock_offset_us), the first operation at 0, as the
+/// threaded run's; at the end the per-stage events, peaks, losses and parameter gradients are combined on
 /// every rank by two all-reduces (sums in which every value has one non-zero contributor,
 /// hence exact), so the returned PipelineRun has the same content as run_pipeline's.
 /// Gradients are reset first. Throws std::invalid_argument when batch % m != 0 or the

@@ -59,6 +59,7 @@
 #include "core/pipeline.hpp"
 #include "core/pipeline_trace.hpp"
 #include "core/runtime.hpp"
+#include "core/trace.hpp"
 #include "core/experiment.hpp"
 
 namespace mpt {
@@ -453,6 +454,11 @@ Report run_pipeline_experiment(const Context& ctx) {
     group = world.new_group("pipeline/", ctx.world_size, device);
     // Gradients on a group of their own: one stream per direction (see ProcessGroupTransport).
     popts.backward_group = world.new_group("pipeline_bwd/", ctx.world_size, device);
+    // Every stage's events on rank 0's clock (NTP-style exchanges through the store, as --trace
+    // does; error ± rtt/2, tens of microseconds on one host), so that a step's span does not
+    // depend on when each rank left the step's barrier (milliseconds apart under load).
+    const trace::ClockSync clock = trace::clock_from_exchanges(ctx.rank, world.job()->clock_exchanges(8, "pipeline/"));
+    popts.clock_offset_us = clock.offset_us;
   }
   report.env["pipeline_device"] = device.is_cuda() ? "cuda" : "cpu";
   report.env["pipeline_transport"] = processes ? group->backend() : "in-process queue";
