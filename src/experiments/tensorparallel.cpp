@@ -423,41 +423,37 @@ Report run_mesh(const Context& ctx) {
     }
     sgd(mesh_ps, mesh_g, lr);
 
-    // (a) TP on the TP group, no pipeline, no DP: every shard's microbatches in order, then the mean.
-    std::vector<torch::Tensor> ref_g;
-    for (int d = 0; d < dp; ++d) {
-      accumulate_shard(idx.narrow(0, d * b, b), tgt.narrow(0, d * b, b), m, [&](const torch::Tensor& x,
-                                                                                 const torch::Tensor& y) {
-        torch::Tensor h = x;
-        for (int c = 0; c < pp; ++c) h = ref_stages.forward(c, h);
-        return ref_stages.loss(h, y);
-      });
-      auto g = take_grads(ref_ps);
-      if (d == 0)
-        ref_g = g;
-      else
-        for (std::size_t i = 0; i < g.size(); ++i) ref_g[i] = ref_g[i] + g[i];
-    }
-    if (dp > 1)
-      for (auto& g : ref_g) g.div_(dp);
+    // The DP mean of a one-process reference: every shard's microbatches in order, its gradients
+    // taken, summed over the shards, then divided by dp (as the mesh's DP all-reduce); returns
+    // the gradients and the summed loss.
+    auto shard_mean = [&](std::vector<torch::Tensor>& ps, const std::function<torch::Tensor(const torch::Tensor&,
+                                                                                           const torch::Tensor&)>& loss_of) {
+      double loss = 0;
+      std::vector<torch::Tensor> sum;
+      for (int d = 0; d < dp; ++d) {
+        loss += accumulate_shard(idx.narrow(0, d * b, b), tgt.narrow(0, d * b, b), m, loss_of);
+        auto g = take_grads(ps);
+        if (d == 0)
+          sum = g;
+        else
+          for (std::size_t k = 0; k < g.size(); ++k) sum[k] = sum[k] + g[k];
+      }
+      if (dp > 1)
+        for (auto& g : sum) g.div_(dp);
+      return std::make_pair(sum, loss);
+    };
+    // (a) TP on the TP group, no pipeline, no DP.
+    auto ref_g = shard_mean(ref_ps, [&](const torch::Tensor& x, const torch::Tensor& y) {
+                   torch::Tensor h = x;
+                   for (int c = 0; c < pp; ++c) h = ref_stages.forward(c, h);
+                   return ref_stages.loss(h, y);
+                 }).first;
     sgd(ref_ps, ref_g, lr);
 
     // (b) one process, the plain model.
-    double loss1 = 0;
-    std::vector<torch::Tensor> full_g;
-    for (int d = 0; d < dp; ++d) {
-      loss1 += accumulate_shard(idx.narrow(0, d * b, b), tgt.narrow(0, d * b, b), m,
-                                [&](const torch::Tensor& x, const torch::Tensor& y) {
-                                  return gpt_loss(full->forward(x), y);
-                                });
-      auto g = take_grads(full_ps);
-      if (d == 0)
-        full_g = g;
-      else
-        for (std::size_t i = 0; i < g.size(); ++i) full_g[i] = full_g[i] + g[i];
-    }
-    if (dp > 1)
-      for (auto& g : full_g) g.div_(dp);
+    auto [full_g, loss1] = shard_mean(full_ps, [&](const torch::Tensor& x, const torch::Tensor& y) {
+      return gpt_loss(full->forward(x), y);
+    });
     loss1 /= dp;
     sgd(full_ps, full_g, lr);
 

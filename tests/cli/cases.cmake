@@ -138,27 +138,18 @@ cli_case(dataparallel_too_few_samples 2 "/train/samples: expected at least /trai
          --config configs/dataparallel_quick.json --set train.samples=10 --set train.global_batch=64)
 cli_case(dataparallel_fault_rank_missing 2 "/fault/rank: expected -1 or a rank 0 .. 1, got 5" dataparallel
          --config configs/dataparallel_quick.json --nproc 2 --set fault.rank=5)
-add_test(NAME cli.dataparallel_env_rank_only
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/run_case.sh $<TARGET_FILE:mpt> 2 "RANK is set but WORLD_SIZE is not"
-                 dataparallel --config configs/dataparallel_quick.json
-         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-set_tests_properties(cli.dataparallel_env_rank_only PROPERTIES ENVIRONMENT "RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999")
+cli_case_env(dataparallel_env_rank_only "RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
+             "RANK is set but WORLD_SIZE is not" dataparallel --config configs/dataparallel_quick.json)
 # A launcher's per-node variables that describe no place (found by the stop-27 probe: accepted).
-add_test(NAME cli.shard_env_local_rank_out_of_node
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/run_case.sh $<TARGET_FILE:mpt> 2
-                 "torchrun environment: LOCAL_RANK=2 is not a local rank in \\[0, LOCAL_WORLD_SIZE=2\\)"
-                 shard --config configs/shard_quick.json
-         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-set_tests_properties(cli.shard_env_local_rank_out_of_node PROPERTIES ENVIRONMENT
-                     "RANK=1;WORLD_SIZE=2;LOCAL_RANK=2;LOCAL_WORLD_SIZE=2;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999")
+cli_case_env(shard_env_local_rank_out_of_node
+             "RANK=1;WORLD_SIZE=2;LOCAL_RANK=2;LOCAL_WORLD_SIZE=2;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
+             "torchrun environment: LOCAL_RANK=2 is not a local rank in \\[0, LOCAL_WORLD_SIZE=2\\)"
+             shard --config configs/shard_quick.json)
 # A MASTER_ADDR that does not resolve: named at once (it was a page of c10d retries and two
 # timeouts). RES_OPTIONS bounds the lookup where no DNS server answers (as in a sandbox).
-add_test(NAME cli.shard_env_master_addr_unresolvable
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/run_case.sh $<TARGET_FILE:mpt> 2
-                 "torchrun environment: MASTER_ADDR=\"no-such-host.invalid\" does not resolve to an address"
-                 shard --config configs/shard_quick.json
-         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-set_tests_properties(cli.shard_env_master_addr_unresolvable PROPERTIES ENVIRONMENT
-                     "RANK=1;WORLD_SIZE=2;MASTER_ADDR=no-such-host.invalid;MASTER_PORT=29999;RES_OPTIONS=timeout:1 attempts:1")
+cli_case_env(shard_env_master_addr_unresolvable
+             "RANK=1;WORLD_SIZE=2;MASTER_ADDR=no-such-host.invalid;MASTER_PORT=29999;RES_OPTIONS=timeout:1 attempts:1" 2
+             "torchrun environment: MASTER_ADDR=\"no-such-host.invalid\" does not resolve to an address"
+             shard --config configs/shard_quick.json)
 add_test(NAME cli.scripts_full_disk COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_full_disk.sh
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})

@@ -1,12 +1,5 @@
 # Hostile input and faults (issue 15): memory refusals, cross-key limits, output that goes
 # astray. cli_case as in cases.cmake; cli_case_env runs it with environment variables set.
-function(cli_case_env name env code regex)
-  add_test(NAME cli.${name}
-           COMMAND ${CMAKE_COMMAND} -E env ${env}
-                   bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/run_case.sh $<TARGET_FILE:mpt> ${code} ${regex} ${ARGN}
-           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-  set_tests_properties(cli.${name} PROPERTIES TIMEOUT 300)
-endfunction()
 
 # Defect 7: a config too large for the machine is refused before allocating (exit 2, keys named),
 # not OOM-killed. The probe's case needs ~320 GiB; the cap makes the test independent of the host
