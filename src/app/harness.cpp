@@ -310,7 +310,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
         }
       };
       drop_dirs(shared);
-      world->set_launch_fingerprint(json{{"experiment", exp.name}, {"mpt", MPT_VERSION},
+      world->set_launch_fingerprint(json{{"experiment", exp.name}, {"world_size", world->size()}, {"mpt", MPT_VERSION},
                                          {"libtorch", compat::torch_version()}, {"config", shared}}.dump());
     }
     Context ctx{cfg, device, tty, rank, world_size, world ? &*world : nullptr};

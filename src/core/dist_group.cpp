@@ -185,6 +185,14 @@ void observe(c10d::Store& store, int global, PeerBeat& b, double now) {
   ++b.changes;
 }
 
+// Who serves a job's store, for the messages of a store that does not answer: rank 0, or the
+// launcher's agent (mpt --nproc's parent, torchrun's agent) when the store is the agent's.
+std::string store_host(const LaunchInfo& info) {
+  if (!info.agent_store) return "its host, rank 0 (it serves MASTER_ADDR:MASTER_PORT), is stopped or hung";
+  return fmt::format("its host, {} that serves MASTER_ADDR:MASTER_PORT, is stopped or hung",
+                     info.launcher == "mpt" ? "the mpt launcher" : "the launcher's agent");
+}
+
 // Bounds the store calls of a job's own threads: LibTorch's TCPStore client has no receive
 // timeout for check() and set(), so a call to a store whose host is stopped (SIGSTOP) or hung
 // never returns, and the rank would hang past every timeout (found by cli.shard_store_host_stopped
@@ -195,7 +203,8 @@ void observe(c10d::Store& store, int global, PeerBeat& b, double now) {
 // (TORCH_NCCL_ASYNC_ERROR_HANDLING). Thread-safe.
 class StoreWatchdog {
  public:
-  explicit StoreWatchdog(double limit_s) : limit_s_(limit_s), thread_([this] { loop(); }) {}
+  /// `host`: store_host() of the job, for the message.
+  StoreWatchdog(double limit_s, std::string host) : limit_s_(limit_s), host_(std::move(host)), thread_([this] { loop(); }) {}
   ~StoreWatchdog() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -239,15 +248,15 @@ class StoreWatchdog {
       for (const auto& [id, call] : calls_) {
         if (now - call.first <= limit_s_) continue;
         const std::string msg = fmt::format(
-            "[error] mpt: {}: the store did not answer within {:g} s (its host, the rank that serves "
-            "MASTER_ADDR:MASTER_PORT, is stopped or hung); this rank ends (exit 3)\n",
-            call.second, limit_s_);
+            "[error] mpt: {}: the store did not answer within {:g} s ({}); this rank ends (exit 3)\n",
+            call.second, limit_s_, host_);
         [[maybe_unused]] auto n = ::write(2, msg.data(), msg.size());
         std::_Exit(kExitRuntime);
       }
     }
   }
   const double limit_s_;
+  const std::string host_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -585,9 +594,8 @@ std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::millisec
     auto result = task->get_future();
     std::thread([task] { (*task)(); }).detach();
     if (result.wait_for(std::chrono::duration<double>(limit_s)) != std::future_status::ready)
-      throw RuntimeFailure(fmt::format("the store accepted the connection but did not answer within {:g} s (its "
-                                       "host, the rank that serves MASTER_ADDR:MASTER_PORT, is stopped or hung)",
-                                       limit_s));
+      throw RuntimeFailure(fmt::format("it accepted the connection but did not answer within {:g} s ({})", limit_s,
+                                       store_host(info)));
     return result.get();
   };
   try {
@@ -605,7 +613,7 @@ std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::millisec
   if (info.world_size > 1) {
     // Above the store's own timeout (its waits end by themselves then), so that only a store
     // that does not answer at all trips it.
-    state->watchdog = std::make_unique<StoreWatchdog>(timeout_s + 2.0);
+    state->watchdog = std::make_unique<StoreWatchdog>(timeout_s + 2.0, store_host(info));
     try {
       o.isServer = false;
       state->heartbeat = std::make_unique<Heartbeat>(open_bounded(o, false), info.rank, heartbeat_interval(timeout),
@@ -637,6 +645,7 @@ struct Monitor {
   std::optional<std::string> verdict;
 
   double store_timeout_s = 30.0;  // the job's timeout: bounds the store calls below
+  std::string host;               // store_host() of the job
 
   /// "; rank R did not answer (...)", or an empty string when every peer reported; computed once.
   /// The exchange runs on a thread of its own and is waited for at most window_s +
@@ -651,13 +660,13 @@ struct Monitor {
          window_s = window_s] { return exchange(store, job_store, rank, size, global_rank, window_s); });
     std::future<std::string> result = task->get_future();
     std::thread([task] { (*task)(); }).detach();
-    const double limit = window_s + store_timeout_s;
+    // A store that answers does so in milliseconds: the window, plus 2 s, is enough (was the
+    // window plus the job's timeout, which made a stopped store host cost a rank 2 x timeout).
+    const double limit = window_s + std::min(2.0, store_timeout_s);
     if (result.wait_for(std::chrono::duration<double>(limit)) == std::future_status::ready)
       verdict = result.get();
     else
-      verdict = fmt::format("; cannot tell which rank: the store did not answer within {:g} s (its host, the "
-                            "rank that serves MASTER_ADDR:MASTER_PORT, is stopped or hung)",
-                            limit);
+      verdict = fmt::format("; the store did not answer within {:g} s: {}", limit, host);
     return *verdict;
   }
 
@@ -951,6 +960,7 @@ std::shared_ptr<Group> Group::create(std::shared_ptr<Job> job, int rank, int siz
     m->global_rank = info.rank;
     m->window_s = std::min(5.0, std::max(1.0, 0.25 * static_cast<double>(timeout.count()) / 1000.0));
     m->store_timeout_s = static_cast<double>(timeout.count()) / 1000.0;
+    m->host = store_host(info);
     g->impl_->monitor = m;
   } catch (const std::exception& e) {
     throw RuntimeFailure(fmt::format("rank {} of {}: cannot register with the store: {}", rank, size,
@@ -1129,8 +1139,8 @@ void Job::check_same_launch(const std::string& fingerprint) {
   std::string theirs;
   if (result.wait_for(std::chrono::duration<double>(limit_s)) != std::future_status::ready)
     throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come within {:g} s: "
-                                     "the store did not answer (its host, the rank that serves MASTER_ADDR:"
-                                     "MASTER_PORT, is stopped or hung)", self, world_size(), limit_s));
+                                     "the store did not answer ({})", self, world_size(), limit_s,
+                                     store_host(launch())));
   try {
     theirs = result.get();
   } catch (const std::exception& e) {
@@ -1147,7 +1157,13 @@ void Job::check_same_launch(const std::string& fingerprint) {
   std::string where = "/", here_v, there_v;
   try {
     const auto mine = nlohmann::json::parse(fingerprint), zero = nlohmann::json::parse(theirs);
-    const auto ops = nlohmann::json::diff(zero, mine);  // RFC 6902 patch from rank 0's to this rank's
+    // The job's identity first (experiment, world size, versions), then the config: the first
+    // difference in that order is the one named (an RFC 6902 patch from rank 0's to this rank's).
+    nlohmann::json ops = nlohmann::json::array();
+    for (const char* k : {"experiment", "world_size", "mpt", "libtorch"})
+      if (mine.value(k, nlohmann::json()) != zero.value(k, nlohmann::json()))
+        ops.push_back({{"path", std::string("/") + k}});
+    if (ops.empty()) ops = nlohmann::json::diff(zero, mine);
     if (!ops.empty()) {
       where = ops[0].value("path", "/");
       const nlohmann::json::json_pointer at(where);

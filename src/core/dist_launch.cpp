@@ -98,6 +98,8 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.agent_store = agent && std::string(agent) == "True";
     li.store_prefix = li.agent_store ? fmt::format("/worker/attempt_{}", env_int("TORCHELASTIC_RESTART_COUNT", 0)) : "";
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    // Both, as srun sets them for each task. SLURM_NTASKS alone is an allocation's shell (salloc)
+    // outside any srun: one process, which may spawn its own workers with --nproc.
     li.launcher = "slurm";
     li.rank = env_int("SLURM_PROCID", 0);
     li.world_size = env_int("SLURM_NTASKS", 1);
@@ -116,7 +118,14 @@ std::optional<LaunchInfo> launch_from_environment() {
                                            "counts such as 2 or 2(x3),1", t));
         most = std::max(most, std::min<long>(n, 1'000'001));
         p = end;
-        if (*p == '(') p = std::strchr(p, ')') ? std::strchr(p, ')') + 1 : p + std::strlen(p);
+        if (*p == '(') {  // "(xN)": N nodes with this count
+          char* reps_end = nullptr;
+          const long reps = p[1] == 'x' ? std::strtol(p + 2, &reps_end, 10) : 0;
+          if (reps < 1 || reps_end == p + 2 || *reps_end != ')')
+            throw RuntimeFailure(fmt::format("environment variable SLURM_NTASKS_PER_NODE={:?} is not a list of task "
+                                             "counts such as 2 or 2(x3),1", t));
+          p = reps_end + 1;
+        }
         if (*p == '\0') break;
         if (*p != ',')
           throw RuntimeFailure(fmt::format("environment variable SLURM_NTASKS_PER_NODE={:?} is not a list of task "
@@ -131,7 +140,9 @@ std::optional<LaunchInfo> launch_from_environment() {
   } else {
     return std::nullopt;
   }
-  if (li.world_size < 1 || li.rank >= li.world_size)
+  if (li.world_size < 1)
+    throw RuntimeFailure(fmt::format("{} environment: {}=0: expected at least 1 process", li.launcher, li.world_size_var));
+  if (li.rank >= li.world_size)
     throw RuntimeFailure(fmt::format("{} environment: rank {} is not in [0, world size {})", li.launcher, li.rank,
                                      li.world_size));
   // The per-node variables must describe a place that exists: a local rank on its node, a node
