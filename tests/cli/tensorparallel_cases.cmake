@@ -55,7 +55,7 @@ cli_case(tensorparallel_mesh_tp2_pp2 0 "OK: 2 of 2 checks passed" ${TPMESH} --np
 # 2 x 2 x 2 = 8 processes, the documented config.
 cli_case(tensorparallel_mesh8 0 "OK: 2 of 2 checks passed" tensorparallel --config configs/tensorparallel_mesh8.json)
 # A mesh that diverges says so (stop-28 probe: no note, no results.diverged); its checks fail (exit 1).
-cli_case(tensorparallel_mesh_diverged 1 "diverged: mesh's loss became nan at step [0-9]+" ${TPMESH} --nproc 2
+diverged_case(tensorparallel_mesh_diverged 1 "diverged: mesh's loss became nan at step [0-9]+" ${TPMESH} --nproc 2
          --set mesh.dp=2 --set mesh.steps=10 --set mesh.lr=100)
 # Bad mesh input: exit 2 naming the keys, before any process starts.
 cli_case(tensorparallel_mesh_world_mismatch 2 "/mesh: expected /mesh/dp x /mesh/tp x /mesh/pp = the world size 4"
