@@ -573,35 +573,24 @@ std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::millisec
     [[maybe_unused]] auto n = ::write(2, msg.data(), msg.size());
     std::_Exit(kExitRuntime);
   });
-  // A client's connection runs on a thread of its own, waited for at most the timeout + 1 s:
   // TCPStore's constructor pings the server with no receive timeout, so a host stopped (SIGSTOP)
-  // after it began to listen held a connecting rank forever (rank 0 hosting; found when the
-  // stopped-store-host test ran on a loaded machine). The thread holds copies only.
-  const std::string addr = info.master_addr, prefix = info.store_prefix;
-  auto open = [addr, prefix, timeout](c10d::TCPStoreOptions opts, bool ping) -> c10::intrusive_ptr<c10d::Store> {
-    c10::intrusive_ptr<c10d::Store> s = c10::make_intrusive<c10d::TCPStore>(addr, opts);
+  // after it began to listen held a connecting rank forever (found when the stopped-store-host
+  // test ran on a loaded machine): the job's watchdog, made first, bounds the connection too.
+  // Above the store's own timeout (its waits end by themselves then), so that only a store that
+  // does not answer at all trips it.
+  if (info.world_size > 1) state->watchdog = std::make_unique<StoreWatchdog>(timeout_s + 2.0, store_host(info));
+  auto open = [&](c10d::TCPStoreOptions opts, bool ping) -> c10::intrusive_ptr<c10d::Store> {
+    StoreWatchdog::Call call(state->watchdog.get(), fmt::format("rank {}: cannot reach the TCPStore at {}", info.rank,
+                                                                where));
+    c10::intrusive_ptr<c10d::Store> s = c10::make_intrusive<c10d::TCPStore>(info.master_addr, opts);
     s->setTimeout(timeout);
-    if (!prefix.empty()) s = c10::make_intrusive<c10d::PrefixStore>(prefix, s);
+    if (!info.store_prefix.empty()) s = c10::make_intrusive<c10d::PrefixStore>(info.store_prefix, s);
     // One round trip: a port that answers with something else than a TCPStore fails here.
     if (ping) s->check({"mpt/ping"});
     return s;
   };
-  const double limit_s = std::max(timeout_s, 1.0) + 1.0;
-  auto open_bounded = [&](c10d::TCPStoreOptions opts, bool ping) -> c10::intrusive_ptr<c10d::Store> {
-    if (opts.isServer) return open(opts, ping);  // its own server thread answers it
-    auto task = std::make_shared<std::packaged_task<c10::intrusive_ptr<c10d::Store>()>>(
-        [open, opts, ping] { return open(opts, ping); });
-    auto result = task->get_future();
-    std::thread([task] { (*task)(); }).detach();
-    if (result.wait_for(std::chrono::duration<double>(limit_s)) != std::future_status::ready)
-      throw RuntimeFailure(fmt::format("it accepted the connection but did not answer within {:g} s ({})", limit_s,
-                                       store_host(info)));
-    return result.get();
-  };
   try {
-    state->store = open_bounded(o, true);
-  } catch (const RuntimeFailure& e) {  // open_bounded's own: the store did not answer
-    throw fail(e.what());
+    state->store = open(o, true);
   } catch (const std::exception& e) {  // also std::length_error & co. from a peer speaking another protocol
     state->store.reset();
     const std::string what = first_line(e.what());
@@ -611,12 +600,9 @@ std::shared_ptr<Job> connect_store(const LaunchInfo& info, std::chrono::millisec
     throw fail(fmt::format("{} (is {} a TCPStore of this job?)", what, where));
   }
   if (info.world_size > 1) {
-    // Above the store's own timeout (its waits end by themselves then), so that only a store
-    // that does not answer at all trips it.
-    state->watchdog = std::make_unique<StoreWatchdog>(timeout_s + 2.0, store_host(info));
     try {
       o.isServer = false;
-      state->heartbeat = std::make_unique<Heartbeat>(open_bounded(o, false), info.rank, heartbeat_interval(timeout),
+      state->heartbeat = std::make_unique<Heartbeat>(open(o, false), info.rank, heartbeat_interval(timeout),
                                                      state->waiting_on, state->progress);
     } catch (const std::exception& e) {
       throw fail(fmt::format("the heartbeat connection failed: {}", first_line(e.what())));
@@ -1118,40 +1104,32 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
 
 void Job::check_same_launch(const std::string& fingerprint) {
   const int self = rank();
-  // The store calls run on a thread of their own, waited for at most the job's timeout + 1 s:
-  // LibTorch's TCPStore calls have no receive timeout, and a store whose host (rank 0) is
-  // stopped would hold this rank forever (as in Monitor::diagnose). The thread holds copies.
-  // Its result: "" (this rank's claim is its own), "duplicate", or rank 0's fingerprint.
-  auto task = std::make_shared<std::packaged_task<std::string()>>(
-      [store = state_->store, self, fingerprint]() -> std::string {
-        if (store->add(fmt::format("mpt/launch/claim/{}", self), 1) > 1) return "duplicate";
-        if (self == 0) {
-          store_set(*store, "mpt/launch/fingerprint", fingerprint);
-          return "";
-        }
-        auto v = store->get("mpt/launch/fingerprint");  // waits for rank 0 (the store's timeout)
-        return std::string(v.begin(), v.end());
-      });
-  std::future<std::string> result = task->get_future();
-  WaitingFor waiting(*this, 0);
-  std::thread([task] { (*task)(); }).detach();
-  const double limit_s = static_cast<double>(timeout().count()) / 1000.0 + 1.0;
   std::string theirs;
-  if (result.wait_for(std::chrono::duration<double>(limit_s)) != std::future_status::ready)
-    throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come within {:g} s: "
-                                     "the store did not answer ({})", self, world_size(), limit_s,
-                                     store_host(launch())));
-  try {
-    theirs = result.get();
-  } catch (const std::exception& e) {
-    throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come: {}", self,
-                                     world_size(), first_line(e.what())));
+  {
+    // A store whose host is stopped would hold these calls forever: the job's watchdog ends the
+    // rank then (exit 3); a get that waits out the store's timeout throws by itself.
+    WaitingFor waiting(*this, 0);
+    StoreWatchdog::Call call(state_->watchdog.get(),
+                             fmt::format("rank {} of {}: comparing this job with rank 0's", self, world_size()));
+    c10d::Store& store = *state_->store;
+    bool duplicate = false;
+    try {
+      duplicate = store.add(fmt::format("mpt/launch/claim/{}", self), 1) > 1;
+      if (!duplicate && self == 0) store_set(store, "mpt/launch/fingerprint", fingerprint);
+      if (!duplicate && self != 0) {
+        auto v = store.get("mpt/launch/fingerprint");  // waits for rank 0 (the store's timeout)
+        theirs.assign(v.begin(), v.end());
+      }
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come: {}", self,
+                                       world_size(), first_line(e.what())));
+    }
+    if (duplicate)
+      throw ConfigError(fmt::format("rank {} of {}: another process already joined this job as rank {} (two "
+                                    "processes were started with the same rank: check RANK / SLURM_PROCID, or the "
+                                    "launcher's --node-rank on each machine)",
+                                    self, world_size(), self));
   }
-  if (theirs == "duplicate")
-    throw ConfigError(fmt::format("rank {} of {}: another process already joined this job as rank {} (two "
-                                  "processes were started with the same rank: check RANK / SLURM_PROCID, or the "
-                                  "launcher's --node-rank on each machine)",
-                                  self, world_size(), self));
   if (self == 0) return;
   if (theirs == fingerprint) return;
   std::string where = "/", here_v, there_v;
