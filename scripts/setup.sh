@@ -82,6 +82,17 @@ else
   req=scripts/torch2-requirements.txt
   # Reinstall only when the pinned requirements changed (the stamp holds a copy of them).
   if ! cmp -s "$req" "$venv/.mpt-requirements" 2>/dev/null; then
+    # The wheels unpack to about 5.5 GB here and pip holds the downloads (about 3 GB) in its
+    # temporary folder meanwhile: refuse up front, naming the folders, rather than let pip fail
+    # half-way with "No space left on device".
+    need_kb=$((9 * 1024 * 1024))
+    for d in . "${TMPDIR:-/tmp}"; do
+      free_kb=$(df -Pk "$d" 2>/dev/null | awk 'NR == 2 { print $4 }')
+      if [ -n "$free_kb" ] && [ "$free_kb" -lt "$need_kb" ]; then
+        echo "setup: $(( free_kb / 1024 )) MiB free on $(cd "$d" && pwd)'s file system; installing the torch wheel into $venv needs about 9 GiB there (5.5 GiB installed, the downloads meanwhile). Free space there, or use --torch debian (apt only, far smaller)" >&2
+        exit 1
+      fi
+    done
     [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
     echo "setup: installing $(grep -v '^#' "$req" | xargs) into $venv (pip; several GB the first time)" >&2
     "$venv/bin/pip" install --quiet --disable-pip-version-check --progress-bar off -r "$req"

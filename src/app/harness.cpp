@@ -118,7 +118,7 @@ Config resolve_for(const ConfigSpec& spec, const RunOptions& opts) {
   std::vector<std::string> sets = opts.sets;
   if (opts.seed) sets.push_back("seed=" + *opts.seed);
   if (!opts.device.empty()) sets.push_back("device=\"" + opts.device + "\"");
-  if (opts.nproc) sets.push_back("nproc=" + std::to_string(*opts.nproc));
+  if (opts.nproc) sets.push_back("nproc=" + *opts.nproc);
   try {
     return resolve_config(spec, opts.config_file, sets);
   } catch (const ConfigError& e) {
@@ -130,7 +130,7 @@ Config resolve_for(const ConfigSpec& spec, const RunOptions& opts) {
       if (msg.rfind(as_set, 0) == 0) throw ConfigError(option + " '" + printable_text(value) + "'" + msg.substr(as_set.size()));
     };
     if (opts.seed) typed("seed", *opts.seed, "--seed");
-    if (opts.nproc) typed("nproc", std::to_string(*opts.nproc), "--nproc");
+    if (opts.nproc) typed("nproc", *opts.nproc, "--nproc");
     throw;
   }
 }
@@ -201,11 +201,11 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
                                       "got {}", launch->world_size_var, launch->world_size, launch->launcher,
                                       *np->max, launch->world_size));
       // An explicit --nproc must agree with the launcher (mpt's own workers get the same argv).
-      if (launch && opts.nproc && *opts.nproc != launch->world_size)
+      if (launch && opts.nproc && cfg.integer("/nproc") != launch->world_size)
         throw ConfigError(fmt::format("--nproc {}: expected the world size of the {} environment ({}={}); drop "
                                       "--nproc under a launcher, or unset {} to spawn {} processes here",
-                                      *opts.nproc, launch->launcher, launch->world_size_var, launch->world_size,
-                                      launch->world_size_var, *opts.nproc));
+                                      cfg.integer("/nproc"), launch->launcher, launch->world_size_var,
+                                      launch->world_size, launch->world_size_var, cfg.integer("/nproc")));
     }
     const int planned = launch ? launch->world_size : multi ? static_cast<int>(cfg.integer("/nproc")) : 1;
     try {

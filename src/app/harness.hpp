@@ -29,7 +29,7 @@ struct RunOptions {
   bool print_config = false;        ///< --print-config
   bool quiet = false;               ///< -q
   bool verbose = false;             ///< -v
-  std::optional<int> nproc;         ///< --nproc N: shorthand for --set nproc=N (experiments with a /nproc key)
+  std::optional<std::string> nproc; ///< --nproc N, as typed: shorthand for --set nproc=N, checked by the schema
   std::vector<std::string> argv;    ///< the full command line, re-run by spawned workers
 };
 

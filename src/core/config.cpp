@@ -9,6 +9,7 @@
 #include <limits>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -479,7 +480,13 @@ json parse_set_value(const std::string& text, const std::string& source, const s
     fail(source, ptr, fmt::format("the value is nested deeper than {} levels, the most a config may have",
                                   kConfigLimits.max_depth));
   } catch (const json::exception&) {
-    value = text;  // not JSON (or a number beyond double's range): a plain string
+    // A JSON number that does not parse is one beyond double's range (1e400): an error, not the
+    // string "1e400" that a later check would call "a string" (found by the stop-28 probe).
+    static const std::regex number(R"(\s*-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?\s*)");
+    if (std::regex_match(text, number))
+      fail(source, ptr, fmt::format("expected a number within double's range (magnitude at most 1.8e308), got {}",
+                                    printable_text(text, 60)));
+    value = text;  // not JSON: a plain string
     // A string that is not UTF-8 could be neither printed nor stored in the result file.
     if (!valid_utf8(text)) fail(source, ptr, "expected UTF-8 text, got bytes that are not UTF-8");
   }

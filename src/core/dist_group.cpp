@@ -1105,13 +1105,13 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
 void Job::check_same_launch(const std::string& fingerprint) {
   const int self = rank();
   std::string theirs;
+  c10d::Store& store = *state_->store;
   {
     // A store whose host is stopped would hold these calls forever: the job's watchdog ends the
     // rank then (exit 3); a get that waits out the store's timeout throws by itself.
     WaitingFor waiting(*this, 0);
     StoreWatchdog::Call call(state_->watchdog.get(),
                              fmt::format("rank {} of {}: comparing this job with rank 0's", self, world_size()));
-    c10d::Store& store = *state_->store;
     bool duplicate = false;
     try {
       duplicate = store.add(fmt::format("mpt/launch/claim/{}", self), 1) > 1;
@@ -1130,37 +1130,87 @@ void Job::check_same_launch(const std::string& fingerprint) {
                                     "launcher's --node-rank on each machine)",
                                     self, world_size(), self));
   }
-  if (self == 0) return;
-  if (theirs == fingerprint) return;
-  std::string where = "/", here_v, there_v;
+  std::string mismatch;  // empty: this rank runs rank 0's job
+  if (self != 0 && theirs != fingerprint) {
+    std::string where = "/", here_v, there_v;
+    try {
+      const auto mine = nlohmann::json::parse(fingerprint), zero = nlohmann::json::parse(theirs);
+      // The job's identity first (experiment, world size, versions), then the config: the first
+      // difference in that order is the one named (an RFC 6902 patch from rank 0's to this rank's).
+      nlohmann::json ops = nlohmann::json::array();
+      for (const char* k : {"experiment", "world_size", "mpt", "libtorch"})
+        if (mine.value(k, nlohmann::json()) != zero.value(k, nlohmann::json()))
+          ops.push_back({{"path", std::string("/") + k}});
+      if (ops.empty()) ops = nlohmann::json::diff(zero, mine);
+      if (!ops.empty()) {
+        where = ops[0].value("path", "/");
+        const nlohmann::json::json_pointer at(where);
+        auto shown = [](const nlohmann::json& doc, const nlohmann::json::json_pointer& p) {
+          if (!doc.contains(p)) return std::string("absent");
+          std::string d = doc.at(p).dump();
+          return d.size() > 80 ? d.substr(0, 77) + "..." : d;
+        };
+        here_v = shown(mine, at);
+        there_v = shown(zero, at);
+      }
+    } catch (const std::exception&) {
+      here_v = "(unreadable)";
+      there_v = "(unreadable)";
+    }
+    mismatch = fmt::format("rank {} of {}: this process runs another job than rank 0: {} is {} here, {} on rank 0 "
+                           "(every rank must be started with the same experiment, config and --set, and the same mpt)",
+                           self, world_size(), where, here_v, there_v);
+  }
+  // The verdicts meet before anyone goes on: a mismatched rank alone would exit 2 while the
+  // others ran into their first collective and blamed it as dead or stopped. A rank that finds
+  // a difference leaves its message (the first one stays), then every rank meets in a barrier
+  // (heartbeat-bounded like every other: a rank still starting is waited for) and reads it.
+  const int n = world_size();
+  const auto same = [](int r) { return r; };
+  if (!mismatch.empty()) {
+    // This rank's own message is the error whatever the store does now (rank 0, the store's
+    // host, may already be gone once the barrier is complete).
+    try {
+      {
+        StoreWatchdog::Call call(state_->watchdog.get(), fmt::format("rank {} of {}: reporting its launch check", self, n));
+        store.compareSet("mpt/launch/refused", std::vector<uint8_t>(),
+                         std::vector<uint8_t>(mismatch.begin(), mismatch.end()));
+      }
+      store_barrier(*state_, store, "mpt/launch/checked", self, n, same, state_->timeout,
+                    fmt::format("rank {} of {}: waiting for every rank's launch check", self, n));
+      StoreWatchdog::Call call(state_->watchdog.get(), fmt::format("rank {} of {}: reporting its launch check", self, n));
+      store_set(store, fmt::format("mpt_barrier/mpt/launch/read/{}", self), "1");
+    } catch (const std::exception&) {
+    }
+    throw ConfigError(mismatch);
+  }
+  store_barrier(*state_, store, "mpt/launch/checked", self, n, same, state_->timeout,
+                fmt::format("rank {} of {}: waiting for every rank's launch check", self, n));
+  std::string refused;
   try {
-    const auto mine = nlohmann::json::parse(fingerprint), zero = nlohmann::json::parse(theirs);
-    // The job's identity first (experiment, world size, versions), then the config: the first
-    // difference in that order is the one named (an RFC 6902 patch from rank 0's to this rank's).
-    nlohmann::json ops = nlohmann::json::array();
-    for (const char* k : {"experiment", "world_size", "mpt", "libtorch"})
-      if (mine.value(k, nlohmann::json()) != zero.value(k, nlohmann::json()))
-        ops.push_back({{"path", std::string("/") + k}});
-    if (ops.empty()) ops = nlohmann::json::diff(zero, mine);
-    if (!ops.empty()) {
-      where = ops[0].value("path", "/");
-      const nlohmann::json::json_pointer at(where);
-      auto shown = [](const nlohmann::json& doc, const nlohmann::json::json_pointer& p) {
-        if (!doc.contains(p)) return std::string("absent");
-        std::string d = doc.at(p).dump();
-        return d.size() > 80 ? d.substr(0, 77) + "..." : d;
-      };
-      here_v = shown(mine, at);
-      there_v = shown(zero, at);
+    StoreWatchdog::Call call(state_->watchdog.get(), fmt::format("rank {} of {}: reading the launch check", self, n));
+    if (store.check({"mpt/launch/refused"})) {
+      auto v = store.get("mpt/launch/refused");
+      refused.assign(v.begin(), v.end());
+    }
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("rank {} of {}: reading the launch check: the store did not answer: {}", self, n,
+                                     first_line(e.what())));
+  }
+  if (refused.empty()) return;
+  // Rank 0 hosts the store: it leaves only after every rank has read the verdict.
+  try {
+    if (self == 0)
+      store_barrier(*state_, store, "mpt/launch/read", self, n, same, state_->timeout,
+                    fmt::format("rank 0 of {}: waiting until every rank has read the launch check", n));
+    else {
+      StoreWatchdog::Call call(state_->watchdog.get(), fmt::format("rank {} of {}: reporting its launch check", self, n));
+      store_set(store, fmt::format("mpt_barrier/mpt/launch/read/{}", self), "1");
     }
   } catch (const std::exception&) {
-    here_v = "(unreadable)";
-    there_v = "(unreadable)";
   }
-  throw ConfigError(fmt::format("rank {} of {}: this process runs another job than rank 0: {} is {} here, {} on rank "
-                                "0 (every rank must be started with the same experiment, config and --set, and "
-                                "the same mpt)",
-                                self, world_size(), where, here_v, there_v));
+  throw ConfigError(fmt::format("rank {} of {}: another rank was started for another job, so this one stops: {}",
+                                self, n, refused));
 }
 
 std::vector<std::array<double, 4>> Job::clock_exchanges(int rounds, const std::string& tag) {

@@ -174,6 +174,21 @@ std::optional<LaunchInfo> launch_from_environment() {
       throw RuntimeFailure(fmt::format("{} environment: {}={} is not a node rank in [0, {})", li.launcher, node_var,
                                        li.node_rank, env(nodes_var) ? fmt::format("{}={}", nodes_var, nodes)
                                                                     : fmt::format("{}={}", li.world_size_var, nodes)));
+    // torchrun: every other node holds at least one process, and the agents number the ranks
+    // node by node (by GROUP_RANK): the counts must fit in the world, and this node's first rank
+    // must leave one rank to each earlier node. (Each node's torchrun may be given its own
+    // --nproc-per-node, so no product is required. Not for SLURM: its per-node count may be the
+    // allocation's, larger than a step's.)
+    if (torchrun && env(nodes_var) && env("LOCAL_WORLD_SIZE") && li.local_world_size + nodes - 1 > li.world_size)
+      throw RuntimeFailure(fmt::format("{} environment: {}={} processes on this node and {}={} nodes need at least {} "
+                                       "processes, more than {}={}",
+                                       li.launcher, lws_var, li.local_world_size, nodes_var, nodes,
+                                       li.local_world_size + nodes - 1, li.world_size_var, li.world_size));
+    if (torchrun && li.node_rank > li.rank - li.local_rank)
+      throw RuntimeFailure(fmt::format("{} environment: {}={} needs at least {} ranks on the nodes before this one, but "
+                                       "this node's first rank is RANK - LOCAL_RANK = {} (ranks are numbered node by "
+                                       "node, each node holding at least one)",
+                                       li.launcher, node_var, li.node_rank, li.node_rank, li.rank - li.local_rank));
   }
   if (const char* a = env("MASTER_ADDR")) li.master_addr = a;
   if (li.world_size > 1) {

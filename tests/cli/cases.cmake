@@ -113,7 +113,7 @@ add_test(NAME cli.bad_out_empty
          COMMAND bash -c "out=\$($<TARGET_FILE:mpt> underflow --set model.depth=2 --out '' 2>&1); test \$? = 2 && echo \"\$out\" | grep -q -- '--out: expected a file path' && echo ok"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 cli_case(bad_set_empty_segment 2 "empty key segment" underflow --set model..depth=4)
-cli_case(bad_set_huge_number 2 "/seed: expected an integer" underflow --set seed=1e400)
+cli_case(bad_set_huge_number 2 "/seed: expected a number within double.s range \\(magnitude at most 1.8e308\\), got 1e400" underflow --set seed=1e400)
 add_test(NAME cli.out_dev_null
          COMMAND bash -c "$<TARGET_FILE:mpt> underflow -q --set model.depth=2 --out /dev/null && test -c /dev/null && echo ok: /dev/null is still a device"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -145,6 +145,16 @@ cli_case_env(shard_env_local_rank_out_of_node
              "RANK=1;WORLD_SIZE=2;LOCAL_RANK=2;LOCAL_WORLD_SIZE=2;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
              "torchrun environment: LOCAL_RANK=2 is not a local rank in \\[0, LOCAL_WORLD_SIZE=2\\)"
              shard --config configs/shard_quick.json)
+# torchrun's node counts that cannot fit the world (found by the stop-28 probe: accepted).
+cli_case_env(shard_env_nodes_exceed_world
+             "RANK=1;WORLD_SIZE=2;LOCAL_RANK=1;LOCAL_WORLD_SIZE=2;GROUP_RANK=0;GROUP_WORLD_SIZE=2;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
+             "torchrun environment: LOCAL_WORLD_SIZE=2 processes on this node and GROUP_WORLD_SIZE=2 nodes need at least 3 processes, more than WORLD_SIZE=2"
+             shard --config configs/shard_quick.json)
+cli_case_env(shard_env_group_rank_past_rank
+             "RANK=1;WORLD_SIZE=4;LOCAL_RANK=0;LOCAL_WORLD_SIZE=1;GROUP_RANK=2;GROUP_WORLD_SIZE=4;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
+             "torchrun environment: GROUP_RANK=2 needs at least 2 ranks on the nodes before this one, but this node.s first rank is RANK - LOCAL_RANK = 1"
+             shard --config configs/shard_quick.json)
+
 # A MASTER_ADDR that does not resolve: named at once (it was a page of c10d retries and two
 # timeouts). RES_OPTIONS bounds the lookup where no DNS server answers (as in a sandbox).
 cli_case_env(shard_env_master_addr_unresolvable
@@ -153,3 +163,6 @@ cli_case_env(shard_env_master_addr_unresolvable
              shard --config configs/shard_quick.json)
 add_test(NAME cli.scripts_full_disk COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_full_disk.sh
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# --nproc goes through the schema as --set nproc=N: a fraction is named like any other value
+# (it was CLI11's "could not be converted"; found by the stop-28 probe).
+cli_case(dataparallel_nproc_fraction 2 "--nproc '2.5'.*/nproc: expected an integer" dataparallel --nproc 2.5)
