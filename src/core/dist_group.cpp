@@ -373,46 +373,61 @@ std::string blame_late(JobState& job, int peer) {
   }
 }
 
-// Waits in `store` (a group's, in `job`'s store) until ranks 0 .. size-1 have all arrived under
-// "mpt_barrier/<tag>/". `global(r)` maps a group rank to its rank in the job (for the job's
-// heartbeats). The deadline is `timeout` after the start or after the last progress of a rank
-// that has not arrived. Throws RuntimeFailure naming the ranks that did not arrive and the late
-// ones among them.
-void store_barrier(JobState& job, c10d::Store& store, const std::string& tag, int rank, int size,
-                   const std::function<int(int)>& global, std::chrono::milliseconds timeout,
-                   const std::string& what) {
-  if (size <= 1) return;
-  const std::string base = "mpt_barrier/" + tag + "/";
+// The key under which rank `rank` marks its arrival at the barrier `tag` of a store.
+std::string barrier_key(const std::string& tag, int rank) { return fmt::format("mpt_barrier/{}/{}", tag, rank); }
+
+// Marks this rank's arrival at the barrier `tag` without waiting for the others (a rank that
+// leaves at once, like a mismatched rank at the launch check, still lets the others complete it).
+// `what` names the call for the store watchdog.
+void barrier_arrive(JobState& job, c10d::Store& store, const std::string& tag, int rank, const std::string& what) {
+  StoreWatchdog::Call call(job.watchdog.get(), what);
+  store_set(store, barrier_key(tag, rank), "1");
+}
+
+// How long a rank that has sent no heartbeat yet is waited for: `timeout`, or, when mpt's own
+// launcher started the job, at least 60 s. That launcher watches every worker and ends the job
+// when one exits, so a rank not yet seen is still starting (a loaded machine can take seconds
+// to load LibTorch), not dead; a rank stopped before its first heartbeat is then named after 60
+// s instead of `timeout`. Under torchrun, SLURM or by hand nothing watches the processes, so
+// the timeout holds.
+double start_allowance_s(const JobState& job, double timeout_s) {
+  return job.launch.launcher == "mpt" ? std::max(timeout_s, 60.0) : timeout_s;
+}
+
+// Waits until every group rank in `missing` has arrived at the barrier `tag` (barrier_arrive).
+// `global(r)` maps a group rank to its rank in the job (for the job's heartbeats). The deadline
+// is `timeout` after the start or after the last progress of a rank that has not arrived (for a
+// rank never seen: start_allowance_s()). Throws RuntimeFailure naming the ranks that did not
+// arrive and the late ones among them, or when the store does not answer.
+void await_arrivals(JobState& job, c10d::Store& store, const std::string& tag, std::vector<int> missing,
+                    const std::function<int(int)>& global, std::chrono::milliseconds timeout, const std::string& what) {
   WaitScope waiting(job, -2);
   const double t_timeout = static_cast<double>(timeout.count()) / 1000.0;
+  const double t_start = start_allowance_s(job, t_timeout);
   StoreWatchdog* dog = job.watchdog.get();
   try {
-    {
-      StoreWatchdog::Call call(dog, what);
-      store_set(store, base + std::to_string(rank), "1");
-    }
-    std::vector<int> missing;
-    for (int r = 0; r < size; ++r)
-      if (r != rank) missing.push_back(r);
     std::map<int, PeerBeat> beats;  // by global rank
     const double start = now_seconds();
     auto sleep_ms = std::chrono::milliseconds(1);
     for (;;) {
       std::optional<StoreWatchdog::Call> call(std::in_place, dog, what);
       missing.erase(std::remove_if(missing.begin(), missing.end(),
-                                   [&](int r) { return store.check({base + std::to_string(r)}); }),
+                                   [&](int r) { return store.check({barrier_key(tag, r)}); }),
                     missing.end());
       if (missing.empty()) return;
       const double now = now_seconds();
-      double last = start;
-      if (job.store && job.launch.world_size > 1)
+      bool in_time = false;  // some missing rank is within its bound
+      if (job.store && job.launch.world_size > 1) {
         for (int r : missing) {
           PeerBeat& b = beats[global(r)];
           observe(*job.store, global(r), b, now);
-          last = std::max(last, b.progress_at);
+          in_time = in_time || (b.seen ? now - std::max(start, b.progress_at) <= t_timeout : now - start <= t_start);
         }
+      } else {
+        in_time = now - start <= t_timeout;
+      }
       call.reset();
-      if (now - last > t_timeout) {
+      if (!in_time) {
         std::vector<int> late_global;
         std::string states;
         constexpr std::size_t kShown = 8;  // a job of 64 ranks with one present: keep it readable
@@ -428,10 +443,11 @@ void store_barrier(JobState& job, c10d::Store& store, const std::string& tag, in
           for (int r : missing) late_global.push_back(global(r));
         post_unresponsive(job, late_global);
         std::vector<int> shown(late_global.begin(), late_global.begin() + std::min(late_global.size(), kShown));
+        const bool unseen_only = std::all_of(missing.begin(), missing.end(), [&](int r) { return !beats[global(r)].seen; });
         throw RuntimeFailure(fmt::format(
             "{}: rank {}{} did not arrive within {:g} s of the last sign of progress (heartbeat); {}", what,
             join_ranks(shown, ", "), late_global.size() > kShown ? fmt::format(" and {} more", late_global.size() - kShown) : "",
-            t_timeout, states));
+            unseen_only ? t_start : t_timeout, states));
       }
       std::this_thread::sleep_for(sleep_ms);
       sleep_ms = std::min(sleep_ms * 2, std::chrono::milliseconds(20));
@@ -441,6 +457,24 @@ void store_barrier(JobState& job, c10d::Store& store, const std::string& tag, in
   } catch (const std::exception& e) {
     throw RuntimeFailure(fmt::format("{}: the store did not answer: {}", what, first_line(e.what())));
   }
+}
+
+// Waits in `store` (a group's, in `job`'s store) until ranks 0 .. size-1 have all arrived under
+// "mpt_barrier/<tag>/": barrier_arrive(), then await_arrivals() of the others (its deadline and
+// errors).
+void store_barrier(JobState& job, c10d::Store& store, const std::string& tag, int rank, int size,
+                   const std::function<int(int)>& global, std::chrono::milliseconds timeout,
+                   const std::string& what) {
+  if (size <= 1) return;
+  try {
+    barrier_arrive(job, store, tag, rank, what);
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("{}: the store did not answer: {}", what, first_line(e.what())));
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r)
+    if (r != rank) missing.push_back(r);
+  await_arrivals(job, store, tag, std::move(missing), global, timeout, what);
 }
 
 // Waits until something accepts TCP connections at host:port, at most until `deadline`
@@ -1103,32 +1137,45 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
 }
 
 void Job::check_same_launch(const std::string& fingerprint) {
-  const int self = rank();
+  const int self = rank(), n = world_size();
+  const auto same = [](int r) { return r; };
   std::string theirs;
   c10d::Store& store = *state_->store;
-  {
+  const std::string what = fmt::format("rank {} of {}: comparing this job with rank 0's", self, n);
+  bool duplicate = false;
+  try {
     // A store whose host is stopped would hold these calls forever: the job's watchdog ends the
-    // rank then (exit 3); a get that waits out the store's timeout throws by itself.
-    WaitingFor waiting(*this, 0);
-    StoreWatchdog::Call call(state_->watchdog.get(),
-                             fmt::format("rank {} of {}: comparing this job with rank 0's", self, world_size()));
-    bool duplicate = false;
+    // rank then (exit 3).
+    StoreWatchdog::Call call(state_->watchdog.get(), what);
+    duplicate = store.add(fmt::format("mpt/launch/claim/{}", self), 1) > 1;
+    if (!duplicate && self == 0) store_set(store, "mpt/launch/fingerprint", fingerprint);
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(fmt::format("{}: the store did not answer: {}", what, first_line(e.what())));
+  }
+  if (duplicate)
+    throw ConfigError(fmt::format("rank {} of {}: another process already joined this job as rank {} (two "
+                                  "processes were started with the same rank: check RANK / SLURM_PROCID, or the "
+                                  "launcher's --node-rank on each machine)",
+                                  self, n, self));
+  if (self == 0) {
     try {
-      duplicate = store.add(fmt::format("mpt/launch/claim/{}", self), 1) > 1;
-      if (!duplicate && self == 0) store_set(store, "mpt/launch/fingerprint", fingerprint);
-      if (!duplicate && self != 0) {
-        auto v = store.get("mpt/launch/fingerprint");  // waits for rank 0 (the store's timeout)
-        theirs.assign(v.begin(), v.end());
-      }
+      barrier_arrive(*state_, store, "mpt/launch/posted", 0, what);
     } catch (const std::exception& e) {
-      throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come: {}", self,
-                                       world_size(), first_line(e.what())));
+      throw RuntimeFailure(fmt::format("{}: the store did not answer: {}", what, first_line(e.what())));
     }
-    if (duplicate)
-      throw ConfigError(fmt::format("rank {} of {}: another process already joined this job as rank {} (two "
-                                    "processes were started with the same rank: check RANK / SLURM_PROCID, or the "
-                                    "launcher's --node-rank on each machine)",
-                                    self, world_size(), self));
+  } else {
+    // Rank 0's description is waited for as long as rank 0 shows progress in its heartbeat (a
+    // rank 0 still starting on a loaded machine is not late; a stopped one is named).
+    await_arrivals(*state_, store, "mpt/launch/posted", {0}, same, state_->timeout,
+                   fmt::format("rank {} of {}: waiting for rank 0's description of the job", self, n));
+    try {
+      StoreWatchdog::Call call(state_->watchdog.get(), what);
+      auto v = store.get("mpt/launch/fingerprint");
+      theirs.assign(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come: {}", self, n,
+                                       first_line(e.what())));
+    }
   }
   std::string mismatch;  // empty: this rank runs rank 0's job
   if (self != 0 && theirs != fingerprint) {
@@ -1163,23 +1210,22 @@ void Job::check_same_launch(const std::string& fingerprint) {
   }
   // The verdicts meet before anyone goes on: a mismatched rank alone would exit 2 while the
   // others ran into their first collective and blamed it as dead or stopped. A rank that finds
-  // a difference leaves its message (the first one stays), then every rank meets in a barrier
-  // (heartbeat-bounded like every other: a rank still starting is waited for) and reads it.
-  const int n = world_size();
-  const auto same = [](int r) { return r; };
+  // a difference leaves its message (the first one stays) and marks its arrival; every other
+  // rank meets in a barrier (heartbeat-bounded like every other: a rank still starting is waited
+  // for) and reads it.
   if (!mismatch.empty()) {
     // This rank's own message is the error whatever the store does now (rank 0, the store's
-    // host, may already be gone once the barrier is complete).
+    // host, may already be gone once the barrier is complete). It marks its arrival and leaves
+    // at once: it may not even agree on the world size, so it waits for no one.
     try {
+      const std::string reporting = fmt::format("rank {} of {}: reporting its launch check", self, n);
       {
-        StoreWatchdog::Call call(state_->watchdog.get(), fmt::format("rank {} of {}: reporting its launch check", self, n));
+        StoreWatchdog::Call call(state_->watchdog.get(), reporting);
         store.compareSet("mpt/launch/refused", std::vector<uint8_t>(),
                          std::vector<uint8_t>(mismatch.begin(), mismatch.end()));
       }
-      store_barrier(*state_, store, "mpt/launch/checked", self, n, same, state_->timeout,
-                    fmt::format("rank {} of {}: waiting for every rank's launch check", self, n));
-      StoreWatchdog::Call call(state_->watchdog.get(), fmt::format("rank {} of {}: reporting its launch check", self, n));
-      store_set(store, fmt::format("mpt_barrier/mpt/launch/read/{}", self), "1");
+      barrier_arrive(*state_, store, "mpt/launch/read", self, reporting);
+      barrier_arrive(*state_, store, "mpt/launch/checked", self, reporting);
     } catch (const std::exception&) {
     }
     throw ConfigError(mismatch);
@@ -1203,10 +1249,9 @@ void Job::check_same_launch(const std::string& fingerprint) {
     if (self == 0)
       store_barrier(*state_, store, "mpt/launch/read", self, n, same, state_->timeout,
                     fmt::format("rank 0 of {}: waiting until every rank has read the launch check", n));
-    else {
-      StoreWatchdog::Call call(state_->watchdog.get(), fmt::format("rank {} of {}: reporting its launch check", self, n));
-      store_set(store, fmt::format("mpt_barrier/mpt/launch/read/{}", self), "1");
-    }
+    else
+      barrier_arrive(*state_, store, "mpt/launch/read", self,
+                     fmt::format("rank {} of {}: reporting its launch check", self, n));
   } catch (const std::exception&) {
   }
   throw ConfigError(fmt::format("rank {} of {}: another rank was started for another job, so this one stops: {}",

@@ -91,12 +91,13 @@ class Job {
   /// connecting (World::job() does). Claims this rank's number in the store (key
   /// "mpt/launch/claim/<r>"): a second process started with the same rank is refused. Then rank
   /// 0 posts `fingerprint` (a JSON object: the experiment, its resolved config, the versions —
-  /// whatever must agree across ranks), and every other rank waits for it (the store's timeout)
-  /// and compares its own, naming the first JSON pointer where they differ and both values. A
+  /// whatever must agree across ranks), and every other rank waits for it (as long as rank 0's
+  /// heartbeat shows progress; a rank 0 not yet seen under mpt's own launcher: 60 s) and
+  /// compares its own, naming the first JSON pointer where they differ and both values. A
   /// launch mistake under torchrun or SLURM (ranks given different configs or --set, two
   /// processes with one RANK) otherwise ends as a collective timeout in which each rank blames
   /// the other. Throws ConfigError (a usage error: exit 2) for a mismatch or a duplicate rank,
-  /// RuntimeFailure when rank 0's fingerprint does not come within the timeout. Not a Python
+  /// RuntimeFailure when rank 0's fingerprint does not come within that bound. Not a Python
   /// torch.distributed feature: mpt's own check.
   void check_same_launch(const std::string& fingerprint);
 
