@@ -2,6 +2,7 @@
 // (made by tests/quant/make_tables.py with torch 2.15 and torchao 0.18.0), so Debian's LibTorch 1.13
 // (no float8 dtypes) is checked against the same references.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "catch.hpp"
+#include "core/compat.hpp"
 #include "core/quant.hpp"
 
 using namespace mpt::quant;
@@ -659,6 +661,33 @@ TEST_CASE("recipe options, shape errors and stored bytes", "[quant]") {
   CHECK(f.weights == (65536 + 256) * 4);
   CHECK(f.activations == 128 * 256 * 4);
   CHECK(f.scales == 0);
+}
+
+TEST_CASE("measured_stored_bytes: tensors in LibTorch's low-bit dtypes take the computed bytes", "[quant][memory]") {
+  // The same [256, 256] layer, m = 128 (and an odd-sized one: E2M1's two codes a byte round up).
+  for (const auto& [m, k, n] : {std::array<std::int64_t, 3>{128, 256, 256}, std::array<std::int64_t, 3>{32, 96, 32}}) {
+    for (const char* name : {"fp32", "bf16", "tensorwise", "rowwise", "mxfp8", "mxfp8_floor", "nvfp4", "mxfp4"}) {
+      INFO(name << " m=" << m << " k=" << k << " n=" << n);
+      const QuantRecipe r = recipe(name);
+      if (!shape_error(r, m, k, n).empty()) continue;
+      const StoredBytes c = stored_bytes(r, m, k, n);
+      const auto got = measured_stored_bytes(r, m, k, n);
+      const bool fp4 = r.out.a.element == Element::E2M1, e8m0 = r.out.a.scale == ScaleFormat::E8M0;
+      const bool f8 = r.out.a.element == Element::E4M3 || r.out.a.element == Element::E5M2;
+      const bool expect = (!fp4 || mpt::compat::kHasFloat4) && (!(fp4 || f8) || mpt::compat::kHasFloat8) &&
+                          (!e8m0 || mpt::compat::kHasFloat8E8M0) && (!(r.out.a.scale == ScaleFormat::UE4M3) || mpt::compat::kHasFloat8);
+      REQUIRE(got.has_value() == expect);
+      if (!got) continue;
+      CHECK(got->weights == c.weights);
+      CHECK(got->activations == c.activations);
+      CHECK(got->gradients == c.gradients);
+      CHECK(got->scales == c.scales);
+    }
+  }
+  // No LibTorch has an FP6 dtype: an E2M3 weight copy is not measurable.
+  QuantRecipe six = recipe("mxfp8");
+  six.out.b.element = Element::E2M3;
+  CHECK_FALSE(measured_stored_bytes(six, 128, 256, 256).has_value());
 }
 
 TEST_CASE("QuantLinear with delayed scaling: scale 1 first, then the previous step's amax, saturates on a jump", "[quant][delayed]") {

@@ -19,6 +19,28 @@ inline constexpr bool kGlooHasReduceScatter = kTorch2;
 /// collective and in send/recv ("Invalid scalar type").
 inline constexpr bool kGlooHasBFloat16 = kTorch2;
 
+/// LibTorch's own low-bit dtypes, by the release that added each (quant::measured_stored_bytes
+/// stores in them; 1.13 has none): Float8_e4m3fn and Float8_e5m2 (2.1), Float8_e8m0fnu (2.7),
+/// Float4_e2m1fn_x2 (2.8: two E2M1 codes per byte). The macros guard code that names the dtypes.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define MPT_COMPAT_HAS_FLOAT8 1
+#else
+#define MPT_COMPAT_HAS_FLOAT8 0
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+#define MPT_COMPAT_HAS_FLOAT8_E8M0 1
+#else
+#define MPT_COMPAT_HAS_FLOAT8_E8M0 0
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define MPT_COMPAT_HAS_FLOAT4 1
+#else
+#define MPT_COMPAT_HAS_FLOAT4 0
+#endif
+inline constexpr bool kHasFloat8 = MPT_COMPAT_HAS_FLOAT8;
+inline constexpr bool kHasFloat8E8M0 = MPT_COMPAT_HAS_FLOAT8_E8M0;
+inline constexpr bool kHasFloat4 = MPT_COMPAT_HAS_FLOAT4;
+
 /// LibTorch version string, e.g. "1.13.1" (from <torch/version.h>).
 inline std::string torch_version() { return TORCH_VERSION; }
 

@@ -102,6 +102,15 @@ torch::Tensor TinyGptImpl::forward(const torch::Tensor& idx, const GptHook& hook
   return at_site(hook, linear(lm_head, x), "logits");
 }
 
+void scale_qk_init(TinyGptImpl& model, double s) {
+  if (!std::isfinite(s) || s <= 0)
+    throw std::invalid_argument("scale_qk_init: expected a finite scale > 0, got " + std::to_string(s));
+  if (s == 1.0) return;
+  torch::NoGradGuard ng;
+  const int64_t C = model.cfg.width;
+  for (auto& b : model.blocks) b->c_attn->weight.narrow(0, 0, 2 * C).mul_(s);
+}
+
 torch::Tensor gpt_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   const int64_t V = logits.size(-1);
   return torch::nn::functional::cross_entropy(logits.reshape({-1, V}).to(torch::kFloat), targets.reshape({-1}));

@@ -92,6 +92,13 @@ struct TinyGptImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyGpt);
 
+/// Multiplies the query and key rows of every block's c_attn weight (rows [0, 2C) of [3C, C];
+/// the value rows and the biases are left alone) by `s`, in place, so that the attention scores
+/// q·kᵀ/√d of the initial model grow by about s² — a "sharp" attention whose scores leave fp16's
+/// range (65504) while fp32 and bf16 hold them. s = 1 changes nothing (no operation is applied).
+/// Used by lossscale's /gpt/model/qk_init_scale. Throws std::invalid_argument for s not finite or ≤ 0.
+void scale_qk_init(TinyGptImpl& model, double s);
+
 /// Mean cross-entropy of next-token prediction: logits [B, T, V], targets [B, T] int64 → scalar
 /// (F.cross_entropy(logits.view(-1, V), targets.view(-1)), computed in fp32).
 torch::Tensor gpt_loss(const torch::Tensor& logits, const torch::Tensor& targets);

@@ -1,6 +1,9 @@
 // Low-precision quantizers: see quant.hpp and docs/fp8.md.
 #include "core/quant.hpp"
 
+#include "core/compat.hpp"
+#include "core/memory.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -729,6 +732,99 @@ StoredBytes stored_bytes(const QuantRecipe& r, std::int64_t m, std::int64_t k, s
   b.activations = element_bytes(r.wgrad.b, m * k);
   b.scales += scale_bytes(r.wgrad.b, k, m);
   b.gradients = params * 4;
+  return b;
+}
+
+namespace {
+/// LibTorch's dtype for `e`'s codes, and how many codes one element of it holds; nullopt if none.
+std::optional<std::pair<torch::ScalarType, std::int64_t>> element_dtype(Element e) {
+  switch (e) {
+    case Element::FP32: return std::make_pair(torch::kFloat, std::int64_t{1});
+    case Element::BF16: return std::make_pair(torch::kBFloat16, std::int64_t{1});
+#if MPT_COMPAT_HAS_FLOAT8
+    case Element::E4M3: return std::make_pair(torch::kFloat8_e4m3fn, std::int64_t{1});
+    case Element::E5M2: return std::make_pair(torch::kFloat8_e5m2, std::int64_t{1});
+#endif
+#if MPT_COMPAT_HAS_FLOAT8_E8M0
+    case Element::E8M0: return std::make_pair(torch::kFloat8_e8m0fnu, std::int64_t{1});
+#endif
+#if MPT_COMPAT_HAS_FLOAT4
+    case Element::E2M1: return std::make_pair(torch::kFloat4_e2m1fn_x2, std::int64_t{2});
+#endif
+    default: return std::nullopt;  // E2M3 / E3M2: no FP6 dtype in any LibTorch
+  }
+}
+std::optional<torch::ScalarType> scale_dtype(ScaleFormat f) {
+  switch (f) {
+    case ScaleFormat::FP32: return torch::kFloat;
+#if MPT_COMPAT_HAS_FLOAT8_E8M0
+    case ScaleFormat::E8M0: return torch::kFloat8_e8m0fnu;
+#endif
+#if MPT_COMPAT_HAS_FLOAT8
+    case ScaleFormat::UE4M3: return torch::kFloat8_e4m3fn;  // the sign bit unused, as NVFP4's scales
+#endif
+    default: return std::nullopt;
+  }
+}
+
+/// Holds tensors of one part and reports the allocator's live bytes they added.
+struct MeasuredPart {
+  std::vector<torch::Tensor> held;
+  std::int64_t before = current_bytes(torch::kCPU);
+  bool ok = true;
+  void codes(Element e, std::int64_t numel) {
+    const auto d = element_dtype(e);
+    if (!d) { ok = false; return; }
+    held.push_back(torch::empty({(numel + d->second - 1) / d->second}, torch::TensorOptions().dtype(d->first)));
+  }
+  void scales(const QuantSpec& s, std::int64_t rows, std::int64_t cols) {
+    if (!quantized(s)) return;
+    const auto d = scale_dtype(s.scale);
+    if (!d) { ok = false; return; }
+    held.push_back(torch::empty({scale_count(s, rows, cols)}, torch::TensorOptions().dtype(*d)));
+    if (s.scale == ScaleFormat::UE4M3 && s.tensor_scale) held.push_back(torch::empty({1}, torch::kFloat));
+  }
+  std::int64_t bytes() const { return current_bytes(torch::kCPU) - before; }
+};
+}  // namespace
+
+std::optional<StoredBytes> measured_stored_bytes(const QuantRecipe& r, std::int64_t m, std::int64_t k, std::int64_t n) {
+  install_counting_allocator();
+  StoredBytes b;
+  bool ok = true;
+  {  // weights: the fp32 masters W and b, and the quantized copies of W the GEMMs read
+    MeasuredPart w;
+    w.codes(Element::FP32, n * k + n);
+    if (quantized(r.out.b) || r.out.b.element == Element::BF16) {
+      w.codes(r.out.b.element, n * k);
+      if (!same_under_transpose(r.out.b, r.dgrad.b)) w.codes(r.dgrad.b.element, n * k);
+    }
+    b.weights = w.bytes();
+    ok = ok && w.ok;
+  }
+  {  // scales of every stored quantized tensor
+    MeasuredPart s;
+    if (quantized(r.out.b) || r.out.b.element == Element::BF16) {
+      s.scales(r.out.b, n, k);
+      if (!same_under_transpose(r.out.b, r.dgrad.b)) s.scales(r.dgrad.b, k, n);
+    }
+    s.scales(r.wgrad.b, k, m);
+    b.scales = s.bytes();
+    ok = ok && s.ok;
+  }
+  {  // activations: x saved for wgrad in wgrad's B format
+    MeasuredPart a;
+    a.codes(r.wgrad.b.element, m * k);
+    b.activations = a.bytes();
+    ok = ok && a.ok;
+  }
+  {  // gradients: the fp32 weight and bias gradients
+    MeasuredPart g;
+    g.codes(Element::FP32, n * k + n);
+    b.gradients = g.bytes();
+    ok = ok && g.ok;
+  }
+  if (!ok) return std::nullopt;
   return b;
 }
 

@@ -268,6 +268,16 @@ struct StoredBytes {
 };
 StoredBytes stored_bytes(const QuantRecipe& r, std::int64_t m, std::int64_t k, std::int64_t n);
 
+/// stored_bytes measured instead of counted: every tensor stored_bytes counts is allocated on the
+/// CPU in LibTorch's own dtype of its format (fp32 masters and gradients kFloat; bf16 kBFloat16;
+/// E4M3 kFloat8_e4m3fn, E5M2 kFloat8_e5m2, E2M1 kFloat4_e2m1fn_x2 (two codes a byte); scales:
+/// fp32 kFloat, E8M0 kFloat8_e8m0fnu, UE4M3 kFloat8_e4m3fn, an NVFP4 tensor scale one kFloat),
+/// and each part is the live bytes core/memory's counting CPU allocator (install_counting_allocator,
+/// called here) reports while those tensors are held, minus the bytes live before. std::nullopt
+/// when this LibTorch lacks a dtype the recipe needs (1.13 has none of them; no LibTorch has an
+/// FP6 dtype for E2M3 / E3M2). Mirrors TE's Float8Tensor / MXFP8Tensor / NVFP4Tensor storage.
+std::optional<StoredBytes> measured_stored_bytes(const QuantRecipe& r, std::int64_t m, std::int64_t k, std::int64_t n);
+
 // ───────────────────────────── delayed scaling ─────────────────────────────
 
 /// How a delayed scale comes from the amax history (TE DelayedScaling.amax_compute_algo).

@@ -148,6 +148,21 @@ QuantGptLinears make_quant_gpt_linears(const GptConfig& c, const QuantRecipe& r,
   return q;
 }
 
+QuantGptLinears make_quant_gpt_linears(const GptConfig& c, const std::vector<QuantRecipe>& recipes) {
+  const auto shapes = gpt_linear_shapes(c);
+  if (recipes.size() != shapes.size())
+    throw std::invalid_argument("make_quant_gpt_linears: " + std::to_string(recipes.size()) + " recipes for " +
+                                std::to_string(shapes.size()) + " block Linears");
+  QuantGptLinears q;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    QuantLinear ql(1, 1, recipes[i], /*bias=*/false);
+    ql->keep_ledger = false;
+    q.names.push_back(shapes[i].name);
+    q.layers.emplace(shapes[i].name, ql);
+  }
+  return q;
+}
+
 GptLinear gpt_linear(QuantGptLinears& q) {
   return [&q](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const std::string& name) {
     return quantized_linear(x, w, b, *q.layers.at(name));

@@ -106,6 +106,10 @@ struct QuantGptLinears {
 /// Every block Linear of `c` under recipe `r`; with `delayed`, TE's DelayedScaling on each
 /// (throws std::invalid_argument unless `r` is per tensor with fp32 scales: set_delayed_scaling).
 QuantGptLinears make_quant_gpt_linears(const GptConfig& c, const QuantRecipe& r, const DelayedScaling* delayed = nullptr);
+/// Every block Linear of `c` under its own recipe: recipes[i] for gpt_linear_shapes(c)[i] (the
+/// per-layer recipes of an ablation that keeps some Linears in bf16, as mpt fp4's GPT section).
+/// Throws std::invalid_argument when recipes.size() differs from the number of block Linears.
+QuantGptLinears make_quant_gpt_linears(const GptConfig& c, const std::vector<QuantRecipe>& recipes);
 /// The GptLinear that runs each named Linear through quantized_linear with its QuantLinear
 /// (three quantized GEMMs, fp32 bias). `q` must outlive every forward and backward that uses it.
 /// Throws std::out_of_range for a name `q` does not hold.

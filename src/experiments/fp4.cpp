@@ -26,6 +26,9 @@
 
 #include "core/data.hpp"
 #include "core/errors.hpp"
+#include "core/gpt.hpp"
+#include "core/gpt_spec.hpp"
+#include "core/memory.hpp"
 #include "core/models.hpp"
 #include "core/quant.hpp"
 #include "core/quant_train.hpp"
@@ -37,6 +40,8 @@ namespace mpt {
 namespace {
 
 namespace q = mpt::quant;
+
+constexpr const char* kGptModel = "/gpt/model";
 
 const std::vector<std::string> kVariants = {"fp32",         "bf16",          "nvfp4",       "nvfp4_no_sr",
                                             "nvfp4_no_rht", "nvfp4_no_2d",   "nvfp4_no_bf16", "mxfp4"};
@@ -54,14 +59,35 @@ ConfigSpec fp4_spec() {
   s.number("/train/lr", 0.1, "SGD learning rate", 0.0, 100.0);
   s.integer("/train/log_every", 50, "loss-curve sampling interval (steps)", 1, 1'000'000);
   s.integer("/ledger/step", 75, "training step (0-based) whose GEMM errors the table shows", 0, 1'000'000);
+  // The tiny GPT section (off by default: it does not fit the 60 s budget; configs/fp4_gpt.json)
+  s.boolean("/gpt/enabled", false,
+            "also run the ablation grid on the tiny GPT (its blocks' Linears in the variant; off by default: see "
+            "configs/fp4_gpt.json and docs/fp4.md for its run time)");
+  GptKeyDefaults d;
+  d.layers = 2;
+  d.width = 64;  // a multiple of 32 (MXFP4's 1x32) and of 16 (NVFP4's 1x16, 16x16), as 3C and 4C
+  d.heads = 4;
+  d.context = 32;
+  d.mlp_ratio = 4;
+  add_gpt_keys(s, kGptModel, d);
+  add_text_keys(s, "/gpt");
+  s.integer("/gpt/batch", 16, "sequences per step (batch x context tokens: a multiple of 32, wgrad reduces over them)", 1, 4096);
+  s.integer("/gpt/steps", 100, "SGD steps per variant", 1, 10'000'000);
+  add_gpt_training_keys(s, "/gpt", 0.3, 0.9);
+  s.integer("/gpt/ledger_step", 50, "training step (0-based) whose GEMM errors the GPT's table shows", 0, 10'000'000);
+  s.integer("/gpt/log_every", 10, "loss-curve sampling interval (steps)", 1, 10'000'000);
   return s;
 }
 
-/// Variant → per-layer recipes (L layers; the last one bf16 always, the first bf16 unless "no_bf16").
-std::vector<q::QuantRecipe> variant_recipes(const std::string& v, std::size_t L, std::uint64_t seed) {
+/// Variant → per-layer recipes (L layers in order). The first and the last layer are the "bf16
+/// layers" of the recipe, kept in bf16 unless "no_bf16"; with `last_always_bf16` (the MLP, whose
+/// last Linear's 10 outputs fit no 16-block) the last stays bf16 in every variant.
+std::vector<q::QuantRecipe> variant_recipes(const std::string& v, std::size_t L, std::uint64_t seed,
+                                            bool last_always_bf16 = true) {
   std::vector<q::QuantRecipe> rs;
   for (std::size_t l = 0; l < L; ++l) {
-    const bool edge = l + 1 == L || (l == 0 && v != "nvfp4_no_bf16");
+    const bool kept = v != "nvfp4_no_bf16";
+    const bool edge = (l + 1 == L && (last_always_bf16 || kept)) || (l == 0 && kept);
     if (v == "fp32" || v == "bf16" || edge) {
       rs.push_back(q::recipe(v == "fp32" ? "fp32" : "bf16"));
       continue;
@@ -82,6 +108,46 @@ std::vector<int64_t> widths(const Config& cfg) {
   for (long long h : cfg.integers("/model/hidden")) w.push_back(h);
   w.push_back(10);
   return w;
+}
+
+/// Tokens per GPT step: the M of the out and dgrad GEMMs and the K of wgrad.
+int64_t gpt_tokens(const Config& cfg) { return cfg.integer("/gpt/batch") * cfg.integer("/gpt/model/context"); }
+
+/// A variant's recipes for the GPT's block Linears (gpt_linear_shapes' order): the same choices
+/// as the MLP's, with the first (h0.c_attn) and the last (h<L-1>.mlp_proj) Linear as the bf16
+/// layers; "no_bf16" puts both in 4 bits (their widths fit the blocks, unlike the MLP's 10 outputs).
+std::vector<q::QuantRecipe> gpt_variant_recipes(const std::string& v, const GptConfig& g, std::uint64_t seed) {
+  return variant_recipes(v, q::gpt_linear_shapes(g).size(), seed, /*last_always_bf16=*/false);
+}
+
+/// The GPT section's cross-key checks (exit 2): the GPT and text keys, the ledger step, and every
+/// variant's blocks dividing each Linear's operands (naming /gpt/model/width or /gpt/batch).
+void validate_fp4_gpt(const Config& cfg) {
+  if (!cfg.boolean("/gpt/enabled")) return;
+  validate_gpt_keys(cfg, kGptModel, "/gpt");
+  if (cfg.integer("/gpt/ledger_step") >= cfg.integer("/gpt/steps"))
+    throw ConfigError(fmt::format("/gpt/ledger_step: expected a step below /gpt/steps = {}, got {}", cfg.integer("/gpt/steps"),
+                                  cfg.integer("/gpt/ledger_step")));
+  const GptConfig g = gpt_config_at(cfg, kGptModel, 1);  // the vocabulary does not enter the block Linears
+  const int64_t m = gpt_tokens(cfg);
+  const auto shapes = q::gpt_linear_shapes(g);
+  for (const auto& v : cfg.strings("/variants")) {
+    const auto rs = gpt_variant_recipes(v, g, 0);
+    const int64_t block = v == "mxfp4" ? 32 : 16;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const std::string err = q::shape_error(rs[i], m, shapes[i].in, shapes[i].out);
+      if (err.empty()) continue;
+      // 32 tokens divide every block: if the layer still fails, a width is what the blocks do not divide.
+      if (!q::shape_error(rs[i], 32, shapes[i].in, shapes[i].out).empty())
+        throw ConfigError(fmt::format("/gpt/model/width: expected a multiple of {} (variant {} on the GPT's {}, {} -> {}: {}), "
+                                      "got {}", block, v, shapes[i].name, shapes[i].in, shapes[i].out, err,
+                                      cfg.integer("/gpt/model/width")));
+      throw ConfigError(fmt::format("/gpt/batch: expected /gpt/batch x /gpt/model/context (the tokens a step, over which wgrad "
+                                    "reduces) a multiple of {} (variant {} on the GPT's {}, {} -> {}: {}), got {} x {} = {}",
+                                    block, v, shapes[i].name, shapes[i].in, shapes[i].out, err, cfg.integer("/gpt/batch"),
+                                    cfg.integer("/gpt/model/context"), m));
+    }
+  }
 }
 
 /// Cross-key checks before any work and before the data are read (exit 2, ConfigError naming the
@@ -135,6 +201,156 @@ void validate_fp4(const Config& cfg, int /*world_size*/) {
   if (cfg.integer("/ledger/step") >= cfg.integer("/train/steps"))
     throw ConfigError(fmt::format("/ledger/step: expected a step below /train/steps = {}, got {}", cfg.integer("/train/steps"),
                                   cfg.integer("/ledger/step")));
+  validate_fp4_gpt(cfg);
+}
+
+/// Sums of stored_bytes (computed) and measured_stored_bytes (nullopt if any layer is not
+/// measurable) over layers of `m` rows with shapes (in, out) under recipes `rs`.
+struct MemoryRow {
+  q::StoredBytes computed, measured;
+  bool measurable = true;
+};
+MemoryRow memory_row(const std::vector<q::QuantRecipe>& rs, int64_t m, const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  MemoryRow r;
+  auto add = [](q::StoredBytes& to, const q::StoredBytes& b) {
+    to.weights += b.weights;
+    to.activations += b.activations;
+    to.gradients += b.gradients;
+    to.scales += b.scales;
+  };
+  for (std::size_t l = 0; l < rs.size(); ++l) {
+    add(r.computed, q::stored_bytes(rs[l], m, shapes[l].first, shapes[l].second));
+    if (const auto mb = q::measured_stored_bytes(rs[l], m, shapes[l].first, shapes[l].second)) add(r.measured, *mb);
+    else r.measurable = false;
+  }
+  return r;
+}
+json memory_json(const std::string& name, const MemoryRow& r) {
+  const q::StoredBytes& c = r.computed;
+  const q::StoredBytes& m = r.measured;
+  return {{"name", name}, {"weights", c.weights}, {"activations", c.activations}, {"gradients", c.gradients},
+          {"scales", c.scales}, {"total", c.weights + c.activations + c.gradients + c.scales},
+          {"measured", r.measurable ? json(m.weights + m.activations + m.gradients + m.scales)
+                                    : json("not measurable on this LibTorch")},
+          {"measured_parts", r.measurable ? json{{"weights", m.weights}, {"activations", m.activations},
+                                                 {"gradients", m.gradients}, {"scales", m.scales}}
+                                          : json(nullptr)}};
+}
+
+/// The tiny GPT section: the ablation grid on the GPT's block Linears (core/quant_train's
+/// train_gpt, as fp8's GPT section), from one seed on the same batches. Adds tables gpt_variants,
+/// gpt_memory, gpt_loss_curve, timings gpt_cost, results.gpt_history.
+void gpt_section(const Context& ctx, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const TextCorpus corpus = load_text_corpus_at(cfg, "/gpt");
+  const GptConfig g = gpt_config_at(cfg, kGptModel, corpus.vocab());
+  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  const int64_t steps = cfg.integer("/gpt/steps"), ledger_step = cfg.integer("/gpt/ledger_step");
+  const int64_t last = std::min<int64_t>(cfg.integer("/gpt/mean_of_last"), steps);
+  const auto variants = cfg.strings("/variants");
+  const auto shapes = q::gpt_linear_shapes(g);
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (const auto& sh : shapes) dims.emplace_back(sh.in, sh.out);
+  q::GptTrainPlan plan;
+  plan.steps = steps;
+  plan.batch = cfg.integer("/gpt/batch");
+  plan.lr = cfg.number("/gpt/lr");
+  plan.momentum = cfg.number("/gpt/momentum");
+  plan.seed = seed;
+  plan.ledger_step = ledger_step;
+  plan.eval_batches = cfg.integer("/gpt/eval_batches");
+
+  Table t{"gpt_variants",
+          fmt::format("4-bit ablation grid on the tiny GPT {}x{} ({} heads, T = {}, vocab {}, {} parameters) on fortunes, {} steps "
+                      "of {} sequences, SGD lr {:g} momentum {:g}; the blocks' Linears in the variant, the rest fp32",
+                      g.layers, g.width, g.heads, g.context, g.vocab, gpt_num_params(g), steps, plan.batch, plan.lr,
+                      plan.momentum),
+          {text_col("name", "variant"), float_col("train_loss", "train loss"), float_col("val_loss", "val loss"),
+           float_col("val_gap_bf16", "val - bf16", "-", 3), float_col("val_gap_nvfp4", "val - nvfp4", "-", 3),
+           sci_col("out_error", "out err", "-", 3), sci_col("dgrad_error", "dgrad err", "-", 3),
+           sci_col("wgrad_error", "wgrad err", "-", 3)}};
+  Table mem{"gpt_memory",
+            fmt::format("Tiny GPT: bytes stored per variant by the blocks' Linears (computed at the formats' widths, and "
+                        "measured in LibTorch's low-bit dtypes), {} tokens a step", gpt_tokens(cfg)),
+            {text_col("name", "variant"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
+             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes"),
+             int_col("measured", "measured", "bytes")}};
+  Table cost{"gpt_cost", "Tiny GPT: emulation cost per variant (run-dependent: timings; emulation in software, not a speed claim)",
+             {text_col("name", "variant"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
+  std::map<std::string, q::GptTrainRun> runs;
+  std::map<std::string, std::map<std::string, double>> errors;
+  for (const auto& v : variants) {
+    seed_all(seed);
+    TinyGpt model(g);  // the same weights for every variant
+    const auto rs = gpt_variant_recipes(v, g, seed);
+    q::QuantGptLinears lin = q::make_quant_gpt_linears(g, rs);
+    runs[v] = q::train_gpt(model, lin, corpus, plan, ctx.tty, "fp4: gpt " + v);
+    for (const char* gemm : {"out", "dgrad", "wgrad"}) {
+      double sum = 0;
+      int count = 0;
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        const bool four_bit = rs[i].out.a.element == q::Element::E2M1;
+        if (v != "fp32" && v != "bf16" && !four_bit) continue;
+        if (const q::GemmLedger* e = q::find_gemm(runs[v].ledger.at(shapes[i].name), ledger_step, gemm)) {
+          sum += e->rel_error;
+          ++count;
+        }
+      }
+      errors[v][gemm] = count ? sum / count : NAN;
+    }
+    mem.rows.push_back(memory_json(v, memory_row(rs, gpt_tokens(cfg), dims)));
+  }
+  auto tail_mean = [&](const q::GptTrainRun& r) {
+    double sum = 0;
+    for (std::size_t i = r.loss.size() - static_cast<std::size_t>(last); i < r.loss.size(); ++i) sum += r.loss[i];
+    return sum / static_cast<double>(last);
+  };
+  auto diverged = [&](const q::GptTrainRun& r) {
+    return !std::isfinite(r.val_loss) ||
+           std::any_of(r.loss.begin(), r.loss.end(), [](double x) { return !std::isfinite(x); });
+  };
+  auto gap = [&](const std::string& base, const std::string& v) -> json {
+    if (!runs.count(base)) return nullptr;
+    return diverged(runs[v]) || diverged(runs[base]) ? num(std::nan("")) : num(runs[v].val_loss - runs[base].val_loss);
+  };
+  json history = json::object();
+  Table curve{"gpt_loss_curve", fmt::format("Tiny GPT training loss every {} steps", cfg.integer("/gpt/log_every")),
+              {int_col("step", "step")}};
+  for (const auto& v : variants) {
+    const q::GptTrainRun& r = runs[v];
+    t.rows.push_back({{"name", v}, {"train_loss", num(tail_mean(r))}, {"val_loss", num(r.val_loss)},
+                      {"val_gap_bf16", gap("bf16", v)}, {"val_gap_nvfp4", gap("nvfp4", v)},
+                      {"out_error", num(errors[v]["out"])}, {"dgrad_error", num(errors[v]["dgrad"])},
+                      {"wgrad_error", num(errors[v]["wgrad"])}, {"first_loss", num(r.loss.front())},
+                      {"last_loss", num(r.loss.back())}});
+    json h = json::array();
+    for (double x : r.loss) h.push_back(num(x));
+    history[v] = h;
+    cost.rows.push_back({{"name", v}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", num(r.step_s / runs.at("fp32").step_s)},
+                         {"step_time_s", r.step_s}});
+    curve.columns.push_back(float_col(v, v));
+    if (!note_divergence(report, t, "gpt " + v, r.loss)) note_eval_divergence(report, t, "gpt " + v, "validation loss", r.val_loss);
+  }
+  for (int64_t s = 0; s < steps; s += cfg.integer("/gpt/log_every")) {
+    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
+    for (const auto& v : variants) row[v] = num(runs[v].loss[static_cast<std::size_t>(s)]);
+    curve.rows.push_back(row);
+  }
+  t.notes.push_back(fmt::format("train loss: the mean of the last {} training losses; val loss: {} batch{} of the validation "
+                                "split under the variant's forward; gaps: val loss - bf16's / - nvfp4's (null without it)",
+                                last, plan.eval_batches, plan.eval_batches == 1 ? "" : "es"));
+  t.notes.push_back("4-bit: the three GEMMs of the blocks' c_attn, attn_proj, c_fc, mlp_proj; the bf16 layers of the recipe: "
+                    "the first (h0.c_attn) and the last (h<L-1>.mlp_proj) of them (nvfp4_no_bf16: those in 4 bits too); "
+                    "embeddings, LayerNorm, softmax, attention's q·k^T and p·v, lm_head and the loss stay fp32 in every row");
+  t.notes.push_back(fmt::format("errors: ||C - C_fp32|| / ||C_fp32|| of each GEMM at step {}, mean over the 4-bit Linears (all "
+                                "of them for fp32 and bf16)", ledger_step));
+  mem.notes.push_back("as the MLP's memory table, for the block Linears only (x: the [tokens, in] activation; lm_head and "
+                      "the embeddings stay fp32 and are not counted)");
+  report.add(std::move(t));
+  report.add(std::move(mem));
+  report.add(std::move(curve));
+  report.results["gpt_history"] = history;
+  report.add(std::move(cost), Store::TimingsByName);
 }
 
 Report run_fp4(const Context& ctx) {
@@ -166,9 +382,10 @@ Report run_fp4(const Context& ctx) {
   Table cost{"cost", "Emulation cost per variant (run-dependent: timings; emulation in software, not a speed claim)",
              {text_col("name", "variant"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
-  Table mem{"memory", fmt::format("Bytes stored per variant (computed at the formats' widths), batch {}", cfg.integer("/train/batch")),
+  Table mem{"memory", fmt::format("Bytes stored per variant (computed at the formats' widths, and measured in LibTorch's low-bit dtypes), batch {}", cfg.integer("/train/batch")),
             {text_col("name", "variant"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
-             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes")}};
+             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes"),
+             int_col("measured", "measured", "bytes")}};
   std::map<std::string, q::TrainRun> runs;
   std::map<std::string, std::map<std::string, double>> errors;
   for (const auto& v : variants) {
@@ -196,17 +413,11 @@ Report run_fp4(const Context& ctx) {
       errors[v][g] = count ? sum / count : NAN;
     }
     // Memory: every layer under its own recipe (4-bit, or the bf16 of the kept layers), as fp8's table.
-    q::StoredBytes total;
-    for (std::size_t l = 0; l < L; ++l) {
-      const q::StoredBytes b = q::stored_bytes(n.layers[l]->recipe(), plan.batch, w[l], w[l + 1]);
-      total.weights += b.weights;
-      total.activations += b.activations;
-      total.gradients += b.gradients;
-      total.scales += b.scales;
-    }
-    mem.rows.push_back({{"name", v}, {"weights", total.weights}, {"activations", total.activations},
-                        {"gradients", total.gradients}, {"scales", total.scales},
-                        {"total", total.weights + total.activations + total.gradients + total.scales}});
+    std::vector<std::pair<int64_t, int64_t>> dims;
+    for (std::size_t l = 0; l < L; ++l) dims.emplace_back(w[l], w[l + 1]);
+    std::vector<q::QuantRecipe> rs;
+    for (std::size_t l = 0; l < L; ++l) rs.push_back(n.layers[l]->recipe());
+    mem.rows.push_back(memory_json(v, memory_row(rs, plan.batch, dims)));
     curve.columns.push_back(float_col(v, v));
   }
   // A gap to a diverged run (a training or test loss not finite) is nan, not a number that reads as a result.
@@ -240,6 +451,10 @@ Report run_fp4(const Context& ctx) {
   t.notes.push_back(fmt::format("errors: ||C - C_fp32|| / ||C_fp32|| of each GEMM at step {}, mean over the 4-bit layers (all "
                                 "layers for fp32 and bf16); the last Linear stays bf16 everywhere (10 outputs fit no 16-block)",
                                 ledger_step));
+  mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
+                      "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
+                      "and counted by mpt's CPU allocator (core/quant's measured_stored_bytes); \"not measurable\" where "
+                      "this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
   mem.notes.push_back("weights: the fp32 masters plus the quantized copies of W the GEMMs read (16x16 blocks: one copy "
                       "serves W and W^T; 1x16 / 1x32 blocks: a row-wise and a column-wise copy); activations: x saved for "
                       "the weight gradient in wgrad's format; gradients: fp32; scales: UE4M3 / E8M0 1 byte a block, plus "
@@ -249,6 +464,11 @@ Report run_fp4(const Context& ctx) {
   report.add(std::move(curve));
   report.results["history"] = history;
   report.add(std::move(cost), Store::TimingsByName);
+  if (cfg.boolean("/gpt/enabled")) {
+    const double t0 = now_seconds();
+    gpt_section(ctx, report);
+    report.timings["gpt_s"] = now_seconds() - t0;
+  }
   return report;
 }
 
@@ -267,6 +487,16 @@ MemoryEstimate fp4_memory(const Config& cfg, int /*world_size*/) {
                    "/train/batch, /data/test_samples, /model/hidden");
   e.add("Fashion-MNIST images and labels", "/data/train_samples, /data/test_samples",
         fashion_mnist_bytes(samples + cfg.integer("/data/test_samples")));
+  if (cfg.boolean("/gpt/enabled")) {  // one variant's GPT at a time, after the MLP's (as fp8's GPT section)
+    const GptConfig g = gpt_config_at(cfg, kGptModel, 96);  // at most 96 characters (clean_fortune_text)
+    e.add("tiny GPT parameters x 5 (weights, gradients, momentum, quantized copies)", "/gpt/model/width, /gpt/model/layers",
+          5 * static_cast<double>(gpt_num_params(g)) * 4);
+    e.add("tiny GPT activations (Korthikanti et al. 2022, fp32, with their quantized copies)",
+          "/gpt/batch, /gpt/model/context, /gpt/model/width, /gpt/model/heads, /gpt/model/layers",
+          gpt_activation_bytes(static_cast<double>(g.layers), static_cast<double>(g.context),
+                               static_cast<double>(cfg.integer("/gpt/batch")), static_cast<double>(g.width),
+                               static_cast<double>(g.heads), 96, /*copies=*/2));
+  }
   return e;
 }
 

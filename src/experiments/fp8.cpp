@@ -486,9 +486,10 @@ Report run_fp8(const Context& ctx) {
            float_col("last_loss", "last step loss")}};
   Table cost{"cost", "Emulation cost per recipe (run-dependent: timings; emulation in software, not a speed claim)",
              {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
-  Table mem{"memory", fmt::format("Bytes stored per recipe (computed at the formats' widths), batch {}", batch),
+  Table mem{"memory", fmt::format("Bytes stored per recipe (computed at the formats' widths, and measured in LibTorch's low-bit dtypes), batch {}", batch),
             {text_col("name", "recipe"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
-             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes")}};
+             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes"),
+             int_col("measured", "measured", "bytes")}};
   Table ledger{"ledger",
                fmt::format("GEMM ledger at step {}: A and B operands (out: x, W; dgrad: dy, W^T; wgrad: dy^T, x^T)", ledger_step),
                fp8::ledger_columns()};
@@ -503,8 +504,17 @@ Report run_fp8(const Context& ctx) {
     runs[name] = q::train(n, train_set, test_set, plan, ctx.tty, "fp8: " + name);
     const q::TrainRun& r = runs[name];
     // Memory: every layer under its own recipe (fp8 or the bf16 of the edges).
-    q::StoredBytes total;
+    q::StoredBytes total, measured;
+    bool measurable = true;
     for (std::size_t l = 0; l < L; ++l) {
+      if (const auto mb = q::measured_stored_bytes(n.layers[l]->recipe(), batch, w[l], w[l + 1])) {
+        measured.weights += mb->weights;
+        measured.activations += mb->activations;
+        measured.gradients += mb->gradients;
+        measured.scales += mb->scales;
+      } else {
+        measurable = false;
+      }
       const q::StoredBytes b = q::stored_bytes(n.layers[l]->recipe(), batch, w[l], w[l + 1]);
       total.weights += b.weights;
       total.activations += b.activations;
@@ -520,7 +530,15 @@ Report run_fp8(const Context& ctx) {
     }
     mem.rows.push_back({{"name", name}, {"weights", total.weights}, {"activations", total.activations},
                         {"gradients", total.gradients}, {"scales", total.scales},
-                        {"total", total.weights + total.activations + total.gradients + total.scales}});
+                        {"total", total.weights + total.activations + total.gradients + total.scales},
+                        {"measured", measurable ? json(measured.weights + measured.activations + measured.gradients +
+                                                       measured.scales)
+                                                : json("not measurable on this LibTorch")},
+                        {"measured_parts", measurable ? json{{"weights", measured.weights},
+                                                             {"activations", measured.activations},
+                                                             {"gradients", measured.gradients},
+                                                             {"scales", measured.scales}}
+                                                      : json(nullptr)}});
     curve.columns.push_back(float_col(name, name));
   }
   const bool have_bf16 = runs.count("bf16") > 0;
@@ -560,6 +578,10 @@ Report run_fp8(const Context& ctx) {
                          "smallest s over the blocks (E8M0: 2^-e of the largest block exponent; bf16: 1)");
   ledger.notes.push_back("sat: elements clamped at the element max; ->0: nonzero elements quantized to 0; rel err: "
                          "||C - C_fp32|| / ||C_fp32|| against the fp32 GEMM of the unquantized operands");
+  mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
+                      "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
+                      "and counted by mpt's CPU allocator (core/quant's measured_stored_bytes); \"not measurable\" where "
+                      "this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
   mem.notes.push_back("weights: fp32 master W, b plus the quantized copies the GEMMs read (two for rowwise and MX: row- and "
                       "column-wise); activations: x kept for wgrad in its format; gradients: fp32; scales: every stored "
                       "quantized tensor's scales (fp32 4 bytes, E8M0 1)");

@@ -135,6 +135,8 @@ PolicyRun train_policy(const Context& ctx, const OpPolicy& p, const TextCorpus& 
   const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
   seed_all(seed);
   TinyGpt model(gpt_config(cfg, corpus.vocab()));
+  // A sharp attention (configs/lossscale_gpt_sharp.json): q and k rows of c_attn scaled, scores ~ s².
+  scale_qk_init(*model, cfg.number("/gpt/model/qk_init_scale"));
   model->to(ctx.device);
   auto params = model->parameters();
   // fp32 master weights; the model holds their rounded copies (the fp32 policy: the same values).
@@ -198,6 +200,13 @@ void add_gpt_spec(ConfigSpec& s) {
   s.integer("/gpt/model/width", 64, "model width (n_embd)", 1, 4096);
   s.integer("/gpt/model/heads", 4, "attention heads (must divide the width)", 1, 256);
   s.integer("/gpt/model/context", 32, "tokens per sequence (block size)", 1, 4096);
+  Param qk{ParamType::Number, 1.0,
+           "factor on the initial query and key weights (rows [0, 2C) of each c_attn): the initial attention "
+           "scores grow by about its square, so that fp16 scores overflow (configs/lossscale_gpt_sharp.json); "
+           "1 = PyTorch's initialisation"};
+  qk.exclusive_min = 0.0;
+  qk.max = 1e6;
+  s.add("/gpt/model/qk_init_scale", qk);
   s.integer("/gpt/batch", 16, "sequences per step", 1, 4096);
   s.integer("/gpt/steps", 60, "SGD steps per policy", 1, 10'000'000);
   add_gpt_training_keys(s, "/gpt", 0.3, 0.9);
@@ -238,9 +247,12 @@ void gpt_section(const Context& ctx, Report& report) {
   const int64_t last = std::min(cfg.integer("/gpt/mean_of_last"), cfg.integer("/gpt/steps"));
   Table t{"gpt_policies",
           fmt::format("Per-operation precision: tiny GPT {}x{} ({} heads, T = {}, vocab {}, {} parameters) on fortunes, "
-                      "{} steps of {} sequences, SGD lr {:g} momentum {:g}",
+                      "{} steps of {} sequences, SGD lr {:g} momentum {:g}{}",
                       g.layers, g.width, g.heads, g.context, g.vocab, gpt_num_params(g), cfg.integer("/gpt/steps"),
-                      cfg.integer("/gpt/batch"), cfg.number("/gpt/lr"), cfg.number("/gpt/momentum")),
+                      cfg.integer("/gpt/batch"), cfg.number("/gpt/lr"), cfg.number("/gpt/momentum"),
+                      cfg.number("/gpt/model/qk_init_scale") == 1.0
+                          ? std::string()
+                          : fmt::format(", q/k init x {:g}", cfg.number("/gpt/model/qk_init_scale"))),
           {text_col("name", "policy"), float_col("train_loss", "train loss"), float_col("val_loss", "val loss"),
            float_col("val_gap", "vs fp32"), int_col("skipped_steps", "skipped", "steps"),
            sci_col("final_scale", "final S", "-", 3)}};

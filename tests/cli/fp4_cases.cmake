@@ -40,3 +40,20 @@ cli_case_env(fp4_print_config_memory MPT_MEMORY_LIMIT_BYTES=1000000000 2 "/model
 # 3: at lr 100 the losses grow to nan (fp32's at step 4): the note and results.diverged say so.
 diverged_case(fp4_diverged 0 "diverged: fp32's loss became nan at step 4" ${FP4_TINY} --set train.lr=100
               --set "variants=[\"fp32\",\"nvfp4\"]")
+
+# Issue 18: the ablation grid on the tiny GPT (gpt.enabled), a tiny variant: 4 steps of 4 x 16 tokens at
+# width 32 (64 tokens: the 1x32 and 16x16 blocks divide every operand).
+set(FP4_GPT_TINY ${FP4_TINY} --set gpt.enabled=true --set gpt.steps=4 --set gpt.model.width=32 --set gpt.model.context=16
+                 --set gpt.batch=4 --set gpt.eval_batches=1 --set gpt.ledger_step=2 --set gpt.log_every=2)
+result_case(fp4_gpt_tiny fp4_gpt_rows ${FP4_GPT_TINY})
+cli_case(fp4_gpt_table 0 "4-bit ablation grid on the tiny GPT 2x32" ${FP4_GPT_TINY})
+# 48 is a multiple of 16 but not of 32 (MXFP4's 1x32 along the width; h0.c_attn is a bf16 layer of the recipe)
+cli_case(fp4_gpt_bad_width 2 "/gpt/model/width: expected a multiple of 32 \\(variant mxfp4 on the GPT's h0.attn_proj, 48 -> 48"
+         ${FP4_GPT_TINY} --set gpt.model.width=48 --set gpt.model.heads=4)
+# 4 x 12 = 48 tokens: wgrad reduces over them, in 1x32 (MXFP4) blocks
+cli_case(fp4_gpt_bad_batch 2 "/gpt/batch: expected /gpt/batch x /gpt/model/context \\(the tokens a step.*a multiple of 32 \\(variant mxfp4 on the GPT's h0.attn_proj, 32 -> 32.*got 4 x 12 = 48"
+         ${FP4_GPT_TINY} --set gpt.model.context=12)
+cli_case(fp4_gpt_bad_ledger 2 "/gpt/ledger_step: expected a step below /gpt/steps = 4, got 4" ${FP4_GPT_TINY} --set gpt.ledger_step=4)
+# Measured memory (core/quant's measured_stored_bytes): measured == computed in every row of the MLP's and
+# the GPT's memory tables, where this LibTorch has the dtypes (tests/cli/result_checks.py).
+result_case(quant_memory_measured quant_memory_measured ${FP4_GPT_TINY})

@@ -106,3 +106,5 @@ cli_case(fp8_test_loss_diverged 0 "fp32 +(nan|inf) +[0-9.]+ +nan +nan "
          fp8 --set train.steps=4 --set data.train_samples=1024 --set data.test_samples=200 --set "model.hidden=[32,32]"
          --set ledger.step=3 --set outlier.step=3 --set delayed.amax_history_len=3 --set outlier.after=1
          --set accumulator.k=1024 --set "recipes=[\"fp32\",\"bf16\",\"tensorwise\"]" --set train.lr=100)
+# Measured memory of every fp8 recipe (E4M3, E5M2, fp32 / E8M0 scales, bf16 edges): measured == computed.
+result_case(quant_memory_measured_fp8 quant_memory_measured ${FP8_TINY})

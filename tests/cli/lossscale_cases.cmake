@@ -91,3 +91,12 @@ cli_case(lossscale_gpt_text_too_short_print_config 2 "/gpt/text_files: expected 
 # Probe (stop 27): under -q (no tables, so no notes) divergence was not said at all; now a warning on stderr.
 cli_case(lossscale_quiet_says_diverged 0 "mpt lossscale: diverged \\(a loss became nan or inf\\): fp32 \\(step [0-9]+\\)"
          lossscale ${LS_TINY} -q --set gpt.enabled=false --set train.lr=1e20 --set "train.recipes=[\"fp32\"]")
+# Issue 18: a sharp attention (q/k initialised x 256: scores ~ 2e4) overflows fp16 scores (>= 65520
+# rounds to inf), so every fp16 policy that stores the scores in fp16 has a nan loss from step 1
+# (fp32 softmax output alone does not help); the policies that keep the scores in fp32, and bf16, train.
+add_test(NAME cli.lossscale_gpt_sharp
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/result_check.sh $<TARGET_FILE:mpt> lossscale_gpt_sharp
+                 lossscale --config configs/lossscale_gpt_sharp.json
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.lossscale_gpt_sharp PROPERTIES TIMEOUT 300)
+cli_case(lossscale_gpt_bad_qk_scale 2 "/gpt/model/qk_init_scale: expected a number > 0" lossscale --set gpt.model.qk_init_scale=0)

@@ -4,6 +4,7 @@ thread policy every multi-process run records in env.
 usage: result_checks.py CHECK RESULT.json
 """
 import json
+import math
 import os
 import sys
 
@@ -84,6 +85,83 @@ def threads_policy_two_ranks(doc):
         assert p["omp_wait_policy"] == wait and p["omp_wait_policy_source"] == "environment", (p, wait)
     print(f"ok: {p['intra_op']} intra-op thread(s) per rank on {cores} core(s), 2 local processes, "
           f"OMP_WAIT_POLICY {p['omp_wait_policy']} ({p['omp_wait_policy_source']})")
+
+
+def _finite(v):
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def lossscale_gpt_sharp(doc):
+    """configs/lossscale_gpt_sharp.json: with q/k initialised large, attention scores overflow fp16
+    (>= 65520 rounds to inf). Every fp16 policy that stores the scores in fp16 has a non-finite loss
+    from step 1 and counts overflowed scores; every policy whose scores are held in fp32 or bf16 trains:
+    all losses finite and the mean of the last 5 below the first loss."""
+    hist = doc["results"]["gpt_history"]
+    pol = rows(doc, "gpt_policies")
+    sites = {(r["policy"], r["site"]): r for r in doc["results"]["gpt_site_counts"]}
+    low_scores, kept = [], []
+    for name, r in pol.items():
+        loss = hist[name]["loss"]
+        if r["format"] == "fp16" and "scores" not in r["fp32_sites"]:
+            assert not _finite(loss[0]), (name, loss[:3])
+            assert not any(_finite(v) for v in loss), (name, "a finite loss", loss)
+            assert sites[(name, "scores")]["overflowed"] > 0, (name, sites[(name, "scores")])
+            low_scores.append(name)
+        else:
+            assert all(_finite(v) for v in loss), (name, loss)
+            tail = sum(loss[-5:]) / len(loss[-5:])
+            assert tail < loss[0], (name, loss[0], tail)
+            if (name, "scores") in sites:
+                assert sites[(name, "scores")]["overflowed"] == 0, (name, sites[(name, "scores")])
+            kept.append(f"{name} {loss[0]:.3f}->{tail:.3f}")
+    assert low_scores and kept, (low_scores, kept)
+    print(f"ok: non-finite from step 1: {low_scores}; trained: {kept}")
+
+
+def _memory_tables(doc):
+    return [t for t in ("memory", "gpt_memory") if t in doc["results"]]
+
+
+def quant_memory_measured(doc):
+    """Every memory row's measured bytes (LibTorch's low-bit dtypes, counted by the allocator) equal the
+    computed bytes, part by part, where measurable; on LibTorch >= 2.8 (float4_e2m1fn_x2, float8_e8m0fnu)
+    every row of the fp8 and fp4 recipes is measurable."""
+    ver = tuple(int(x) for x in doc["env"]["torch"].split("+")[0].split(".")[:2])
+    n = 0
+    for t in _memory_tables(doc):
+        for r in doc["results"][t]:
+            if isinstance(r["measured"], str):
+                assert r["measured"] == "not measurable on this LibTorch", r
+                assert ver < (2, 8), (ver, t, r)
+                continue
+            assert r["measured"] == r["total"], (t, r)
+            for part in ("weights", "activations", "gradients", "scales"):
+                assert r["measured_parts"][part] == r[part], (t, r["name"], part, r)
+            n += 1
+    assert n > 0 or ver < (2, 1), "no measurable row"
+    print(f"ok: {n} rows measured == computed (LibTorch {doc['env']['torch']})")
+
+
+def fp4_gpt_rows(doc):
+    """mpt fp4's GPT section: a row per variant with finite losses; the fp32 row's GEMMs are exact
+    (errors 0: its GEMMs are the reference), bf16's are below every 4-bit variant's (bf16 keeps 8
+    mantissa bits, E2M1 1), and bf16's validation loss is within 0.05 of fp32's (bf16's rounding
+    of the operands moves a 4-step run's loss by far less)."""
+    v = rows(doc, "gpt_variants")
+    assert set(v) == set(doc["config"]["variants"]), (sorted(v), doc["config"]["variants"])
+    for name, r in v.items():
+        for k in ("train_loss", "val_loss", "out_error", "dgrad_error", "wgrad_error"):
+            assert _finite(r[k]), (name, k, r)
+    for g in ("out_error", "dgrad_error", "wgrad_error"):
+        assert v["fp32"][g] == 0, v["fp32"]
+        for name, r in v.items():
+            if name not in ("fp32", "bf16"):
+                assert v["bf16"][g] < r[g], (g, v["bf16"][g], name, r[g])
+    if "bf16" in v:
+        assert abs(v["bf16"]["val_loss"] - v["fp32"]["val_loss"]) < 0.05, (v["bf16"], v["fp32"])
+    hist = doc["results"]["gpt_history"]
+    assert all(len(h) == doc["config"]["gpt"]["steps"] for h in hist.values()), {k: len(h) for k, h in hist.items()}
+    print("ok: " + ", ".join(f"{n} {r['val_loss']:.4f} (out err {r['out_error']:.3g})" for n, r in v.items()))
 
 
 if __name__ == "__main__":
