@@ -91,3 +91,7 @@ cli_case(lossscale_gpt_text_too_short_print_config 2 "/gpt/text_files: expected 
 # Probe (stop 27): under -q (no tables, so no notes) divergence was not said at all; now a warning on stderr.
 cli_case(lossscale_quiet_says_diverged 0 "mpt lossscale: diverged \\(a loss became nan or inf\\): fp32 \\(step [0-9]+\\)"
          lossscale ${LS_TINY} -q --set gpt.enabled=false --set train.lr=1e20 --set "train.recipes=[\"fp32\"]")
+
+# MPT_SIMD (core/rounding_simd): a value that names no level is a usage error, exit 2, nothing written.
+cli_case_env(simd_malformed "MPT_SIMD=bogus" 2 "MPT_SIMD=\"bogus\": expected baseline, avx2 or avx512"
+             lossscale ${LS_TINY})
