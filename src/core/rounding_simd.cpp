@@ -15,6 +15,11 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+// GCC 12's avx512fintrin.h builds _mm512_cvtps_ph's operand from _mm512_undefined_*, which
+// -Wmaybe-uninitialized reports once inlined (a false positive of the header, not of this code).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace mpt::simd {
