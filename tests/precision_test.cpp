@@ -339,11 +339,11 @@ TEST_CASE("rounding_simd: level names, MPT_SIMD's values and the CPU's levels", 
     }
 }
 
-// Every fp32 bit pattern at every level against the baseline, 2^22 at a time. Hidden ([.]):
-// measured at 10-20 s per level and format under the VM's load (60 s per format for the three
-// levels, above ctest's budget for a unit file); run it with
-// `build/tests/mpt_tests "[.exhaustive]"`.
-TEST_CASE("rounding_simd: every level equals the baseline on all 2^32 fp32 patterns", "[.exhaustive]") {
+// Every fp32 bit pattern at every level against the baseline, 2^22 at a time: ctest's
+// unit.rounding_exhaustive (label unsanitized). Measured 2 min wall, 60 s of CPU for both formats
+// and the three levels on the project's VM under load — above what unit.precision should cost, so
+// that file's ctest leaves it out ([exhaustive]) and runs the sampled cases above.
+TEST_CASE("rounding_simd: every level equals the baseline on all 2^32 fp32 patterns", "[exhaustive]") {
   const int64_t chunk = int64_t{1} << 22;
   std::vector<float> in(static_cast<std::size_t>(chunk)), base(in.size()), out(in.size());
   for (simd::Half h : {simd::Half::FP16, simd::Half::BF16})
