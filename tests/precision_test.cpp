@@ -341,8 +341,9 @@ TEST_CASE("rounding_simd: level names, MPT_SIMD's values and the CPU's levels", 
 
 // Every fp32 bit pattern at every level against the baseline, 2^22 at a time: ctest's
 // unit.rounding_exhaustive (label unsanitized). Measured 59 s (ctest, alone; 2 min beside another
-// ctest run) for both formats and the three levels on the project's VM under load, ~30 s per format — above what unit.precision should cost, so
-// that file's ctest leaves it out ([exhaustive]) and runs the sampled cases above.
+// ctest run) for both formats and the three levels on the project's VM under load, ~30 s per
+// format: above what unit.precision should cost, so that file's ctest leaves it out
+// ([exhaustive]) and runs the sampled cases above.
 TEST_CASE("rounding_simd: every level equals the baseline on all 2^32 fp32 patterns", "[exhaustive]") {
   const int64_t chunk = int64_t{1} << 22;
   std::vector<float> in(static_cast<std::size_t>(chunk)), base(in.size()), out(in.size());
