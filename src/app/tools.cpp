@@ -100,6 +100,9 @@ int run_env(const std::string& device_name, bool as_json) {
       emit(out);
     }
     return kExitOk;
+  } catch (const ConfigError& e) {  // e.g. a bad MPT_SIMD
+    spdlog::error("mpt env: {}", e.what());
+    return kExitUsage;
   } catch (const RuntimeFailure& e) {
     spdlog::error("mpt env: {}", e.what());
     return kExitRuntime;

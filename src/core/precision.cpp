@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include "core/quant.hpp"
+#include "core/rounding_simd.hpp"
 
 namespace mpt {
 
@@ -48,39 +49,10 @@ torch::Tensor round_fp8(const torch::Tensor& x32, Format f, std::optional<quant:
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fused rounding to fp16 / bf16 on the bits (round_element's doc comment in precision.hpp)
+// Fused rounding to fp16 / bf16 on the bits (round_element's doc comment in precision.hpp): the
+// loops of core/rounding_simd at its active level (baseline, AVX2 + F16C or AVX-512; equal bit for
+// bit), one pass, no branches per element.
 // ---------------------------------------------------------------------------------------------
-// GCC vectorises the loops below (SSE2 on the x86-64 baseline) only at -O3 and without
-// -ftrapping-math (precision.hpp's MPT_ROUNDING_PUSH: the element functions there carry the same
-// options, so that they inline here).
-MPT_ROUNDING_PUSH
-// One pass over n contiguous fp32 values: out[i] = R(in[i]) (in == out allowed), and, when
-// `Count`, the elements nonzero in fp32 that R makes zero. No branches in the loop.
-template <bool Fp16, bool Count>
-int64_t round_span(const float* in, float* out, int64_t n) {
-  int64_t under = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = in[i];
-    const float r = Fp16 ? detail::round_fp16_element(x) : detail::round_bf16_element(x);
-    if (Count) under += static_cast<int64_t>((x != 0.0f) & (r == 0.0f));
-    out[i] = r;
-  }
-  return under;
-}
-
-template <bool Fp16>
-int64_t count_span(const float* in, int64_t n) {
-  int64_t under = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = in[i];
-    const float r = Fp16 ? detail::round_fp16_element(x) : detail::round_bf16_element(x);
-    under += static_cast<int64_t>((x != 0.0f) & (r == 0.0f));
-  }
-  return under;
-}
-
-MPT_ROUNDING_POP
-
 // The fused kernels apply to contiguous fp32 CPU tensors and fp16 / bf16 (CUDA, strided tensors
 // and other dtypes take ATen's operators). A tensor that autograd records keeps ATen's
 // differentiable casts.
@@ -92,17 +64,18 @@ bool fusable(const torch::Tensor& x, Format f) {
 
 constexpr int64_t kGrain = 32768;  // elements per parallel_for chunk, as core/amp's fused SGD
 
-// Rounds `in` into `out` (both contiguous fp32, same numel); returns the underflow count when Count.
+// Rounds `in` into `out` (both contiguous fp32, same numel; out undefined: count only); returns
+// the underflow count when Count. The SIMD level is read once, before any parallel chunk.
 template <bool Count>
-int64_t round_fused(const torch::Tensor& in, torch::Tensor& out, Format f) {
+int64_t round_fused(const torch::Tensor& in, float* op, Format f) {
   const float* ip = in.data_ptr<float>();
-  float* op = out.data_ptr<float>();
   const int64_t n = in.numel();
-  const bool h = f == Format::FP16;
-  if (n <= kGrain) return h ? round_span<true, Count>(ip, op, n) : round_span<false, Count>(ip, op, n);
+  const simd::Half h = f == Format::FP16 ? simd::Half::FP16 : simd::Half::BF16;
+  const simd::Level level = simd::active_level();
+  if (n <= kGrain) return simd::round_span(h, ip, op, n, Count, level);
   std::atomic<int64_t> under{0};
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    under += h ? round_span<true, Count>(ip + b, op + b, e - b) : round_span<false, Count>(ip + b, op + b, e - b);
+    under += simd::round_span(h, ip + b, op ? op + b : nullptr, e - b, Count, level);
   });
   return under.load();
 }
@@ -118,7 +91,7 @@ void round_to_(torch::Tensor& x, Format f) {
     throw std::invalid_argument(std::string("round_to_: expected an fp32 tensor, got ") + c10::toString(x.scalar_type()));
   if (f == Format::FP32) return;
   if (fusable(x, f)) {
-    round_fused<false>(x, x, f);
+    round_fused<false>(x, x.data_ptr<float>(), f);
     return;
   }
   x.copy_(round_to(x, f));
@@ -126,17 +99,7 @@ void round_to_(torch::Tensor& x, Format f) {
 
 int64_t count_underflow(const torch::Tensor& g, Format f) {
   if (f == Format::FP32) return 0;
-  if (fusable(g, f)) {
-    const float* p = g.data_ptr<float>();
-    const int64_t n = g.numel();
-    const bool h = f == Format::FP16;
-    if (n <= kGrain) return h ? count_span<true>(p, n) : count_span<false>(p, n);
-    std::atomic<int64_t> under{0};
-    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-      under += h ? count_span<true>(p + b, e - b) : count_span<false>(p + b, e - b);
-    });
-    return under.load();
-  }
+  if (fusable(g, f)) return round_fused<true>(g, nullptr, f);
   torch::NoGradGuard ng;
   return ((g != 0) & (round_to(g, f) == 0)).sum().item<int64_t>();
 }
@@ -144,7 +107,7 @@ int64_t count_underflow(const torch::Tensor& g, Format f) {
 torch::Tensor round_to_counting_underflow(const torch::Tensor& x, Format f, int64_t* underflow) {
   if (fusable(x, f)) {
     auto out = torch::empty_like(x);
-    *underflow += round_fused<true>(x, out, f);
+    *underflow += round_fused<true>(x, out.data_ptr<float>(), f);
     return out;
   }
   *underflow += count_underflow(x, f);
@@ -170,7 +133,7 @@ torch::ScalarType storage_dtype(Format f) {
 torch::Tensor round_to(const torch::Tensor& x, Format f) {
   if (fusable(x, f)) {  // one pass and one allocation instead of two casts and two allocations
     auto out = torch::empty_like(x);
-    round_fused<false>(x, out, f);
+    round_fused<false>(x, out.data_ptr<float>(), f);
     return out;
   }
   auto x32 = x.to(torch::kFloat);

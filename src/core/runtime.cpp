@@ -1,5 +1,6 @@
 // Devices, capabilities, seeding, environment. See runtime.hpp.
 #include "core/runtime.hpp"
+#include "core/rounding_simd.hpp"
 
 #include <dlfcn.h>
 #include <sched.h>
@@ -268,6 +269,9 @@ json environment(torch::Device device) {
                                    ? "native (c10d ProcessGroupGloo::reduce_scatter)"
                                    : "emulated: all-reduce of a copy, this rank's chunk kept (LibTorch 1.13 Gloo has none)";
   env["hardware"] = hardware_fingerprint();
+  // The vector level of core/rounding_simd's fp16 / bf16 rounding loops (MPT_SIMD or the CPU's
+  // best; every level gives the same values). Throws ConfigError for a bad MPT_SIMD.
+  env["hardware"]["rounding_simd"] = simd::level_name(simd::active_level());
   return env;
 }
 

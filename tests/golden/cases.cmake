@@ -40,3 +40,11 @@ foreach(c ${MPT_GOLDEN_CONFIGS})
     endif()
   endforeach()
 endforeach()
+# The lossscale golden run with core/rounding_simd's loops forced to the baseline (MPT_SIMD): the
+# same golden file as the vector levels the CPU picks by default, since every level rounds alike.
+if(EXISTS ${_golden_dir}/lossscale.json)
+  add_test(NAME golden_simd_baseline.lossscale
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/golden/check_golden.sh $<TARGET_FILE:mpt> ${_golden_dir}/lossscale.json 1
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(golden_simd_baseline.lossscale PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "MPT_SIMD=baseline")
+endif()
