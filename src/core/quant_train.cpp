@@ -209,4 +209,16 @@ GptTrainRun train_gpt(TinyGpt& model, QuantGptLinears& q, const TextCorpus& corp
   return run;
 }
 
+GptTrainPlan gpt_train_plan_at(const Config& cfg, const std::string& prefix, std::uint64_t seed) {
+  GptTrainPlan plan;
+  plan.steps = cfg.integer(prefix + "/steps");
+  plan.batch = cfg.integer(prefix + "/batch");
+  plan.lr = cfg.number(prefix + "/lr");
+  plan.momentum = cfg.number(prefix + "/momentum");
+  plan.seed = seed;
+  plan.ledger_step = cfg.integer(prefix + "/ledger_step");
+  plan.eval_batches = cfg.integer(prefix + "/eval_batches");
+  return plan;
+}
+
 }  // namespace mpt::quant

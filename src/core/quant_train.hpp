@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include "core/config.hpp"
 #include "core/data.hpp"
 #include "core/gpt.hpp"
 #include "core/quant.hpp"
@@ -127,6 +128,10 @@ struct GptTrainPlan {
   std::int64_t ledger_step = -1;  ///< the step whose GEMMs the QuantLinears' ledgers record (-1: none)
   std::int64_t eval_batches = 4;
 };
+/// The plan the keys under `prefix` describe: /steps, /batch, /ledger_step and the training keys of
+/// core/gpt_spec's add_gpt_training_keys (/lr, /momentum, /eval_batches), with `seed`. The keys
+/// must be in the experiment's spec (Config throws otherwise).
+GptTrainPlan gpt_train_plan_at(const Config& cfg, const std::string& prefix, std::uint64_t seed);
 /// What a GPT run produced.
 struct GptTrainRun {
   std::vector<double> loss;                                ///< training loss of every step

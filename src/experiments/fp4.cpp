@@ -251,14 +251,7 @@ void gpt_section(const Context& ctx, Report& report) {
   const auto shapes = q::gpt_linear_shapes(g);
   std::vector<std::pair<int64_t, int64_t>> dims;
   for (const auto& sh : shapes) dims.emplace_back(sh.in, sh.out);
-  q::GptTrainPlan plan;
-  plan.steps = steps;
-  plan.batch = cfg.integer("/gpt/batch");
-  plan.lr = cfg.number("/gpt/lr");
-  plan.momentum = cfg.number("/gpt/momentum");
-  plan.seed = seed;
-  plan.ledger_step = ledger_step;
-  plan.eval_batches = cfg.integer("/gpt/eval_batches");
+  const q::GptTrainPlan plan = q::gpt_train_plan_at(cfg, "/gpt", seed);
 
   Table t{"gpt_variants",
           fmt::format("4-bit ablation grid on the tiny GPT {}x{} ({} heads, T = {}, vocab {}, {} parameters) on fortunes, {} steps "

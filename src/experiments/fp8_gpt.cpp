@@ -127,14 +127,7 @@ void gpt_section(const Context& ctx, Report& report) {
   const int64_t steps = cfg.integer("/gpt/steps"), ledger_step = cfg.integer("/gpt/ledger_step");
   const int64_t last = std::min<int64_t>(cfg.integer("/gpt/mean_of_last"), steps);
   const auto recipes = cfg.strings("/recipes");
-  q::GptTrainPlan plan;
-  plan.steps = steps;
-  plan.batch = cfg.integer("/gpt/batch");
-  plan.lr = cfg.number("/gpt/lr");
-  plan.momentum = cfg.number("/gpt/momentum");
-  plan.seed = seed;
-  plan.ledger_step = ledger_step;
-  plan.eval_batches = cfg.integer("/gpt/eval_batches");
+  const q::GptTrainPlan plan = q::gpt_train_plan_at(cfg, "/gpt", seed);
 
   std::map<std::string, q::GptTrainRun> runs;
   std::vector<std::string> linear_names;
