@@ -16,6 +16,7 @@
 #include "core/compat.hpp"
 #include "core/dist.hpp"
 #include "core/errors.hpp"
+#include "core/rounding_simd.hpp"
 #include "core/runtime.hpp"
 #include "core/trace.hpp"
 #include "core/world.hpp"
@@ -208,6 +209,9 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
                                       launch->world_size, launch->world_size_var, cfg.integer("/nproc")));
     }
     const int planned = launch ? launch->world_size : multi ? static_cast<int>(cfg.integer("/nproc")) : 1;
+    // A bad MPT_SIMD (core/rounding_simd) is refused here, once, like a config error: before any
+    // worker exists and under --print-config too (each worker would otherwise refuse it alone).
+    (void)simd::active_level();
     try {
       exp.validate(cfg, planned);  // before any work and before any worker exists
     } catch (const ConfigError& e) {

@@ -1179,7 +1179,7 @@ void Job::check_same_launch(const std::string& fingerprint) {
   }
   std::string mismatch;  // empty: this rank runs rank 0's job
   if (self != 0 && theirs != fingerprint) {
-    std::string where = "/", here_v, there_v;
+    std::string where = "/", here_v, there_v, more;
     try {
       const auto mine = nlohmann::json::parse(fingerprint), zero = nlohmann::json::parse(theirs);
       // The job's identity first (experiment, world size, versions), then the config: the first
@@ -1199,14 +1199,16 @@ void Job::check_same_launch(const std::string& fingerprint) {
         };
         here_v = shown(mine, at);
         there_v = shown(zero, at);
+        if (ops.size() > 1) more = fmt::format(", and {} more key{} differ{}", ops.size() - 1, ops.size() == 2 ? "" : "s",
+                                             ops.size() == 2 ? "s" : "");
       }
     } catch (const std::exception&) {
       here_v = "(unreadable)";
       there_v = "(unreadable)";
     }
-    mismatch = fmt::format("rank {} of {}: this process runs another job than rank 0: {} is {} here, {} on rank 0 "
+    mismatch = fmt::format("rank {} of {}: this process runs another job than rank 0: {} is {} here, {} on rank 0{} "
                            "(every rank must be started with the same experiment, config and --set, and the same mpt)",
-                           self, world_size(), where, here_v, there_v);
+                           self, world_size(), where, here_v, there_v, more);
   }
   // The verdicts meet before anyone goes on: a mismatched rank alone would exit 2 while the
   // others ran into their first collective and blamed it as dead or stopped. A rank that finds

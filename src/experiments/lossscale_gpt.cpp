@@ -203,9 +203,11 @@ void add_gpt_spec(ConfigSpec& s) {
   Param qk{ParamType::Number, 1.0,
            "factor on the initial query and key weights (rows [0, 2C) of each c_attn): the initial attention "
            "scores grow by about its square, so that fp16 scores overflow (configs/lossscale_gpt_sharp.json); "
-           "1 = PyTorch's initialisation"};
-  qk.exclusive_min = 0.0;
-  qk.max = 1e6;
+           "1 = PyTorch's initialisation; in [1e-4, 1e4]: 1e4 already grows the scores 1e8-fold, and far "
+           "larger factors overflow the fp16 weights themselves (about 65504 sqrt(C)), where the table's "
+           "overflow counts see only NaN"};
+  qk.min = 1e-4;
+  qk.max = 1e4;
   s.add("/gpt/model/qk_init_scale", qk);
   s.integer("/gpt/batch", 16, "sequences per step", 1, 4096);
   s.integer("/gpt/steps", 60, "SGD steps per policy", 1, 10'000'000);
