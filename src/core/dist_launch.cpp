@@ -206,8 +206,9 @@ std::optional<LaunchInfo> launch_from_environment() {
   }
   li.master_port = env_int("MASTER_PORT", 0);
   if (li.world_size > 1 && (li.master_port <= 0 || li.master_port > 65535))
-    throw RuntimeFailure(fmt::format("{} environment: MASTER_PORT must be set to a TCP port (1-65535) for {} processes",
-                                     li.launcher, li.world_size));
+    throw RuntimeFailure(fmt::format("{} environment: MASTER_PORT must be set to a TCP port (1-65535) for {} processes, "
+                                     "got {}", li.launcher, li.world_size,
+                                     std::getenv("MASTER_PORT") ? fmt::format("{:?}", std::string(std::getenv("MASTER_PORT"))) : "none"));
   return li;
 }
 

@@ -140,6 +140,10 @@ cli_case(dataparallel_fault_rank_missing 2 "/fault/rank: expected -1 or a rank 0
          --config configs/dataparallel_quick.json --nproc 2 --set fault.rank=5)
 cli_case_env(dataparallel_env_rank_only "RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
              "RANK is set but WORLD_SIZE is not" dataparallel --config configs/dataparallel_quick.json)
+# Probe (stop 30): the message did not echo the port it refused.
+cli_case_env(dataparallel_env_port_out_of_range "RANK=1;WORLD_SIZE=2;MASTER_ADDR=127.0.0.1;MASTER_PORT=99999" 2
+             "MASTER_PORT must be set to a TCP port \\(1-65535\\) for 2 processes, got \"99999\"" dataparallel
+             --config configs/dataparallel_quick.json)
 # A launcher's per-node variables that describe no place (found by the stop-27 probe: accepted).
 cli_case_env(shard_env_local_rank_out_of_node
              "RANK=1;WORLD_SIZE=2;LOCAL_RANK=2;LOCAL_WORLD_SIZE=2;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
