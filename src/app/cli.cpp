@@ -136,6 +136,8 @@ int main_cli_in(int argc, char** argv) {
     sub->add_flag("-v,--verbose", opts.verbose, "Debug logging on stderr");
     if (e.processes == Processes::Multi)  // multi-process experiments only
       sub->add_option("--nproc", opts.nproc, "Spawn N worker processes on this machine (= --set nproc=N)");
+    else  // hidden: parsed only so that the harness can say which experiments take it
+      sub->add_option("--nproc", opts.nproc)->group("");
     sub->footer(config_help(full_spec(e)));
     sub->callback([&chosen, &e] { chosen = &e; });
   }

@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "app/output.hpp"
+#include "app/registry.hpp"
 #include "core/compat.hpp"
 #include "core/dist.hpp"
 #include "core/errors.hpp"
@@ -176,6 +177,13 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
   ConfigSpec spec;
   try {
     spec = full_spec(exp);
+    if (opts.nproc && exp.processes != Processes::Multi) {
+      std::string multis;
+      for (const auto& e : experiments())
+        if (e.processes == Processes::Multi) multis += (multis.empty() ? "" : ", ") + e.name;
+      throw ConfigError(fmt::format("--nproc '{}': {} runs in one process; --nproc is for the multi-process "
+                                    "experiments ({})", printable_text(*opts.nproc), exp.name, multis));
+    }
     Config cfg = resolve_for(spec, opts);
     if (opts.out_given && !opts.print_config && opts.out.empty())
       throw ConfigError("--out: expected a file path, got an empty string");

@@ -231,7 +231,7 @@ json memory_json(const std::string& name, const MemoryRow& r) {
   return {{"name", name}, {"weights", c.weights}, {"activations", c.activations}, {"gradients", c.gradients},
           {"scales", c.scales}, {"total", c.weights + c.activations + c.gradients + c.scales},
           {"measured", r.measurable ? json(m.weights + m.activations + m.gradients + m.scales)
-                                    : json("not measurable on this LibTorch")},
+                                    : json(nullptr)},
           {"measured_parts", r.measurable ? json{{"weights", m.weights}, {"activations", m.activations},
                                                  {"gradients", m.gradients}, {"scales", m.scales}}
                                           : json(nullptr)}};
@@ -446,8 +446,8 @@ Report run_fp4(const Context& ctx) {
                                 ledger_step));
   mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
                       "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
-                      "and counted by mpt's CPU allocator (core/quant's measured_stored_bytes); \"not measurable\" where "
-                      "this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
+                      "and counted by mpt's CPU allocator (core/quant's measured_stored_bytes); \"-\" (null in the "
+                      "result file) where this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
   mem.notes.push_back("weights: the fp32 masters plus the quantized copies of W the GEMMs read (16x16 blocks: one copy "
                       "serves W and W^T; 1x16 / 1x32 blocks: a row-wise and a column-wise copy); activations: x saved for "
                       "the weight gradient in wgrad's format; gradients: fp32; scales: UE4M3 / E8M0 1 byte a block, plus "

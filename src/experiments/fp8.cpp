@@ -533,7 +533,7 @@ Report run_fp8(const Context& ctx) {
                         {"total", total.weights + total.activations + total.gradients + total.scales},
                         {"measured", measurable ? json(measured.weights + measured.activations + measured.gradients +
                                                        measured.scales)
-                                                : json("not measurable on this LibTorch")},
+                                                : json(nullptr)},
                         {"measured_parts", measurable ? json{{"weights", measured.weights},
                                                              {"activations", measured.activations},
                                                              {"gradients", measured.gradients},
@@ -580,8 +580,8 @@ Report run_fp8(const Context& ctx) {
                          "||C - C_fp32|| / ||C_fp32|| against the fp32 GEMM of the unquantized operands");
   mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
                       "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
-                      "and counted by mpt's CPU allocator (core/quant's measured_stored_bytes); \"not measurable\" where "
-                      "this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
+                      "and counted by mpt's CPU allocator (core/quant's measured_stored_bytes); \"-\" (null in the "
+                      "result file) where this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
   mem.notes.push_back("weights: fp32 master W, b plus the quantized copies the GEMMs read (two for rowwise and MX: row- and "
                       "column-wise); activations: x kept for wgrad in its format; gradients: fp32; scales: every stored "
                       "quantized tensor's scales (fp32 4 bytes, E8M0 1)");

@@ -64,7 +64,10 @@ cli_case(bad_out_directory 2 "--out tests: is a directory" underflow --set model
 cli_case(bad_out_parent_file 2 "--out README.md/x.json: cannot create directory README.md" underflow --set model.depth=2
          --out README.md/x.json)
 cli_case(bad_config_directory 2 "configs: is a directory, not a config file" underflow --config configs)
-cli_case(bad_nproc_single_process 2 "--nproc" underflow --nproc 2)
+# --nproc on a one-process experiment: a usage error that names the experiments taking it (it was
+# CLI11's "The following arguments were not expected: 2 --nproc"; probe, stop 30).
+cli_case(bad_nproc_single_process 2 "--nproc '2': underflow runs in one process. --nproc is for the multi-process experiments \\(.*dataparallel.*shard"
+         underflow --nproc 2)
 cli_case(bad_set_null 2 "/model/depth: expected an integer \\(or a list of them\\) .*, got null$" underflow --set model.depth=null)
 if(NOT MPT_WITH_CUDA)  # a CUDA build may have a device: then --device cuda runs
   cli_case(no_cuda 3 "CUDA" underflow --device cuda)
