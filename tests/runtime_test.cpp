@@ -100,21 +100,34 @@ TEST_CASE("thread policy: the config's count as given, else the usable cores sha
 }
 
 TEST_CASE("local processes come from the launcher's environment", "[runtime]") {
-  const char* vars[] = {"MPT_WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
+  const char* vars[] = {"MPT_WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                        "MPT_RANK",       "RANK",             "WORLD_SIZE",            "SLURM_PROCID",
+                        "SLURM_NTASKS"};
   std::map<std::string, std::string> saved;
   for (const char* v : vars)
     if (const char* x = std::getenv(v)) saved[v] = x;
   for (const char* v : vars) ::unsetenv(v);
   CHECK(local_processes_from_environment() == 1);
-  ::setenv("SLURM_TASKS_PER_NODE", "4(x2)", 1);  // SLURM's compressed form: 4 tasks on each of 2 nodes
-  CHECK(local_processes_from_environment() == 4);
+  // Each count alone, without its launcher's rank variables: a stray variable, not this run's processes.
+  ::setenv("SLURM_TASKS_PER_NODE", "4(x2)", 1);
   ::setenv("SLURM_NTASKS_PER_NODE", "3", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "8", 1);
+  ::setenv("MPT_WORLD_SIZE", "6", 1);
+  CHECK(local_processes_from_environment() == 1);
+  // An srun task: SLURM's counts (SLURM_NTASKS_PER_NODE first, else the compressed form).
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "8", 1);
   CHECK(local_processes_from_environment() == 3);
-  ::setenv("LOCAL_WORLD_SIZE", "2", 1);  // torchrun
-  CHECK(local_processes_from_environment() == 2);
-  ::setenv("MPT_WORLD_SIZE", "garbage", 1);  // malformed: ignored, the next source counts
-  CHECK(local_processes_from_environment() == 2);
-  ::setenv("MPT_WORLD_SIZE", "6", 1);  // mpt --nproc 6: every rank on this machine
+  ::unsetenv("SLURM_NTASKS_PER_NODE");
+  CHECK(local_processes_from_environment() == 4);  // "4(x2)": 4 tasks on each of 2 nodes
+  // torchrun (RANK and WORLD_SIZE) comes before SLURM, as in dist::launch_from_environment.
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "16", 1);
+  CHECK(local_processes_from_environment() == 8);
+  ::setenv("LOCAL_WORLD_SIZE", "garbage", 1);  // malformed: ignored (a warning), 1
+  CHECK(local_processes_from_environment() == 1);
+  // mpt --nproc 6 (MPT_RANK): every rank on this machine.
+  ::setenv("MPT_RANK", "1", 1);
   CHECK(local_processes_from_environment() == 6);
   for (const char* v : vars) ::unsetenv(v);
   for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "app/harness.hpp"
 #include "app/output.hpp"
@@ -151,7 +152,13 @@ int main_cli_in(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    // CLI11's own text ("--rtol: Could not convert ...", "A subcommand is required") in mpt's
+    // error form, with the command it is about and where its options are listed.
+    std::string where = "mpt";
+    for (const auto* sub : app.get_subcommands()) where += " " + sub->get_name();
+    std::string what = e.what();
+    if (what == "A subcommand is required") what = "expected an experiment or a command (`mpt list` shows them)";
+    std::cerr << fmt::format("[error] {}: usage error: {}; see `{} --help`\n", where, what, where);
     return kExitUsage;
   }
   if (compare_chosen) return run_compare(base_file, new_file, key_tols, cmp, cmp_quiet, tol_files);

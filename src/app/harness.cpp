@@ -258,6 +258,17 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       throw ConfigError(fmt::format("--trace {}: expected a file other than the result file (--out {}): the trace "
                                     "would replace the result",
                                     printable_text(opts.trace, 200), printable_text(out, 200)));
+    // An output over the config it was run from would lose the config (a result file is no config).
+    if (!opts.config_file.empty()) {
+      if (same_file(out, opts.config_file))
+        throw ConfigError(fmt::format("--out {}: expected a file other than the config (--config {}): the result "
+                                      "would replace the config",
+                                      printable_text(out, 200), printable_text(opts.config_file, 200)));
+      if (!opts.trace.empty() && same_file(opts.trace, opts.config_file))
+        throw ConfigError(fmt::format("--trace {}: expected a file other than the config (--config {}): the trace "
+                                      "would replace the config",
+                                      printable_text(opts.trace, 200), printable_text(opts.config_file, 200)));
+    }
     if (!launch || launch->rank == 0) {
       try {
         made_dirs = check_writable(out);
@@ -385,23 +396,21 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
 
     if (!opts.quiet) print_report(report);  // a closed or full stdout: the result is still written
     auto doc = result_document(exp, cfg, report, env, wall);
+    // The result and its trace together: a trace that cannot be written leaves the result file
+    // as it was, and the other way round (core/results' write_files_atomic).
+    std::vector<std::pair<std::string, std::string>> files{{out, doc.dump(2) + "\n"}};
+    if (trace_doc) files.emplace_back(opts.trace, trace_doc->dump() + "\n");
     try {
-      write_file_atomic(out, doc.dump(2) + "\n");
+      write_files_atomic(files);
     } catch (const std::exception& e) {
-      spdlog::error("{}: cannot write the result file: {}", prog, e.what());
+      spdlog::error("{}: cannot write the {}: {}", prog,
+                    trace_doc ? "result and trace files" : "result file", e.what());
       return kExitRuntime;
     }
     spdlog::info("wrote {} ({:.2f} s)", out, wall);
-    if (trace_doc) {
-      try {
-        write_file_atomic(opts.trace, trace_doc->dump() + "\n");
-      } catch (const std::exception& e) {
-        spdlog::error("{}: cannot write the trace file: {}", prog, e.what());
-        return kExitRuntime;
-      }
+    if (trace_doc)
       spdlog::info("wrote the timeline {} ({} events; open it in ui.perfetto.dev)", opts.trace,
                    (*trace_doc)["traceEvents"].size());
-    }
     // Divergence is said on stderr too (the tables' notes are not printed under --quiet).
     if (report.results.contains("diverged")) {
       std::vector<std::string> runs;

@@ -376,6 +376,7 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
   double base_s = 0;
   {
     ProcessGroupTransport transport(group, shapes, opts.backward_group, placement);
+    transport.set_job_ranks(opts.job_ranks);
     group->barrier();  // every stage starts together; the step's clock starts here
     const auto t0 = Clock::now();
     // t0 on rank 0's clock, in seconds: added to this rank's event times below, so that the

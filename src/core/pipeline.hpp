@@ -115,6 +115,10 @@ struct ProcessPipelineOptions {
   /// step at its own exit from the step's barrier, which skews the span by how far apart the
   /// ranks leave it (milliseconds on a loaded machine).
   double clock_offset_us = 0;
+  /// The job's rank of each stage of the group (ProcessGroupTransport::set_job_ranks: the
+  /// timeline's flows between stages are keyed by them). Empty: the stage numbers, right where
+  /// the pipeline is the whole job (`mpt pipeline`); a DP x TP x PP mesh sets them.
+  std::vector<int> job_ranks;
 };
 
 /// The same training step as run_pipeline, with one process per stage: this process is

@@ -22,13 +22,19 @@ std::string op_name(char kind, int microbatch, int chunk) {
   return chunk > 0 ? fmt::format("{}{}.{}", kind, microbatch, chunk) : fmt::format("{}{}", kind, microbatch);
 }
 
-trace::P2P annotation(bool send, int src, int dst, char kind, int microbatch, int boundary, bool in_process) {
+trace::P2P annotation(bool send, int src, int dst, char kind, int microbatch, int boundary, bool in_process,
+                      int src_rank = -1, int dst_rank = -1) {
   trace::P2P p;
   p.name = send ? fmt::format("send {}{} -> {}", kind, microbatch, dst) : fmt::format("recv {}{} <- {}", kind, microbatch, src);
-  p.flow = trace::flow_id(send, src, dst, kind, microbatch, boundary, in_process);
+  const bool ranks = src_rank >= 0 && dst_rank >= 0;
+  p.flow = trace::flow_id(send, ranks ? src_rank : src, ranks ? dst_rank : dst, kind, microbatch, boundary, in_process);
   p.out = send;
   p.args = {{"kind", std::string(1, kind)}, {"microbatch", microbatch}, {"boundary", boundary},
             {"src_stage", src}, {"dst_stage", dst}};
+  if (ranks) {
+    p.args["src_rank"] = src_rank;
+    p.args["dst_rank"] = dst_rank;
+  }
   return p;
 }
 
@@ -86,9 +92,10 @@ PipelineTraceRun::~PipelineTraceRun() {
   trace::set_run_label("");
 }
 
-void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, int boundary) {
+void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, int boundary, int src_rank,
+                        int dst_rank) {
   if (!trace::enabled()) return;
-  trace::annotate_next(annotation(send, src, dst, kind, microbatch, boundary, /*in_process=*/false));
+  trace::annotate_next(annotation(send, src, dst, kind, microbatch, boundary, /*in_process=*/false, src_rank, dst_rank));
 }
 
 void trace_queue_p2p(bool send, int src, int dst, char kind, int microbatch, int boundary, int64_t bytes,

@@ -51,8 +51,12 @@ class PipelineTraceRun {
 
 /// Annotates the next send or recv of this thread (dist::Group::send_async / recv_async) with the
 /// message (src → dst, kind, microbatch, boundary): slice name ("send F3 → 1", "recv F3 ← 0"),
-/// args and the flow id shared by the send and its recv (trace::flow_id). No-op when off.
-void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, int boundary);
+/// args and the flow id shared by the send and its recv (trace::flow_id). `src_rank`, `dst_rank`:
+/// the two stages' ranks in the job, which key the flow id (stage numbers repeat in every
+/// pipeline of a DP x TP x PP mesh: keyed by stage alone, replicas shared ids); -1: the stage
+/// numbers (the pipeline is the whole job). No-op when off.
+void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, int boundary, int src_rank = -1,
+                        int dst_rank = -1);
 
 /// Records one message of an in-process pipeline (QueueTransport) as a slice [begin_us,
 /// end_us] on the communication track of the sending (`send`) or receiving stage's lane,

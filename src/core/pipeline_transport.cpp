@@ -90,6 +90,13 @@ ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<dist::Group> group,
                                             "boundary shapes, got {}", 2 * p - 1, shapes_.size()));
 }
 
+void ProcessGroupTransport::set_job_ranks(std::vector<int> ranks) {
+  if (!ranks.empty() && static_cast<int>(ranks.size()) != group_->size())
+    throw std::invalid_argument(fmt::format("ProcessGroupTransport::set_job_ranks: expected {} ranks (one per stage), "
+                                            "got {}", group_->size(), ranks.size()));
+  job_ranks_ = std::move(ranks);
+}
+
 ProcessGroupTransport::~ProcessGroupTransport() {
   // Only after a failure are sends still pending: nobody will receive them.
   for (auto& p : sends_) p.work->abort();
@@ -129,7 +136,7 @@ void ProcessGroupTransport::send(int src, int dst, char kind, int microbatch, co
   // are not written again, and the Work keeps them alive until the receiver has them.
   auto buf = t.detach().to(group_->device(), torch::kFloat32).contiguous();
   auto& g = kind == 'F' ? group_ : backward_group_;
-  trace_p2p_annotate(true, src, dst, kind, microbatch, b);  // timeline: the send's flow (pipeline_trace.hpp)
+  trace_p2p_annotate(true, src, dst, kind, microbatch, b, job_rank(src), job_rank(dst));  // timeline: the send's flow
   sends_.push_back({std::make_shared<dist::Work>(g->send_async(buf, dst, tag(kind, microbatch, lap))), dst, kind,
                     microbatch});
 }
@@ -152,7 +159,7 @@ torch::Tensor ProcessGroupTransport::recv(int src, int dst, char kind, int micro
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_.empty()) throw RuntimeFailure(aborted_);
-    trace_p2p_annotate(false, src, dst, kind, microbatch, b);  // timeline: the recv's flow (pipeline_trace.hpp)
+    trace_p2p_annotate(false, src, dst, kind, microbatch, b, job_rank(src), job_rank(dst));  // the recv's flow
     work = std::make_shared<dist::Work>(g->recv_async(t, src, tag(kind, microbatch, lap)));
     recv_ = work;
   }

@@ -117,6 +117,10 @@ class ProcessGroupTransport : public StageTransport {
   torch::Tensor recv(int src, int dst, char kind, int microbatch, int boundary = -1) override;
   /// Makes the pending and every later recv throw RuntimeFailure with `why`.
   void abort(const std::string& why) override;
+  /// The job's rank of each stage (size = stages), which keys the timeline's send/recv flows
+  /// (trace_p2p_annotate): needed where several pipelines share a job (a DP x TP x PP mesh).
+  /// Empty (the default): the stage numbers. Throws std::invalid_argument on a wrong size.
+  void set_job_ranks(std::vector<int> ranks);
   /// Waits until every posted send has been received. Throws RuntimeFailure naming the
   /// receiving stage when one fails (the peer died) or the group's timeout passes.
   void flush();
@@ -128,6 +132,8 @@ class ProcessGroupTransport : public StageTransport {
   }
 
  private:
+  std::vector<int> job_ranks_;  // set_job_ranks (empty: the stage numbers)
+  int job_rank(int stage) const { return job_ranks_.empty() ? -1 : job_ranks_[static_cast<std::size_t>(stage)]; }
   struct Pending {
     std::shared_ptr<dist::Work> work;  // keeps the tensor alive until received
     int dst = 0;

@@ -366,30 +366,20 @@ void remove_created_dirs(const std::vector<std::string>& dirs) {
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) ::rmdir(it->c_str());  // only empty ones go
 }
 
-void write_file_atomic(const std::string& path, const std::string& text) {
-  if (path.empty()) throw std::runtime_error("empty result path");
-  const OutputTarget t = resolve_output(path);
-  if (t.kind == OutputTarget::Descriptor) {
-    // Our own stdout/stderr or another open descriptor by name: write into it as it is
-    // (a pipe, a terminal, or the file the shell redirected it to, at its offset).
-    if (int err = write_all(t.fd, text))
-      throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(err)));
-    return;
-  }
-  if (t.kind == OutputTarget::Stream) {
-    // A device, FIFO or socket (--out /dev/null, a named pipe): write into it, never replace it.
-    int fd = ::open(t.path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-    if (int err = write_all(fd, text)) {
-      ::close(fd);
-      throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(err)));
-    }
-    if (::close(fd) != 0) throw std::runtime_error(fmt::format("{}: close failed: {}", path, std::strerror(errno)));
-    return;
-  }
-  // A regular file (or none yet), possibly behind symbolic links: the new content goes into a
-  // temporary file beside the link's target and is renamed over the target, so the links stay
-  // links. An existing file keeps its permission bits (and, where allowed, its owner).
+namespace {
+
+// One file of write_files_atomic: a regular file's content staged in `tmp` (renamed over
+// `target` at the commit), or a stream/descriptor written at once (tmp empty).
+struct Staged {
+  std::string path;    // as given (for messages)
+  std::string target;  // the regular file after its links
+  std::string tmp;     // the temporary file beside it, flushed and closed
+};
+
+// Writes `text` into a temporary file beside the regular file `t.path` (created or replaced
+// later by rename): flushed, fsync'ed, closed, with the existing file's mode (and owner, where
+// allowed). Throws std::runtime_error naming `path`; nothing is left behind then.
+Staged stage_regular(const std::string& path, const OutputTarget& t, const std::string& text) {
   struct stat old{};
   const bool exists = ::stat(t.path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
   const auto tmp = temp_file_beside(t.path, path, ".tmp.");
@@ -410,11 +400,62 @@ void write_file_atomic(const std::string& path, const std::string& text) {
     ::unlink(name.data());
     throw std::runtime_error(fmt::format("{}: close failed: {}", path, std::strerror(err)));
   }
-  if (::rename(name.data(), t.path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(name.data());
-    throw std::runtime_error(fmt::format("{}: rename failed: {}", path, std::strerror(err)));
+  return {path, t.path, name};
+}
+
+// Writes `text` into a stream or one of this process's descriptors (never replaced).
+void write_stream(const std::string& path, const OutputTarget& t, const std::string& text) {
+  if (t.kind == OutputTarget::Descriptor) {
+    // Our own stdout/stderr or another open descriptor by name: write into it as it is
+    // (a pipe, a terminal, or the file the shell redirected it to, at its offset).
+    if (int err = write_all(t.fd, text))
+      throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(err)));
+    return;
+  }
+  // A device, FIFO or socket (--out /dev/null, a named pipe): write into it, never replace it.
+  int fd = ::open(t.path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  if (int err = write_all(fd, text)) {
+    ::close(fd);
+    throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(err)));
+  }
+  if (::close(fd) != 0) throw std::runtime_error(fmt::format("{}: close failed: {}", path, std::strerror(errno)));
+}
+
+}  // namespace
+
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& files) {
+  std::vector<Staged> staged;
+  auto discard = [&staged] {
+    for (const auto& f : staged) ::unlink(f.tmp.c_str());
+  };
+  std::vector<std::pair<std::size_t, OutputTarget>> streams;
+  try {
+    // 1. Every regular file's content into its temporary file: a failure replaces nothing.
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      const std::string& path = files[i].first;
+      if (path.empty()) throw std::runtime_error("empty result path");
+      OutputTarget t = resolve_output(path);
+      if (t.kind == OutputTarget::File) staged.push_back(stage_regular(path, t, files[i].second));
+      else streams.emplace_back(i, std::move(t));
+    }
+    // 2. Streams and descriptors (they cannot be taken back): a failure still replaces no file.
+    for (const auto& [i, t] : streams) write_stream(files[i].first, t, files[i].second);
+  } catch (...) {
+    discard();
+    throw;
+  }
+  // 3. The renames: each atomic; only a failure here (rare: the directory changed under the run)
+  // leaves the files renamed before it in place.
+  for (std::size_t k = 0; k < staged.size(); ++k) {
+    if (::rename(staged[k].tmp.c_str(), staged[k].target.c_str()) != 0) {
+      const int err = errno;
+      for (std::size_t j = k; j < staged.size(); ++j) ::unlink(staged[j].tmp.c_str());
+      throw std::runtime_error(fmt::format("{}: rename failed: {}", staged[k].path, std::strerror(err)));
+    }
   }
 }
+
+void write_file_atomic(const std::string& path, const std::string& text) { write_files_atomic({{path, text}}); }
 
 }  // namespace mpt

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 #include <variant>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -164,6 +165,15 @@ json histogram_json(const Histogram& h);
 /// descriptor goes (a pipe, a terminal, the file a shell redirected it to).
 /// Throws std::runtime_error (with errno text) on failure; the target is untouched then.
 void write_file_atomic(const std::string& path, const std::string& text);
+
+/// Writes several files (path, text) all or nothing, as far as a file system allows: every
+/// regular file's text goes first into a temporary file beside it (as write_file_atomic), then
+/// the streams and descriptors are written, then the temporary files are renamed over their
+/// targets. A failure before the renames replaces no file (the temporary files are removed); a
+/// rename that fails (the directory changed under the run) leaves those renamed before it.
+/// Used for a result file and its trace (--out, --trace). Throws std::runtime_error naming the
+/// path that failed.
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& files);
 
 /// Checks before a run that write_file_atomic(path, ...) can succeed: `path` (after its
 /// symbolic links) is not a directory, its parent directories exist or can be created (they

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
@@ -206,7 +207,16 @@ int local_processes_from_environment() {
     spdlog::warn("{}={}: not a process count; ignored for the thread policy", name, v);
     return 0;
   };
-  for (const char* name : {"MPT_WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+  // Each launcher's count only under that launcher (as dist::launch_from_environment tells them
+  // apart): a stray LOCAL_WORLD_SIZE in a plain shell, or an salloc shell's SLURM_NTASKS_PER_NODE
+  // outside any srun step, is no process of this run (probe, stop 31: LOCAL_WORLD_SIZE=8 cut one
+  // process to 1 thread).
+  auto set = [](const char* name) { return std::getenv(name) != nullptr; };
+  std::vector<const char*> names;
+  if (set("MPT_RANK")) names = {"MPT_WORLD_SIZE"};
+  else if (set("RANK") && set("WORLD_SIZE")) names = {"LOCAL_WORLD_SIZE"};
+  else if (set("SLURM_PROCID") && set("SLURM_NTASKS")) names = {"SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
+  for (const char* name : names)
     if (const int n = positive(name)) return n;
   return 1;
 }
@@ -224,8 +234,9 @@ ThreadPolicy apply_threads(int64_t requested) {
     spdlog::warn("{} intra-op threads in each of {} process(es) on {} usable core(s): the cores are oversubscribed and "
                  "step times will vary ({})",
                  p.intra_op, p.local_processes, p.cores,
-                 p.intra_op == 1 ? "more processes than cores: each already runs one thread"
-                                 : "set threads to 0 for max(1, cores / processes)");
+                 p.intra_op == 1              ? "more processes than cores: each already runs one thread"
+                 : p.source == "OMP_NUM_THREADS" ? "unset OMP_NUM_THREADS, or lower it, for max(1, cores / processes)"
+                                                 : "set threads to 0 for max(1, cores / processes)");
   torch::set_num_threads(p.intra_op);
   return p;
 }

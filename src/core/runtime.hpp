@@ -74,9 +74,12 @@ ThreadPolicy choose_threads(int64_t requested, int cores, int local_processes, c
 /// and SLURM's binding leave), else std::thread::hardware_concurrency(); at least 1.
 int usable_cores();
 
-/// mpt processes on this machine in this run: MPT_WORLD_SIZE (mpt --nproc spawns every rank
-/// here), else torchrun's LOCAL_WORLD_SIZE, else SLURM_NTASKS_PER_NODE, else the first count of
-/// SLURM_TASKS_PER_NODE ("4(x2)" -> 4), else 1. A malformed value is skipped (the next source counts) with a warning on stderr.
+/// mpt processes on this machine in this run, from the launcher that started this process (as
+/// dist::launch_from_environment tells them apart): under mpt --nproc (MPT_RANK set)
+/// MPT_WORLD_SIZE (every rank here); under torchrun (RANK and WORLD_SIZE set) LOCAL_WORLD_SIZE;
+/// in an srun task (SLURM_PROCID and SLURM_NTASKS set) SLURM_NTASKS_PER_NODE, else the first
+/// count of SLURM_TASKS_PER_NODE ("4(x2)" -> 4); else 1, whatever other variables are set. A
+/// malformed value is skipped (the next source counts) with a warning on stderr.
 int local_processes_from_environment();
 
 /// choose_threads(requested, usable_cores(), local_processes_from_environment(),

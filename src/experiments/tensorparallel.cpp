@@ -340,6 +340,7 @@ Report run_mesh(const Context& ctx) {
 
   // Groups: every rank walks every group in one order (TP, DP, PP), joining its own three.
   std::shared_ptr<dist::Group> tpg, dpg, ppg;
+  ProcessPipelineOptions popts;  // this rank's pipeline: its stages' job ranks key the trace's flows
   for (int s = 0; s < pp; ++s)
     for (int d = 0; d < dp; ++d)
       if (auto g = w.new_group(fmt::format("mesh/tp/pp{}dp{}/", s, d), mesh.tp_group(s, d), torch::kCPU)) tpg = g;
@@ -348,11 +349,14 @@ Report run_mesh(const Context& ctx) {
       if (auto g = w.new_group(fmt::format("mesh/dp/pp{}tp{}/", s, i), mesh.dp_group(s, i), torch::kCPU)) dpg = g;
   for (int d = 0; d < dp; ++d)
     for (int i = 0; i < mesh.tp; ++i)
-      if (auto g = w.new_group(fmt::format("mesh/pp/dp{}tp{}/", d, i), mesh.pp_group(d, i), torch::kCPU)) ppg = g;
+      if (auto g = w.new_group(fmt::format("mesh/pp/dp{}tp{}/", d, i), mesh.pp_group(d, i), torch::kCPU)) {
+        ppg = g;
+        popts.job_ranks = mesh.pp_group(d, i);
+      }
 
   {
-    Table lt{"mesh_layout", fmt::format("Rank layout of the {} x {} x {} mesh (\"pp\", \"dp\", \"tp\"; tp fastest)", dp,
-                                        mesh.tp, pp),
+    Table lt{"mesh_layout", fmt::format("Rank layout of the dp {} x tp {} x pp {} mesh (ranks in pp, dp, tp order: tp fastest)",
+                                        dp, mesh.tp, pp),
              {text_col("name", "rank"), int_col("pp", "pp"), int_col("dp", "dp"), int_col("tp", "tp"),
               text_col("tp_group", "TP group"), text_col("dp_group", "DP group"), text_col("pp_group", "PP group")}};
     auto list = [](const std::vector<int>& v) {
@@ -405,7 +409,7 @@ Report run_mesh(const Context& ctx) {
     w.fault_point(k);
     w.note_progress();
     // The mesh: the pipeline over this PP group, the DP mean, SGD.
-    const PipelineRun run = run_pipeline_process(ppg, stages, sched, m, mine_x, mine_y, SyntheticCost{});
+    const PipelineRun run = run_pipeline_process(ppg, stages, sched, m, mine_x, mine_y, SyntheticCost{}, popts);
     std::vector<torch::Tensor> flat_parts;
     for (const auto& g : run.grads) flat_parts.push_back(g.reshape({-1}));
     auto flat = torch::cat(flat_parts);

@@ -14,7 +14,8 @@ virtual stage, the metadata its ranks, devices, schedules and config, and the bu
 from the trace equals the experiment's own `measured` table within 0.01 (absolute) for every
 schedule, while one perturbed slice moves it beyond that; dataparallel's hidden fraction
 likewise; an unwritable --trace exits 2 before the run and writes nothing; a failed run leaves
-an existing trace untouched (atomic write) and no temporary file.
+an existing trace untouched (atomic write) and no temporary file; a trace that cannot be written
+(/dev/full) leaves an existing result untouched; --out or --trace naming the config: exit 2.
 Exit 0 pass, 1 fail.
 """
 import json
@@ -310,6 +311,25 @@ def case_single(mpt, tmp):
         fail("no run slice")
 
 
+def case_mesh(mpt, tmp):
+    """A dp 2 x tp 1 x pp 2 mesh: two pipelines in one job. Every flow id has one start and one
+    finish (validate), and each joins the two stages of one pipeline: ranks (pp*dp + d)*tp + t,
+    so stage 0 and stage 1 of replica d are ranks d and d + dp*tp (probe, stop 31: ids were keyed
+    by stage alone, and both replicas' messages shared them)."""
+    run(mpt, ["tensorparallel", "--config", os.path.join(ROOT, "configs/tensorparallel_quick.json"), "--nproc", "4",
+              "--set", "model.layers=2", "--set", "mesh.steps=2", "--set", "mesh.dp=2", "--set", "mesh.pp=2",
+              "--out", "r.json", "--trace", "t.json"], tmp)
+    doc = validate(os.path.join(tmp, "t.json"))
+    starts = {e["id"]: e for e in doc["traceEvents"] if e.get("ph") == "s"}
+    ends = {e["id"]: e for e in doc["traceEvents"] if e.get("ph") == "f"}
+    if len(starts) < 16:
+        fail(f"{len(starts)} flows: expected at least 16 (2 replicas x 2 steps x microbatches x F and B)")
+    for fid, st in starts.items():
+        if abs(st["pid"] - ends[fid]["pid"]) != 2:
+            fail(f"flow {fid}: from rank {st['pid']} to rank {ends[fid]['pid']}, not the two stages of one pipeline")
+    print(f"ok: mesh dp 2 x pp 2: {len(starts)} flows, each within its replica's pipeline")
+
+
 def case_unwritable(mpt, tmp):
     os.makedirs(os.path.join(tmp, "ro"))
     os.chmod(os.path.join(tmp, "ro"), 0o500)
@@ -340,6 +360,32 @@ def case_atomic(mpt, tmp):
     if left:
         fail(f"files left behind: {left}")
     print("ok: a failed run leaves the existing trace untouched and no temporary file")
+    # A trace that cannot be written after the run (a full device) leaves the existing result as it
+    # was: the result and the trace are written together (probe, stop 31: the result was replaced).
+    if os.path.exists("/dev/full"):
+        r = os.path.join(tmp, "r.json")
+        with open(r, "w") as f:
+            f.write("previous result\n")
+        p = run(mpt, ["underflow", "-q", "--set", "model.depth=3", "--out", r, "--trace", "/dev/full"], tmp, want=3)
+        if "cannot write the result and trace files: /dev/full: write failed" not in p.stderr:
+            fail(f"message: {p.stderr}")
+        if open(r).read() != "previous result\n":
+            fail("a trace that could not be written let the result file be replaced")
+        left = [n for n in os.listdir(tmp) if n not in ("t.json", "r.json")]
+        if left:
+            fail(f"files left behind: {left}")
+        print("ok: --trace /dev/full: exit 3, the existing result untouched, no temporary file")
+    # --out or --trace naming the --config file: exit 2 before the run, the config untouched.
+    c = os.path.join(tmp, "c.json")
+    with open(c, "w") as f:
+        f.write('{"model": {"depth": 3}}\n')
+    for args, opt in ((["--out", c], "--out"), (["--out", "r2.json", "--trace", c], "--trace")):
+        p = run(mpt, ["underflow", "--config", c] + args, tmp, want=2)
+        if f"{opt} {c}: expected a file other than the config (--config {c})" not in p.stderr:
+            fail(f"message: {p.stderr}")
+        if open(c).read() != '{"model": {"depth": 3}}\n' or os.path.exists(os.path.join(tmp, "r2.json")):
+            fail(f"{opt} over the config: a file was written")
+    print("ok: --out / --trace naming the config: exit 2, the config untouched")
 
 
 def case_plot(mpt, tmp):
@@ -368,6 +414,7 @@ CASES = {
     "pipeline_processes": lambda m, t: case_pipeline(m, t, "processes"),
     "dataparallel": case_dataparallel,
     "single": case_single,
+    "mesh": case_mesh,
     "unwritable": case_unwritable,
     "atomic": case_atomic,
     "plot": case_plot,
