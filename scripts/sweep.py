@@ -19,7 +19,8 @@ of that swept key. A field found in no result is an error; found in some results
 warning naming the runs without it.
 
 Exit code: 0 when every run succeeded; 1 when a run failed (listed in the CSV with its exit
-code); 2 for bad arguments (--grid, a missing --mpt) and for a --field found in no result (the
+code); 2 for bad arguments (--grid, a missing --mpt, an experiment mpt does not have: checked
+once, before any run) and for a --field found in no result (the
 runs and the summary are kept); 130 after Ctrl-C (summary.csv holds the runs that finished).
 """
 import argparse
@@ -56,24 +57,34 @@ def cut(text, limit=80):
 
 def lookup(doc, path):
     """Value at a '/'-separated path; table rows are addressed by their "name".
+    A row name or key may itself contain '/' (shard's "stage0/all_reduce"), as `mpt compare`
+    prints it: the parts are joined until one names a row or key, shortest first.
     Returns MISSING when a part of the path is not there."""
-    cur = doc
-    for part in [p for p in path.split("/") if p]:
+    return _lookup(doc, [p for p in path.split("/") if p])
+
+
+def _lookup(cur, parts):
+    if not parts:
+        return cur
+    for k in range(1, len(parts) + 1):
+        part, rest = "/".join(parts[:k]), parts[k:]
         if isinstance(cur, dict):
             if part not in cur:
-                return MISSING
-            cur = cur[part]
+                continue
+            found = _lookup(cur[part], rest)
         elif isinstance(cur, list):
             named = [r for r in cur if isinstance(r, dict) and r.get("name") == part]
             if named:
-                cur = named[0]
+                found = _lookup(named[0], rest)
             elif part.isdigit() and int(part) < len(cur):
-                cur = cur[int(part)]
+                found = _lookup(cur[int(part)], rest)
             else:
-                return MISSING
+                continue
         else:
             return MISSING
-    return cur
+        if found is not MISSING:
+            return found
+    return MISSING
 
 
 def split_values(text):
@@ -208,6 +219,15 @@ def main():
     args = ap.parse_args()
     grid = parse_grid(args.grid)
     mpt = check_mpt(args.mpt)
+    # An experiment mpt does not have is bad input: said once, before any point runs (each would
+    # exit 2 alike).
+    try:
+        p = subprocess.run([mpt, args.experiment, "--help"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        fail(f"--mpt {args.mpt}: cannot run it: {getattr(e, 'strerror', None) or e}")
+    if p.returncode != 0:
+        said = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        fail(f"experiment {cut(args.experiment)!r}: {cut(said, 200)}")
     writable_out_dir("sweep", args.out_dir)
     signal.signal(signal.SIGTERM, on_sigterm)
     keys = [k for k, _ in grid]

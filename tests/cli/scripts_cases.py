@@ -31,6 +31,12 @@ FAKE_MPT = r'''#!/usr/bin/python3
 import json, os, sys, time
 try:
     args = sys.argv[1:]
+    if "--help" in args:  # sweep.py asks once whether the experiment exists
+        if args[0] == "nosuch":
+            print("mpt: unknown experiment 'nosuch'; `mpt list` shows them all", file=sys.stderr)
+            sys.exit(2)
+        print("help")
+        sys.exit(0)
     sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     out = args[args.index("--out") + 1]
     log = os.environ["FAKE_MPT_LOG"]
@@ -240,6 +246,28 @@ def sweep_fields():
     f.close()
 
 
+def sweep_slash_names():
+    print("== sweep: a row name with '/' in it (shard's stage0/all_reduce), addressed as mpt compare prints it")
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import sweep  # noqa: E402
+    doc = {"results": {"comm": [{"name": "tp", "x": 1}, {"name": "tp/all_reduce", "sent_bytes": 5}]}}
+    check(sweep.lookup(doc, "/results/comm/tp/all_reduce/sent_bytes") == 5, "slash: the row tp/all_reduce")
+    check(sweep.lookup(doc, "/results/comm/tp/x") == 1, "slash: the row tp beside it")
+    check(sweep.lookup(doc, "/results/comm/tp/all_reduce/nosuch") is sweep.MISSING, "slash: a missing column")
+
+
+def sweep_unknown_experiment():
+    print("== sweep: an experiment mpt does not have: one line, exit 2, nothing run")
+    f = Fake()
+    cmd = [PY, SWEEP, "nosuch", "--mpt", f.mpt, "--out-dir", os.path.join(f.tmp, "u"), "--grid", "seed=0,1"]
+    p = subprocess.run(cmd, env=f.env, capture_output=True, text=True)
+    no_traceback(p, "unknown experiment")
+    check(p.returncode == 2, f"unknown experiment: exit 2, got {p.returncode}")
+    check("experiment 'nosuch': mpt: unknown experiment 'nosuch'" in p.stderr, f"unknown experiment: named: {p.stderr}")
+    check(f.calls() == [], "unknown experiment: no point ran")
+    f.close()
+
+
 def sweep_end_to_end(mpt):
     print("== sweep: the real mpt, list values and a field found in one run only")
     if not (mpt and os.access(mpt, os.X_OK)):
@@ -345,6 +373,8 @@ def main():
         sweep_missing_mpt()
         sweep_ctrl_c()
         sweep_fields()
+        sweep_slash_names()
+        sweep_unknown_experiment()
         sweep_end_to_end(sys.argv[2] if len(sys.argv) > 2 else None)
     elif what == "plot":
         if subprocess.run([PY, "-c", "import matplotlib"], capture_output=True).returncode != 0:
