@@ -1,9 +1,12 @@
 // The run of one experiment: config, launch, device, run, report, result file. See harness.hpp.
 #include "app/harness.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -171,6 +174,35 @@ nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg,
 
 namespace {
 
+// The --out / --trace folders this run created, for a SIGINT, SIGTERM or SIGHUP that ends it
+// before its result: the handler removes the empty ones (rmdir(2) is async-signal-safe), then
+// dies of the signal as it would have (default disposition, re-raised). Probe, stop 31: an
+// interrupted run left them, although a failed run removes them.
+constexpr int kMaxSignalDirs = 64;
+const char* g_signal_dirs[kMaxSignalDirs];
+volatile std::sig_atomic_t g_signal_ndirs = 0;
+
+extern "C" void remove_dirs_and_reraise(int sig) {
+  for (int i = g_signal_ndirs - 1; i >= 0; --i) ::rmdir(g_signal_dirs[i]);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+// Arms remove_dirs_and_reraise for `dirs` (outermost first) on the signals whose disposition is
+// still the default (an ignored SIGHUP under nohup stays ignored). No-op for no folders.
+void remove_dirs_on_signal(const std::vector<std::string>& dirs) {
+  if (dirs.empty()) return;
+  g_signal_ndirs = 0;
+  int n = 0;
+  for (const auto& d : dirs)
+    if (n < kMaxSignalDirs) g_signal_dirs[n++] = ::strdup(d.c_str());  // kept to the end of the process
+  g_signal_ndirs = n;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old{};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(sig, remove_dirs_and_reraise);
+  }
+}
+
 // run_experiment's body; `made_dirs` receives the --out folders it created.
 int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector<std::string>& made_dirs) {
   const std::string prog = "mpt " + exp.name;
@@ -282,6 +314,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
           throw ConfigError(fmt::format("--trace {}", e.what()));
         }
       }
+      remove_dirs_on_signal(made_dirs);  // Ctrl-C or a kill before the result: the folders go too
     }
     if (multi) {
       if (!launch && cfg.integer("/nproc") > 1) {

@@ -10,3 +10,7 @@ endforeach()
 cli_case(trace_same_as_out 2 "--trace r.json: expected a file other than the result file \\(--out r.json\\)" underflow
          --out r.json --trace r.json)
 cli_case(trace_same_as_out_dotdot 2 "expected a file other than the result file" underflow --out sub/../r.json --trace r.json)
+# An interrupted run (SIGINT, SIGTERM) removes the --out / --trace folders it created (tests/cli/interrupted.py).
+add_test(NAME cli.interrupted_run_folders COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/interrupted.py $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.interrupted_run_folders PROPERTIES TIMEOUT 300)
