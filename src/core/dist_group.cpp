@@ -1098,7 +1098,8 @@ std::string collective_algorithm(const std::string& backend, GlooAlgorithm a, co
   return "ring (send/recv, mpt): LibTorch " + compat::torch_version() + "'s ProcessGroupGloo has no reduce_scatter";
 }
 
-bool Group::uses_ring(const std::string& kind) const { return size_ > 1 && ring_on(backend_, gloo_algorithm_, kind); }
+// (One rank too: the ring is then a copy, and 1.13's Gloo would refuse its reduce_scatter.)
+bool Group::uses_ring(const std::string& kind) const { return ring_on(backend_, gloo_algorithm_, kind); }
 
 namespace {
 // The tag of step `step` of ring call number `call`: kRingTagBase + (call mod 2^24)·64 + step mod 64
