@@ -50,6 +50,8 @@ Benchmarks (--only NAME, repeatable; default: all):
                the ZeRO-2 step (reduce-scatter + sharded Adam + all-gather) / the DDP step
                (all-reduce + Adam), issue 19's target <= 1.1; both equal bitwise (the run's own
                checks, exit 0) before timing. 'mpt' = ZeRO-2, 'python' = DDP (both mpt)
+  zero2_ring   the same with --set dist.gloo_algorithm=ring (mpt's send/recv ring reduce-scatter and
+               all-gather instead of Gloo's native ones)
   gemm         this machine's GEMM ceilings: torch.mm 2048^3 in fp32, bf16, fp16 at the bench's threads;
                with mlp_large, that step's GFLOP/s and its fraction of the fp32 ceiling
   busy         mpt's fp32 MLP step on every core while another process spins on one: OMP_WAIT_POLICY
@@ -89,7 +91,7 @@ BENCH = os.path.join(ROOT, "bench")
 PARITY = os.path.join(ROOT, "tests", "parity")
 SCHEMA_VERSION = 2
 ALL = ["underflow", "lossscale", "accumulate", "dataparallel", "pipeline", "checkpoint", "mlp", "mlp_large", "ddp",
-       "accumulate_step", "pipeline_step", "zero2", "gemm", "busy", "trace"]
+       "accumulate_step", "pipeline_step", "zero2", "zero2_ring", "gemm", "busy", "trace"]
 
 
 def log(*a):
@@ -395,25 +397,32 @@ class Bench:
     # ------------------------------------------------------------------------------------
     # zero2: N = 2 over Gloo, ZeRO stage 2 vs stage 0 (DDP) in one mpt shard run
     # ------------------------------------------------------------------------------------
-    def zero2(self):
+    def zero2(self, algorithm="native"):
         steps = 12 if self.args.quick else 60
-        cmd, out = self.mpt_cmd("zero2", "shard", "--nproc", "2", "--set", "train.stages=[0,2]",
+        name = "zero2" if algorithm == "native" else "zero2_" + algorithm
+        cmd, out = self.mpt_cmd(name, "shard", "--nproc", "2", "--set", "train.stages=[0,2]",
                                 "--set", f"train.steps={steps}", "--set", f"train.samples={64 * steps}",
                                 "--set", "train.micro_batches=1", "--set", "mixed.compare=false",
-                                "--set", "zero.compare_every_micro_batch=false")
+                                "--set", "zero.compare_every_micro_batch=false",
+                                "--set", f"dist.gloo_algorithm={algorithm}")
 
         def one():
             run(cmd)  # exit 0: every check held (stage 2 equal to DDP bitwise at every step)
             return load(out)
         first = one()
         if not all(c["ok"] for c in first["checks"]):
-            raise Mismatch("zero2: a check of mpt shard failed")
+            raise Mismatch(f"{name}: a check of mpt shard failed")
         res = self.rounds(one)
         step = lambda r, name: next(x["step_ms"] for x in r["timings"]["memory_peak"] if x["name"] == name)
         z, d = [step(r, "stage2") for r in res], [step(r, "stage0") for r in res]
-        self.add("zero2_vs_ddp_n2", "zero2", "step", "ms", z, d, [a / b for a, b in zip(z, d)], target="<= 1.1",
-                 note=f"784-128-10, global batch 64, Adam, Gloo, {steps} steps, 1 thread per rank; "
+        self.add(f"{name}_vs_ddp_n2", name, "step", "ms", z, d, [a / b for a, b in zip(z, d)], target="<= 1.1",
+                 note=f"784-128-10, global batch 64, Adam, Gloo ({first['env']['dist']['reduce_scatter']}; all-gather "
+                      f"{first['env']['dist']['all_gather']}), {steps} steps, 1 thread per rank; "
                       "'mpt' = ZeRO-2, 'python' = DDP (stage 0), both mpt shard")
+
+    def zero2_ring(self):
+        """zero2 with dist.gloo_algorithm = ring: mpt's send/recv ring for reduce-scatter and all-gather."""
+        self.zero2("ring")
 
     # ------------------------------------------------------------------------------------
     # checkpoint: plain vs sqrt(n) segments

@@ -7,7 +7,7 @@
 #   scripts/bench.sh --quick                  # smaller runs, 1 round (a smoke test)
 #   scripts/bench.sh --only mlp --only ddp    # choose: underflow, lossscale, accumulate, dataparallel,
 #                                             #   pipeline, checkpoint, mlp, mlp_large, ddp, accumulate_step,
-#                                             #   pipeline_step, zero2, gemm, busy, trace
+#                                             #   pipeline_step, zero2, zero2_ring, gemm, busy, trace
 #   scripts/bench.sh --rounds 9 --out FILE    # default FILE: bench/results/<UTC date>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."

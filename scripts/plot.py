@@ -281,9 +281,15 @@ def plot_collectives(doc, out, fmt):
             rows = [r for r in tim[op] if num(r[key]) > 0]  # busbw is 0 on one rank: nothing to draw on a log axis
             if not rows:
                 continue
-            emulated = any(r.get("via") == "all_reduce" for r in rows)
-            ax.plot([r["size"] for r in rows], [num(r[key]) for r in rows], "--" if emulated else "-", marker=".",
-                    label=op + (" (emulated by all-reduce: busbw not comparable)" if emulated else ""))
+            via = rows[0].get("via")
+            ax.plot([r["size"] for r in rows], [num(r[key]) for r in rows], "-", marker=".",
+                    label=op + (f" ({via})" if via else ""))
+            # mpt's send/recv ring timed beside Gloo's native reduce_scatter / all_gather (dashed)
+            ring_key = "ring_" + key
+            ring = [r for r in rows if num(r.get(ring_key, 0)) > 0]
+            if ring:
+                ax.plot([r["size"] for r in ring], [num(r[ring_key]) for r in ring], "--", marker=".",
+                        label=op + " (ring: send/recv, mpt)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes; nccl-tests' size: the larger buffer)")

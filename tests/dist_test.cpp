@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cmath>
 #include <functional>
+#include <limits>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -15,6 +18,7 @@
 #include "catch.hpp"
 #include "two_ranks.hpp"
 #include "core/dist.hpp"
+#include "core/compat.hpp"
 #include "core/errors.hpp"
 
 using namespace mpt;
@@ -449,4 +453,151 @@ TEST_CASE("Reducer on two Gloo ranks: the bucketed all-reduce of the gradients i
         }
     }
   }
+}
+
+// ----------------------------------------------------------------------------
+// The ring collectives (Group::ring_reduce_scatter / ring_all_gather)
+// ----------------------------------------------------------------------------
+namespace {
+// Chunk j of the ring reduce-scatter as dist_group.hpp documents it: rank order starting after
+// j, left to right: ((in_{j+1} ⊕ in_{j+2}) ⊕ ...) ⊕ in_j.
+torch::Tensor ring_order(const std::vector<torch::Tensor>& in, int j, dist::ReduceOp op) {
+  const int n = static_cast<int>(in.size());
+  auto chunk = [&](int r) { return in[static_cast<std::size_t>(r % n)].chunk(n, 0)[static_cast<std::size_t>(j)]; };
+  torch::Tensor acc = chunk(j + 1).clone();
+  for (int k = 2; k <= n; ++k) {
+    const torch::Tensor own = chunk(j + k);
+    acc = op == dist::ReduceOp::Sum ? acc + own : op == dist::ReduceOp::Min ? torch::minimum(acc, own) : torch::maximum(acc, own);
+  }
+  return acc;
+}
+}  // namespace
+
+TEST_CASE("ring reduce_scatter and all_gather on 2, 3 and 4 Gloo ranks: the documented order, bit for bit",
+          "[dist][ring]") {
+  for (int n : {2, 3, 4}) {
+    DYNAMIC_SECTION("N = " << n) {
+      const auto count = static_cast<std::size_t>(n);
+      const int64_t rows = 5;  // rows per chunk
+      // Inputs made on this thread (the ranks' threads only compute): random floats of different
+      // magnitudes per rank (the order of their sum shows), integer-valued floats (exact in any order).
+      torch::manual_seed(19 + n);
+      std::vector<torch::Tensor> rnd, ints, mine;
+      for (int r = 0; r < n; ++r) {
+        rnd.push_back(torch::randn({n * rows, 3}) * std::pow(10.0, r));
+        ints.push_back(torch::randint(-50, 50, {n * rows, 3}).to(torch::kFloat32));
+        mine.push_back(torch::randn({rows, 3}));
+      }
+      std::vector<torch::Tensor> sum(count), isum(count), mn(count), mx(count), gathered(count), via(count);
+      std::vector<std::map<std::string, dist::CommCount>> counts(count);
+      const auto errors = mpt::testing::on_ranks(n, fmt::format("ring_n{}/", n), [&](dist::Group& g, int r) {
+        const auto i = static_cast<std::size_t>(r);
+        for (auto* t : {&sum[i], &isum[i], &mn[i], &mx[i], &via[i]}) *t = torch::empty({rows, 3});
+        g.ring_reduce_scatter(rnd[i], sum[i]);
+        g.ring_reduce_scatter(ints[i], isum[i]);
+        g.ring_reduce_scatter(rnd[i], mn[i], dist::ReduceOp::Min);
+        g.ring_reduce_scatter(rnd[i], mx[i], dist::ReduceOp::Max);
+        gathered[i] = torch::empty({n * rows, 3});
+        g.ring_all_gather(mine[i], gathered[i]);
+        counts[i] = g.comm_counts();
+        // reduce_scatter with the Gloo algorithm "ring" takes the same path.
+        g.set_gloo_algorithm(dist::GlooAlgorithm::Ring);
+        g.reduce_scatter(rnd[i], via[i]);
+      });
+      REQUIRE(errors == std::vector<std::string>(count, ""));
+      int64_t differ_from_rank_order = 0;
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r);
+        const auto i = static_cast<std::size_t>(r);
+        CHECK(torch::equal(sum[i], ring_order(rnd, r, dist::ReduceOp::Sum)));
+        CHECK(torch::equal(via[i], sum[i]));
+        CHECK(torch::equal(isum[i], ring_order(ints, r, dist::ReduceOp::Sum)));
+        torch::Tensor plain = ints[0].chunk(n, 0)[i].clone();
+        for (int k = 1; k < n; ++k) plain = plain + ints[static_cast<std::size_t>(k)].chunk(n, 0)[i];
+        CHECK(torch::equal(isum[i], plain));  // integers: every order gives the same
+        CHECK(torch::equal(mn[i], ring_order(rnd, r, dist::ReduceOp::Min)));
+        CHECK(torch::equal(mx[i], ring_order(rnd, r, dist::ReduceOp::Max)));
+        CHECK(torch::equal(gathered[i], torch::cat(mine)));
+        // Another order (ranks 0 .. N-1) gives other sums at N > 2: the check above can fail.
+        torch::Tensor rank_order = rnd[0].chunk(n, 0)[i].clone();
+        for (int k = 1; k < n; ++k) rank_order = rank_order + rnd[static_cast<std::size_t>(k)].chunk(n, 0)[i];
+        differ_from_rank_order += sum[i].ne(rank_order).sum().item<int64_t>();
+        // Counted as the collectives, with the ring's (N-1)/N of the payload sent; no send/recv.
+        const auto& c = counts[i];
+        const double payload = static_cast<double>(n * rows * 3 * 4);
+        REQUIRE(c.count("reduce_scatter") == 1);
+        CHECK(c.at("reduce_scatter").calls == 4);
+        CHECK(c.at("reduce_scatter").sent_bytes == 4 * payload * (n - 1) / n);
+        REQUIRE(c.count("all_gather") == 1);
+        CHECK(c.at("all_gather").sent_bytes == payload * (n - 1) / n);
+        CHECK(c.count("send") == 0);
+        CHECK(c.count("recv") == 0);
+      }
+      if (n > 2) CHECK(differ_from_rank_order > 0);
+      else CHECK(differ_from_rank_order == 0);  // one addition: commutative
+    }
+  }
+}
+
+TEST_CASE("ring and native reduce_scatter / all_gather agree bit for bit on two Gloo ranks", "[dist][ring]") {
+  torch::manual_seed(5);
+  const std::vector<torch::Tensor> in = {torch::randn({6, 4}), torch::randn({6, 4})};
+  std::vector<torch::Tensor> native(2), ring(2), gn(2), gr(2);
+  const auto errors = on_two_ranks("ring_vs_native/", [&](dist::Group& g, int r) {
+    const auto i = static_cast<std::size_t>(r);
+    native[i] = torch::empty({3, 4});
+    ring[i] = torch::empty({3, 4});
+    gn[i] = torch::empty({12, 4});
+    gr[i] = torch::empty({12, 4});
+    g.reduce_scatter(in[i], native[i]);  // c10d's on LibTorch 2.x; the ring on 1.13
+    g.all_gather(in[i], gn[i]);
+    g.ring_reduce_scatter(in[i], ring[i]);
+    g.ring_all_gather(in[i], gr[i]);
+  });
+  REQUIRE(errors == std::vector<std::string>{"", ""});
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(torch::equal(native[i], ring[i]));
+    CHECK(torch::equal(native[i], (in[0] + in[1]).chunk(2, 0)[i]));
+    CHECK(torch::equal(gn[i], gr[i]));
+  }
+}
+
+TEST_CASE("send_async and recv_async refuse the ring's tags; names and descriptions of the algorithms",
+          "[dist][ring]") {
+  auto g = dist::Group::create(dist::connect_store(dist::LaunchInfo{}, std::chrono::milliseconds(5000)), 0, 1,
+                               "ring_tags/", std::chrono::milliseconds(5000));
+  auto t = torch::zeros({1});
+  for (int tag : {dist::kRingTagBase, dist::kRingTagBase + 7, std::numeric_limits<int>::max()}) {
+    INFO("tag " << tag);
+    std::string send_error, recv_error;
+    try {
+      g->send_async(t, 0, tag);
+    } catch (const std::invalid_argument& e) {
+      send_error = e.what();
+    }
+    try {
+      g->recv_async(t, 0, tag);
+    } catch (const std::invalid_argument& e) {
+      recv_error = e.what();
+    }
+    CHECK(send_error.find("reserved for the ring collectives (>= 2^30 = 1073741824)") != std::string::npos);
+    CHECK(recv_error.find("recv_async: tag") != std::string::npos);
+  }
+  CHECK(dist::gloo_algorithm_from_name("ring") == dist::GlooAlgorithm::Ring);
+  CHECK(dist::gloo_algorithm_from_name("native") == dist::GlooAlgorithm::Native);
+  CHECK_THROWS_AS(dist::gloo_algorithm_from_name("tree"), std::invalid_argument);
+  CHECK(dist::collective_algorithm("gloo", dist::GlooAlgorithm::Ring, "all_gather").rfind("ring (send/recv, mpt)", 0) == 0);
+  CHECK(dist::collective_algorithm("gloo", dist::GlooAlgorithm::Native, "all_gather") ==
+        "gloo native (c10d ProcessGroupGloo::allgather)");
+  CHECK(dist::collective_algorithm("gloo", dist::GlooAlgorithm::Native, "reduce_scatter").rfind(
+            compat::kGlooHasReduceScatter ? "gloo native" : "ring (send/recv, mpt)", 0) == 0);
+  CHECK(dist::collective_algorithm("nccl", dist::GlooAlgorithm::Ring, "reduce_scatter").rfind("nccl native", 0) == 0);
+  // One rank: the ring is a copy, and nothing counts as sent.
+  auto out = torch::empty({2});
+  g->ring_reduce_scatter(torch::tensor({1.0f, 2.0f}), out);
+  CHECK(torch::equal(out, torch::tensor({1.0f, 2.0f})));
+  CHECK(g->uses_ring("reduce_scatter") == !compat::kGlooHasReduceScatter);  // 1.13: the ring, even on one rank
+  CHECK_FALSE(g->uses_ring("all_gather"));
+  g->reduce_scatter(torch::tensor({3.0f, 4.0f}), out);
+  CHECK(torch::equal(out, torch::tensor({3.0f, 4.0f})));
 }

@@ -348,6 +348,16 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     if (multi) {
       world.emplace(launch.value_or(dist::LaunchInfo{}), device,
                     std::chrono::milliseconds(static_cast<int64_t>(plan.timeout_s * 1000)), plan.fault);
+      // How Gloo groups (the CPU's; experiments may form them beside NCCL's) run reduce_scatter and
+      // all_gather (/dist/gloo_algorithm where the experiment has it, else native): env.dist.
+      const dist::GlooAlgorithm algo = dist::gloo_algorithm_from_name(plan.gloo_algorithm);
+      world->set_gloo_algorithm(algo);
+      env["dist"] = {{"gloo_algorithm", dist::gloo_algorithm_name(algo)},
+                     {"reduce_scatter", dist::collective_algorithm("gloo", algo, "reduce_scatter")},
+                     {"all_gather", dist::collective_algorithm("gloo", algo, "all_gather")}};
+      if (device.is_cuda())
+        env["dist"]["nccl"] = dist::collective_algorithm("nccl", algo, "reduce_scatter") + "; " +
+                              dist::collective_algorithm("nccl", algo, "all_gather");
       // What every rank must share, checked against rank 0's when the job connects: the
       // experiment, the versions and the config, less the data folders (another machine may
       // keep the same files elsewhere).

@@ -13,7 +13,7 @@ namespace mpt::compat {
 /// True when built against LibTorch 2.x or newer.
 inline constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
 /// ProcessGroupGloo implements reduce_scatter in LibTorch 2.x; 1.13's throws "ProcessGroupGloo
-/// does not support reduce_scatter" (dist::Group::reduce_scatter falls back to an all-reduce there).
+/// does not support reduce_scatter" (dist::Group::reduce_scatter runs its own ring there).
 inline constexpr bool kGlooHasReduceScatter = kTorch2;
 /// ProcessGroupGloo moves bfloat16 tensors in LibTorch 2.x; 1.13's refuses them in every
 /// collective and in send/recv ("Invalid scalar type").

@@ -991,13 +991,12 @@ std::shared_ptr<Group> Group::create(std::shared_ptr<Job> job, int rank, int siz
 
 Group::~Group() = default;
 
-void Group::count(const char* kind, int64_t payload_bytes, double sent_bytes, bool emulated) {
+void Group::count(const char* kind, int64_t payload_bytes, double sent_bytes) {
   std::lock_guard<std::mutex> lock(count_mu_);
   CommCount& c = counts_[kind];
   ++c.calls;
   c.payload_bytes += payload_bytes;
   c.sent_bytes += size_ > 1 ? sent_bytes : 0.0;
-  if (emulated) ++c.emulated;
 }
 
 std::map<std::string, CommCount> Group::comm_counts() const {
@@ -1040,6 +1039,7 @@ void Group::broadcast(torch::Tensor t, int root) {
 
 void Group::all_gather(const torch::Tensor& in, torch::Tensor out) {
   check_chunks("all_gather", out, in, size_);
+  if (uses_ring("all_gather")) return ring_all_gather(in, std::move(out));
   count("all_gather", nbytes_of(out), ring_share(nbytes_of(out), size_));
   auto tr = trace_begin("all_gather", nbytes_of(out), size_);
   std::vector<at::Tensor> inputs{in};
@@ -1053,23 +1053,8 @@ void Group::all_gather(const torch::Tensor& in, torch::Tensor out) {
 
 void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) {
   check_chunks("reduce_scatter", in, out, size_);
-  if (backend_ == "gloo" && !compat::kGlooHasReduceScatter) {
-    // LibTorch 1.13's ProcessGroupGloo has no reduce_scatter ("ProcessGroupGloo does not support
-    // reduce_scatter"): all-reduce a copy and keep this rank's chunk. Same values, but each rank
-    // receives the whole tensor instead of 1/size of it.
-    auto full = in.clone();
-    count("reduce_scatter", nbytes_of(in), 2.0 * ring_share(nbytes_of(in), size_), /*emulated=*/true);
-    auto tr = trace_begin("reduce_scatter", nbytes_of(in), size_);
-    if (tr) tr->args["emulated_by_all_reduce"] = true;
-    std::vector<at::Tensor> ts{full};
-    c10d::AllreduceOptions o;
-    o.reduceOp = to_c10d(op);
-    post_collective("reduce-scatter (as an all-reduce) failed on " + impl_->where, job_, impl_->monitor,
-                    [&] { return impl_->pg->allreduce(ts, o); }, tr, impl_->trace_lane)
-        .wait();
-    out.copy_(full.chunk(size_, 0)[static_cast<std::size_t>(rank_)]);
-    return;
-  }
+  if (uses_ring("reduce_scatter")) return ring_reduce_scatter(in, std::move(out), op);
+  // NCCL, and LibTorch 2.x's Gloo (Native).
   count("reduce_scatter", nbytes_of(in), ring_share(nbytes_of(in), size_));
   auto tr = trace_begin("reduce_scatter", nbytes_of(in), size_);
   std::vector<at::Tensor> outputs{out};
@@ -1080,6 +1065,155 @@ void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp 
   post_collective("reduce-scatter failed on " + impl_->where, job_, impl_->monitor,
                   [&] { return impl_->pg->reduce_scatter(outputs, inputs, o); }, tr, impl_->trace_lane)
       .wait();
+}
+
+// ----------------------------------------------------------------------------
+// Ring collectives from point-to-point messages (see dist_group.hpp for the exact schedule)
+// ----------------------------------------------------------------------------
+GlooAlgorithm gloo_algorithm_from_name(const std::string& name) {
+  if (name == "native") return GlooAlgorithm::Native;
+  if (name == "ring") return GlooAlgorithm::Ring;
+  throw std::invalid_argument("gloo algorithm: expected \"native\" or \"ring\", got \"" + name + "\"");
+}
+
+std::string gloo_algorithm_name(GlooAlgorithm a) { return a == GlooAlgorithm::Ring ? "ring" : "native"; }
+
+namespace {
+bool ring_on(const std::string& backend, GlooAlgorithm a, const std::string& kind) {
+  if (backend != "gloo") return false;
+  if (a == GlooAlgorithm::Ring) return true;
+  return kind == "reduce_scatter" && !compat::kGlooHasReduceScatter;
+}
+}  // namespace
+
+std::string collective_algorithm(const std::string& backend, GlooAlgorithm a, const std::string& kind) {
+  if (kind != "reduce_scatter" && kind != "all_gather")
+    throw std::invalid_argument("collective_algorithm: expected reduce_scatter or all_gather, got " + kind);
+  const std::string c10d_name = kind == "reduce_scatter" ? "reduce_scatter" : "allgather";
+  if (backend != "gloo")
+    return fmt::format("{} native (c10d ProcessGroup{}::{}; dist.gloo_algorithm does not apply)", backend,
+                       backend == "nccl" ? "NCCL" : backend, c10d_name);
+  if (!ring_on(backend, a, kind)) return "gloo native (c10d ProcessGroupGloo::" + c10d_name + ")";
+  if (a == GlooAlgorithm::Ring) return "ring (send/recv, mpt): dist.gloo_algorithm = \"ring\"";
+  return "ring (send/recv, mpt): LibTorch " + compat::torch_version() + "'s ProcessGroupGloo has no reduce_scatter";
+}
+
+// (One rank too: the ring is then a copy, and 1.13's Gloo would refuse its reduce_scatter.)
+bool Group::uses_ring(const std::string& kind) const { return ring_on(backend_, gloo_algorithm_, kind); }
+
+namespace {
+// The tag of step `step` of ring call number `call`: kRingTagBase + (call mod 2^24)·64 + step mod 64
+// (steps between the same two ranks are sequential, so a step count beyond 64 may repeat tags).
+int ring_tag(int64_t call, int step) {
+  return kRingTagBase + static_cast<int>((call % (int64_t{1} << 24)) * 64 + step % 64);
+}
+
+// The ring's trace slice: from posting (or the previous collective's end) to the last step.
+void ring_trace_end(const std::shared_ptr<TraceOp>& op, const std::shared_ptr<TraceLane>& lane) {
+  if (!op) return;
+  const double done = trace::now_us();
+  double begin = op->post_us;
+  {
+    std::lock_guard<std::mutex> lock(lane->mu);
+    begin = std::max(begin, std::min(done, lane->last_done_us));
+    lane->last_done_us = done;
+  }
+  trace_end(*op, begin, done);
+}
+
+// dst = received ⊕ own, elementwise in the dtype.
+void ring_combine(torch::Tensor& dst, const torch::Tensor& received, const torch::Tensor& own, ReduceOp op) {
+  if (op == ReduceOp::Sum) {
+    torch::add_out(dst, received, own);
+  } else if (op == ReduceOp::Min) {
+    torch::minimum_out(dst, received, own);
+  } else {
+    torch::maximum_out(dst, received, own);
+  }
+}
+
+const char* ring_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : op == ReduceOp::Min ? "min" : "max"; }
+}  // namespace
+
+Work Group::ring_step(bool send, torch::Tensor t, int peer, int tag, const std::string& what) {
+  auto impl = std::make_shared<WorkImpl>();
+  impl->what = what;
+  impl->job = job_;
+  impl->monitor = impl_->monitor;  // diagnosed as a collective: every rank of the ring takes part
+  impl->peer_global = impl_->global[static_cast<std::size_t>(peer)];
+  std::vector<at::Tensor> ts{std::move(t)};
+  try {
+    impl->w = send ? impl_->pg->send(ts, peer, tag) : impl_->pg->recv(ts, peer, tag);
+  } catch (const std::exception& e) {
+    collective_failed(impl->what, e, impl_->monitor.get());
+  }
+  return Work(impl);
+}
+
+void Group::ring_reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) {
+  check_chunks("ring_reduce_scatter", in, out, size_);
+  const int n = size_, r = rank_;
+  count("reduce_scatter", nbytes_of(in), ring_share(nbytes_of(in), n));
+  if (n == 1) {
+    out.copy_(in);
+    return;
+  }
+  auto tr = trace_begin("reduce_scatter", nbytes_of(in), n);
+  if (tr) tr->args["algorithm"] = "ring";
+  const int64_t call = ring_calls_++;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const auto chunks = in.chunk(n, 0);
+  auto chunk_of = [&](int j) { return chunks[static_cast<std::size_t>(((j % n) + n) % n)]; };
+  torch::Tensor received = torch::empty_like(out), partial[2] = {torch::empty_like(out), torch::empty_like(out)};
+  torch::Tensor to_send = chunk_of(r - 1);  // step 0: this rank's own chunk r−1
+  for (int s = 0; s < n - 1; ++s) {
+    const int tag = ring_tag(call, s);
+    const std::string what = fmt::format("reduce-scatter (ring, {}) step {} of {} failed on {}", ring_op_name(op), s + 1,
+                                         n - 1, impl_->where);
+    Work rx = ring_step(false, received, prev, tag, what + " (recv from rank " + std::to_string(prev) + ")");
+    Work tx = ring_step(true, to_send, next, tag, what + " (send to rank " + std::to_string(next) + ")");
+    try {
+      rx.wait();
+    } catch (...) {
+      tx.abort();
+      throw;
+    }
+    tx.wait();
+    // The partial of chunk (r − s − 2) mod N: received ⊕ this rank's own; the last one is chunk r.
+    torch::Tensor dst = s == n - 2 ? out : partial[s % 2];
+    ring_combine(dst, received, chunk_of(r - s - 2), op);
+    to_send = dst;
+  }
+  ring_trace_end(tr, impl_->trace_lane);
+}
+
+void Group::ring_all_gather(const torch::Tensor& in, torch::Tensor out) {
+  check_chunks("ring_all_gather", out, in, size_);
+  const int n = size_, r = rank_;
+  count("all_gather", nbytes_of(out), ring_share(nbytes_of(out), n));
+  const auto chunks = out.chunk(n, 0);
+  auto chunk_of = [&](int j) { return chunks[static_cast<std::size_t>(((j % n) + n) % n)]; };
+  chunk_of(r).copy_(in);
+  if (n == 1) return;
+  auto tr = trace_begin("all_gather", nbytes_of(out), n);
+  if (tr) tr->args["algorithm"] = "ring";
+  const int64_t call = ring_calls_++;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    const int tag = ring_tag(call, s);
+    const std::string what =
+        fmt::format("all-gather (ring) step {} of {} failed on {}", s + 1, n - 1, impl_->where);
+    Work rx = ring_step(false, chunk_of(r - s - 1), prev, tag, what + " (recv from rank " + std::to_string(prev) + ")");
+    Work tx = ring_step(true, chunk_of(r - s), next, tag, what + " (send to rank " + std::to_string(next) + ")");
+    try {
+      rx.wait();
+    } catch (...) {
+      tx.abort();
+      throw;
+    }
+    tx.wait();
+  }
+  ring_trace_end(tr, impl_->trace_lane);
 }
 
 void Group::all_to_all(const torch::Tensor& in, torch::Tensor out) {
@@ -1097,7 +1231,17 @@ void Group::all_to_all(const torch::Tensor& in, torch::Tensor out) {
   }, tr, impl_->trace_lane).wait();
 }
 
+namespace {
+void check_user_tag(const char* op, int tag) {
+  if (tag >= kRingTagBase)
+    throw std::invalid_argument(fmt::format("{}: tag {} is in the range reserved for the ring collectives "
+                                            "(>= 2^30 = {}); use a tag 0 .. {}",
+                                            op, tag, kRingTagBase, kRingTagBase - 1));
+}
+}  // namespace
+
 Work Group::send_async(torch::Tensor t, int dst, int tag) {
+  check_user_tag("send_async", tag);
   count("send", nbytes_of(t), static_cast<double>(nbytes_of(t)));
   const int64_t bytes = nbytes_of(t);
   std::vector<at::Tensor> ts{std::move(t)};
@@ -1118,6 +1262,7 @@ Work Group::send_async(torch::Tensor t, int dst, int tag) {
 }
 
 Work Group::recv_async(torch::Tensor t, int src, int tag) {
+  check_user_tag("recv_async", tag);
   count("recv", nbytes_of(t), 0.0);
   const int64_t bytes = nbytes_of(t);
   std::vector<at::Tensor> ts{std::move(t)};

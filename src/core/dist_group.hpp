@@ -159,18 +159,39 @@ enum class ReduceOp { Sum, Min, Max };
 /// buffer of an all-reduce or broadcast, the *output* of an all-gather, the *input* of a
 /// reduce-scatter, `in` of an all-to-all, the tensor of a send or recv. `sent_bytes` is what
 /// this rank puts on the wire under the ring algorithm (NCCL's ring; Gloo's ring / ring-chunked
-/// all-reduce), from the payload S and the group size N:
+/// all-reduce; mpt's own ring_reduce_scatter / ring_all_gather, which send exactly this), from
+/// the payload S and the group size N:
 ///   all-reduce 2(N−1)/N·S (reduce-scatter then all-gather), all-gather (N−1)/N·S,
 ///   reduce-scatter (N−1)/N·S, broadcast and all-to-all (N−1)/N·S, send S, recv 0.
-/// Where LibTorch 1.13's Gloo has no reduce-scatter, Group::reduce_scatter all-reduces a copy:
-/// it is counted under "reduce_scatter" with the all-reduce's 2(N−1)/N·S it really sends, and
-/// `emulated` counts those calls. One rank: nothing is sent (0).
+/// The ring's own point-to-point steps are counted under its collective's kind, not as
+/// "send"/"recv". One rank: nothing is sent (0).
 struct CommCount {
   int64_t calls = 0;
   int64_t payload_bytes = 0;
   double sent_bytes = 0;
-  int64_t emulated = 0;  ///< calls carried out by another collective (1.13's reduce-scatter)
 };
+
+/// How a Gloo group carries out reduce_scatter and all_gather (the `dist.gloo_algorithm` key of
+/// `mpt shard` and `mpt collectives`). NCCL groups ignore it: they always run NCCL's own.
+///   Native: c10d ProcessGroupGloo's reduce_scatter and allgather. LibTorch 1.13's Gloo has no
+///           reduce_scatter, so there Native runs reduce-scatter as the Ring (all-gather native).
+///   Ring:   Group::ring_reduce_scatter and Group::ring_all_gather (send/recv, mpt's own).
+enum class GlooAlgorithm { Native, Ring };
+
+/// "native" | "ring" -> the value; throws std::invalid_argument naming the expected values.
+GlooAlgorithm gloo_algorithm_from_name(const std::string& name);
+/// The name gloo_algorithm_from_name reads: "native" or "ring".
+std::string gloo_algorithm_name(GlooAlgorithm a);
+
+/// What `kind` ("reduce_scatter" or "all_gather") runs on a group of `backend` ("gloo" or
+/// "nccl") configured with `a`, in words, with the reason where it is not what was asked:
+/// "gloo native (c10d ProcessGroupGloo::reduce_scatter)", "ring (send/recv, mpt) ...",
+/// "nccl native ...". For the result file's env.dist. Throws std::invalid_argument for another kind.
+std::string collective_algorithm(const std::string& backend, GlooAlgorithm a, const std::string& kind);
+
+/// Tags at or above this value are reserved for Group's ring collectives; send_async and
+/// recv_async refuse them (std::invalid_argument).
+inline constexpr int kRingTagBase = 1 << 30;
 
 /// A group of processes that run collectives together: c10d::ProcessGroupGloo for CPU tensors,
 /// c10d::ProcessGroupNCCL for CUDA tensors (compiled only against a CUDA LibTorch), as
@@ -214,15 +235,52 @@ class Group {
   void broadcast(torch::Tensor t, int root = 0);
   /// All-gather (torch.distributed.all_gather_into_tensor): `out`, contiguous with size() x the
   /// first dimension of `in` and otherwise its shape, receives every rank's `in`, in rank order
-  /// along dimension 0. Blocks. Throws std::invalid_argument for mismatched shapes, RuntimeFailure
-  /// when a peer fails or times out.
+  /// along dimension 0. Blocks. NCCL runs its own; Gloo runs c10d's allgather, or
+  /// ring_all_gather when gloo_algorithm() is Ring. Throws std::invalid_argument for mismatched
+  /// shapes, RuntimeFailure when a peer fails or times out.
   void all_gather(const torch::Tensor& in, torch::Tensor out);
   /// Reduce-scatter (torch.distributed.reduce_scatter_tensor): `in` is size() chunks along
   /// dimension 0; `out` (the shape of one chunk) receives chunk rank() reduced over the ranks
-  /// with `op`. Blocks. NCCL, and Gloo in LibTorch 2.x, run c10d's reduce_scatter; LibTorch
-  /// 1.13's Gloo has none, so there it is an all-reduce of a copy of `in` of which this rank keeps
-  /// its chunk (same values, size() times the traffic received). Throws as all_gather.
+  /// with `op`. Blocks. NCCL runs its own; Gloo runs c10d's reduce_scatter on LibTorch 2.x with
+  /// gloo_algorithm() Native, and ring_reduce_scatter otherwise (always on LibTorch 1.13, whose
+  /// Gloo has none). Throws as all_gather.
   void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op = ReduceOp::Sum);
+
+  /// Ring reduce-scatter built from this group's point-to-point messages (Patarasuk & Yuan 2009,
+  /// "Bandwidth optimal all-reduce algorithms for clusters of workstations", its first phase; the
+  /// reduce-scatter half of NCCL's ring all-reduce). Shapes as reduce_scatter: `in` [N·c, ...]
+  /// contiguous, `out` [c, ...] contiguous, one dtype and device (N = size(); chunk j = rows
+  /// j·c .. (j+1)·c − 1 of `in`). N − 1 steps; at step s = 0 .. N−2 rank r sends to r+1 (mod N)
+  /// the partial of chunk (r − s − 1) mod N — at s = 0 its own chunk of `in` — and receives from
+  /// r−1 the partial of chunk (r − s − 2) mod N, which it combines with its own chunk of `in`
+  /// (received ⊕ own). Rank r ends with chunk r. Summation order, hence the exact value: chunk j
+  /// is reduced in rank order starting after j, left to right,
+  ///   out_j = (((in_{j+1}[j] ⊕ in_{j+2}[j]) ⊕ in_{j+3}[j]) ⊕ ... ) ⊕ in_j[j]   (ranks mod N),
+  /// each ⊕ one elementwise op of the dtype (torch's add / minimum / maximum: rounded to the
+  /// dtype per element). Min and max are exact in any order; a sum equals another order's bit
+  /// for bit at N = 2 (a ⊕ b = b ⊕ a) but in general not at N > 2. Sends (N−1)/N of `in`'s bytes
+  /// per rank (counted as "reduce_scatter"); receives as much. Tags kRingTagBase and up, one
+  /// per call and step. Every rank of the group must call it in the same order with the other
+  /// collectives. Throws std::invalid_argument for mismatched shapes; RuntimeFailure when a
+  /// step fails or times out (the group's timeout per step; the rank that did not answer named
+  /// as for the other collectives). One rank: `out` = `in`.
+  void ring_reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op = ReduceOp::Sum);
+  /// Ring all-gather from point-to-point messages (Patarasuk & Yuan 2009's second phase; NCCL's
+  /// ring all-gather). Shapes as all_gather: `in` [c, ...], `out` [N·c, ...], contiguous, one
+  /// dtype and device. Rank r first copies `in` into chunk r of `out`; at step s = 0 .. N−2 it
+  /// sends chunk (r − s) mod N of `out` to r+1 and receives chunk (r − s − 1) mod N from r−1
+  /// straight into `out`. Copies only, so the result is exact. Sends (N−1)/N of `out`'s bytes
+  /// per rank (counted as "all_gather"). Throws as ring_reduce_scatter.
+  void ring_all_gather(const torch::Tensor& in, torch::Tensor out);
+
+  /// Chooses how reduce_scatter and all_gather run on Gloo (GlooAlgorithm; ignored by NCCL).
+  /// Every rank of the group must choose the same. Default Native. Not thread-safe against
+  /// collectives running on other threads.
+  void set_gloo_algorithm(GlooAlgorithm a) { gloo_algorithm_ = a; }
+  GlooAlgorithm gloo_algorithm() const { return gloo_algorithm_; }
+  /// Whether reduce_scatter (`kind` "reduce_scatter") or all_gather ("all_gather") of this group
+  /// runs the ring: Gloo with Ring, or reduce_scatter on LibTorch 1.13's Gloo.
+  bool uses_ring(const std::string& kind) const;
   /// All-to-all with equal splits (torch.distributed.all_to_all_single): `in` and `out` have one
   /// shape, dimension 0 divisible by size(); chunk j of `in` goes to rank j, and chunk i of `out`
   /// comes from rank i (c10d alltoall_base; Gloo on CPU, NCCL on CUDA, both versions). Blocks.
@@ -249,17 +307,23 @@ class Group {
   /// until the receiver has it, so keep the Work and wait() on it before reusing or dropping
   /// the tensor. Gloo moves the data only once `dst` has posted the matching recv (same tag),
   /// so a send is never complete before its recv. `tag` >= 0 tells apart messages between
-  /// the same pair of ranks. Throws RuntimeFailure when the send cannot be posted.
+  /// the same pair of ranks; tags kRingTagBase (2^30) and up belong to the ring collectives and
+  /// are refused (std::invalid_argument naming the range). Throws RuntimeFailure when the send
+  /// cannot be posted.
   Work send_async(torch::Tensor t, int dst, int tag);
   /// Point-to-point receive into the contiguous CPU tensor `t` (same shape and dtype as the
   /// sender's) from rank `src` with `tag` (ProcessGroupGloo::recv, torch.distributed.irecv).
   /// wait() blocks at most the group's timeout and throws RuntimeFailure when it expires or
-  /// the connection to `src` breaks (the peer process died).
+  /// the connection to `src` breaks (the peer process died). Tags as send_async (the ring's
+  /// range refused with std::invalid_argument).
   Work recv_async(torch::Tensor t, int src, int tag);
 
  private:
   Group() = default;
-  void count(const char* kind, int64_t payload_bytes, double sent_bytes, bool emulated = false);
+  void count(const char* kind, int64_t payload_bytes, double sent_bytes);
+  // One point-to-point step of a ring collective: posted and diagnosed as a collective (the
+  // group's monitor), neither counted nor traced on its own.
+  Work ring_step(bool send, torch::Tensor t, int peer, int tag, const std::string& what);
   std::shared_ptr<Job> job_;  // before impl_: the store outlives the process group
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -268,6 +332,8 @@ class Group {
   torch::Device device_ = torch::kCPU;
   mutable std::mutex count_mu_;
   std::map<std::string, CommCount> counts_;
+  GlooAlgorithm gloo_algorithm_ = GlooAlgorithm::Native;
+  int64_t ring_calls_ = 0;  // ring collectives so far (their tags); every rank counts alike
 };
 
 }  // namespace mpt::dist

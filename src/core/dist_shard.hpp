@@ -83,7 +83,8 @@ void reduce_scatter_dim0(Group& g, const torch::Tensor& full, torch::Tensor out,
 /// the rows in (a cast where dtypes differ), posts ONE collective, and copies or views out.
 /// Buffers are made on first use per dtype (the reduce dtype; the gather dtype: param_dtype for
 /// the training step, fp32 for full_parameters()), so after the first step no call allocates
-/// (but LibTorch 1.13's emulated reduce-scatter, which all-reduces a copy).
+/// (but the ring reduce-scatter (Group::ring_reduce_scatter: LibTorch 1.13, or dist.gloo_algorithm
+/// = ring), which allocates three chunk-sized step buffers per call).
 class FlatShardGroup {
  public:
   /// `shapes`: the unsharded tensors of the group (each of >= 1 dims), in order. Throws

@@ -31,6 +31,9 @@ enum class Processes {
 struct ProcessPlan {
   double timeout_s = 30.0;  ///< rendezvous and every collective, seconds; a launcher allows 10 s more
   FaultPlan fault;          ///< the fault-injection point of tests of failure handling (rank -1: none)
+  /// How Gloo groups run reduce_scatter and all_gather: "native" or "ring" (the experiment's
+  /// /dist/gloo_algorithm where its schema has one; dist::GlooAlgorithm). NCCL ignores it.
+  std::string gloo_algorithm = "native";
 };
 
 /// What an experiment's run() receives.

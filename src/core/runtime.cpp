@@ -274,11 +274,6 @@ json environment(torch::Device device) {
   };
   if (!fp16.native()) env["fp16_compute_reason"] = fp16.reason;
   if (!bf16.native()) env["bf16_compute_reason"] = bf16.reason;
-  // Gloo's reduce_scatter: LibTorch 2.x runs c10d's; 1.13's has none, so dist::Group emulates it
-  // with an all-reduce (2(N-1)/N of the bytes instead of (N-1)/N; its counters count what is sent).
-  env["gloo_reduce_scatter"] = compat::kGlooHasReduceScatter
-                                   ? "native (c10d ProcessGroupGloo::reduce_scatter)"
-                                   : "emulated: all-reduce of a copy, this rank's chunk kept (LibTorch 1.13 Gloo has none)";
   env["hardware"] = hardware_fingerprint();
   // The vector level of core/rounding_simd's fp16 / bf16 rounding loops (MPT_SIMD or the CPU's
   // best; every level gives the same values). Throws ConfigError for a bad MPT_SIMD.

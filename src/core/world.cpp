@@ -31,12 +31,17 @@ const std::shared_ptr<dist::Job>& World::job() {
 }
 
 const std::shared_ptr<dist::Group>& World::group() {
-  if (!group_) group_ = dist::Group::create(job(), rank(), size(), "world/", timeout_);
+  if (!group_) {
+    group_ = dist::Group::create(job(), rank(), size(), "world/", timeout_);
+    group_->set_gloo_algorithm(gloo_algorithm_);
+  }
   return group_;
 }
 
 std::shared_ptr<dist::Group> World::new_group(const std::string& name, int size, torch::Device device) {
-  return dist::Group::create(job(), rank(), size, name, timeout_, device);
+  auto g = dist::Group::create(job(), rank(), size, name, timeout_, device);
+  g->set_gloo_algorithm(gloo_algorithm_);
+  return g;
 }
 
 std::shared_ptr<dist::Group> World::new_group(const std::string& name, const std::vector<int>& global_ranks,
@@ -56,7 +61,9 @@ std::shared_ptr<dist::Group> World::new_group(const std::string& name, const std
   if (mine < 0) return nullptr;
   // Group::create registers this process's global rank under the group rank, so failures name
   // the job's ranks (its rank -> global map), whatever the list.
-  return dist::Group::create(job(), mine, static_cast<int>(global_ranks.size()), name, timeout_, device);
+  auto g = dist::Group::create(job(), mine, static_cast<int>(global_ranks.size()), name, timeout_, device);
+  g->set_gloo_algorithm(gloo_algorithm_);
+  return g;
 }
 
 void World::fault_point(int64_t step) const {

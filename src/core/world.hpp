@@ -60,6 +60,10 @@ class World {
   /// What every rank must agree on (a JSON object as text: the experiment, its config, the
   /// versions); checked against rank 0's when the job connects. Empty (the default): no check.
   void set_launch_fingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
+  /// How the Gloo groups made from now on run reduce_scatter and all_gather
+  /// (dist::Group::set_gloo_algorithm; default Native). Every rank must set the same.
+  void set_gloo_algorithm(dist::GlooAlgorithm a) { gloo_algorithm_ = a; }
+  dist::GlooAlgorithm gloo_algorithm() const { return gloo_algorithm_; }
   /// Whether job() has been made (by it, group() or new_group()).
   bool connected() const { return job_ != nullptr; }
   /// dist::Job::note_progress() of this rank's job: peers waiting for this rank see it work.
@@ -97,6 +101,7 @@ class World {
   std::chrono::milliseconds timeout_;
   FaultPlan fault_;
   std::string fingerprint_;
+  dist::GlooAlgorithm gloo_algorithm_ = dist::GlooAlgorithm::Native;
   std::shared_ptr<dist::Job> job_;      // before group_: the world group goes first
   std::shared_ptr<dist::Group> group_;
 };

@@ -19,9 +19,12 @@
  * A row with #wrong > 0 fails the run's check (exit 1), as nccl-tests' "Out of bounds values".
  * The footer of each table gives the average busbw over its rows ("# Avg bus bandwidth").
  *
- * LibTorch 1.13's Gloo has no reduce_scatter: core's Group emulates it there by an all-reduce
- * of which each rank keeps its chunk — same values, an all-reduce's traffic, so that table's
- * busbw is not comparable (the table and env.collectives say so).
+ * The algorithm matters as much as the link: on Gloo, reduce_scatter and all_gather also run
+ * as mpt's own ring from send/recv (dist::Group::ring_reduce_scatter / ring_all_gather: N−1
+ * steps of one chunk each, (N−1)/N of the size sent per rank), timed beside c10d's native one
+ * on every row ("ring" columns, timings only). LibTorch 1.13's Gloo has no reduce_scatter:
+ * there the ring is the only one (column "via"). /dist/gloo_algorithm = "ring" makes the ring
+ * the measured default (and drops the comparison). NCCL (CUDA) ignores it.
  *
  *   mpt collectives                                   # 2 processes, all six operations
  *   mpt collectives --nproc 4 --set ops='["all_reduce"]' --set max_bytes=1073741824
@@ -58,6 +61,10 @@ ConfigSpec collectives_spec() {
   s.integer("/warmup_iters", 1, "untimed calls after the verified one, before the timed ones, per size (nccl-tests -w)",
             0, 100000);
   s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
+  s.choice("/dist/gloo_algorithm", "native", {"native", "ring"},
+           "how Gloo (CPU) runs reduce-scatter and all-gather: native (c10d ProcessGroupGloo's; LibTorch 1.13 has no "
+           "reduce_scatter, so that one is the ring there) or ring (mpt's send/recv ring: N-1 steps, chunk j summed "
+           "in rank order from j+1, docs/shard.md); NCCL (CUDA) ignores it");
   s.integer("/check/corrupt_rank", -1,
             "for testing the verification: this rank overwrites the first element it sends before each verified "
             "run, so the ranks that receive it count wrong elements (-1: none)",
@@ -155,8 +162,9 @@ struct OpResult {
 
 // Every size of `op` (nccl-tests' TimeTest): one row each, the footer's "Out of bounds values"
 // and "Avg bus bandwidth". `step` counts the measurements of the run (the fault point's index).
+// `ring`: also time mpt's ring (Group::ring_*) beside the group's own algorithm, per size.
 OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, const std::string& type,
-                    const std::string& redop, bool emulated, World& w, int64_t& step, Progress& progress) {
+                    const std::string& redop, bool ring, World& w, int64_t& step, Progress& progress) {
   const int n = b.g->size();
   const std::string name = dist::coll_name(op);
   const int64_t elem = static_cast<int64_t>(b.opts.dtype().itemsize());
@@ -172,11 +180,18 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
                            float_col("algbw_gbps", "algbw", "GB/s"),
                            float_col("busbw_gbps", "busbw", "GB/s"),
                            int_col("wrong", "#wrong")};
-  if (op == Coll::ReduceScatter) cols.push_back(text_col("via", "via"));
+  const bool chunked = op == Coll::ReduceScatter || op == Coll::AllGather;
+  const std::string kind = op == Coll::ReduceScatter ? "reduce_scatter" : "all_gather";
+  if (chunked) cols.push_back(text_col("via", "via"));
+  if (ring) {
+    cols.push_back(float_col("ring_time_us", "ring time", "us", 5));
+    cols.push_back(float_col("ring_busbw_gbps", "ring busbw", "GB/s"));
+    cols.push_back(float_col("ring_speedup", "native/ring", "x"));
+  }
   r.timed = Table{name,
                   fmt::format("{}: {} ranks, {}, {} iters after {} warm-up per size, busbw = algbw x {:.4g}{}", name, n,
                               b.g->backend(), b.iters, b.warmup, dist::busbw_factor(op, n),
-                              emulated ? " (EMULATED by all-reduce: busbw not comparable)" : ""),
+                              ring ? "; beside it mpt's send/recv ring" : ""),
                   cols};
   std::vector<int64_t> skipped;
   double busbw_sum = 0;
@@ -188,6 +203,13 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
     }
     w.fault_point(step);
     const Measurement m = bench_time(b, op, c, /*rep=*/step + 1);
+    Measurement mr;
+    if (ring) {  // the same call through the ring, verified and timed alike
+      const dist::GlooAlgorithm was = b.g->gloo_algorithm();
+      b.g->set_gloo_algorithm(dist::GlooAlgorithm::Ring);
+      mr = bench_time(b, op, c, /*rep=*/step + 1);
+      b.g->set_gloo_algorithm(was);
+    }
     ++step;
     progress.update(step, fmt::format("{} {} B", name, c.size_bytes));
     const double algbw = dist::algbw_gbps(c.size_bytes, m.seconds);
@@ -202,15 +224,21 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
                 {"root", dist::coll_has_root(op) ? b.root : -1},
                 {"place", in_place ? "in" : "out"},
                 {"wrong", m.wrong}};
-    if (op == Coll::ReduceScatter) det["via"] = emulated ? "all_reduce" : "reduce_scatter";
+    if (chunked) det["via"] = b.g->uses_ring(kind) ? "ring" : "native";
+    if (ring) det["ring_wrong"] = mr.wrong;
     r.rows.push_back(det);
     json row = det;
     row["time_us"] = m.seconds * 1e6;
     row["algbw_gbps"] = algbw;
     row["busbw_gbps"] = busbw;
+    if (ring) {
+      row["ring_time_us"] = mr.seconds * 1e6;
+      row["ring_busbw_gbps"] = dist::algbw_gbps(c.size_bytes, mr.seconds) * dist::busbw_factor(op, n);
+      row["ring_speedup"] = mr.seconds > 0 ? m.seconds / mr.seconds : 0.0;
+    }
     r.timed.rows.push_back(row);
-    r.wrong += m.wrong;
-    r.wrong_rows += m.wrong > 0 ? 1 : 0;
+    r.wrong += m.wrong + mr.wrong;
+    r.wrong_rows += m.wrong + mr.wrong > 0 ? 1 : 0;
     busbw_sum += busbw;
   }
   r.avg_busbw = r.timed.rows.empty() ? 0.0 : busbw_sum / static_cast<double>(r.timed.rows.size());
@@ -222,10 +250,16 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
   }
   if (in_place) notes.push_back("place in: c10d's " + name + " works on one tensor (torch.distributed." + name +
                                 "); nccl-tests times out-of-place and in-place, c10d offers only this one");
-  if (emulated)
-    notes.push_back("via all_reduce: LibTorch 1.13's Gloo has no reduce_scatter, so each rank all-reduces the whole "
-                    "input and keeps its chunk: the links carry 2(n-1)/n x size, not (n-1)/n x size, so this busbw "
-                    "is half the bus bandwidth used and not comparable with a real reduce-scatter's");
+  if (chunked && b.g->uses_ring(kind))
+    notes.push_back(op == Coll::ReduceScatter && !compat::kGlooHasReduceScatter &&
+                            b.g->gloo_algorithm() == dist::GlooAlgorithm::Native
+                        ? "via ring: LibTorch 1.13's Gloo has no reduce_scatter; mpt's ring from send/recv runs it "
+                          "((n-1) steps, (n-1)/n x size sent per rank, chunk j summed in rank order from j+1)"
+                        : "via ring: dist.gloo_algorithm = ring (mpt's send/recv ring, (n-1)/n x size sent per rank)");
+  if (ring)
+    notes.push_back("ring: the same call as mpt's send/recv ring (n-1 steps, one chunk each; verified like the row, "
+                    "#wrong includes it); native/ring > 1: the ring is faster. c10d Gloo's own reduce_scatter and "
+                    "allgather take other algorithms, one of the reasons the same bytes cost different times");
   notes.push_back(fmt::format("{:<20} : {} {}", "Out of bounds values", r.wrong_rows, r.wrong_rows ? "FAILED" : "OK"));
   notes.push_back(fmt::format("{:<20} : {:.4g} GB/s (mean busbw of the rows)", "Avg bus bandwidth", r.avg_busbw));
   return r;
@@ -246,16 +280,15 @@ Report run_collectives(const Context& ctx) {
   b.warmup = cfg.integer("/warmup_iters");
   const std::vector<int64_t> sizes =
       dist::size_schedule(cfg.integer("/min_bytes"), cfg.integer("/max_bytes"), cfg.integer("/step_factor"));
-  const bool emulated_rs = group->backend() == "gloo" && !compat::kGlooHasReduceScatter;
+  const bool gloo = group->backend() == "gloo";
 
   Report report;
   report.env["collectives"] = {
       {"backend", group->backend()},
       {"ranks", group->size()},
       {"device", group->device().str()},
-      {"reduce_scatter", emulated_rs ? "emulated: all-reduce of the whole input, each rank keeps its chunk (LibTorch "
-                                       "1.13's ProcessGroupGloo has no reduce_scatter); busbw not comparable"
-                                     : "c10d reduce_scatter"}};
+      {"reduce_scatter", dist::collective_algorithm(group->backend(), group->gloo_algorithm(), "reduce_scatter")},
+      {"all_gather", dist::collective_algorithm(group->backend(), group->gloo_algorithm(), "all_gather")}};
   report.results["schedule_bytes"] = sizes;
   int64_t rows = 0, step = 0;  // step: the measurements so far (/fault/step counts them)
   for (const std::string& name : cfg.strings("/ops"))
@@ -264,8 +297,12 @@ Report run_collectives(const Context& ctx) {
   Progress progress(ctx.tty, "collectives", rows, "measurements");
   for (const std::string& name : cfg.strings("/ops")) {
     const Coll op = dist::coll_from_name(name);
-    OpResult r = measure_op(b, op, sizes, cfg.str("/dtype"), cfg.str("/redop"), op == Coll::ReduceScatter && emulated_rs,
-                            w, step, progress);
+    // On Gloo, the ring beside the native reduce_scatter / all_gather (where the native one exists
+    // and is not already the ring).
+    const bool ring = gloo && group->size() > 1 &&
+                      ((op == Coll::ReduceScatter && !group->uses_ring("reduce_scatter")) ||
+                       (op == Coll::AllGather && !group->uses_ring("all_gather")));
+    OpResult r = measure_op(b, op, sizes, cfg.str("/dtype"), cfg.str("/redop"), ring, w, step, progress);
     // Rank 0 reports (the harness prints and writes its report only); #wrong is summed over the ranks.
     if (ctx.rank == 0)
       report.check(fmt::format("{}: #wrong elements ({} sizes)", name, r.rows.size()), static_cast<double>(r.wrong),

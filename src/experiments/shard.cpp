@@ -103,6 +103,10 @@ ConfigSpec shard_spec() {
   s.string("/data/dir", kFashionMnistDir, "folder with Fashion-MNIST's IDX .gz files (mlp)");
   add_text_keys(s, "/data");  // the GPT's corpus: /data/text_dir, /data/text_files
   s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
+  s.choice("/dist/gloo_algorithm", "native", {"native", "ring"},
+           "how Gloo (CPU) runs reduce-scatter and all-gather: native (c10d ProcessGroupGloo's; LibTorch 1.13 has no "
+           "reduce_scatter, so that one is the ring there) or ring (mpt's send/recv ring: N-1 steps, chunk j summed "
+           "in rank order from j+1, docs/shard.md); NCCL (CUDA) ignores it");
   s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step (-1: none)", -1, 63);
   s.integer("/fault/step", 2, "for testing: the step (of the first run) at which /fault/rank fails", 0);
   s.choice("/fault/mode", "exit", {"exit", "hang"},
@@ -387,7 +391,6 @@ RunOut train(const Workload& wl, World& w, const Setup& s, const RunSpec& spec, 
       c.calls += kv.second.calls;
       c.payload_bytes += kv.second.payload_bytes;
       c.sent_bytes += kv.second.sent_bytes;
-      c.emulated += kv.second.emulated;
     }
   }
   out.comm = comm;
@@ -493,12 +496,9 @@ Report run_shard(const Context& ctx) {
 
   const Workload wl = workload_of(cfg, s);
 
-  report.env["shard_reduce_scatter"] =
-      compat::kGlooHasReduceScatter
-          ? "c10d ProcessGroupGloo::reduce_scatter"
-          : "emulated: LibTorch " + compat::torch_version() +
-                "'s Gloo has no reduce_scatter; an all-reduce of a copy, keeping this rank's chunk "
-                "(2(N-1)/N instead of (N-1)/N of the bytes: counted as sent)";
+  // What the shards' Gloo groups run (also env.dist, from the harness).
+  report.env["shard_reduce_scatter"] = dist::collective_algorithm("gloo", w.gloo_algorithm(), "reduce_scatter");
+  report.env["shard_all_gather"] = dist::collective_algorithm("gloo", w.gloo_algorithm(), "all_gather");
   report.env["shard_world_size"] = n;
   const std::string model_desc =
       wl.gpt ? fmt::format("tiny GPT: {} layer{}, width {}, {} heads, context {}, vocabulary {}, {} parameters",
@@ -776,7 +776,7 @@ Report run_shard(const Context& ctx) {
         if (fp > 0 || payload > 0) worst = std::max(worst, std::abs(payload - fp) / std::max(fp, 1.0));
         cm.rows.push_back({{"name", runs[i].name + "/" + k}, {"calls", c.calls / steps}, {"payload_bytes", payload},
                            {"payload_formula", fp}, {"sent_bytes", c.sent_bytes / steps}, {"formula_bytes", fs},
-                           {"psi_units", n > 1 ? c.sent_bytes / steps / unit : 0.0}, {"emulated_calls", c.emulated}});
+                           {"psi_units", n > 1 ? c.sent_bytes / steps / unit : 0.0}});
       }
       cm.rows.push_back({{"name", runs[i].name + "/total"}, {"sent_bytes", total}, {"formula_bytes", total_f},
                          {"psi_units", n > 1 ? total / unit : 0.0}});
@@ -791,9 +791,12 @@ Report run_shard(const Context& ctx) {
     cm.notes.push_back("sent in Psi = sent / ((N-1)/N * Psi * b_reduce): the ZeRO paper's units — DDP 2, stages 1-2 2, "
                        "stage 3 3 per forward+backward (here 2M+1 with M micro-batches); the unit is the reduce dtype's, so bf16 "
                        "parameters gathered under an fp32 reduction count half, and with both in bf16 they count whole");
-    if (!compat::kGlooHasReduceScatter)
-      cm.notes.push_back("LibTorch 1.13's Gloo has no reduce_scatter: it runs as an all-reduce, which sends "
-                         "2(N-1)/N*S instead of (N-1)/N*S — counted as sent (above the formula), see env");
+    if (n > 1 && (w.gloo_algorithm() == dist::GlooAlgorithm::Ring || !compat::kGlooHasReduceScatter))
+      cm.notes.push_back(fmt::format("{}: mpt's ring from send/recv, (N-1)/N*S sent per rank as the formula "
+                                     "(env.dist)",
+                                     w.gloo_algorithm() == dist::GlooAlgorithm::Ring
+                                         ? "reduce-scatter and all-gather (dist.gloo_algorithm = ring)"
+                                         : "reduce-scatter (LibTorch 1.13's Gloo has none)"));
     report.add(std::move(cm));
   }
 

@@ -510,11 +510,7 @@ Report run_tensorparallel(const Context& ctx) {
   install_counting_allocator();
   auto g = w.new_group("tp/", t, torch::kCPU);
   report.env["tp_degree"] = t;
-  report.env["tp_reduce_scatter"] =
-      compat::kGlooHasReduceScatter
-          ? "c10d ProcessGroupGloo::reduce_scatter"
-          : "emulated: LibTorch " + compat::torch_version() +
-                "'s Gloo has no reduce_scatter; an all-reduce of a copy keeping this rank's chunk (same sums)";
+  report.env["tp_reduce_scatter"] = dist::collective_algorithm(g->backend(), g->gloo_algorithm(), "reduce_scatter");
 
   // 1. MLP.
   mlp_section(cfg, w, g, report);
@@ -763,8 +759,8 @@ Report run_tensorparallel(const Context& ctx) {
                        "forward, 2 backward); TP + SP: all-gather 4bsh(4L + 2), reduce-scatter 4bsh(4L + 1) — the same "
                        "ring traffic as the all-reduces they replace (an all-reduce = reduce-scatter + all-gather)");
     if (!compat::kGlooHasReduceScatter)
-      cm.notes.push_back("LibTorch 1.13's Gloo has no reduce_scatter: it runs as an all-reduce, sent bytes 2(t-1)/t "
-                         "instead of (t-1)/t of the payload (see env)");
+      cm.notes.push_back("LibTorch 1.13's Gloo has no reduce_scatter: mpt's ring (send/recv) runs it, (t-1)/t of the "
+                         "payload sent per rank (see env)");
     report.add(std::move(cm));
   }
   return report;

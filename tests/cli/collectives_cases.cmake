@@ -52,3 +52,17 @@ cli_case(collectives_bad_dtype 2 "/dtype: .*did you mean \"float64\"" ${CQ} --se
 result_case(threads_policy_two_ranks threads_policy_two_ranks ${CQ} --nproc 2 --set "ops=[\"all_reduce\"]")
 result_case(threads_policy_user_wait_policy threads_policy_two_ranks ${CQ} --nproc 2 --set "ops=[\"all_reduce\"]")
 set_tests_properties(cli.threads_policy_user_wait_policy PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=ACTIVE")
+
+# Gloo's reduce-scatter and all-gather beside mpt's send/recv ring (columns "ring time",
+# "native/ring"; verified alike), and the ring as the measured default (dist.gloo_algorithm).
+cli_case(collectives_ring_beside_native 0 "all_gather: 2 ranks, gloo, .*beside it mpt's send/recv ring" ${CQ}
+         --set "ops=[\"all_gather\",\"reduce_scatter\"]")
+cli_case(collectives_ring 0 "OK: 6 of 6 checks passed" ${CQ} --set dist.gloo_algorithm=ring)
+cli_case(collectives_bad_gloo_algorithm 2 "/dist/gloo_algorithm: expected one of .*got \"tree\"" ${CQ}
+         --set dist.gloo_algorithm=tree)
+# A rank dies or hangs inside the ring's measurements: every rank ends within the timeout, naming rank 1.
+cli_case(collectives_ring_killed_rank 3 "rank 1 of 2 failed" ${CQ} --set "ops=[\"reduce_scatter\"]"
+         --set dist.gloo_algorithm=ring --set fault.rank=1 --set fault.step=2 --set dist.timeout_s=5)
+cli_case(collectives_ring_hung_rank 3 "rank 1 of 2 failed \\(did not answer" ${CQ} --set "ops=[\"reduce_scatter\"]"
+         --set dist.gloo_algorithm=ring --set fault.rank=1 --set fault.step=2 --set fault.mode=hang
+         --set dist.timeout_s=3)

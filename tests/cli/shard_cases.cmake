@@ -28,6 +28,12 @@ add_test(NAME cli.shard_killed_rank
 set_tests_properties(cli.shard_killed_rank PROPERTIES TIMEOUT 120 ENVIRONMENT FAULT_MODE=exit)
 # Bad inputs: exit 2 naming the keys, before any process starts.
 cli_case(shard_bad_stage 2 "/train/stages.*expected.*<= 3" shard --set "train.stages=[0,4]")
+# dist.gloo_algorithm is "native" or "ring": a bad value in a file names the file, the pointer and both values.
+cli_case(shard_bad_gloo_algorithm 2
+         "bad_gloo_algorithm.json: /dist/gloo_algorithm: expected one of .*\"native\".*\"ring\".*got \"rign\""
+         shard --config tests/cli/bad/bad_gloo_algorithm.json)
+# The ring on LibTorch 2.x too (1.13 runs it for reduce-scatter anyway): every check still holds at N = 2.
+cli_case(shard_gloo_ring 0 "OK: 10 of 10 checks passed" ${SHQ} --set dist.gloo_algorithm=ring)
 cli_case(shard_batch_not_multiple 2 "/train/global_batch: expected a multiple of N x /train/micro_batches = 2 x 2"
          ${SHQ} --set train.global_batch=18)
 cli_case(shard_stage3_param_too_small 2 "/model/hidden: stage 3 .* over N = 4 ranks: expected every width >= 4, got 2"
