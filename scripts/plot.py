@@ -468,6 +468,22 @@ def plot_tensorparallel(doc, out, fmt):
         ax.tick_params(axis="y", labelsize=6)
         ax.legend(fontsize=8)
         save(fig, out, "site_bounds", fmt, paths)
+    mesh = res.get("mesh", [])
+    if mesh:  # a DP x TP x PP mesh run: its loss per step, and how far its parameters are from one process
+        steps = list(range(1, len(mesh) + 1))
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        a1.plot(steps, [num(r["loss"]) for r in mesh], "o-")
+        a1.set_xlabel("step")
+        a1.set_ylabel("mesh loss (nats)")
+        a1.set_title(f"Mesh {doc.get('env', {}).get('mesh', '')}: training loss")
+        a2.plot(steps, [num(r["vs_one_process"]) for r in mesh], "o-", label="max |theta_mesh - theta_1proc|")
+        a2.plot(steps, [num(r["vs_tp_ref"]) for r in mesh], "s--", label="max |theta_mesh - theta_TP ref|")
+        a2.set_xlabel("step")
+        a2.set_ylabel("max |d theta|")
+        a2.set_title("Parameters against one process")
+        a2.legend(fontsize=8)
+        fig.tight_layout()
+        save(fig, out, "mesh", fmt, paths)
     return paths
 
 
@@ -513,6 +529,8 @@ def plot_file(f, names):
         return f"no plots for experiment {cut(repr(exp))} (known: {', '.join(PLOTTERS)})"
     try:
         PLOTTERS[exp](doc, names, names.fmt)
+        if not names.made:  # e.g. a config whose sections have no plot: said, not a silent exit 0
+            return f"no plots in this {exp} result (none of its tables {cut(sorted(doc.get('results', {})))} has one)"
     except OSError as e:
         return f"cannot write a plot to {names.out_dir}: {e.strerror}"
     except Exception as e:  # noqa: BLE001 - any malformed content: one line, then the next file

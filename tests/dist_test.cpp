@@ -18,6 +18,7 @@
 #include "catch.hpp"
 #include "two_ranks.hpp"
 #include "core/dist.hpp"
+#include "core/dist_detail.hpp"
 #include "core/compat.hpp"
 #include "core/errors.hpp"
 
@@ -36,6 +37,21 @@ struct EnvGuard {  // sets variables for one test and removes them afterwards
   }
 };
 }  // namespace
+
+TEST_CASE("first_line: a library message's first line without Gloo's source location and bug-tracker advice",
+          "[dist]") {
+  using mpt::dist::detail::first_line;
+  CHECK(first_line("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                   "[127.0.0.1]:7604. This is typically caused by a remote worker crashing. Check the logs of the "
+                   "remote worker before reporting an error. GLHF!\nmore") ==
+        "Connection closed by peer [127.0.0.1]:7604.");
+  CHECK(first_line("[../third_party/gloo/gloo/transport/unbound_buffer.cc:78] Timed out waiting 2000ms for recv") ==
+        "Timed out waiting 2000ms for recv");
+  // Brackets that are no source location stay.
+  CHECK(first_line("[127.0.0.1]:7604 refused\nsecond") == "[127.0.0.1]:7604 refused");
+  CHECK(first_line("[rank 1] failed") == "[rank 1] failed");
+  CHECK(first_line("plain") == "plain");
+}
 
 TEST_CASE("assign_buckets: reverse order, small first bucket, caps respected", "[dist]") {
   // 4 parameters of 100, 50, 300, 10 floats (400, 200, 1200, 40 bytes).

@@ -11,7 +11,20 @@ namespace mpt::dist::detail {
 /// The first line of a message (LibTorch's errors carry backtraces after it).
 inline std::string first_line(const std::string& s) {
   auto p = s.find('\n');
-  return p == std::string::npos ? s : s.substr(0, p);
+  std::string line = p == std::string::npos ? s : s.substr(0, p);
+  // Gloo's enforce text starts with its source location ("[/__w/pytorch/.../pair.cc:561] ") and
+  // may end in advice for PyTorch's bug tracker ("This is typically caused by a remote worker
+  // crashing. ... GLHF!"): neither says anything to an mpt user, who gets mpt's own diagnosis
+  // next to it.
+  if (line.size() > 2 && line[0] == '[') {
+    const auto close = line.find("] ");
+    if (close != std::string::npos && line.rfind(':', close) != std::string::npos &&
+        line.find_first_not_of("0123456789", line.rfind(':', close) + 1) == close)
+      line = line.substr(close + 2);
+  }
+  if (const auto advice = line.find(" This is typically caused by"); advice != std::string::npos)
+    line = line.substr(0, advice);
+  return line;
 }
 
 /// Key (in the job's store, no group prefix) under which rank `rank` lists the ranks that did

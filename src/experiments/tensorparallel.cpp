@@ -64,7 +64,10 @@ namespace {
 ConfigSpec tensorparallel_spec() {
   ConfigSpec s;
   s.integer("/seed", 1, "seed before building each model (torch.manual_seed) and of the data", 0);
-  s.integer("/nproc", 2, "worker processes = the TP degree t (--nproc N); ignored under torchrun/SLURM", 1, 8);
+  s.integer("/nproc", 2,
+            "worker processes (--nproc N): the TP degree t, or dp x tp x pp with a mesh (/mesh); ignored under "
+            "torchrun/SLURM",
+            1, 8);
   s.integer("/model/vocab", 65, "GPT vocabulary V (65: not divisible by t = 2, padded)", 2, 100000);
   s.integer("/model/vocab_divisible_by", 1, "Megatron's make_vocab_size_divisible_by: V padded to a multiple of this x t",
             1, 1024);

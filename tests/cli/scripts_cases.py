@@ -297,7 +297,9 @@ def plot_malformed():
     bad = {"invalid.json": "{", "list.json": "[1, 2]", "nores.json": '{"experiment": "underflow"}',
            "wrongtype.json": '{"experiment": "lossscale", "results": {"sweep": [{"scale": "x"}]}}',
            "deep.json": "[" * 100000 + "]" * 100000, "unknown.json": '{"experiment": "nosuch"}',
-           "binary.json": b"\xff\xfe\x00garbage"}
+           "binary.json": b"\xff\xfe\x00garbage",
+           # a result none of whose tables has a plot (a mesh-only run was a silent exit 0: probe, stop 31)
+           "noplots.json": '{"experiment": "tensorparallel", "results": {"mesh_layout": []}}'}
     for name, text in bad.items():
         with open(os.path.join(tmp, name), "wb") as fh:
             fh.write(text if isinstance(text, bytes) else text.encode())
@@ -314,6 +316,8 @@ def plot_malformed():
     check(len(lines) == len(failed), f"plot malformed: one line per bad file ({len(failed)}), got {len(lines)}")
     for f in failed:
         check(sum(line.startswith(f"plot: {f}: ") for line in lines) == 1, f"plot malformed: one line for {f}")
+    check(any("noplots.json: no plots in this tensorparallel result" in line for line in lines),
+          "plot malformed: a result with no plottable table is said")
     made = p.stdout.split()
     check(os.path.join(out, "good_zero_fraction.png") in made, "plot malformed: the good file after them plotted")
     check(os.path.join(out, "first_sweep.png") in made, "plot malformed: the good file before them plotted")
