@@ -1133,6 +1133,18 @@ void ring_combine(torch::Tensor& dst, const torch::Tensor& received, const torch
 }
 
 const char* ring_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : op == ReduceOp::Min ? "min" : "max"; }
+
+// One step of a ring: waits for its recv, then its send; a failed recv aborts the send, so that
+// nothing waits on it (the failure, already diagnosed by the Work, propagates).
+void exchange(Work& rx, Work& tx) {
+  try {
+    rx.wait();
+  } catch (...) {
+    tx.abort();
+    throw;
+  }
+  tx.wait();
+}
 }  // namespace
 
 Work Group::ring_step(bool send, torch::Tensor t, int peer, int tag, const std::string& what) {
@@ -1172,13 +1184,7 @@ void Group::ring_reduce_scatter(const torch::Tensor& in, torch::Tensor out, Redu
                                          n - 1, impl_->where);
     Work rx = ring_step(false, received, prev, tag, what + " (recv from rank " + std::to_string(prev) + ")");
     Work tx = ring_step(true, to_send, next, tag, what + " (send to rank " + std::to_string(next) + ")");
-    try {
-      rx.wait();
-    } catch (...) {
-      tx.abort();
-      throw;
-    }
-    tx.wait();
+    exchange(rx, tx);
     // The partial of chunk (r − s − 2) mod N: received ⊕ this rank's own; the last one is chunk r.
     torch::Tensor dst = s == n - 2 ? out : partial[s % 2];
     ring_combine(dst, received, chunk_of(r - s - 2), op);
@@ -1205,13 +1211,7 @@ void Group::ring_all_gather(const torch::Tensor& in, torch::Tensor out) {
         fmt::format("all-gather (ring) step {} of {} failed on {}", s + 1, n - 1, impl_->where);
     Work rx = ring_step(false, chunk_of(r - s - 1), prev, tag, what + " (recv from rank " + std::to_string(prev) + ")");
     Work tx = ring_step(true, chunk_of(r - s), next, tag, what + " (send to rank " + std::to_string(next) + ")");
-    try {
-      rx.wait();
-    } catch (...) {
-      tx.abort();
-      throw;
-    }
-    tx.wait();
+    exchange(rx, tx);
   }
   ring_trace_end(tr, impl_->trace_lane);
 }
