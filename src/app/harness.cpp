@@ -191,11 +191,13 @@ extern "C" void remove_dirs_and_reraise(int sig) {
 // Arms remove_dirs_and_reraise for `dirs` (outermost first) on the signals whose disposition is
 // still the default (an ignored SIGHUP under nohup stays ignored). No-op for no folders.
 void remove_dirs_on_signal(const std::vector<std::string>& dirs) {
+  static std::vector<std::string> storage;  // owns the paths the handler reads (one run at a time)
+  g_signal_ndirs = 0;                       // the handler sees no path while they change
   if (dirs.empty()) return;
-  g_signal_ndirs = 0;
+  storage = dirs;
   int n = 0;
-  for (const auto& d : dirs)
-    if (n < kMaxSignalDirs) g_signal_dirs[n++] = ::strdup(d.c_str());  // kept to the end of the process
+  for (const auto& d : storage)
+    if (n < kMaxSignalDirs) g_signal_dirs[n++] = d.c_str();
   g_signal_ndirs = n;
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
     struct sigaction old{};
@@ -494,6 +496,7 @@ int run_experiment(const Experiment& exp, const RunOptions& opts) {
   // A run that ends without a result takes away the --out folders it made (only empty ones go:
   // where rank 0 or a failed check wrote its result, they stay).
   remove_created_dirs(made_dirs);
+  remove_dirs_on_signal({});  // disarmed: the folders hold the result now, or are gone
   return code;
 }
 
