@@ -276,14 +276,22 @@ def plot_collectives(doc, out, fmt):
     env = doc.get("env", {}).get("collectives", {})
     where = f"{env.get('ranks', '?')} ranks, {env.get('backend', '?')}, {doc['config'].get('dtype', '')}"
     for key, label, name in (("busbw_gbps", "busbw (GB/s)", "busbw"), ("time_us", "time per call (us)", "time")):
+        # A value <= 0 has no place on a log axis (busbw is 0 on one rank: nothing crosses a link);
+        # such points are left out and said so, in the legend and, for a plot left empty, on stderr.
+        if not any(num(r[key]) > 0 for op in ops for r in tim[op]):
+            print(f"plot.py: {out.stem}: no {name} plot: every {key} is 0 or less "
+                  f"({env.get('ranks', '?')} rank(s); nothing to draw on a log axis)", file=sys.stderr)
+            continue
         fig, ax = plt.subplots(figsize=(8, 4.8))
         for op in ops:
-            rows = [r for r in tim[op] if num(r[key]) > 0]  # busbw is 0 on one rank: nothing to draw on a log axis
+            rows = [r for r in tim[op] if num(r[key]) > 0]
+            left = len(tim[op]) - len(rows)
             if not rows:
+                ax.plot([], [], " ", label=f"{op}: every {key} <= 0, not drawn")
                 continue
             via = rows[0].get("via")
             ax.plot([r["size"] for r in rows], [num(r[key]) for r in rows], "-", marker=".",
-                    label=op + (f" ({via})" if via else ""))
+                    label=op + (f" ({via})" if via else "") + (f" ({left} sizes <= 0 left out)" if left else ""))
             # mpt's send/recv ring timed beside Gloo's native reduce_scatter / all_gather (dashed)
             ring_key = "ring_" + key
             ring = [r for r in rows if num(r.get(ring_key, 0)) > 0]
@@ -298,6 +306,9 @@ def plot_collectives(doc, out, fmt):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         save(fig, out, name, fmt, paths)
+    return paths
+
+
 def plot_shard(doc, out, fmt):
     """Bytes per rank of each ZeRO stage: measured model states (stacked by role) against this
     implementation's formula and the ZeRO paper's; and the loss curves of the stages."""

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "catch.hpp"
 #include "core/results.hpp"
@@ -64,6 +67,21 @@ TEST_CASE("checks: NaN fails, values above tolerance fail", "[results]") {
   r.check("nan", NAN, 1.0);
   CHECK_FALSE(r.all_checks_ok());
   CHECK(render_checks(r.checks).find("FAILED: 1 of 2") != std::string::npos);
+}
+
+TEST_CASE("checks: the value column stays aligned when a name is longer than 40 characters", "[results]") {
+  Report r;
+  r.check("short", 1.0, 2.0);
+  r.check(std::string(57, 'n'), 1.0, 2.0);
+  const std::string text = render_checks(r.checks);
+  // Both rows put their value at the same column: the rows differ only in the name.
+  std::vector<std::size_t> at;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("<=") != std::string::npos) at.push_back(line.find("<="));
+  REQUIRE(at.size() == 2);
+  CHECK(at[0] == at[1]);
+  CHECK(at[0] > 57);
 }
 
 TEST_CASE("note_divergence: a note and results.diverged when a loss is not finite, nothing otherwise", "[results]") {

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <csignal>
-#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>

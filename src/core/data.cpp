@@ -3,7 +3,9 @@
 
 #include <zlib.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -13,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "core/config.hpp"
 #include "core/errors.hpp"
 
 namespace mpt {
@@ -116,6 +119,25 @@ Dataset load_fashion_mnist(const std::string& dir, const std::string& split, int
   d.labels = labels.slice(0, 0, n).to(torch::kLong).contiguous();
   if (d.labels.max().item<int64_t>() > 9) bad(lpath, "label outside 0..9");
   return d;
+}
+
+void require_fashion_mnist(const std::string& dir, const std::string& pointer, bool with_test) {
+  std::vector<std::string> stems{"train"};
+  if (with_test) stems.push_back("t10k");
+  for (const auto& stem : stems)
+    for (const char* kind : {"-images-idx3-ubyte.gz", "-labels-idx1-ubyte.gz"}) {
+      const std::string path = dir + "/" + stem + kind;
+      std::error_code ec;
+      const bool is_dir = std::filesystem::is_directory(path, ec);
+      std::ifstream in(path, std::ios::binary);
+      if (!in || is_dir) {
+        const std::string why = is_dir ? "a directory" : std::strerror(errno);
+        throw ConfigError(fmt::format("{}: expected a folder with Fashion-MNIST's IDX .gz files (Debian's "
+                                      "dataset-fashion-mnist package: apt-get install dataset-fashion-mnist, "
+                                      "files in {}), got '{}': {}: cannot open ({})",
+                                      pointer, kFashionMnistDir, printable_text(dir, 200), stem + kind, why));
+      }
+    }
 }
 
 torch::Tensor shuffled_indices(int64_t n, uint64_t seed) {

@@ -28,6 +28,13 @@ struct Dataset {
 /// Throws RuntimeFailure for a missing, truncated or malformed file.
 Dataset load_fashion_mnist(const std::string& dir, const std::string& split, int64_t limit = 0);
 
+/// Checks, before any work, that `dir` holds readable Fashion-MNIST files for the splits a run
+/// loads ("train": train-*-ubyte.gz; `with_test`: t10k-*-ubyte.gz too), so that a wrong data
+/// path fails once, in the launcher, as bad input. Only opens the files: their contents are
+/// checked by load_fashion_mnist. Throws ConfigError naming `pointer` (the config key holding
+/// `dir`, e.g. "/data/dir"), the file and the OS's reason (exit 2).
+void require_fashion_mnist(const std::string& dir, const std::string& pointer, bool with_test);
+
 /// Most data bytes read from one IDX file (Fashion-MNIST's largest holds 47,040,000).
 inline constexpr std::size_t kMaxIdxBytes = std::size_t{1} << 28;
 

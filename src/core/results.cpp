@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -208,11 +209,12 @@ std::string render_histogram(const Histogram& h, int bar_width) {
 
 std::string render_checks(const std::vector<Check>& checks) {
   if (checks.empty()) return "";
-  std::size_t bad = 0;
+  std::size_t bad = 0, width = 40;  // the name column: 40 wide, or the longest name
+  for (const auto& c : checks) width = std::max(width, c.name.size());
   std::string lines;
   for (const auto& c : checks) {
     if (!c.ok) ++bad;
-    lines += fmt::format("#   {:<40} {:>12.4g} <= {:<10.4g} {}{}\n", c.name, c.value, c.tolerance,
+    lines += fmt::format("#   {:<{}} {:>12.4g} <= {:<10.4g} {}{}\n", c.name, width, c.value, c.tolerance,
                          c.ok ? "OK" : "FAILED", c.detail.empty() ? "" : "  (" + c.detail + ")");
   }
   return fmt::format("# Checks\n{}# {}: {} of {} checks passed\n", lines, bad ? "FAILED" : "OK",

@@ -474,6 +474,7 @@ void validate_accumulate(const Config& cfg, int /*world_size*/) {
   const auto mem_ks = cfg.integers("/memory/micro_batches");
   for (std::size_t i = 0; i < mem_ks.size(); ++i)
     check_split(fmt::format("/memory/micro_batches/{}", i), mem_ks[i], "/memory/batch", mem_batch);
+  require_fashion_mnist(cfg.str("/data/dir"), "/data/dir", /*with_test=*/false);
 }
 
 /// Memory of a run (core/memory): the loaded samples (784 floats and an int64 label each), and

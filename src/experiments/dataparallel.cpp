@@ -651,6 +651,7 @@ void validate_dataparallel(const Config& cfg, int world_size) {
   if (uk > un)
     throw ConfigError(fmt::format("/equivalence/uneven_shards: expected at most /equivalence/uneven_samples ({}), got {}",
                                   un, uk));
+  if (cfg.boolean("/train/enabled")) require_fashion_mnist(cfg.str("/data/dir"), "/data/dir", /*with_test=*/false);
 }
 
 }  // namespace

@@ -202,6 +202,7 @@ void validate_fp4(const Config& cfg, int /*world_size*/) {
     throw ConfigError(fmt::format("/ledger/step: expected a step below /train/steps = {}, got {}", cfg.integer("/train/steps"),
                                   cfg.integer("/ledger/step")));
   validate_fp4_gpt(cfg);
+  require_fashion_mnist(cfg.str("/data/dir"), "/data/dir", /*with_test=*/true);
 }
 
 /// Sums of stored_bytes (computed) and measured_stored_bytes (nullopt if any layer is not

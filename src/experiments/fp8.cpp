@@ -222,6 +222,7 @@ void validate_fp8(const Config& cfg, int /*world_size*/) {
     throw ConfigError(fmt::format("/accumulator/promote_every: expected a multiple of /accumulator/chunk = {}, got {}",
                                   cfg.integer("/accumulator/chunk"), cfg.integer("/accumulator/promote_every")));
   fp8::validate_gpt(cfg);
+  require_fashion_mnist(cfg.str("/data/dir"), "/data/dir", /*with_test=*/true);
 }
 
 // ----------------------------------------------------------------------------

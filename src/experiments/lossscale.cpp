@@ -316,6 +316,7 @@ void validate_lossscale(const Config& cfg, int /*world_size*/) {
   if (floor > init)
     throw ConfigError(fmt::format("/train/scaler/min_scale: expected a value <= /train/scaler/init_scale ({:g}), got {:g}",
                                   init, floor));
+  require_fashion_mnist(cfg.str("/train/data_dir"), "/train/data_dir", /*with_test=*/true);
 }
 
 // ----------------------------------------------------------------------------

@@ -906,9 +906,8 @@ void validate_shard(const Config& cfg, int world_size) {
         throw ConfigError(fmt::format("{}: stage 3 (/train/stages or /mixed/stage) shards every GPT parameter along "
                                       "dim 0 over N = {} ranks: expected >= {}, got {}",
                                       key, world_size, world_size, cfg.integer(key)));
-    // V is the corpus's: read it (small text files) before any worker starts. Missing or
-    // unreadable data is not the config's fault: the run says so (exit 3), and --print-config,
-    // which checks the config, prints it, as every experiment does.
+    // V is the corpus's: read it (small text files) before any worker starts. A corpus that
+    // cannot be read is left to the run, which says so (exit 3); this check needs only V.
     int64_t v = world_size;
     if (world_size > 1) {
       try {
@@ -946,6 +945,8 @@ void validate_shard(const Config& cfg, int world_size) {
   if (cfg.integer("/fault/step") >= steps && fault >= 0)
     throw ConfigError(fmt::format("/fault/step: expected a step < /train/steps = {}, got {}", steps,
                                   cfg.integer("/fault/step")));
+  // Checked once here, not by every rank at load (each would print the same exit-3 failure).
+  if (!gpt) require_fashion_mnist(cfg.str("/data/dir"), "/data/dir", /*with_test=*/false);
 }
 
 }  // namespace

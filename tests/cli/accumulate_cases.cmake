@@ -42,7 +42,7 @@ cli_case(accumulate_bad_micro_batches 2 "/micro_batches/1: expected at most /bat
 cli_case(accumulate_bad_train_micro_batches 2 "/train/micro_batches: expected at most /batch = 32 micro-batches .*got 33"
          ${ACC_TINY} --set train.micro_batches=33)
 cli_case(accumulate_bad_micro_batches_zero 2 "/micro_batches/0: expected .*>= 1.*got 0" ${ACC_TINY} --set "micro_batches=[0]")
-cli_case(accumulate_missing_data 3 "fashion" ${ACC_TINY} --set data.dir=/nonexistent/fashion)
+cli_case(accumulate_missing_data 2 "/data/dir: expected a folder with Fashion-MNIST.*/nonexistent/fashion" ${ACC_TINY} --set data.dir=/nonexistent/fashion)
 
 # Probe defect 3: divergence. At lr 1e20 both runs' losses are nan from step 2: the notes say so, and
 # the loss and parameter checks compare nan and fail (exit 1; std::max had shown max|dw| = 0 there).

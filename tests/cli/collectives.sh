@@ -111,6 +111,16 @@ case $mode in
       f="$tmp/plots/r_$p.png"
       grep -qx "$f" "$tmp/list" && head -c 8 "$f" | od -An -c | grep -q 'P   N   G' || { cat "$tmp/list"; echo "FAIL: no PNG $f"; exit 1; }
     done
-    echo "ok: $(wc -l < "$tmp/list") plots" ;;
+    echo "ok: $(wc -l < "$tmp/list") plots"
+    # One rank: all_reduce's busbw is 0 (factor 2(n-1)/n), which a log axis cannot draw. The busbw
+    # plot is not made and stderr says why; with broadcast beside it the legend says so instead.
+    run_ok --nproc 1 --set 'ops=["all_reduce"]'
+    rm -rf "$tmp/plots"
+    /usr/bin/python3 scripts/plot.py "$tmp/r.json" --out-dir "$tmp/plots" > "$tmp/list" 2> "$tmp/plot.err" \
+      || { echo "FAIL: plot.py, one rank"; exit 1; }
+    grep -q "no busbw plot: every busbw_gbps is 0 or less (1 rank" "$tmp/plot.err" && [ ! -e "$tmp/plots/r_busbw.png" ] \
+      && grep -qx "$tmp/plots/r_time.png" "$tmp/list" \
+      || { echo "FAIL: one rank: expected the time plot only and a note on stderr, got $(cat "$tmp/list") / $(cat "$tmp/plot.err")"; exit 1; }
+    echo "ok: one rank: no busbw plot, said on stderr" ;;
   *) echo "collectives.sh: unknown mode $mode"; exit 2 ;;
 esac

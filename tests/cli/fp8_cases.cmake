@@ -33,7 +33,7 @@ cli_case(fp8_no_fp32 2 "/recipes: expected a list containing \"fp32\"" ${FP8_TIN
 cli_case(fp8_bad_ledger_step 2 "/ledger/step: expected a step below /train/steps = 8, got 8" ${FP8_TINY} --set ledger.step=8)
 cli_case(fp8_unknown_algo 2 "/delayed/amax_compute_algo: expected one of \"max\", \"most_recent\", got \"mostrecent\" \\(did you mean \"most_recent\"\\?\\)"
          ${FP8_TINY} --set delayed.amax_compute_algo=mostrecent)
-cli_case(fp8_missing_data 3 "fashion" ${FP8_TINY} --set data.dir=/nonexistent/fashion)
+cli_case(fp8_missing_data 2 "/data/dir: expected a folder with Fashion-MNIST.*/nonexistent/fashion" ${FP8_TINY} --set data.dir=/nonexistent/fashion)
 
 # one hidden layer with fp8_layers = inner: no layer would be fp8 (every recipe silently bf16)
 cli_case(fp8_no_fp8_layer 2 "/model/fp8_layers: .inner. keeps the first and last Linear in bf16, which with /model/hidden = \\[100\\] leaves no layer in fp8"

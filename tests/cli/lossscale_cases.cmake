@@ -15,7 +15,7 @@ cli_case(lossscale_bad_growth_below 2 "/train/scaler/growth_factor: expected a n
 cli_case(lossscale_bad_backoff 2 "/train/scaler/backoff_factor: expected a number > 0 and < 1, got 1" lossscale --set train.scaler.backoff_factor=1)
 cli_case(lossscale_bad_interval 2 "/train/scaler/growth_interval: expected an integer >= 1" lossscale --set train.scaler.growth_interval=0)
 cli_case(lossscale_bad_min_scale 2 "/train/scaler/min_scale: expected a value <= /train/scaler/init_scale" lossscale ${LS_TINY} --set train.scaler.min_scale=1e9)
-cli_case(lossscale_missing_data 3 "/no/such/dir.*dataset-fashion-mnist" lossscale --set train.data_dir=/no/such/dir)
+cli_case(lossscale_missing_data 2 "/train/data_dir: expected a folder with Fashion-MNIST.*dataset-fashion-mnist.*/no/such/dir" lossscale --set train.data_dir=/no/such/dir)
 add_test(NAME cli.lossscale_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/lossscale_train.sh $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.lossscale_train PROPERTIES TIMEOUT 300)

@@ -22,5 +22,25 @@ check "--tol-file /dev/zero (read no further than 1 MiB)" "/dev/zero: the tolera
 check "--tol-file a directory" "tests: is a directory, not a tolerance file" "$mpt" compare "$g" "$g" --tol-file tests
 check "--tol-file with a NUL byte (escaped in the message)" 'nul.tol:1: pattern "\\0/a": expected a path glob' \
   "$mpt" compare "$g" "$g" --tol-file tests/cli/bad/nul.tol
+# A data folder without Fashion-MNIST is bad input, refused once by the launcher before any rank
+# starts (it was exit 3, printed by every rank without the key): exit 2, the key, one message.
+once() {  # once NAME REGEX CMD...: as check, and stderr holds exactly one "error" line
+  check "$@"
+  local n; n=$(grep -c "error" /tmp/probe2.$$.err)
+  [ "$n" = 1 ] && echo "ok: $1: one error line" || { echo "FAIL: $1: $n error lines"; fails=$((fails + 1)); }
+}
+once "dataparallel, 2 ranks, data.dir missing" \
+  "/data/dir: expected a folder with Fashion-MNIST's IDX .gz files .*got '/nonexistent/fmnist': train-images-idx3-ubyte.gz: cannot open \(No such file or directory\)" \
+  "$mpt" dataparallel --config configs/dataparallel_quick.json --nproc 2 --set data.dir=/nonexistent/fmnist
+once "shard, 2 ranks, data.dir a file" "/data/dir: .*got 'README.md': train-images-idx3-ubyte.gz: cannot open \(Not a directory\)" \
+  "$mpt" shard --nproc 2 --set data.dir=README.md
+once "lossscale, train.data_dir missing" "/train/data_dir: expected a folder with Fashion-MNIST" \
+  "$mpt" lossscale --set train.data_dir=/nonexistent/fmnist
+# Train files only: the test split is named (fp8 evaluates on it).
+mkdir -p /tmp/probe2.$$.data
+cp /usr/share/datasets/fashion-mnist/train-* /tmp/probe2.$$.data/ 2>/dev/null
+once "fp8, no test split" "/data/dir: .*t10k-images-idx3-ubyte.gz: cannot open" \
+  "$mpt" fp8 --set data.dir=/tmp/probe2.$$.data
+rm -rf /tmp/probe2.$$.data
 rm -f /tmp/probe2.$$.out /tmp/probe2.$$.err
 [ $fails = 0 ] && echo "all ok" || { echo "$fails failed"; exit 1; }

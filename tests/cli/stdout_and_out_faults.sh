@@ -82,9 +82,12 @@ else fail "--out link-to-/dev/stdout > file: exit $rc, link: $(ls -l "$tmp/stdou
 [ -L /dev/stdout ] || [ ! -e /dev/stdout ] || fail "/dev/stdout is no longer a symbolic link"
 
 # --- a failed run takes away the folders it created ------------------------------------------
-"$mpt" accumulate --set data.dir="$tmp/no_data" --out "$tmp/made/deeper/r.json" > /dev/null 2> "$tmp/err"; rc=$?
+# (Files that exist but are not IDX: the run fails at load, exit 3; a missing folder is exit 2 before it.)
+mkdir "$tmp/bad_data"
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte; do echo "not an IDX file" | gzip > "$tmp/bad_data/$f.gz"; done
+"$mpt" accumulate --set data.dir="$tmp/bad_data" --out "$tmp/made/deeper/r.json" > /dev/null 2> "$tmp/err"; rc=$?
 if [ $rc = 3 ] && [ ! -e "$tmp/made" ]; then ok "exit 3: created --out folders removed"
-else fail "exit-3 run: exit $rc, left: $(find "$tmp/made" 2>&1 | head -3 | tr '\n' ' ')"; fi
+else fail "exit-3 run: exit $rc, left: $(find "$tmp/made" 2>&1 | head -3 | tr '\n' ' '), stderr: $(head -c 300 "$tmp/err")"; fi
 
 # --- an existing result or trace that cannot be replaced: exit 2 before the run -----------------
 # (chattr +i needs root and a file system with inode flags; elsewhere this part says so and passes.)
