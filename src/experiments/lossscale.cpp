@@ -499,6 +499,35 @@ void training_section(const Context& ctx, Report& report) {
     report.timings["gemm_ceiling"] = ceilings;
     cost.notes.push_back(fmt::format("GEMM ceilings of this device ({0}x{0}x{0} torch::mm, median of 3, GFLOP/s): {1}",
                                      n, fmt::join(parts, "; ")));
+    // The verdict per narrow format with native kernels: does storing it narrow make the step
+    // faster here, and if not, is it the kernels (a ceiling no higher than fp32's) or the size
+    // (a recipe far below its format's ceiling: casts, reorders and small GEMMs dominate)?
+    const double fp32_ceiling = ceilings["fp32"].value("gflops", 0.0);
+    for (const Format f : formats) {
+      const std::string fname = format_name(f);
+      if (f == Format::FP32 || !ceilings[fname].contains("gflops") || fp32_ceiling <= 0 || !std::isfinite(fp32_step)) continue;
+      const json* best = nullptr;  // the fastest native recipe of the format
+      for (const auto& row : cost.rows)
+        if (parse_precision_recipe(row["name"].get<std::string>()).format == f &&
+            row["why"].get<std::string>().rfind("native", 0) == 0 &&
+            (!best || row["step_ms"].get<double>() < (*best)["step_ms"].get<double>()))
+          best = &row;
+      if (!best) continue;
+      const double ceiling = ceilings[fname]["gflops"].get<double>(), x = ceiling / fp32_ceiling;
+      const double vs = (*best)["step_ms"].get<double>() / (fp32_step * 1e3), share = (*best)["gflops"].get<double>() / ceiling;
+      const std::string name = (*best)["name"].get<std::string>();
+      cost.notes.push_back(
+          vs < 1.0 ? fmt::format("{}: faster than fp32 here ({} at {:.2f}x fp32's step; the {} ceiling is {:.2g}x fp32's)",
+                                 fname, name, vs, fname, x)
+          : x < 1.5
+              ? fmt::format("{}: not faster ({} at {:.2f}x fp32's step): this device's {} kernels are hardly faster "
+                            "than fp32's (ceiling {:.2g}x fp32's), so the casts cost more than the GEMMs save",
+                            fname, name, vs, fname, x)
+              : fmt::format("{}: not faster at this size ({} at {:.2f}x fp32's step) although its ceiling is {:.2g}x "
+                            "fp32's: the recipe reached {:.0f} % of it, so casts, weight reorders and small GEMMs "
+                            "dominate (overhead-bound; larger layers or batches move it toward the ceiling)",
+                            fname, name, vs, x, 100.0 * share));
+    }
   }
   cost.notes.push_back("weights: bytes of the weights a recipe keeps between steps, in its storage format (emulated "
                        "formats count at their own width); peak: the allocator's peak during training, which counts "
