@@ -1,6 +1,7 @@
 // Unit tests of core/trace: the recorder (off, on, captures), flow ids, the NTP-style clock
 // offset, the overlap fraction and the Chrome Trace Event document; core/pipeline_trace's
 // slice args (schedule, run, virtual stage).
+#include <cmath>
 #include <set>
 #include <thread>
 
@@ -32,6 +33,37 @@ TEST_CASE("trace: nothing is recorded when off, start() records and clears", "[t
   CHECK(ev[0].args["microbatch"] == 3);
   CHECK(ev[1].tid == 3);
   CHECK(ev[1].dur_us >= 0);
+}
+
+TEST_CASE("trace: ArgsText reads back as the json object it stands for", "[trace]") {
+  const std::string odd = "a\"b\\c\n\x01 \xc3\xa9";  // a quote, a backslash, a newline, a control byte, UTF-8
+  const json want = {{"stage", 3},        {"big", int64_t{1} << 62}, {"neg", -7},       {"wait_us", 2.0},
+                     {"tiny", 1.25e-300}, {"third", 1.0 / 3.0},      {"schedule", odd}, {"inf", nullptr}};
+  trace::start(0);
+  trace::set_run_label("zb-h1.m8");
+  trace::complete(trace::Track::Compute, "F0", 1, 2,
+                  trace::ArgsText()
+                      .add("stage", 3)
+                      .add("big", int64_t{1} << 62)
+                      .add("neg", -7)
+                      .add("wait_us", 2.0)
+                      .add("tiny", 1.25e-300)
+                      .add("third", 1.0 / 3.0)
+                      .add("schedule", odd)
+                      .add("inf", INFINITY));
+  trace::set_run_label("");
+  trace::complete(trace::Track::Compute, "F1", 2, 3, trace::ArgsText());
+  trace::stop();
+  const auto ev = trace::events();
+  REQUIRE(ev.size() == 2);
+  json got = ev[0].args;
+  CHECK(got["run"] == "zb-h1.m8");
+  got.erase("run");
+  CHECK(got == want);
+  CHECK(got.dump() == want.dump());               // the same text in the file, key order included
+  CHECK(got["wait_us"].is_number_float());        // 2.0 stays a float, as json(2.0) is
+  CHECK(got["third"].get<double>() == 1.0 / 3.0);  // every bit
+  CHECK(ev[1].args == json::object());
 }
 
 TEST_CASE("trace: a Capture records while tracing is off, then drops its events", "[trace]") {

@@ -22,13 +22,21 @@ std::string op_name(char kind, int microbatch, int chunk) {
   return chunk > 0 ? fmt::format("{}{}.{}", kind, microbatch, chunk) : fmt::format("{}{}", kind, microbatch);
 }
 
-trace::P2P annotation(bool send, int src, int dst, char kind, int microbatch, int boundary, bool in_process,
-                      int src_rank = -1, int dst_rank = -1) {
+/// A message's slice name, flow and direction (no args).
+trace::P2P message(bool send, int src, int dst, char kind, int microbatch, int boundary, bool in_process,
+                   int src_rank = -1, int dst_rank = -1) {
   trace::P2P p;
   p.name = send ? fmt::format("send {}{} -> {}", kind, microbatch, dst) : fmt::format("recv {}{} <- {}", kind, microbatch, src);
   const bool ranks = src_rank >= 0 && dst_rank >= 0;
   p.flow = trace::flow_id(send, ranks ? src_rank : src, ranks ? dst_rank : dst, kind, microbatch, boundary, in_process);
   p.out = send;
+  return p;
+}
+
+trace::P2P annotation(bool send, int src, int dst, char kind, int microbatch, int boundary, bool in_process,
+                      int src_rank = -1, int dst_rank = -1) {
+  trace::P2P p = message(send, src, dst, kind, microbatch, boundary, in_process, src_rank, dst_rank);
+  const bool ranks = src_rank >= 0 && dst_rank >= 0;
   p.args = {{"kind", std::string(1, kind)}, {"microbatch", microbatch}, {"boundary", boundary},
             {"src_stage", src}, {"dst_stage", dst}};
   if (ranks) {
@@ -52,13 +60,19 @@ void trace_stage_events(const std::vector<PipeEvent>& events, std::chrono::stead
     schedule = g_schedule;
   }
   const double base = trace::to_us(t0);
+  // Args as text (trace::ArgsText): a step records one slice per microbatch and kind.
   for (const auto& e : events)
     trace::complete(trace::Track::Compute, op_name(e.op.kind, e.op.microbatch, e.op.chunk), base + e.start_s * 1e6,
                     base + e.end_s * 1e6,
-                    {{"stage", e.stage}, {"microbatch", e.op.microbatch}, {"chunk", e.op.chunk},
-                     {"virtual_stage", virtual_stage(e.stage, e.op.chunk, stages, placement)},
-                     {"kind", std::string(1, e.op.kind)}, {"schedule", schedule}, {"step", step},
-                     {"wait_us", e.wait_s * 1e6}},
+                    trace::ArgsText()
+                        .add("stage", e.stage)
+                        .add("microbatch", e.op.microbatch)
+                        .add("chunk", e.op.chunk)
+                        .add("virtual_stage", virtual_stage(e.stage, e.op.chunk, stages, placement))
+                        .add("kind", std::string(1, e.op.kind))
+                        .add("schedule", schedule)
+                        .add("step", step)
+                        .add("wait_us", e.wait_s * 1e6),
                     lane);
 }
 
@@ -101,13 +115,20 @@ void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, 
 void trace_queue_p2p(bool send, int src, int dst, char kind, int microbatch, int boundary, int64_t bytes,
                      double begin_us, double end_us) {
   if (!trace::enabled()) return;
-  trace::P2P p = annotation(send, src, dst, kind, microbatch, boundary, /*in_process=*/true);
-  p.args["bytes"] = bytes;
-  p.args["peer"] = send ? dst : src;
+  // The args of annotation(), as text (trace::ArgsText: two messages per microbatch and stage).
+  trace::P2P p = message(send, src, dst, kind, microbatch, boundary, /*in_process=*/true);
+  trace::ArgsText args;
+  args.add("kind", std::string(1, kind))
+      .add("microbatch", microbatch)
+      .add("boundary", boundary)
+      .add("src_stage", src)
+      .add("dst_stage", dst)
+      .add("bytes", bytes)
+      .add("peer", send ? dst : src);
   const int lane = (send ? src : dst) + 1;
   const double d = end_us - begin_us;
   trace::flow(p, trace::Track::Comm, send ? begin_us : end_us - std::min(1.0, d / 2), lane);
-  trace::complete(trace::Track::Comm, std::move(p.name), begin_us, end_us, std::move(p.args), lane);  // no copies
+  trace::complete(trace::Track::Comm, std::move(p.name), begin_us, end_us, std::move(args), lane);
 }
 
 }  // namespace mpt

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -19,9 +20,17 @@ std::atomic<bool> g_on{false};
 
 namespace {
 
+/// A recorded event as kept until read: args_text (ArgsText) and the run label are folded
+/// into Event::args by read().
+struct Stored {
+  Event e;
+  std::string args_text;  ///< "" : e.args holds the args
+  std::string run;        ///< the run label at recording ("" : none)
+};
+
 struct Recorder {
   std::mutex mu;
-  std::vector<Event> events;
+  std::vector<Stored> events;
   json meta = json::object();
   std::string run_label;
   bool started = false;  // start() was called (and not stop())
@@ -51,14 +60,21 @@ const char* cat_of(Track t) {
 
 int tid_of(Track t, int lane) { return static_cast<int>(t) + 10 * lane; }
 
-void push(Event e) {
+void push(Event e, std::string args_text = {}) {
   auto& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (!r.run_label.empty()) {
+  r.events.push_back(Stored{std::move(e), std::move(args_text), r.run_label});
+}
+
+/// The event as read: the pre-rendered args parsed, args.run added.
+Event read(const Stored& s) {
+  Event e = s.e;
+  if (!s.args_text.empty()) e.args = json::parse(s.args_text);
+  if (!s.run.empty()) {
     if (e.args.is_null()) e.args = json::object();
-    e.args["run"] = r.run_label;
+    e.args["run"] = s.run;
   }
-  r.events.push_back(std::move(e));
+  return e;
 }
 
 void update_on(Recorder& r) { detail::g_on.store(r.started || r.captures > 0, std::memory_order_relaxed); }
@@ -106,6 +122,56 @@ void complete(Track track, std::string name, double start_us, double end_us, jso
   e.dur_us = std::max(0.0, end_us - start_us);
   e.args = std::move(args);
   push(std::move(e));
+}
+
+void complete(Track track, std::string name, double start_us, double end_us, ArgsText args, int lane) {
+  if (!enabled()) return;
+  Event e;
+  e.ph = 'X';
+  e.name = std::move(name);
+  e.cat = cat_of(track);
+  e.tid = tid_of(track, lane);
+  e.ts_us = start_us;
+  e.dur_us = std::max(0.0, end_us - start_us);
+  push(std::move(e), std::move(args).str());
+}
+
+namespace {
+void open_key(std::string& s, const char* key) {
+  s += s.empty() ? "{\"" : ",\"";
+  s += key;
+  s += "\":";
+}
+}  // namespace
+
+ArgsText& ArgsText::add(const char* key, int64_t v) {
+  open_key(s_, key);
+  fmt::format_to(std::back_inserter(s_), "{}", v);
+  return *this;
+}
+
+ArgsText& ArgsText::add(const char* key, double v) {
+  open_key(s_, key);
+  if (!std::isfinite(v)) {
+    s_ += "null";  // as nlohmann::json dumps a non-finite double
+    return *this;
+  }
+  const std::size_t at = s_.size();
+  fmt::format_to(std::back_inserter(s_), "{}", v);  // the shortest text that reads back as v
+  if (s_.find_first_of(".eE", at) == std::string::npos) s_ += ".0";  // stays a float once parsed
+  return *this;
+}
+
+ArgsText& ArgsText::add(const char* key, const std::string& v) {
+  open_key(s_, key);
+  s_ += json(v).dump();  // escaped
+  return *this;
+}
+
+std::string ArgsText::str() && {
+  if (s_.empty()) return "{}";
+  s_ += '}';
+  return std::move(s_);
 }
 
 Scope::Scope(Track track, const char* name, json args, int lane)
@@ -190,7 +256,10 @@ std::vector<Event> events_since(std::size_t from) {
   auto& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
   if (from >= r.events.size()) return {};
-  return std::vector<Event>(r.events.begin() + static_cast<std::ptrdiff_t>(from), r.events.end());
+  std::vector<Event> out;
+  out.reserve(r.events.size() - from);
+  for (std::size_t i = from; i < r.events.size(); ++i) out.push_back(read(r.events[i]));
+  return out;
 }
 
 Capture::Capture(std::string label) {
