@@ -16,6 +16,14 @@ with plain SGD, op for op as src/experiments/lossscale.cpp does it:
 Recipes: fp32, fp16, bf16, fp16+master, bf16+master (no loss scaling). Default: the
 recipes of the config that are among those.
 
+With train.compute = "native" in the config, the twin of core/amp_recipe's native path instead:
+parameters, inputs, layer outputs and activations are tensors of the format's dtype (pure
+recipes hold their weights in it; +master recipes cast the fp32 masters each step), LibTorch's
+bf16 / fp16 kernels compute; the loss in fp32 from the logits cast up; the gradient underflow
+counted from dW = dz^T h and db = sum dz recomputed in fp32 by a hook on each layer's output; the
+SGD update w - lr*g in fp32 math, stored back in the weights' dtype (core/amp's
+sgd_update_counting_lost).
+
 Prints JSON: per recipe the loss of every step, the lost-update and underflow counts and
 step_time_s = (time of the whole training loop) / steps, measured exactly like mpt's.
 """
@@ -117,6 +125,71 @@ def train(cfg, recipe, init, images, labels):
             "step_time_s": step_s}
 
 
+def train_native(cfg, recipe, init, images, labels):
+    """train() for train.compute = "native" (see the module docstring): the same batches and
+    counts, the format's own kernels."""
+    t = cfg["train"]
+    fmt = recipe.split("+")[0]
+    master = "+master" in recipe
+    dt = DTYPE[fmt] or torch.float32
+    steps, batch = t["steps"], min(t["batch"], images.shape[0])
+    per_epoch = images.shape[0] // batch
+    lr = torch.tensor(t["lr"], dtype=torch.float32).item()
+    seed, act = cfg["seed"], t["hidden"]["activation"]
+    params = [(p.clone() if master or fmt == "fp32" else p.to(dt).clone()).requires_grad_(True) for p in init]
+    counts = {"underflow": 0, "total": 0, "lost": 0, "updates": 0}
+    losses = []
+
+    def count(g):
+        counts["underflow"] += ((g != 0) & (g.to(dt).float() == 0)).sum().item()
+        counts["total"] += g.numel()
+
+    def forward(x):
+        h = x.reshape(x.shape[0], -1).to(dt)
+        layers = len(params) // 2
+        for i in range(layers):
+            w, b = params[2 * i].to(dt), params[2 * i + 1].to(dt)  # no-ops for pure recipes
+            z = F.linear(h, w, b)
+            if fmt != "fp32":
+                def hook(dz, inp=h.detach()):
+                    d32 = dz.float()
+                    count(d32.t().mm(inp.float()))
+                    count(d32.sum(0))
+                z.register_hook(hook)
+            h = z
+            if i + 1 < layers:
+                h = torch.sigmoid(h) if act == "sigmoid" else torch.tanh(h) if act == "tanh" else torch.relu(h)
+        return h
+
+    perm, perm_epoch = None, -1
+    t0 = time.perf_counter()
+    for step in range(steps):
+        epoch = step // per_epoch
+        if epoch != perm_epoch:
+            g = torch.Generator().manual_seed(seed + 1000003 * (epoch + 1))
+            perm, perm_epoch = torch.randperm(images.shape[0], generator=g), epoch
+        idx = perm.narrow(0, (step % per_epoch) * batch, batch)
+        x, y = images.index_select(0, idx), labels.index_select(0, idx)
+        for p in params:
+            p.grad = None
+        loss = F.cross_entropy(forward(x).float(), y)
+        losses.append(loss.item())
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                if p.grad is None:
+                    continue
+                u = p.grad.float() * lr
+                nxt = (p.float() - u).to(p.dtype)
+                intended = u != 0
+                counts["lost"] += (intended & (nxt == p)).sum().item()
+                counts["updates"] += intended.sum().item()
+                p.copy_(nxt)
+    step_s = (time.perf_counter() - t0) / steps
+    return {"loss": losses, "lost_update_count": counts["lost"], "grad_underflow_count": counts["underflow"],
+            "grad_total": counts["total"], "step_time_s": step_s}
+
+
 def train_plain(cfg, init, images, labels):
     """The loop a user would write for the fp32 recipe, counting nothing: nn.Sequential of
     nn.Linear (same initial weights), F.cross_entropy, torch.optim.SGD (foreach), loss.item()
@@ -169,7 +242,8 @@ def main():
         lin = nn.Linear(d, out)
         init += [lin.weight.detach().clone(), lin.bias.detach().clone()]
         d = out
-    out = {r: train(cfg, r, init, images, labels) for r in recipes if r != "plain"}
+    native = t.get("compute") == "native"
+    out = {r: (train_native if native else train)(cfg, r, init, images, labels) for r in recipes if r != "plain"}
     if "plain" in recipes:
         out["plain"] = train_plain(cfg, init, images, labels)
     print(json.dumps(out))
