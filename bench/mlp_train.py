@@ -64,15 +64,54 @@ def emulate(x, fmt):
     return x if fmt == "fp32" else StorageRound.apply(x, fmt)
 
 
+def batches(cfg, images, labels):
+    """The training batches of every step, as mpt's train_recipe draws them: a permutation per
+    epoch (torch.randperm seeded as mpt's shuffled_indices), batch after batch of it."""
+    t = cfg["train"]
+    steps, batch = t["steps"], min(t["batch"], images.shape[0])
+    per_epoch = images.shape[0] // batch
+    perm, perm_epoch = None, -1
+    for step in range(steps):
+        epoch = step // per_epoch
+        if epoch != perm_epoch:
+            g = torch.Generator().manual_seed(cfg["seed"] + 1000003 * (epoch + 1))
+            perm, perm_epoch = torch.randperm(images.shape[0], generator=g), epoch
+        idx = perm.narrow(0, (step % per_epoch) * batch, batch)
+        yield images.index_select(0, idx), labels.index_select(0, idx)
+
+
+def sgd_loop(cfg, images, labels, params, forward, stored_next, losses, counts):
+    """The timed training loop both twins share: per batch, gradients to None, cross-entropy of
+    forward(x), loss.item(), backward, then per parameter u = fp32(g)·lr, the next weight
+    stored_next(p, u) (w - u rounded to what p stores) and the lost-update count (u != 0 and the
+    stored weight unchanged). Appends to `losses`, adds to `counts`; returns seconds per step."""
+    lr = torch.tensor(cfg["train"]["lr"], dtype=torch.float32).item()  # mpt holds lr as a float
+    t0 = time.perf_counter()
+    for x, y in batches(cfg, images, labels):
+        for p in params:
+            p.grad = None
+        loss = F.cross_entropy(forward(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                if p.grad is None:
+                    continue
+                u = p.grad.float() * lr  # .float() of an fp32 gradient is the tensor itself
+                nxt = stored_next(p, u)
+                intended = u != 0
+                counts["lost"] += (intended & (nxt == p)).sum().item()
+                counts["updates"] += intended.sum().item()
+                p.copy_(nxt)
+    return (time.perf_counter() - t0) / cfg["train"]["steps"]
+
+
 def train(cfg, recipe, init, images, labels):
     t = cfg["train"]
     fmt = recipe.split("+")[0]
     master = "+master" in recipe
     stored = "fp32" if master else fmt
-    steps, batch = t["steps"], min(t["batch"], images.shape[0])
-    per_epoch = images.shape[0] // batch
-    lr = torch.tensor(t["lr"], dtype=torch.float32).item()  # mpt holds lr as a float
-    seed, act = cfg["seed"], t["hidden"]["activation"]
+    act = t["hidden"]["activation"]
     params = [round_to(p, stored).clone().requires_grad_(True) for p in init]
     counts = {"underflow": 0, "total": 0, "lost": 0, "updates": 0}
     losses = []
@@ -96,31 +135,7 @@ def train(cfg, recipe, init, images, labels):
                 h = emulate(h, fmt)
         return h
 
-    perm, perm_epoch = None, -1
-    t0 = time.perf_counter()
-    for step in range(steps):
-        epoch = step // per_epoch
-        if epoch != perm_epoch:
-            g = torch.Generator().manual_seed(seed + 1000003 * (epoch + 1))
-            perm, perm_epoch = torch.randperm(images.shape[0], generator=g), epoch
-        idx = perm.narrow(0, (step % per_epoch) * batch, batch)
-        x, y = images.index_select(0, idx), labels.index_select(0, idx)
-        for p in params:
-            p.grad = None
-        loss = F.cross_entropy(forward(x), y)
-        losses.append(loss.item())
-        loss.backward()
-        with torch.no_grad():
-            for p in params:
-                if p.grad is None:
-                    continue
-                u = p.grad * lr
-                nxt = round_to(p - u, stored)
-                intended = u != 0
-                counts["lost"] += (intended & (nxt == p)).sum().item()
-                counts["updates"] += intended.sum().item()
-                p.copy_(nxt)
-    step_s = (time.perf_counter() - t0) / steps
+    step_s = sgd_loop(cfg, images, labels, params, forward, lambda p, u: round_to(p - u, stored), losses, counts)
     return {"loss": losses, "lost_update_count": counts["lost"], "grad_underflow_count": counts["underflow"],
             "step_time_s": step_s}
 
@@ -132,10 +147,7 @@ def train_native(cfg, recipe, init, images, labels):
     fmt = recipe.split("+")[0]
     master = "+master" in recipe
     dt = DTYPE[fmt] or torch.float32
-    steps, batch = t["steps"], min(t["batch"], images.shape[0])
-    per_epoch = images.shape[0] // batch
-    lr = torch.tensor(t["lr"], dtype=torch.float32).item()
-    seed, act = cfg["seed"], t["hidden"]["activation"]
+    act = t["hidden"]["activation"]
     params = [(p.clone() if master or fmt == "fp32" else p.to(dt).clone()).requires_grad_(True) for p in init]
     counts = {"underflow": 0, "total": 0, "lost": 0, "updates": 0}
     losses = []
@@ -161,31 +173,9 @@ def train_native(cfg, recipe, init, images, labels):
                 h = torch.sigmoid(h) if act == "sigmoid" else torch.tanh(h) if act == "tanh" else torch.relu(h)
         return h
 
-    perm, perm_epoch = None, -1
-    t0 = time.perf_counter()
-    for step in range(steps):
-        epoch = step // per_epoch
-        if epoch != perm_epoch:
-            g = torch.Generator().manual_seed(seed + 1000003 * (epoch + 1))
-            perm, perm_epoch = torch.randperm(images.shape[0], generator=g), epoch
-        idx = perm.narrow(0, (step % per_epoch) * batch, batch)
-        x, y = images.index_select(0, idx), labels.index_select(0, idx)
-        for p in params:
-            p.grad = None
-        loss = F.cross_entropy(forward(x).float(), y)
-        losses.append(loss.item())
-        loss.backward()
-        with torch.no_grad():
-            for p in params:
-                if p.grad is None:
-                    continue
-                u = p.grad.float() * lr
-                nxt = (p.float() - u).to(p.dtype)
-                intended = u != 0
-                counts["lost"] += (intended & (nxt == p)).sum().item()
-                counts["updates"] += intended.sum().item()
-                p.copy_(nxt)
-    step_s = (time.perf_counter() - t0) / steps
+    # forward(x).float(): the loss in fp32 from the logits cast up (core/amp_recipe's loss_fn)
+    step_s = sgd_loop(cfg, images, labels, params, lambda x: forward(x).float(),
+                      lambda p, u: (p.float() - u).to(p.dtype), losses, counts)
     return {"loss": losses, "lost_update_count": counts["lost"], "grad_underflow_count": counts["underflow"],
             "grad_total": counts["total"], "step_time_s": step_s}
 
@@ -195,8 +185,7 @@ def train_plain(cfg, init, images, labels):
     nn.Linear (same initial weights), F.cross_entropy, torch.optim.SGD (foreach), loss.item()
     per step. Same batches, same arithmetic as mpt's fp32 recipe: its losses must be equal."""
     t = cfg["train"]
-    steps, batch = t["steps"], min(t["batch"], images.shape[0])
-    per_epoch = images.shape[0] // batch
+    steps = t["steps"]
     act = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[t["hidden"]["activation"]]
     layers = []
     for i in range(len(init) // 2):
@@ -209,15 +198,9 @@ def train_plain(cfg, init, images, labels):
     net = nn.Sequential(*layers)
     lr = torch.tensor(t["lr"], dtype=torch.float32).item()
     opt = torch.optim.SGD(net.parameters(), lr=lr)
-    losses, perm, perm_epoch = [], None, -1
+    losses = []
     t0 = time.perf_counter()
-    for step in range(steps):
-        epoch = step // per_epoch
-        if epoch != perm_epoch:
-            g = torch.Generator().manual_seed(cfg["seed"] + 1000003 * (epoch + 1))
-            perm, perm_epoch = torch.randperm(images.shape[0], generator=g), epoch
-        idx = perm.narrow(0, (step % per_epoch) * batch, batch)
-        x, y = images.index_select(0, idx), labels.index_select(0, idx)
+    for x, y in batches(cfg, images, labels):
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(net(x.reshape(x.shape[0], -1)), y)
         losses.append(loss.item())

@@ -111,8 +111,9 @@ double start_us() {
   return r.start_us;
 }
 
-void complete(Track track, std::string name, double start_us, double end_us, json args, int lane) {
-  if (!enabled()) return;
+namespace {
+/// A complete ('X') event without args.
+Event slice(Track track, std::string name, double start_us, double end_us, int lane) {
   Event e;
   e.ph = 'X';
   e.name = std::move(name);
@@ -120,20 +121,20 @@ void complete(Track track, std::string name, double start_us, double end_us, jso
   e.tid = tid_of(track, lane);
   e.ts_us = start_us;
   e.dur_us = std::max(0.0, end_us - start_us);
+  return e;
+}
+}  // namespace
+
+void complete(Track track, std::string name, double start_us, double end_us, json args, int lane) {
+  if (!enabled()) return;
+  Event e = slice(track, std::move(name), start_us, end_us, lane);
   e.args = std::move(args);
   push(std::move(e));
 }
 
 void complete(Track track, std::string name, double start_us, double end_us, ArgsText args, int lane) {
   if (!enabled()) return;
-  Event e;
-  e.ph = 'X';
-  e.name = std::move(name);
-  e.cat = cat_of(track);
-  e.tid = tid_of(track, lane);
-  e.ts_us = start_us;
-  e.dur_us = std::max(0.0, end_us - start_us);
-  push(std::move(e), std::move(args).str());
+  push(slice(track, std::move(name), start_us, end_us, lane), std::move(args).str());
 }
 
 namespace {
