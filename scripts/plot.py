@@ -564,6 +564,11 @@ def main():
     ap.add_argument("--out-dir", default="plots")
     ap.add_argument("--format", default="png", choices=["png", "svg"])
     args = ap.parse_args()
+    made = []  # the folders writable_out_dir is about to make, deepest first
+    d = os.path.abspath(args.out_dir)
+    while not os.path.exists(d):
+        made.append(d)
+        d = os.path.dirname(d)
     writable_out_dir("plot", args.out_dir)
     names, failed = PlotNames(args.out_dir, args.format), 0
     stdout_error = None
@@ -580,6 +585,12 @@ def main():
             failed += 1
     # 0: every file plotted; 1: some files failed (each named above); 2: none could be plotted.
     status = 0 if failed == 0 else 2 if failed == len(args.results) else 1
+    if status == 2:  # nothing plotted: take away the folders this run made, while they are empty
+        for d in made:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
     if stdout_error is None:
         try:
             sys.stdout.flush()

@@ -17,6 +17,7 @@
 #include "app/output.hpp"
 #include "app/registry.hpp"
 #include "core/compat.hpp"
+#include "core/config.hpp"
 #include "core/dist.hpp"
 #include "core/errors.hpp"
 #include "core/rounding_simd.hpp"
@@ -256,9 +257,26 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     try {
       exp.validate(cfg, planned);  // before any work and before any worker exists
     } catch (const ConfigError& e) {
-      // Cross-key errors name JSON pointers; say which config they are of, as single-key errors do.
+      // Cross-key errors start with a JSON pointer; say where its value came from, as single-key
+      // errors do: the last --set of that key (it won), else the config file.
+      const std::string what = e.what();
+      const std::size_t colon = what.find(':');
+      if (!what.empty() && what[0] == '/' && colon != std::string::npos) {
+        const std::string pointer = what.substr(0, colon);
+        for (auto it = opts.sets.rbegin(); it != opts.sets.rend(); ++it) {
+          const std::size_t eq = it->find('=');
+          if (eq == std::string::npos || eq == 0) continue;
+          std::string key;
+          try {
+            key = to_pointer(it->substr(0, eq));
+          } catch (const ConfigError&) {
+            continue;
+          }
+          if (key == pointer) throw ConfigError("--set '" + printable_text(*it, 200) + "': " + what);
+        }
+      }
       if (opts.config_file.empty()) throw;
-      throw ConfigError(fmt::format("{}{}: {}", opts.config_file, opts.sets.empty() ? "" : " with --set", e.what()));
+      throw ConfigError(fmt::format("{}{}: {}", opts.config_file, opts.sets.empty() ? "" : " with --set", what));
     }
     const ProcessPlan plan = multi ? exp.plan(cfg) : ProcessPlan{};
     // A failed rank is found by its peers; alone, a rank that exits or hangs on purpose tests nothing.

@@ -42,6 +42,8 @@
 #include <cmath>
 #include <map>
 
+#include <spdlog/spdlog.h>
+
 #include "core/amp.hpp"
 #include "core/data.hpp"
 #include "core/errors.hpp"
@@ -311,7 +313,12 @@ namespace {
 /// above its initial scale.
 void validate_lossscale(const Config& cfg, int /*world_size*/) {
   validate_gpt(cfg);
-  if (!cfg.boolean("/train/enabled")) return;
+  if (!cfg.boolean("/train/enabled")) {
+    if (cfg.integer("/train/gemm_ceiling") > 0)
+      spdlog::warn("/train/gemm_ceiling = {} is not used: the ceilings are timed with the training recipes, and "
+                   "/train/enabled is false", cfg.integer("/train/gemm_ceiling"));
+    return;
+  }
   const double init = cfg.number("/train/scaler/init_scale"), floor = cfg.number("/train/scaler/min_scale");
   if (floor > init)
     throw ConfigError(fmt::format("/train/scaler/min_scale: expected a value <= /train/scaler/init_scale ({:g}), got {:g}",
@@ -499,34 +506,62 @@ void training_section(const Context& ctx, Report& report) {
     report.timings["gemm_ceiling"] = ceilings;
     cost.notes.push_back(fmt::format("GEMM ceilings of this device ({0}x{0}x{0} torch::mm, median of 3, GFLOP/s): {1}",
                                      n, fmt::join(parts, "; ")));
-    // The verdict per narrow format with native kernels: does storing it narrow make the step
-    // faster here, and if not, is it the kernels (a ceiling no higher than fp32's) or the size
-    // (a recipe far below its format's ceiling: casts, reorders and small GEMMs dominate)?
+    // The verdict per narrow format: does storing it narrow make the step faster here, and if
+    // not, is it the kernels (a ceiling no higher than fp32's) or the size (a recipe far below its
+    // format's ceiling: casts, reorders and small GEMMs dominate)? Only where both ceilings are
+    // ceilings and a recipe ran the format natively; otherwise a note says why there is none.
     const double fp32_ceiling = ceilings["fp32"].value("gflops", 0.0);
+    auto is_ceiling = [&](Format f) {  // no recipe of the format reached more than its product
+      return ceilings[format_name(f)].contains("gflops") &&
+             !(best_rate.count(f) && best_rate[f] > ceilings[format_name(f)]["gflops"].get<double>());
+    };
     for (const Format f : formats) {
       const std::string fname = format_name(f);
-      if (f == Format::FP32 || !ceilings[fname].contains("gflops") || fp32_ceiling <= 0 || !std::isfinite(fp32_step)) continue;
+      if (f == Format::FP32 || !ceilings[fname].contains("gflops")) continue;  // not timed: said above
+      if (!std::isfinite(fp32_step)) {
+        cost.notes.push_back(fname + ": no verdict: no fp32 recipe ran to compare its step with");
+        continue;
+      }
       const json* best = nullptr;  // the fastest native recipe of the format
       for (const auto& row : cost.rows)
         if (parse_precision_recipe(row["name"].get<std::string>()).format == f &&
             row["why"].get<std::string>().rfind("native", 0) == 0 &&
             (!best || row["step_ms"].get<double>() < (*best)["step_ms"].get<double>()))
           best = &row;
-      if (!best) continue;
+      if (!best) {
+        cost.notes.push_back(fmt::format("{}: no verdict: no recipe ran {} natively (its ceiling is what its kernels "
+                                         "would reach)", fname, fname));
+        continue;
+      }
+      if (!is_ceiling(Format::FP32) || !is_ceiling(f)) {
+        cost.notes.push_back(fmt::format("{}: no verdict: at N = {} a recipe outran the product, so it is no ceiling; "
+                                         "take a larger N", fname, n));
+        continue;
+      }
       const double ceiling = ceilings[fname]["gflops"].get<double>(), x = ceiling / fp32_ceiling;
       const double vs = (*best)["step_ms"].get<double>() / (fp32_step * 1e3), share = (*best)["gflops"].get<double>() / ceiling;
       const std::string name = (*best)["name"].get<std::string>();
-      cost.notes.push_back(
-          vs < 1.0 ? fmt::format("{}: faster than fp32 here ({} at {:.2f}x fp32's step; the {} ceiling is {:.2g}x fp32's)",
-                                 fname, name, vs, fname, x)
-          : x < 1.5
-              ? fmt::format("{}: not faster ({} at {:.2f}x fp32's step): this device's {} kernels are hardly faster "
-                            "than fp32's (ceiling {:.2g}x fp32's), so the casts cost more than the GEMMs save",
-                            fname, name, vs, fname, x)
-              : fmt::format("{}: not faster at this size ({} at {:.2f}x fp32's step) although its ceiling is {:.2g}x "
-                            "fp32's: the recipe reached {:.0f} % of it, so casts, weight reorders and small GEMMs "
-                            "dominate (overhead-bound; larger layers or batches move it toward the ceiling)",
-                            fname, name, vs, x, 100.0 * share));
+      std::string verdict;
+      if (vs < 0.9)
+        verdict = fmt::format("faster than fp32 here ({} at {:.2f}x fp32's step; the {} ceiling is {:.2g}x fp32's)", name,
+                              vs, fname, x);
+      else if (vs <= 1.1)
+        verdict = fmt::format("about as fast as fp32 ({} at {:.2f}x fp32's step: within the 10 % a single run varies by; "
+                              "the {} ceiling is {:.2g}x fp32's)", name, vs, fname, x);
+      else if (x < 0.9)
+        verdict = fmt::format("not faster ({} at {:.2f}x fp32's step): this device's {} kernels are slower than fp32's "
+                              "(ceiling {:.2g}x fp32's), so storing {} saves memory here, not time",
+                              name, vs, fname, x, fname);
+      else if (x < 1.5)
+        verdict = fmt::format("not faster ({} at {:.2f}x fp32's step): this device's {} kernels are about as fast as "
+                              "fp32's (ceiling {:.2g}x fp32's), so the casts to and from {} cost more than its GEMMs save",
+                              name, vs, fname, x, fname);
+      else
+        verdict = fmt::format("not faster at this size ({} at {:.2f}x fp32's step) although its ceiling is {:.2g}x "
+                              "fp32's: the recipe reached {:.0f} % of it, so casts, weight reorders and small GEMMs "
+                              "dominate (overhead-bound; larger layers or batches move it toward the ceiling)",
+                              name, vs, x, 100.0 * share);
+      cost.notes.push_back(fname + ": " + verdict);
     }
   }
   cost.notes.push_back("weights: bytes of the weights a recipe keeps between steps, in its storage format (emulated "

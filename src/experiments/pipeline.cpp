@@ -849,6 +849,8 @@ Report run_pipeline_experiment(const Context& ctx) {
     for (const auto& [name, kind, m, grads] : process_grads) {
       QueueTransport transport(timeout_s);
       const auto& rr = kind == ScheduleKind::Interleaved1F1B ? chunk_ranges : kind == ScheduleKind::ZBV ? v_ranges : ranges;
+      // On rank 0's timeline these steps are the threads of lanes 1..p: named as a run of their own.
+      PipelineTraceRun traced("threads_check." + name, schedule_name(kind), m, chunks_of(kind, v), schedule_placement(kind));
       const auto threaded = run_pipeline(MlpStage(layers, rr), make_schedule(kind, p, m, chunks_of(kind, v)), m, x, y,
                                          no_cost, transport, schedule_placement(kind));
       double d = 0;

@@ -6,10 +6,18 @@ set(LS_NO_GPT --set gpt.enabled=false)
 cli_case(lossscale_tiny 0 "safe window" lossscale ${LS_TINY})
 cli_case(lossscale_overflow 0 "safe window: EMPTY" lossscale --config configs/lossscale_overflow.json ${LS_NO_GPT})
 cli_case(lossscale_sweep_only 0 "2\\^28" lossscale --set train.enabled=false ${LS_NO_GPT})
-# With the GEMM ceilings timed, each narrow format with native kernels gets a verdict (faster, or why
-# not: its kernels or the size); which one is the machine's, so the regex accepts the three.
-cli_case(lossscale_ceiling_verdict 0 "# bf16: (faster than fp32 here|not faster \\(bf16 at [0-9.]+x fp32's step\\)(: this device's| at this size))"
+# With the GEMM ceilings timed, each narrow format gets a verdict (faster, about as fast, or why
+# not: its kernels or the size), or a note saying why there is none. Which verdict is the machine's,
+# so the first case accepts them all; the others have one answer.
+cli_case(lossscale_ceiling_verdict 0 "# bf16: (faster than fp32 here|about as fast as fp32|not faster|no verdict: at N = 64)"
          lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"fp32\",\"bf16\"]" --set train.gemm_ceiling=64)
+cli_case(lossscale_ceiling_no_fp32 0 "# bf16: no verdict: no fp32 recipe ran"
+         lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"bf16+master\"]" --set train.gemm_ceiling=64)
+cli_case(lossscale_ceiling_emulated 0 "# bf16: no verdict: no recipe ran bf16 natively"
+         lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"fp32\",\"bf16\"]" --set train.gemm_ceiling=64
+         --set train.compute=emulated)
+cli_case(lossscale_ceiling_without_training 0 "/train/gemm_ceiling = 64 is not used"
+         lossscale ${LS_NO_GPT} --set train.enabled=false --set train.gemm_ceiling=64)
 # bad inputs: exit 2 naming the key; missing data: exit 2 naming the key and the package
 cli_case(lossscale_bad_negative_scale 2 "/sweep/scales/1: expected a number > 0, got -4" lossscale --set "sweep.scales=[1,-4]")
 cli_case(lossscale_bad_static_scale 2 "/train/static_scale: expected a number > 0, got -1" lossscale --set train.static_scale=-1)

@@ -34,7 +34,8 @@ once "dataparallel, 2 ranks, data.dir missing" \
   "$mpt" dataparallel --config configs/dataparallel_quick.json --nproc 2 --set data.dir=/nonexistent/fmnist
 once "shard, 2 ranks, data.dir a file" "/data/dir: .*got 'README.md': train-images-idx3-ubyte.gz: cannot open \(Not a directory\)" \
   "$mpt" shard --nproc 2 --set data.dir=README.md
-once "lossscale, train.data_dir missing" "/train/data_dir: expected a folder with Fashion-MNIST" \
+# A cross-key error names the --set that gave the key its value, as single-key errors do.
+once "lossscale, train.data_dir missing" "config error: --set 'train.data_dir=/nonexistent/fmnist': /train/data_dir: expected a folder with Fashion-MNIST" \
   "$mpt" lossscale --set train.data_dir=/nonexistent/fmnist
 # Train files only: the test split is named (fp8 evaluates on it).
 mkdir -p /tmp/probe2.$$.data

@@ -355,6 +355,21 @@ def plot_same_experiment():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def plot_nothing_leaves_no_folder():
+    print("== plot: nothing plotted, the --out-dir folders it made are taken away (probe, stop 32)")
+    tmp = tempfile.mkdtemp(prefix="mpt-plot-")
+    out = os.path.join(tmp, "a", "b")
+    p = run([PY, PLOT, os.path.join(tmp, "missing.json"), "--out-dir", out])
+    no_traceback(p, "plot nothing")
+    check(p.returncode == 2, f"plot nothing: exit 2, got {p.returncode}")
+    check(os.listdir(tmp) == [], f"plot nothing: no folder left, found {os.listdir(tmp)}")
+    # A folder that was there before stays, empty or not.
+    os.makedirs(os.path.join(tmp, "keep"))
+    p = run([PY, PLOT, os.path.join(tmp, "missing.json"), "--out-dir", os.path.join(tmp, "keep")])
+    check(p.returncode == 2 and os.path.isdir(os.path.join(tmp, "keep")), "plot nothing: an existing folder kept")
+    shutil.rmtree(tmp)
+
+
 def gpu_check_args():
     """scripts/gpu-check.sh --help prints its usage and an unknown argument is refused (exit 2),
     both before it looks for LibTorch or builds anything (no gpu-report/ is made)."""
@@ -386,6 +401,7 @@ def main():
             sys.exit(77)
         plot_malformed()
         plot_same_experiment()
+        plot_nothing_leaves_no_folder()
     elif what == "gpucheck":
         gpu_check_args()
     else:
