@@ -24,7 +24,8 @@ namespace {
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
   throw RuntimeFailure(fmt::format("{}: {} (Fashion-MNIST comes from Debian's dataset-fashion-mnist package: "
-                                   "apt-get install dataset-fashion-mnist, or set the data path in the config)",
+                                   "apt-get install --reinstall dataset-fashion-mnist, or point the config's data "
+                                   "folder, /data/dir (lossscale: /train/data_dir), at a folder with its files)",
                                    path, what));
 }
 
