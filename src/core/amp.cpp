@@ -299,8 +299,7 @@ void fused_sgd(W* w, const G* g, float lr, int64_t n, Round round, UpdateCounts&
 // The native fp16 update on widened copies: w, g hold [n] fp16 values in fp32, next gets
 // fp16(w − fp32(g)·lr) (round to nearest even, as c10::Half's conversion) in fp32, counting as
 // fused_sgd does. The subtraction and the counts are plain loops (vectorised here); the
-// rounding is core/rounding_simd's vector loop (F16C / AVX-512 where the CPU has them) — the
-// scalar fp16 rounding of fused_sgd's RoundFp16 costs about 3 ns an element.
+// rounding is core/rounding_simd's vector loop (F16C / AVX-512 where the CPU has them).
 void sgd_fp16_values(const float* w, const float* g, float* next, float lr, int64_t n, UpdateCounts& counts) {
   std::atomic<int64_t> updates{0}, lost{0};
   at::parallel_for(0, n, /*grain_size=*/32768, [&](int64_t begin, int64_t end) {
@@ -362,9 +361,9 @@ UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, 
     return counts;
   }
   if (fused && wt == torch::kHalf) {
-    // c10::Half's conversions are software at the x86-64 baseline mpt builds for (no F16C):
-    // a few ns per element each way, which made this loop most of a native fp16 step. ATen's
-    // casts are vectorised (its kernels are built per CPU capability): widen w and g into
+    // c10::Half's conversions are software at the x86-64 baseline mpt builds for (no F16C),
+    // element by element, three per element. ATen's casts are vectorised (its kernels are
+    // built per CPU capability): widen w and g into
     // scratch fp32 buffers (kept per thread), update them with the vector rounding loop
     // (sgd_fp16_values: c10::Half's round to nearest even, equal for every non-NaN input), and
     // cast the result back, exactly.
