@@ -35,35 +35,55 @@ TEST_CASE("trace: nothing is recorded when off, start() records and clears", "[t
   CHECK(ev[1].dur_us >= 0);
 }
 
-TEST_CASE("trace: ArgsText reads back as the json object it stands for", "[trace]") {
+namespace {
+void render_test(const trace::Deferred& d, trace::Event& e) {
+  e.name = "F" + std::to_string(d.i[0]);
+  e.args = {{"stage", d.i[1]}, {"big", d.i[2]}, {"schedule", trace::interned(d.i[3])}, {"wait_us", d.d}};
+}
+}  // namespace
+
+TEST_CASE("trace: a Deferred event is named and given its args and flow when read", "[trace]") {
   const std::string odd = "a\"b\\c\n\x01 \xc3\xa9";  // a quote, a backslash, a newline, a control byte, UTF-8
-  const json want = {{"stage", 3},        {"big", int64_t{1} << 62}, {"neg", -7},       {"wait_us", 2.0},
-                     {"tiny", 1.25e-300}, {"third", 1.0 / 3.0},      {"schedule", odd}, {"inf", nullptr}};
+  trace::Deferred d;
+  d.render = render_test;
+  d.i = {7, 3, int64_t{1} << 62, trace::intern(odd), 0, 0, 0, 0};
+  d.d = 1.0 / 3.0;
+  d.flow_out = false;
+  d.flow_ts_us = 1.5;
+  CHECK(trace::intern(odd) == d.i[3]);  // the same id again
+  CHECK(trace::interned(0).empty());
+  CHECK_THROWS_AS(trace::interned(1 << 30), std::out_of_range);
   trace::start(0);
+  CHECK_THROWS_AS(trace::complete(trace::Track::Compute, trace::Deferred{}, 0, 1), std::invalid_argument);
   trace::set_run_label("zb-h1.m8");
-  trace::complete(trace::Track::Compute, "F0", 1, 2,
-                  trace::ArgsText()
-                      .add("stage", 3)
-                      .add("big", int64_t{1} << 62)
-                      .add("neg", -7)
-                      .add("wait_us", 2.0)
-                      .add("tiny", 1.25e-300)
-                      .add("third", 1.0 / 3.0)
-                      .add("schedule", odd)
-                      .add("inf", INFINITY));
+  d.flow = 42;
+  d.i[0] = 7;
+  trace::complete(trace::Track::Comm, d, 1, 2, /*lane=*/2);
   trace::set_run_label("");
-  trace::complete(trace::Track::Compute, "F1", 2, 3, trace::ArgsText());
+  d.flow = 0;
+  d.i[0] = 8;
+  trace::complete(trace::Track::Compute, d, 2, 3);
   trace::stop();
+  REQUIRE(trace::event_count() == 2);  // two records
   const auto ev = trace::events();
-  REQUIRE(ev.size() == 2);
-  json got = ev[0].args;
-  CHECK(got["run"] == "zb-h1.m8");
-  got.erase("run");
-  CHECK(got == want);
-  CHECK(got.dump() == want.dump());               // the same text in the file, key order included
-  CHECK(got["wait_us"].is_number_float());        // 2.0 stays a float, as json(2.0) is
-  CHECK(got["third"].get<double>() == 1.0 / 3.0);  // every bit
-  CHECK(ev[1].args == json::object());
+  REQUIRE(ev.size() == 3);  // the first one's flow, read as its own event before its slice
+  CHECK(ev[0].ph == 'f');
+  CHECK(ev[0].id == 42);
+  CHECK(ev[0].ts_us == 1.5);
+  CHECK(ev[0].tid == 22);  // Comm + 10 · lane 2, the slice's track
+  CHECK(ev[0].cat == "comm");
+  CHECK(ev[0].args == json{{"run", "zb-h1.m8"}});
+  CHECK(ev[1].ph == 'X');
+  CHECK(ev[1].name == "F7");
+  CHECK(ev[1].tid == 22);
+  CHECK(ev[1].dur_us == 1);
+  const json want = {{"stage", 3}, {"big", int64_t{1} << 62}, {"schedule", odd}, {"wait_us", 1.0 / 3.0},
+                     {"run", "zb-h1.m8"}};
+  CHECK(ev[1].args == want);
+  CHECK(ev[1].args["wait_us"].get<double>() == 1.0 / 3.0);  // every bit
+  CHECK(ev[2].name == "F8");
+  CHECK(ev[2].cat == "compute");
+  CHECK_FALSE(ev[2].args.contains("run"));
 }
 
 TEST_CASE("trace: a Capture records while tracing is off, then drops its events", "[trace]") {

@@ -46,6 +46,27 @@ trace::P2P annotation(bool send, int src, int dst, char kind, int microbatch, in
   return p;
 }
 
+/// trace_stage_events' Deferred: i = {kind, microbatch, chunk, stage, virtual_stage,
+/// schedule (intern id), step}, d = wait_us.
+void render_op(const trace::Deferred& d, trace::Event& e) {
+  const char kind = static_cast<char>(d.i[0]);
+  e.name = op_name(kind, static_cast<int>(d.i[1]), static_cast<int>(d.i[2]));
+  e.args = {{"stage", d.i[3]},        {"microbatch", d.i[1]}, {"chunk", d.i[2]},
+            {"virtual_stage", d.i[4]}, {"kind", std::string(1, kind)}, {"schedule", trace::interned(d.i[5])},
+            {"step", d.i[6]},          {"wait_us", d.d}};
+}
+
+/// trace_queue_p2p's Deferred: i = {send, src, dst, kind, microbatch, boundary, bytes}.
+void render_queue_p2p(const trace::Deferred& d, trace::Event& e) {
+  const bool send = d.i[0] != 0;
+  const int src = static_cast<int>(d.i[1]), dst = static_cast<int>(d.i[2]);
+  const char kind = static_cast<char>(d.i[3]);
+  const int microbatch = static_cast<int>(d.i[4]);
+  e.name = send ? fmt::format("send {}{} -> {}", kind, microbatch, dst) : fmt::format("recv {}{} <- {}", kind, microbatch, src);
+  e.args = {{"kind", std::string(1, kind)}, {"microbatch", microbatch}, {"boundary", d.i[5]}, {"src_stage", src},
+            {"dst_stage", dst},             {"bytes", d.i[6]},          {"peer", send ? dst : src}};
+}
+
 }  // namespace
 
 void trace_stage_events(const std::vector<PipeEvent>& events, std::chrono::steady_clock::time_point t0, int stage,
@@ -60,20 +81,17 @@ void trace_stage_events(const std::vector<PipeEvent>& events, std::chrono::stead
     schedule = g_schedule;
   }
   const double base = trace::to_us(t0);
-  // Args as text (trace::ArgsText): a step records one slice per microbatch and kind.
-  for (const auto& e : events)
-    trace::complete(trace::Track::Compute, op_name(e.op.kind, e.op.microbatch, e.op.chunk), base + e.start_s * 1e6,
-                    base + e.end_s * 1e6,
-                    trace::ArgsText()
-                        .add("stage", e.stage)
-                        .add("microbatch", e.op.microbatch)
-                        .add("chunk", e.op.chunk)
-                        .add("virtual_stage", virtual_stage(e.stage, e.op.chunk, stages, placement))
-                        .add("kind", std::string(1, e.op.kind))
-                        .add("schedule", schedule)
-                        .add("step", step)
-                        .add("wait_us", e.wait_s * 1e6),
-                    lane);
+  const int64_t schedule_id = trace::intern(schedule);
+  // Numbers only (trace::Deferred): a step records one slice per microbatch and kind; the name
+  // and args are made by render_op when the events are read.
+  trace::Deferred d;
+  d.render = render_op;
+  for (const auto& e : events) {
+    d.i = {e.op.kind, e.op.microbatch, e.op.chunk, e.stage, virtual_stage(e.stage, e.op.chunk, stages, placement),
+           schedule_id, step, 0};
+    d.d = e.wait_s * 1e6;
+    trace::complete(trace::Track::Compute, d, base + e.start_s * 1e6, base + e.end_s * 1e6, lane);
+  }
 }
 
 void trace_pipeline_sweep(const std::string& executor, int stages, const std::vector<std::string>& schedules) {
@@ -115,20 +133,16 @@ void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, 
 void trace_queue_p2p(bool send, int src, int dst, char kind, int microbatch, int boundary, int64_t bytes,
                      double begin_us, double end_us) {
   if (!trace::enabled()) return;
-  // The args of annotation(), as text (trace::ArgsText: two messages per microbatch and stage).
-  trace::P2P p = message(send, src, dst, kind, microbatch, boundary, /*in_process=*/true);
-  trace::ArgsText args;
-  args.add("kind", std::string(1, kind))
-      .add("microbatch", microbatch)
-      .add("boundary", boundary)
-      .add("src_stage", src)
-      .add("dst_stage", dst)
-      .add("bytes", bytes)
-      .add("peer", send ? dst : src);
-  const int lane = (send ? src : dst) + 1;
-  const double d = end_us - begin_us;
-  trace::flow(p, trace::Track::Comm, send ? begin_us : end_us - std::min(1.0, d / 2), lane);
-  trace::complete(trace::Track::Comm, std::move(p.name), begin_us, end_us, std::move(args), lane);
+  // Numbers only (trace::Deferred, two messages per microbatch and stage): the slice's name,
+  // the args of annotation() plus bytes and peer, and the flow, made by render_queue_p2p.
+  trace::Deferred d;
+  d.render = render_queue_p2p;
+  d.i = {send ? 1 : 0, src, dst, kind, microbatch, boundary, bytes, 0};
+  d.flow = trace::flow_id(send, src, dst, kind, microbatch, boundary, /*in_process=*/true);
+  d.flow_out = send;
+  const double dur = end_us - begin_us;
+  d.flow_ts_us = send ? begin_us : end_us - std::min(1.0, dur / 2);
+  trace::complete(trace::Track::Comm, d, begin_us, end_us, (send ? src : dst) + 1);
 }
 
 }  // namespace mpt

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -20,19 +21,21 @@ std::atomic<bool> g_on{false};
 
 namespace {
 
-/// A recorded event as kept until read: args_text (ArgsText) and the run label are folded
-/// into Event::args by read().
+/// A recorded event as kept until read: a Deferred's name, args and flow and the run label
+/// are made into Events by read().
 struct Stored {
   Event e;
-  std::string args_text;  ///< "" : e.args holds the args
-  std::string run;        ///< the run label at recording ("" : none)
+  Deferred def;           ///< def.render == nullptr: e is the event as recorded
+  int64_t run = 0;        ///< intern() id of the run label at recording (0: "", none)
 };
 
 struct Recorder {
   std::mutex mu;
-  std::vector<Stored> events;
+  std::deque<Stored> events;  // a deque: growing never moves what was recorded
   json meta = json::object();
-  std::string run_label;
+  int64_t run_label = 0;                 // intern() id
+  std::deque<std::string> strings{""};   // intern()'s table (a deque: references stay valid)
+  std::map<std::string, int64_t> ids{{"", 0}};
   bool started = false;  // start() was called (and not stop())
   int captures = 0;      // live Capture objects
   int rank = 0;
@@ -60,21 +63,44 @@ const char* cat_of(Track t) {
 
 int tid_of(Track t, int lane) { return static_cast<int>(t) + 10 * lane; }
 
-void push(Event e, std::string args_text = {}) {
+void push(Event e, const Deferred* d = nullptr) {
   auto& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.events.push_back(Stored{std::move(e), std::move(args_text), r.run_label});
+  r.events.push_back(Stored{std::move(e), d ? *d : Deferred{}, r.run_label});
 }
 
-/// The event as read: the pre-rendered args parsed, args.run added.
-Event read(const Stored& s) {
+int64_t intern_locked(Recorder& r, const std::string& s) {
+  auto it = r.ids.find(s);
+  if (it != r.ids.end()) return it->second;
+  const auto id = static_cast<int64_t>(r.strings.size());
+  r.strings.push_back(s);
+  r.ids.emplace(s, id);
+  return id;
+}
+
+/// The events of a Stored as read (the caller holds the lock): a Deferred's flow, then the
+/// slice with its rendered name and args; args.run added.
+void read(const Recorder& r, const Stored& s, std::vector<Event>& out) {
   Event e = s.e;
-  if (!s.args_text.empty()) e.args = json::parse(s.args_text);
-  if (!s.run.empty()) {
-    if (e.args.is_null()) e.args = json::object();
-    e.args["run"] = s.run;
+  if (s.def.render) {
+    if (s.def.flow != 0) {
+      Event f;
+      f.ph = s.def.flow_out ? 's' : 'f';
+      f.name = "p2p";
+      f.cat = e.cat;
+      f.tid = e.tid;
+      f.ts_us = s.def.flow_ts_us;
+      f.id = s.def.flow;
+      if (s.run != 0) f.args = {{"run", r.strings.at(static_cast<std::size_t>(s.run))}};
+      out.push_back(std::move(f));
+    }
+    s.def.render(s.def, e);
   }
-  return e;
+  if (s.run != 0) {
+    if (e.args.is_null()) e.args = json::object();
+    e.args["run"] = r.strings.at(static_cast<std::size_t>(s.run));
+  }
+  out.push_back(std::move(e));
 }
 
 void update_on(Recorder& r) { detail::g_on.store(r.started || r.captures > 0, std::memory_order_relaxed); }
@@ -132,47 +158,23 @@ void complete(Track track, std::string name, double start_us, double end_us, jso
   push(std::move(e));
 }
 
-void complete(Track track, std::string name, double start_us, double end_us, ArgsText args, int lane) {
+void complete(Track track, const Deferred& d, double start_us, double end_us, int lane) {
   if (!enabled()) return;
-  push(slice(track, std::move(name), start_us, end_us, lane), std::move(args).str());
+  if (!d.render) throw std::invalid_argument("trace::complete: expected a Deferred with a render function");
+  push(slice(track, std::string(), start_us, end_us, lane), &d);
 }
 
-namespace {
-void open_key(std::string& s, const char* key) {
-  s += s.empty() ? "{\"" : ",\"";
-  s += key;
-  s += "\":";
-}
-}  // namespace
-
-ArgsText& ArgsText::add(const char* key, int64_t v) {
-  open_key(s_, key);
-  fmt::format_to(std::back_inserter(s_), "{}", v);
-  return *this;
+int64_t intern(const std::string& s) {
+  auto& r = rec();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return intern_locked(r, s);
 }
 
-ArgsText& ArgsText::add(const char* key, double v) {
-  open_key(s_, key);
-  if (!std::isfinite(v)) {
-    s_ += "null";  // as nlohmann::json dumps a non-finite double
-    return *this;
-  }
-  const std::size_t at = s_.size();
-  fmt::format_to(std::back_inserter(s_), "{}", v);  // the shortest text that reads back as v
-  if (s_.find_first_of(".eE", at) == std::string::npos) s_ += ".0";  // stays a float once parsed
-  return *this;
-}
-
-ArgsText& ArgsText::add(const char* key, const std::string& v) {
-  open_key(s_, key);
-  s_ += json(v).dump();  // escaped
-  return *this;
-}
-
-std::string ArgsText::str() && {
-  if (s_.empty()) return "{}";
-  s_ += '}';
-  return std::move(s_);
+const std::string& interned(int64_t id) {
+  const auto& r = rec();
+  if (id < 0 || static_cast<std::size_t>(id) >= r.strings.size())
+    throw std::out_of_range(fmt::format("trace::interned: no string has id {}", id));
+  return r.strings[static_cast<std::size_t>(id)];
 }
 
 Scope::Scope(Track track, const char* name, json args, int lane)
@@ -230,7 +232,7 @@ void flow(const P2P& p, Track track, double ts_us, int lane) {
 void set_run_label(std::string label) {
   auto& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.run_label = std::move(label);
+  r.run_label = intern_locked(r, label);
 }
 
 void set_metadata(const std::string& key, json value) {
@@ -259,7 +261,7 @@ std::vector<Event> events_since(std::size_t from) {
   if (from >= r.events.size()) return {};
   std::vector<Event> out;
   out.reserve(r.events.size() - from);
-  for (std::size_t i = from; i < r.events.size(); ++i) out.push_back(read(r.events[i]));
+  for (std::size_t i = from; i < r.events.size(); ++i) read(r, r.events[i], out);
   return out;
 }
 
@@ -269,7 +271,7 @@ Capture::Capture(std::string label) {
   owner_ = !r.started && r.captures == 0;
   ++r.captures;
   from_ = r.events.size();
-  r.run_label = std::move(label);
+  r.run_label = intern_locked(r, label);
   update_on(r);
 }
 
@@ -277,7 +279,7 @@ Capture::~Capture() {
   auto& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
   --r.captures;
-  r.run_label.clear();
+  r.run_label = 0;
   if (owner_ && !r.started && from_ <= r.events.size())
     r.events.erase(r.events.begin() + static_cast<std::ptrdiff_t>(from_), r.events.end());
   update_on(r);

@@ -17,7 +17,7 @@
 //
 // Cost when off: one relaxed atomic load per hook (enabled()). When on: one mutex-guarded
 // push_back per event (a handful per training step; bench.sh measures the overhead); the
-// per-microbatch hooks render their args as text (ArgsText) and the reader parses them.
+// per-microbatch hooks record numbers only (Deferred), named and formatted when read.
 #pragma once
 
 #include <array>
@@ -79,26 +79,39 @@ double start_us();
 /// tracks; s + 1: stage s of a pipeline on threads). No-op when disabled.
 void complete(Track track, std::string name, double start_us, double end_us, json args = nullptr, int lane = 0);
 
-/// The args of an event rendered as JSON object text while it is recorded, for the hooks that
-/// run many times a step (a pipeline's slices and in-process messages): about 0.25 µs for eight
-/// fields against 1.5 µs for building a json object. The text is parsed into Event::args when
-/// the events are read (events_since), off the run's timed path. Keys are string literals
-/// (not escaped); string values are escaped as JSON strings; a non-finite double is null.
-class ArgsText {
- public:
-  ArgsText& add(const char* key, int64_t v);
-  ArgsText& add(const char* key, int v) { return add(key, static_cast<int64_t>(v)); }
-  ArgsText& add(const char* key, double v);
-  ArgsText& add(const char* key, const std::string& v);
-  /// The object's text ("{}" when nothing was added).
-  std::string str() &&;
-
- private:
-  std::string s_;
+/// An event recorded as numbers, its name and args made only when the events are read
+/// (events_since), off the run's timed path: for the hooks that run several times per
+/// microbatch (a pipeline's slices and in-process messages). Recording one copies this struct
+/// under the recorder's lock: no formatting, no allocation but the buffer's amortised growth
+/// (about 0.1 µs, against 2.5 µs for formatting a name and eight args; bench.sh's trace rows
+/// measure the step). `render` fills the slice's name and args from the fields, in the
+/// layout its hook chose; strings travel as intern() ids. A flow (`flow` != 0) bound to the
+/// slice is stored with it and read as its own event just before the slice, as flow() then
+/// complete() would have recorded them.
+struct Deferred {
+  /// Makes the slice's name and args (Event::name, Event::args) from `d`. Runs with the
+  /// recorder's lock held: it may call interned(), nothing else of this API.
+  using Render = void (*)(const Deferred& d, Event& e);
+  Render render = nullptr;
+  std::array<int64_t, 8> i{};  ///< integer fields (the hook's layout)
+  double d = 0;                ///< a double field
+  uint64_t flow = 0;           ///< 0: no flow; else the id of a flow start or finish bound to the slice
+  bool flow_out = true;        ///< the flow's side: start ('s', the send) or finish ('f', the receive)
+  double flow_ts_us = 0;       ///< the flow event's timestamp (inside the slice)
 };
 
-/// complete() with args already rendered (ArgsText): the same event once read.
-void complete(Track track, std::string name, double start_us, double end_us, ArgsText args, int lane = 0);
+/// Records a complete event [start_us, end_us] whose name and args `d.render` makes when the
+/// events are read (see Deferred). No-op when disabled. Throws std::invalid_argument for a
+/// Deferred without render.
+void complete(Track track, const Deferred& d, double start_us, double end_us, int lane = 0);
+
+/// The id of `s` in the recorder's string table (one lock and a map lookup), for a Deferred's
+/// fields; the same string gets the same id while the process lives (start() keeps the table).
+int64_t intern(const std::string& s);
+/// The string of an intern() id, for Deferred::render only (it reads the table without
+/// locking: render runs with the recorder's lock held). Throws std::out_of_range for an id
+/// intern() never returned.
+const std::string& interned(int64_t id);
 
 /// RAII: a complete event from construction to destruction (when enabled at construction).
 class Scope {
