@@ -604,7 +604,8 @@ TEST_CASE("send_async and recv_async refuse the ring's tags; names and descripti
   CHECK_THROWS_AS(dist::gloo_algorithm_from_name("tree"), std::invalid_argument);
   CHECK(dist::collective_algorithm("gloo", dist::GlooAlgorithm::Ring, "all_gather").rfind("ring (send/recv, mpt)", 0) == 0);
   CHECK(dist::collective_algorithm("gloo", dist::GlooAlgorithm::Native, "all_gather") ==
-        "gloo native (c10d ProcessGroupGloo::allgather)");
+        (compat::kTorch2 ? "gloo native (c10d ProcessGroupGloo::_allgather_base (all_gather_into_tensor))"
+                         : "gloo native (c10d ProcessGroupGloo::allgather)"));
   CHECK(dist::collective_algorithm("gloo", dist::GlooAlgorithm::Native, "reduce_scatter").rfind(
             compat::kGlooHasReduceScatter ? "gloo native" : "ring (send/recv, mpt)", 0) == 0);
   CHECK(dist::collective_algorithm("nccl", dist::GlooAlgorithm::Ring, "reduce_scatter").rfind("nccl native", 0) == 0);

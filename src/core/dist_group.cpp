@@ -1042,7 +1042,16 @@ void Group::all_gather(const torch::Tensor& in, torch::Tensor out) {
   if (uses_ring("all_gather")) return ring_all_gather(in, std::move(out));
   count("all_gather", nbytes_of(out), ring_share(nbytes_of(out), size_));
   auto tr = trace_begin("all_gather", nbytes_of(out), size_);
-  std::vector<at::Tensor> inputs{in};
+  if constexpr (compat::kTorch2) {
+    // The flat form (all_gather_into_tensor), as FSDP2 calls it: no list of chunk views.
+    at::Tensor input = in, output = out;
+    post_collective("all-gather failed on " + impl_->where, job_, impl_->monitor,
+                    [&] { return impl_->pg->_allgather_base(output, input, c10d::AllgatherOptions()); }, tr,
+                    impl_->trace_lane)
+        .wait();
+    return;
+  }
+  std::vector<at::Tensor> inputs{in};  // LibTorch 1.13's Gloo has only the list form
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size_; ++r) outputs[0].push_back(out.chunk(size_, 0)[static_cast<std::size_t>(r)]);
   post_collective("all-gather failed on " + impl_->where, job_, impl_->monitor,
@@ -1062,8 +1071,11 @@ void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp 
   for (int r = 0; r < size_; ++r) inputs[0].push_back(in.chunk(size_, 0)[static_cast<std::size_t>(r)]);
   c10d::ReduceScatterOptions o;
   o.reduceOp = to_c10d(op);
+  // The flat form (reduce_scatter_tensor): ProcessGroupGloo's list form took 1.5-2x as long at
+  // 256 KiB-1 MiB on N = 2 (mpt collectives, docs/performance.md).
+  at::Tensor input = in, output = out;
   post_collective("reduce-scatter failed on " + impl_->where, job_, impl_->monitor,
-                  [&] { return impl_->pg->reduce_scatter(outputs, inputs, o); }, tr, impl_->trace_lane)
+                  [&] { return impl_->pg->_reduce_scatter_base(output, input, o); }, tr, impl_->trace_lane)
       .wait();
 }
 
@@ -1089,7 +1101,11 @@ bool ring_on(const std::string& backend, GlooAlgorithm a, const std::string& kin
 std::string collective_algorithm(const std::string& backend, GlooAlgorithm a, const std::string& kind) {
   if (kind != "reduce_scatter" && kind != "all_gather")
     throw std::invalid_argument("collective_algorithm: expected reduce_scatter or all_gather, got " + kind);
-  const std::string c10d_name = kind == "reduce_scatter" ? "reduce_scatter" : "allgather";
+  // The c10d call Group makes: the flat forms on LibTorch 2.x (all_gather_into_tensor /
+  // reduce_scatter_tensor: c10d's _allgather_base / _reduce_scatter_base), 1.13's list allgather.
+  const std::string c10d_name = kind == "reduce_scatter" ? "_reduce_scatter_base (reduce_scatter_tensor)"
+                                : compat::kTorch2          ? "_allgather_base (all_gather_into_tensor)"
+                                                           : "allgather";
   if (backend != "gloo")
     return fmt::format("{} native (c10d ProcessGroup{}::{}; dist.gloo_algorithm does not apply)", backend,
                        backend == "nccl" ? "NCCL" : backend, c10d_name);

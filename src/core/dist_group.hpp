@@ -173,8 +173,10 @@ struct CommCount {
 
 /// How a Gloo group carries out reduce_scatter and all_gather (the `dist.gloo_algorithm` key of
 /// `mpt shard` and `mpt collectives`). NCCL groups ignore it: they always run NCCL's own.
-///   Native: c10d ProcessGroupGloo's reduce_scatter and allgather. LibTorch 1.13's Gloo has no
-///           reduce_scatter, so there Native runs reduce-scatter as the Ring (all-gather native).
+///   Native: c10d ProcessGroupGloo's _reduce_scatter_base and _allgather_base (the flat forms
+///           under torch.distributed.reduce_scatter_tensor / all_gather_into_tensor; 1.13: the
+///           list allgather). LibTorch 1.13's Gloo has no reduce_scatter, so there Native runs
+///           reduce-scatter as the Ring (all-gather native).
 ///   Ring:   Group::ring_reduce_scatter and Group::ring_all_gather (send/recv, mpt's own).
 enum class GlooAlgorithm { Native, Ring };
 
@@ -185,7 +187,7 @@ std::string gloo_algorithm_name(GlooAlgorithm a);
 
 /// What `kind` ("reduce_scatter" or "all_gather") runs on a group of `backend` ("gloo" or
 /// "nccl") configured with `a`, in words, with the reason where it is not what was asked:
-/// "gloo native (c10d ProcessGroupGloo::reduce_scatter)", "ring (send/recv, mpt) ...",
+/// "gloo native (c10d ProcessGroupGloo::_reduce_scatter_base (reduce_scatter_tensor))", "ring (send/recv, mpt) ...",
 /// "nccl native ...". For the result file's env.dist. Throws std::invalid_argument for another kind.
 std::string collective_algorithm(const std::string& backend, GlooAlgorithm a, const std::string& kind);
 
@@ -235,13 +237,13 @@ class Group {
   void broadcast(torch::Tensor t, int root = 0);
   /// All-gather (torch.distributed.all_gather_into_tensor): `out`, contiguous with size() x the
   /// first dimension of `in` and otherwise its shape, receives every rank's `in`, in rank order
-  /// along dimension 0. Blocks. NCCL runs its own; Gloo runs c10d's allgather, or
+  /// along dimension 0. Blocks. NCCL runs its own; Gloo runs c10d's _allgather_base (1.13: allgather), or
   /// ring_all_gather when gloo_algorithm() is Ring. Throws std::invalid_argument for mismatched
   /// shapes, RuntimeFailure when a peer fails or times out.
   void all_gather(const torch::Tensor& in, torch::Tensor out);
   /// Reduce-scatter (torch.distributed.reduce_scatter_tensor): `in` is size() chunks along
   /// dimension 0; `out` (the shape of one chunk) receives chunk rank() reduced over the ranks
-  /// with `op`. Blocks. NCCL runs its own; Gloo runs c10d's reduce_scatter on LibTorch 2.x with
+  /// with `op`. Blocks. NCCL runs its own; Gloo runs c10d's _reduce_scatter_base on LibTorch 2.x with
   /// gloo_algorithm() Native, and ring_reduce_scatter otherwise (always on LibTorch 1.13, whose
   /// Gloo has none). Throws as all_gather.
   void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op = ReduceOp::Sum);

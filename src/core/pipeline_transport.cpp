@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -23,6 +24,7 @@ void QueueTransport::send(int src, int dst, char kind, int microbatch, const tor
   {
     std::lock_guard<std::mutex> lock(mu_);
     box_[Key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary}] = t;
+    sent_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
   if (trace::enabled())
@@ -34,7 +36,9 @@ torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, 
   const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (pipeline_trace.hpp)
   std::unique_lock<std::mutex> lock(mu_);
   const Key key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary};
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeout_s_);
+  const auto spin_end = start + std::chrono::duration<double, std::micro>(kSpinUs);
   while (true) {
     if (!aborted_.empty()) throw RuntimeFailure(aborted_);
     auto it = box_.find(key);
@@ -47,6 +51,14 @@ torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, 
                         trace::now_us());
       return t;
     }
+    if (std::chrono::steady_clock::now() < spin_end) {  // poll: wait for the next message stored, yielding the core
+      const uint64_t seen = sent_.load(std::memory_order_acquire);
+      lock.unlock();
+      while (sent_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < spin_end)
+        std::this_thread::yield();
+      lock.lock();
+      continue;
+    }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && box_.find(key) == box_.end())
       throw RuntimeFailure(fmt::format("stage {}: no {} for microbatch {} from stage {} within {} s", dst,
                                        kind == 'F' ? "activation" : "gradient", microbatch, src, timeout_s_));
@@ -57,6 +69,7 @@ void QueueTransport::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_.empty()) aborted_ = why;
+    sent_.fetch_add(1, std::memory_order_release);  // a polling recv looks again
   }
   cv_.notify_all();
 }

@@ -6,6 +6,7 @@
 // or SEND_B / RECV_B (gradient) action of core/pipeline_schedule.hpp carries.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -46,7 +47,13 @@ class StageTransport {
   virtual void abort(const std::string& why) = 0;
 };
 
-/// In-process mailbox: send stores the tensor, recv waits (condition variable) for it.
+/// In-process mailbox: send stores the tensor, recv waits for it — first polling for up to
+/// kSpinUs, yielding the core between polls (sched_yield: a stage thread that waits lets the
+/// one that will send run on its core, instead of a futex sleep and wake-up per message), then
+/// blocked on a condition variable until the timeout. The spin-then-block wait of OpenMP's
+/// waiters (GOMP_SPINCOUNT), bounded so that an idle stage gives its core back. Measured on 4
+/// stage threads, 2 vCPUs (docs/pipeline.md): 1F1B m = 8 with no synthetic cost 11.1-12.2 ms
+/// a step blocking at once, 10.7-12.3 polling 500 µs, 9.2-9.8 polling 1 000 µs.
 class QueueTransport : public StageTransport {
  public:
   explicit QueueTransport(double timeout_s) : timeout_s_(timeout_s) {}
@@ -56,7 +63,10 @@ class QueueTransport : public StageTransport {
 
  private:
   using Key = std::tuple<int, int, char, int, int>;
+  /// How long recv polls before it blocks, in microseconds.
+  static constexpr double kSpinUs = 1000;
   double timeout_s_;
+  std::atomic<uint64_t> sent_{0};  // messages stored so far (and aborts): what a polling recv watches
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<Key, torch::Tensor> box_;
