@@ -1072,7 +1072,7 @@ void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp 
   c10d::ReduceScatterOptions o;
   o.reduceOp = to_c10d(op);
   // The flat form (reduce_scatter_tensor): ProcessGroupGloo's list form took 1.5-2x as long at
-  // 256 KiB-1 MiB on N = 2 (mpt collectives, docs/performance.md).
+  // 256 KiB-1 MiB on N = 2 (mpt collectives, docs/shard.md).
   at::Tensor input = in, output = out;
   post_collective("reduce-scatter failed on " + impl_->where, job_, impl_->monitor,
                   [&] { return impl_->pg->_reduce_scatter_base(output, input, o); }, tr, impl_->trace_lane)
