@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
