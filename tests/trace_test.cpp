@@ -1,12 +1,15 @@
 // Unit tests of core/trace: the recorder (off, on, captures), flow ids, the NTP-style clock
 // offset, the overlap fraction and the Chrome Trace Event document; core/pipeline_trace's
-// slice args (schedule, run, virtual stage).
+// slice args (schedule, run, virtual stage) and the order of an in-process message's flow.
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <thread>
 
 #include "catch.hpp"
 #include "core/pipeline_trace.hpp"
+#include "core/pipeline_transport.hpp"
 #include "core/trace.hpp"
 
 using namespace mpt;
@@ -248,4 +251,50 @@ TEST_CASE("pipeline trace: slices carry their schedule, run and virtual stage (V
   REQUIRE(meta["runs"].size() == 1);
   CHECK(meta["runs"][0] == json({{"run", "zb-v.m1"}, {"schedule", "zb-v"}, {"microbatches", 1}, {"chunks", 2},
                                  {"placement", "v"}}));
+}
+
+TEST_CASE("pipeline trace: an in-process message's recv flow never precedes its send's", "[trace]") {
+  // Two stage threads ping-pong 2 000 messages through a QueueTransport, so that the receiver
+  // is polling when each message is stored and finds it within a microsecond (CI, stop 31: the
+  // recv's flow, put a fixed 1 µs inside its slice's end, came 0.23 µs before the send's).
+  // Causality holds on one steady clock: the send's flow is a time before the store, the
+  // recv's a time after it was found; and each flow lies inside its own slice.
+  constexpr int kMessages = 1000;
+  trace::start(0);
+  {
+    QueueTransport tr(10);
+    const auto t = torch::zeros({4});
+    std::thread stage1([&] {
+      for (int i = 0; i < kMessages; ++i) tr.send(1, 0, 'B', i, tr.recv(0, 1, 'F', i));
+    });
+    for (int i = 0; i < kMessages; ++i) {
+      tr.send(0, 1, 'F', i, t);
+      tr.recv(1, 0, 'B', i);
+    }
+    stage1.join();
+  }
+  trace::stop();
+  std::map<uint64_t, const trace::Event*> starts, finishes;
+  const auto ev = trace::events();
+  for (const auto& e : ev) {
+    if (e.ph == 's') starts[e.id] = &e;
+    if (e.ph == 'f') finishes[e.id] = &e;
+  }
+  REQUIRE(starts.size() == 2 * kMessages);
+  REQUIRE(finishes.size() == 2 * kMessages);
+  int early = 0, outside = 0;
+  for (const auto& [id, s] : starts) {
+    REQUIRE(finishes.count(id) == 1);
+    if (finishes[id]->ts_us < s->ts_us) ++early;
+  }
+  // Each flow event inside a message slice of its own track (tid).
+  for (const auto& f : ev) {
+    if (f.ph != 's' && f.ph != 'f') continue;
+    const bool in = std::any_of(ev.begin(), ev.end(), [&f](const trace::Event& x) {
+      return x.ph == 'X' && x.tid == f.tid && x.ts_us <= f.ts_us && f.ts_us <= x.ts_us + x.dur_us;
+    });
+    if (!in) ++outside;
+  }
+  CHECK(early == 0);
+  CHECK(outside == 0);
 }

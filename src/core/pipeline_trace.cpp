@@ -131,7 +131,7 @@ void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, 
 }
 
 void trace_queue_p2p(bool send, int src, int dst, char kind, int microbatch, int boundary, int64_t bytes,
-                     double begin_us, double end_us) {
+                     double begin_us, double end_us, double flow_us) {
   if (!trace::enabled()) return;
   // Numbers only (trace::Deferred, two messages per microbatch and stage): the slice's name,
   // the args of annotation() plus bytes and peer, and the flow, made by render_queue_p2p.
@@ -140,8 +140,7 @@ void trace_queue_p2p(bool send, int src, int dst, char kind, int microbatch, int
   d.i = {send ? 1 : 0, src, dst, kind, microbatch, boundary, bytes, 0};
   d.flow = trace::flow_id(send, src, dst, kind, microbatch, boundary, /*in_process=*/true);
   d.flow_out = send;
-  const double dur = end_us - begin_us;
-  d.flow_ts_us = send ? begin_us : end_us - std::min(1.0, dur / 2);
+  d.flow_ts_us = flow_us;
   trace::complete(trace::Track::Comm, d, begin_us, end_us, (send ? src : dst) + 1);
 }
 

@@ -29,7 +29,7 @@ void QueueTransport::send(int src, int dst, char kind, int microbatch, const tor
   cv_.notify_all();
   if (trace::enabled())
     trace_queue_p2p(true, src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary,
-                    static_cast<int64_t>(t.nbytes()), trace_t0, trace::now_us());
+                    static_cast<int64_t>(t.nbytes()), trace_t0, trace::now_us(), /*flow_us=*/trace_t0);
 }
 
 torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, int boundary) {
@@ -46,9 +46,11 @@ torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, 
       torch::Tensor t = std::move(it->second);
       box_.erase(it);
       lock.unlock();  // the timeline's record is made outside the mailbox's lock (the other stages' sends wait on it)
-      if (trace::enabled())
+      if (trace::enabled()) {
+        const double found_us = trace::now_us();  // after the store (the lock orders them): the flow's finish
         trace_queue_p2p(false, src, dst, kind, microbatch, std::get<4>(key), static_cast<int64_t>(t.nbytes()), trace_t0,
-                        trace::now_us());
+                        trace::now_us(), found_us);
+      }
       return t;
     }
     if (std::chrono::steady_clock::now() < spin_end) {  // poll: wait for the next message stored, yielding the core
