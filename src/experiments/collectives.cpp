@@ -258,9 +258,13 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
                         : "via ring: dist.gloo_algorithm = ring (mpt's send/recv ring, (n-1)/n x size sent per rank)");
   if (ring)
     notes.push_back("ring: the same call as mpt's send/recv ring (n-1 steps, one chunk each; verified like the row, "
-                    "#wrong includes it); native/ring > 1: the ring is faster. c10d Gloo's own allgather takes "
-                    "another algorithm, and its reduce_scatter is an all-reduce of the whole input (Gloo has no "
-                    "reduce-scatter algorithm): twice the bytes of a ring, which is why it costs about an all-reduce");
+                    "#wrong includes it); native/ring > 1: the ring is faster. " +
+                    std::string(op == Coll::ReduceScatter
+                                    ? "c10d Gloo's own reduce_scatter is an all-reduce of the whole input with this "
+                                      "rank's chunk kept (Gloo has no reduce-scatter algorithm): twice a ring's bytes, "
+                                      "which is why it costs about an all-reduce"
+                                    : "c10d Gloo's own allgather takes another algorithm, one of the reasons the same "
+                                      "bytes cost different times"));
   notes.push_back(fmt::format("{:<20} : {} {}", "Out of bounds values", r.wrong_rows, r.wrong_rows ? "FAILED" : "OK"));
   notes.push_back(fmt::format("{:<20} : {:.4g} GB/s (mean busbw of the rows)", "Avg bus bandwidth", r.avg_busbw));
   return r;
