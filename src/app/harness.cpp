@@ -259,23 +259,35 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     } catch (const ConfigError& e) {
       // Cross-key errors start with a JSON pointer; say where its value came from, as single-key
       // errors do: the last --set of that key (it won), else the config file.
-      const std::string what = e.what();
-      const std::size_t colon = what.find(':');
-      if (!what.empty() && what[0] == '/' && colon != std::string::npos) {
-        const std::string pointer = what.substr(0, colon);
+      auto last_set = [&opts](const std::string& pointer) -> const std::string* {
         for (auto it = opts.sets.rbegin(); it != opts.sets.rend(); ++it) {
           const std::size_t eq = it->find('=');
           if (eq == std::string::npos || eq == 0) continue;
-          std::string key;
           try {
-            key = to_pointer(it->substr(0, eq));
+            if (to_pointer(it->substr(0, eq)) == pointer) return &*it;
           } catch (const ConfigError&) {
-            continue;
           }
-          if (key == pointer) throw ConfigError("--set '" + printable_text(*it, 200) + "': " + what);
         }
+        return nullptr;
+      };
+      std::string what = e.what();
+      // A message that speaks of the world size (/nproc) says where it came from when that was
+      // not the config file: --nproc, a --set of nproc, or a launcher's environment (probe, stop
+      // 32: "--config F --nproc 3" was reported as F's error alone).
+      if (multi && what.find("/nproc") != std::string::npos) {
+        if (launch)
+          what += fmt::format(" [/nproc: the world size {} of the {} environment, {}]", planned, launch->launcher,
+                              launch->world_size_var);
+        else if (opts.nproc)
+          what += fmt::format(" [/nproc = {} from --nproc {}]", planned, printable_text(*opts.nproc, 40));
+        else if (const std::string* set = last_set("/nproc"))
+          what += fmt::format(" [/nproc = {} from --set '{}']", planned, printable_text(*set, 200));
       }
-      if (opts.config_file.empty()) throw;
+      const std::size_t colon = what.find(':');
+      if (!what.empty() && what[0] == '/' && colon != std::string::npos)
+        if (const std::string* set = last_set(what.substr(0, colon)))
+          throw ConfigError("--set '" + printable_text(*set, 200) + "': " + what);
+      if (opts.config_file.empty()) throw ConfigError(what);
       throw ConfigError(fmt::format("{}{}: {}", opts.config_file, opts.sets.empty() ? "" : " with --set", what));
     }
     const ProcessPlan plan = multi ? exp.plan(cfg) : ProcessPlan{};

@@ -20,8 +20,13 @@ add_test(NAME cli.tensorparallel_killed_rank
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.tensorparallel_killed_rank PROPERTIES TIMEOUT 120 ENVIRONMENT FAULT_MODE=exit)
 # Bad inputs: exit 2 naming the keys, before any process starts.
-cli_case(tensorparallel_heads_not_divisible 2 "/model/heads: expected a multiple of the TP degree t = 3" ${TPQ}
+# The world size came from --nproc, not the config file: the message says so (probe, stop 32).
+cli_case(tensorparallel_heads_not_divisible 2
+         "/model/heads: expected a multiple of the TP degree t = 3 .*got 4 \\[/nproc = 3 from --nproc 3\\]" ${TPQ}
          --nproc 3 --set model.width=48 --set mlp.hidden=48 --set data.seq=15)
+cli_case(tensorparallel_heads_not_divisible_set_nproc 2
+         "/model/heads: expected a multiple of the TP degree t = 3 .*got 4 \\[/nproc = 3 from --set 'nproc=3'\\]"
+         ${TPQ} --set nproc=3 --set model.width=48 --set mlp.hidden=48 --set data.seq=15)
 cli_case(tensorparallel_mlp_not_divisible 2 "/mlp/hidden: expected a multiple of the TP degree t = 2" ${TPQ}
          --set mlp.hidden=33)
 cli_case(tensorparallel_seq_not_divisible 2 "/data/seq: sequence parallelism .* expected a multiple of 2, got 15"
