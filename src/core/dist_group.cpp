@@ -1109,14 +1109,9 @@ std::string collective_algorithm(const std::string& backend, GlooAlgorithm a, co
   if (backend != "gloo")
     return fmt::format("{} native (c10d ProcessGroup{}::{}; dist.gloo_algorithm does not apply)", backend,
                        backend == "nccl" ? "NCCL" : backend, c10d_name);
-  // ProcessGroupGloo has no reduce-scatter algorithm: its reduce_scatter_tensor all-reduces the
-  // whole input and keeps this rank's chunk (pytorch/pytorch#118911, "still 2x communication than a
-  // real reduce-scatter"; the list form, #149869, one all-reduce per rank).
   if (!ring_on(backend, a, kind))
     return "gloo native (c10d ProcessGroupGloo::" + c10d_name + ")" +
-           (kind == "reduce_scatter" ? ": an all-reduce of the input, this rank's chunk kept (Gloo has no reduce-scatter "
-                                       "algorithm), so 2(N-1)/N of the payload is sent, twice a ring's"
-                                     : "");
+           (kind == "reduce_scatter" ? std::string(": ") + kGlooNativeReduceScatter : std::string());
   if (a == GlooAlgorithm::Ring) return "ring (send/recv, mpt): dist.gloo_algorithm = \"ring\"";
   return "ring (send/recv, mpt): LibTorch " + compat::torch_version() + "'s ProcessGroupGloo has no reduce_scatter";
 }

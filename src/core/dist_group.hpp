@@ -180,6 +180,15 @@ struct CommCount {
 ///   Ring:   Group::ring_reduce_scatter and Group::ring_all_gather (send/recv, mpt's own).
 enum class GlooAlgorithm { Native, Ring };
 
+/// Why Gloo's native reduce-scatter costs about an all-reduce, in words for env.dist and the
+/// tables' notes: LibTorch 2.x's ProcessGroupGloo has no reduce-scatter algorithm, and its
+/// reduce_scatter_tensor all-reduces the whole input and keeps this rank's chunk
+/// (pytorch/pytorch#118911, "still 2x communication than a real reduce-scatter"; the list form
+/// runs one all-reduce per rank, #149869), so it sends 2(N−1)/N of the payload, twice a ring's.
+inline constexpr const char* kGlooNativeReduceScatter =
+    "Gloo's native reduce_scatter is an all-reduce of the whole input with this rank's chunk kept (Gloo has no "
+    "reduce-scatter algorithm): it sends 2(N-1)/N of the payload, twice a ring's, and costs about an all-reduce";
+
 /// "native" | "ring" -> the value; throws std::invalid_argument naming the expected values.
 GlooAlgorithm gloo_algorithm_from_name(const std::string& name);
 /// The name gloo_algorithm_from_name reads: "native" or "ring".

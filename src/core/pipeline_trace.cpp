@@ -1,7 +1,6 @@
 // Pipeline timelines. See pipeline_trace.hpp.
 #include "core/pipeline_trace.hpp"
 
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>

@@ -260,9 +260,7 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
     notes.push_back("ring: the same call as mpt's send/recv ring (n-1 steps, one chunk each; verified like the row, "
                     "#wrong includes it); native/ring > 1: the ring is faster. " +
                     std::string(op == Coll::ReduceScatter
-                                    ? "c10d Gloo's own reduce_scatter is an all-reduce of the whole input with this "
-                                      "rank's chunk kept (Gloo has no reduce-scatter algorithm): twice a ring's bytes, "
-                                      "which is why it costs about an all-reduce"
+                                    ? dist::kGlooNativeReduceScatter
                                     : "c10d Gloo's own allgather takes another algorithm, one of the reasons the same "
                                       "bytes cost different times"));
   notes.push_back(fmt::format("{:<20} : {} {}", "Out of bounds values", r.wrong_rows, r.wrong_rows ? "FAILED" : "OK"));

@@ -792,9 +792,8 @@ Report run_shard(const Context& ctx) {
                        "stage 3 3 per forward+backward (here 2M+1 with M micro-batches); the unit is the reduce dtype's, so bf16 "
                        "parameters gathered under an fp32 reduction count half, and with both in bf16 they count whole");
     if (n > 1 && w.gloo_algorithm() == dist::GlooAlgorithm::Native && compat::kGlooHasReduceScatter)
-      cm.notes.push_back("reduce-scatter: Gloo's native reduce_scatter_tensor all-reduces the whole input and keeps "
-                         "this rank's chunk (it has no reduce-scatter algorithm), so it puts 2(N-1)/N*S on the wire, "
-                         "twice the sent column's ring accounting; --set dist.gloo_algorithm=ring sends exactly the "
+      cm.notes.push_back(std::string(dist::kGlooNativeReduceScatter) +
+                         ": the sent column is the ring's accounting; --set dist.gloo_algorithm=ring sends exactly the "
                          "formula (env.dist)");
     if (n > 1 && (w.gloo_algorithm() == dist::GlooAlgorithm::Ring || !compat::kGlooHasReduceScatter))
       cm.notes.push_back(fmt::format("{}: mpt's ring from send/recv, (N-1)/N*S sent per rank as the formula "
