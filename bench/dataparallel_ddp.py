@@ -34,6 +34,7 @@ import mpt_threads  # noqa: E402
 def worker(rank, n, port, cfg, steps, q, threads):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(threads)  # as many as each mpt rank ran with (env.threads_policy)
+    mpt_threads.resolve_vml_dispatch()  # as every mpt process does (pytorch/pytorch#188792)
     dist.init_process_group("gloo", rank=rank, world_size=n)
     t = cfg["train"]
     images, labels = fmnist.load(cfg["data"]["dir"], "train", t["samples"])

@@ -24,6 +24,42 @@ TEST_CASE("the hardware fingerprint names the CPU, its kernel-relevant ISA and t
   CHECK(hw["cuda"]["gpus"].is_array());
 }
 
+TEST_CASE("VML first calls: resolved before the tests, and an op split over threads equals it computed serially",
+          "[runtime]") {
+  // The listener in tests/test_setup.cpp resolved oneMKL's VML dispatch before the first test
+  // case, as apply_threads does in every mpt process (pytorch/pytorch#188792).
+  const json hw = hardware_fingerprint();
+  CHECK(resolve_vml_dispatch() == at::hasMKL());
+  if (at::hasMKL()) {
+    CHECK(hw["blas"]["vml_first_calls"].get<std::string>().rfind("resolved", 0) == 0);
+    CHECK(hw["blas"]["mkl_version"].get<std::string>() != "unknown");
+  } else {
+    CHECK(!hw["blas"].contains("vml_first_calls"));
+  }
+  // What the race broke: with 2 intra-op threads, each VML-routed op on 3 × 4096 elements
+  // (past the VML kernels' grain of 2048, so split between the threads) must give, bit for bit,
+  // what one thread gives. The race made one thread's chunk up to ~4000 ulp off.
+  const int threads = at::get_num_threads();
+  using Op = at::Tensor (*)(const at::Tensor&);
+  const std::vector<std::pair<const char*, Op>> ops{
+      {"acos", &at::acos}, {"asin", &at::asin}, {"atan", &at::atan},   {"cos", &at::cos},     {"erf", &at::erf},
+      {"erfc", &at::erfc}, {"erfinv", &at::erfinv}, {"exp", &at::exp}, {"log", &at::log},     {"log10", &at::log10},
+      {"log2", &at::log2}, {"sin", &at::sin},   {"sqrt", &at::sqrt},   {"tan", &at::tan},     {"tanh", &at::tanh},
+      {"trunc", &at::trunc}};
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    const auto x = torch::linspace(0.01, 0.99, 3 * 4096, torch::TensorOptions().dtype(dtype));
+    for (const auto& [name, op] : ops) {
+      at::set_num_threads(2);
+      const auto split = op(x);
+      at::set_num_threads(1);
+      const auto serial = op(x);
+      INFO(name << " " << c10::toString(dtype));
+      CHECK(torch::equal(split, serial));
+    }
+  }
+  at::set_num_threads(threads);
+}
+
 TEST_CASE("environment() carries the fingerprint and a reason for every emulated format", "[runtime]") {
   json env = environment(torch::Device(torch::kCPU));
   CHECK(env.contains("hardware"));

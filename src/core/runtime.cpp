@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -238,7 +239,29 @@ ThreadPolicy apply_threads(int64_t requested) {
                  : p.source == "OMP_NUM_THREADS" ? "unset OMP_NUM_THREADS, or lower it, for max(1, cores / processes)"
                                                  : "set threads to 0 for max(1, cores / processes)");
   torch::set_num_threads(p.intra_op);
+  resolve_vml_dispatch();
   return p;
+}
+
+namespace {
+std::atomic<bool> g_vml_resolved{false};
+}  // namespace
+
+bool resolve_vml_dispatch() {
+  static const bool has_mkl = [] {
+    // No grad mode, no autocast: plain ATen kernels. One element is below every grain size
+    // (TensorIterator's 32768, the VML kernels' 2048), so each call runs here, in one thread.
+    c10::InferenceMode guard;
+    for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+      const auto x = torch::full({1}, 0.5, torch::TensorOptions().dtype(dtype));
+      for (auto op : {&at::acos, &at::asin, &at::atan, &at::cos, &at::erf, &at::erfc, &at::erfinv, &at::exp,
+                      &at::log, &at::log10, &at::log2, &at::sin, &at::sqrt, &at::tan, &at::tanh, &at::trunc})
+        (void)op(x);
+    }
+    g_vml_resolved = true;
+    return at::hasMKL();
+  }();
+  return has_mkl;
 }
 
 json to_json(const ThreadPolicy& p) {
@@ -430,6 +453,15 @@ json hardware_fingerprint() {
     blas_lib = "MKL, linked into libtorch_cpu";
   hw["blas"] = {{"build", show_config_field(config, "BLAS_INFO=")},
                 {"library", blas_lib.empty() ? "unknown" : blas_lib}};
+  if (at::hasMKL()) {
+    // "... Math Kernel Library Version 2024.2-Product Build 20240605 ..." -> "2024.2-Product Build 20240605"
+    const auto at = config.find("Math Kernel Library Version ");
+    const auto from = at == std::string::npos ? at : at + std::string("Math Kernel Library Version ").size();
+    const auto to = from == std::string::npos ? from : config.find(" for ", from);
+    hw["blas"]["mkl_version"] = to == std::string::npos ? std::string("unknown") : config.substr(from, to - from);
+    hw["blas"]["vml_first_calls"] = g_vml_resolved ? "resolved in one thread at start (pytorch/pytorch#188792)"
+                                                   : "not resolved: this process never applied its threads";
+  }
   hw["threads"] = {{"intra_op", at::get_num_threads()}, {"inter_op", at::get_num_interop_threads()}};
   json vars = json::object();
   for (const char* v : {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",

@@ -84,9 +84,23 @@ int local_processes_from_environment();
 
 /// choose_threads(requested, usable_cores(), local_processes_from_environment(),
 /// getenv("OMP_NUM_THREADS")), applied with torch::set_num_threads; warns on stderr when the
-/// processes together ask for more threads than the usable cores. Returns the policy for
-/// env.threads_policy.
+/// processes together ask for more threads than the usable cores; then resolve_vml_dispatch().
+/// Returns the policy for env.threads_policy.
 ThreadPolicy apply_threads(int64_t requested);
+
+/// Makes oneMKL choose its VML kernel for every function ATen's float and double unary ops call
+/// (acos, asin, atan, cos, erf, erfc, erfinv, exp, log, log10, log2, sin, sqrt, tan, tanh, trunc:
+/// ATen/cpu/vml.h) before any intra-op parallel region can call one: each op runs once, in this
+/// thread, on a 1-element fp32 and fp64 tensor (below every grain size, so never in parallel).
+/// Why: oneMKL picks a VML function's kernel on its first call; when that first call runs on
+/// several intra-op threads at once, one thread can run the low-accuracy AVX2 "EP" kernel for its
+/// whole chunk although ATen asks for VML_HA (pytorch/pytorch#188792, oneMKL 2024.2 as linked into
+/// the PyPI wheels; the warm-up is upstream's fix, pytorch/pytorch#188791). Seen in mpt: Adam's
+/// sqrt of a 32×784 exp_avg_sq at the first step, the second thread's half off by up to 3.2e-4
+/// relative, in about 2 % of `golden_t2.shard` runs under ctest. Once per process (later calls
+/// return at once), from apply_threads; does nothing useful but no harm where LibTorch has no
+/// MKL. Returns whether ATen has MKL (at::hasMKL()), i.e. whether there was anything to resolve.
+bool resolve_vml_dispatch();
 
 /// {"intra_op", "cores", "local_processes", "source"} of `p`, with "omp_wait_policy" (the
 /// OMP_WAIT_POLICY libgomp started with, null when unset) and where it came from (the mpt
