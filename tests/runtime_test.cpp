@@ -3,6 +3,8 @@
 #include "core/runtime.hpp"
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 
 using namespace mpt;
@@ -40,24 +42,28 @@ TEST_CASE("VML first calls: resolved before the tests, and an op split over thre
   // (past the VML kernels' grain of 2048, so split between the threads) must give, bit for bit,
   // what one thread gives. The race made one thread's chunk up to ~4000 ulp off.
   const int threads = at::get_num_threads();
-  using Op = at::Tensor (*)(const at::Tensor&);
-  const std::vector<std::pair<const char*, Op>> ops{
-      {"acos", &at::acos}, {"asin", &at::asin}, {"atan", &at::atan},   {"cos", &at::cos},     {"erf", &at::erf},
-      {"erfc", &at::erfc}, {"erfinv", &at::erfinv}, {"exp", &at::exp}, {"log", &at::log},     {"log10", &at::log10},
-      {"log2", &at::log2}, {"sin", &at::sin},   {"sqrt", &at::sqrt},   {"tan", &at::tan},     {"tanh", &at::tanh},
-      {"trunc", &at::trunc}};
   for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
     const auto x = torch::linspace(0.01, 0.99, 3 * 4096, torch::TensorOptions().dtype(dtype));
-    for (const auto& [name, op] : ops) {
+    for (const auto& op : vml_routed_ops()) {
       at::set_num_threads(2);
-      const auto split = op(x);
+      const auto split = op.fn(x);
       at::set_num_threads(1);
-      const auto serial = op(x);
-      INFO(name << " " << c10::toString(dtype));
+      const auto serial = op.fn(x);
+      INFO(op.name << " " << c10::toString(dtype));
       CHECK(torch::equal(split, serial));
     }
   }
   at::set_num_threads(threads);
+  // The Python references warm the same ops (tests/parity/mpt_threads.py, VML_OPS).
+  std::ifstream py(std::string(MPT_SOURCE_DIR) + "/tests/parity/mpt_threads.py");
+  const std::string text((std::istreambuf_iterator<char>(py)), std::istreambuf_iterator<char>());
+  const auto from = text.find("VML_OPS = ("), to = text.find(')', from);
+  REQUIRE(from != std::string::npos);
+  const std::string list = text.substr(from, to - from);
+  std::size_t quoted = 0;
+  for (char c : list) quoted += c == '"';
+  CHECK(quoted == 2 * vml_routed_ops().size());
+  for (const auto& op : vml_routed_ops()) CHECK(list.find('"' + std::string(op.name) + '"') != std::string::npos);
 }
 
 TEST_CASE("environment() carries the fingerprint and a reason for every emulated format", "[runtime]") {

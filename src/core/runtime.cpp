@@ -247,6 +247,15 @@ namespace {
 std::atomic<bool> g_vml_resolved{false};
 }  // namespace
 
+const std::vector<VmlOp>& vml_routed_ops() {
+  static const std::vector<VmlOp> ops{
+      {"acos", &at::acos}, {"asin", &at::asin},     {"atan", &at::atan}, {"cos", &at::cos},     {"erf", &at::erf},
+      {"erfc", &at::erfc}, {"erfinv", &at::erfinv}, {"exp", &at::exp},   {"log", &at::log},     {"log10", &at::log10},
+      {"log2", &at::log2}, {"sin", &at::sin},       {"sqrt", &at::sqrt}, {"tan", &at::tan},     {"tanh", &at::tanh},
+      {"trunc", &at::trunc}};
+  return ops;
+}
+
 bool resolve_vml_dispatch() {
   static const bool has_mkl = [] {
     // No grad mode, no autocast: plain ATen kernels. One element is below every grain size
@@ -254,9 +263,7 @@ bool resolve_vml_dispatch() {
     c10::InferenceMode guard;
     for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
       const auto x = torch::full({1}, 0.5, torch::TensorOptions().dtype(dtype));
-      for (auto op : {&at::acos, &at::asin, &at::atan, &at::cos, &at::erf, &at::erfc, &at::erfinv, &at::exp,
-                      &at::log, &at::log10, &at::log2, &at::sin, &at::sqrt, &at::tan, &at::tanh, &at::trunc})
-        (void)op(x);
+      for (const auto& op : vml_routed_ops()) (void)op.fn(x);
     }
     g_vml_resolved = true;
     return at::hasMKL();
@@ -455,8 +462,9 @@ json hardware_fingerprint() {
                 {"library", blas_lib.empty() ? "unknown" : blas_lib}};
   if (at::hasMKL()) {
     // "... Math Kernel Library Version 2024.2-Product Build 20240605 ..." -> "2024.2-Product Build 20240605"
-    const auto at = config.find("Math Kernel Library Version ");
-    const auto from = at == std::string::npos ? at : at + std::string("Math Kernel Library Version ").size();
+    const std::string key = "Math Kernel Library Version ";
+    const auto pos = config.find(key);
+    const auto from = pos == std::string::npos ? pos : pos + key.size();
     const auto to = from == std::string::npos ? from : config.find(" for ", from);
     hw["blas"]["mkl_version"] = to == std::string::npos ? std::string("unknown") : config.substr(from, to - from);
     hw["blas"]["vml_first_calls"] = g_vml_resolved ? "resolved in one thread at start (pytorch/pytorch#188792)"

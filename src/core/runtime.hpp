@@ -88,9 +88,20 @@ int local_processes_from_environment();
 /// Returns the policy for env.threads_policy.
 ThreadPolicy apply_threads(int64_t requested);
 
+/// An ATen unary op whose contiguous fp32 / fp64 CPU kernel calls oneMKL's VML (ATen/cpu/vml.h's
+/// IMPLEMENT_VML_MKL list: vmsSqrt, vmdSqrt, ...; each reached from a 1-element tensor, checked
+/// with breakpoints on LibTorch 2.15's libtorch_cpu).
+struct VmlOp {
+  const char* name;                         ///< "sqrt", as torch.sqrt
+  at::Tensor (*fn)(const at::Tensor&);      ///< at::sqrt
+};
+
+/// The 16 VML-routed ops: acos, asin, atan, cos, erf, erfc, erfinv, exp, log, log10, log2, sin,
+/// sqrt, tan, tanh, trunc (tests/parity/mpt_threads.py keeps the same list for the Python side).
+const std::vector<VmlOp>& vml_routed_ops();
+
 /// Makes oneMKL choose its VML kernel for every function ATen's float and double unary ops call
-/// (acos, asin, atan, cos, erf, erfc, erfinv, exp, log, log10, log2, sin, sqrt, tan, tanh, trunc:
-/// ATen/cpu/vml.h) before any intra-op parallel region can call one: each op runs once, in this
+/// (vml_routed_ops) before any intra-op parallel region can call one: each op runs once, in this
 /// thread, on a 1-element fp32 and fp64 tensor (below every grain size, so never in parallel).
 /// Why: oneMKL picks a VML function's kernel on its first call; when that first call runs on
 /// several intra-op threads at once, one thread can run the low-accuracy AVX2 "EP" kernel for its
