@@ -108,8 +108,8 @@ const std::vector<VmlOp>& vml_routed_ops();
 /// whole chunk although ATen asks for VML_HA (pytorch/pytorch#188792, oneMKL 2024.2 as linked into
 /// the PyPI wheels; the warm-up is upstream's fix, pytorch/pytorch#188791). Seen in mpt: Adam's
 /// sqrt of a 32×784 exp_avg_sq at the first step, the second thread's half off by up to 3.2e-4
-/// relative, in about 2 % of `golden_t2.shard` runs under ctest. Once per process (later calls
-/// return at once), from apply_threads; does nothing useful but no harm where LibTorch has no
+/// relative, in 7 of 300 `golden_t2.shard` runs under ctest (0 of 300 with the warm-up). Once
+/// per process (later calls return at once), from apply_threads; harmless where LibTorch has no
 /// MKL. Returns whether ATen has MKL (at::hasMKL()), i.e. whether there was anything to resolve.
 bool resolve_vml_dispatch();
 
