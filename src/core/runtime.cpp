@@ -6,8 +6,8 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
