@@ -504,7 +504,8 @@ TEST_CASE("ring reduce_scatter and all_gather on 2, 3 and 4 Gloo ranks: the docu
         ints.push_back(torch::randint(-50, 50, {n * rows, 3}).to(torch::kFloat32));
         mine.push_back(torch::randn({rows, 3}));
       }
-      std::vector<torch::Tensor> sum(count), isum(count), mn(count), mx(count), gathered(count), via(count);
+      std::vector<torch::Tensor> sum(count), isum(count), mn(count), mx(count), gathered(count), via(count),
+          in_place(count);
       std::vector<std::map<std::string, dist::CommCount>> counts(count);
       const auto errors = mpt::testing::on_ranks(n, fmt::format("ring_n{}/", n), [&](dist::Group& g, int r) {
         const auto i = static_cast<std::size_t>(r);
@@ -516,6 +517,10 @@ TEST_CASE("ring reduce_scatter and all_gather on 2, 3 and 4 Gloo ranks: the docu
         gathered[i] = torch::empty({n * rows, 3});
         g.ring_all_gather(mine[i], gathered[i]);
         counts[i] = g.comm_counts();
+        // The in-place all-gather: `in` is this rank's chunk of `out` (FlatShardGroup's ring form).
+        in_place[i] = torch::full({n * rows, 3}, -1.0f);
+        in_place[i].chunk(n, 0)[i].copy_(mine[i]);
+        g.ring_all_gather(in_place[i].chunk(n, 0)[i], in_place[i]);
         // reduce_scatter with the Gloo algorithm "ring" takes the same path.
         g.set_gloo_algorithm(dist::GlooAlgorithm::Ring);
         g.reduce_scatter(rnd[i], via[i]);
@@ -534,6 +539,7 @@ TEST_CASE("ring reduce_scatter and all_gather on 2, 3 and 4 Gloo ranks: the docu
         CHECK(torch::equal(mn[i], ring_order(rnd, r, dist::ReduceOp::Min)));
         CHECK(torch::equal(mx[i], ring_order(rnd, r, dist::ReduceOp::Max)));
         CHECK(torch::equal(gathered[i], torch::cat(mine)));
+        CHECK(torch::equal(in_place[i], torch::cat(mine)));
         // Another order (ranks 0 .. N-1) gives other sums at N > 2: the check above can fail.
         torch::Tensor rank_order = rnd[0].chunk(n, 0)[i].clone();
         for (int k = 1; k < n; ++k) rank_order = rank_order + rnd[static_cast<std::size_t>(k)].chunk(n, 0)[i];

@@ -1194,7 +1194,7 @@ void Group::ring_reduce_scatter(const torch::Tensor& in, torch::Tensor out, Redu
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const auto chunks = in.chunk(n, 0);
   auto chunk_of = [&](int j) { return chunks[static_cast<std::size_t>(((j % n) + n) % n)]; };
-  torch::Tensor received = torch::empty_like(out), partial[2] = {torch::empty_like(out), torch::empty_like(out)};
+  torch::Tensor received = torch::empty_like(out), partial[2];  // N > 2: the partials sent on (made when needed)
   torch::Tensor to_send = chunk_of(r - 1);  // step 0: this rank's own chunk r−1
   for (int s = 0; s < n - 1; ++s) {
     const int tag = ring_tag(call, s);
@@ -1204,6 +1204,7 @@ void Group::ring_reduce_scatter(const torch::Tensor& in, torch::Tensor out, Redu
     Work tx = ring_step(true, to_send, next, tag, what + " (send to rank " + std::to_string(next) + ")");
     exchange(rx, tx);
     // The partial of chunk (r − s − 2) mod N: received ⊕ this rank's own; the last one is chunk r.
+    if (s < n - 2 && !partial[s % 2].defined()) partial[s % 2] = torch::empty_like(out);
     torch::Tensor dst = s == n - 2 ? out : partial[s % 2];
     ring_combine(dst, received, chunk_of(r - s - 2), op);
     to_send = dst;
@@ -1217,7 +1218,7 @@ void Group::ring_all_gather(const torch::Tensor& in, torch::Tensor out) {
   count("all_gather", nbytes_of(out), ring_share(nbytes_of(out), n));
   const auto chunks = out.chunk(n, 0);
   auto chunk_of = [&](int j) { return chunks[static_cast<std::size_t>(((j % n) + n) % n)]; };
-  chunk_of(r).copy_(in);
+  if (chunk_of(r).data_ptr() != in.data_ptr()) chunk_of(r).copy_(in);  // `in` may be chunk r itself
   if (n == 1) return;
   auto tr = trace_begin("all_gather", nbytes_of(out), n);
   if (tr) tr->args["algorithm"] = "ring";

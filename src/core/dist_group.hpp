@@ -278,7 +278,8 @@ class Group {
   void ring_reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op = ReduceOp::Sum);
   /// Ring all-gather from point-to-point messages (Patarasuk & Yuan 2009's second phase; NCCL's
   /// ring all-gather). Shapes as all_gather: `in` [c, ...], `out` [N·c, ...], contiguous, one
-  /// dtype and device. Rank r first copies `in` into chunk r of `out`; at step s = 0 .. N−2 it
+  /// dtype and device. Rank r first copies `in` into chunk r of `out` (nothing to copy when `in`
+  /// is that chunk: the in-place form, as NCCL allows); at step s = 0 .. N−2 it
   /// sends chunk (r − s) mod N of `out` to r+1 and receives chunk (r − s − 1) mod N from r−1
   /// straight into `out`. Copies only, so the result is exact. Sends (N−1)/N of `out`'s bytes
   /// per rank (counted as "all_gather"). Throws as ring_reduce_scatter.

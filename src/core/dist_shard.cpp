@@ -63,25 +63,37 @@ torch::Tensor block_view(const torch::Tensor& blocks, int64_t off, const Dim0Spl
 }
 
 // dst[0 .. dim0) rows of the blocked view <- src [dim0, row] (or the reverse with to_blocks = false).
-void copy_rows(const torch::Tensor& blocked, const torch::Tensor& rows2d, const Dim0Split& s, bool to_blocks) {
+// `divide` (to_blocks only, src already of the blocks' dtype): writes src / divide instead, the
+// same op as a copy followed by div_(divide) (at::div with a Scalar: a wrapped-number divisor).
+void copy_rows(const torch::Tensor& blocked, const torch::Tensor& rows2d, const Dim0Split& s, bool to_blocks,
+               double divide = 1.0) {
   const int64_t q = s.dim0 / s.chunk, rem = s.dim0 - q * s.chunk, row = rows2d.size(1);
+  torch::Tensor d;
+  if (divide != 1.0) {
+    d = c10::scalar_to_tensor(divide);
+    d.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+  auto put = [&](torch::Tensor dst, const torch::Tensor& src) {
+    if (d.defined()) at::div_out(dst, src, d);
+    else dst.copy_(src);
+  };
   if (q > 0) {
     auto b = blocked.narrow(0, 0, q);
     auto r = rows2d.narrow(0, 0, q * s.chunk);
     r = to_blocks ? r.reshape({q, s.chunk, row}) : r.view({q, s.chunk, row});  // the destination: a view
-    to_blocks ? b.copy_(r) : r.copy_(b);
+    to_blocks ? put(b, r) : void(r.copy_(b));
   }
   if (rem > 0) {
     auto b = blocked.select(0, q).narrow(0, 0, rem);
     auto r = rows2d.narrow(0, q * s.chunk, rem);
-    to_blocks ? b.copy_(r) : r.copy_(b);
+    to_blocks ? put(b, r) : void(r.copy_(b));
   }
 }
 
 }  // namespace
 
 FlatShardGroup::FlatShardGroup(std::vector<std::vector<int64_t>> shapes, int rank, int world)
-    : shapes_(std::move(shapes)), world_(world) {
+    : shapes_(std::move(shapes)), rank_(rank), world_(world) {
   if (shapes_.empty()) throw std::invalid_argument("FlatShardGroup: expected at least one tensor");
   off_.push_back(0);
   for (const auto& sh : shapes_) {
@@ -104,15 +116,15 @@ torch::Tensor& FlatShardGroup::buffer(std::map<torch::ScalarType, torch::Tensor>
   return t;
 }
 
-void FlatShardGroup::copy_in(const std::vector<torch::Tensor>& fulls, const torch::Tensor& in) {
+void FlatShardGroup::copy_in(const std::vector<torch::Tensor>& fulls, const torch::Tensor& in, double divide) {
   auto blocks = in.view({world_, shard_numel()});
   for (std::size_t i = 0; i < fulls.size(); ++i)
     copy_rows(block_view(blocks, off_[i], sp_[i], row_[i]), fulls[i].reshape({sp_[i].dim0, row_[i]}), sp_[i],
-              /*to_blocks=*/true);
+              /*to_blocks=*/true, divide);
 }
 
 torch::Tensor FlatShardGroup::reduce_scatter_flat(Group& g, const std::vector<torch::Tensor>& fulls,
-                                                  torch::ScalarType reduce_dtype, double divide) {
+                                                  torch::ScalarType reduce_dtype, double divide, torch::Tensor out) {
   if (fulls.size() != shapes_.size())
     throw std::invalid_argument(fmt::format("FlatShardGroup::reduce_scatter: expected {} tensors, got {}",
                                             shapes_.size(), fulls.size()));
@@ -123,9 +135,21 @@ torch::Tensor FlatShardGroup::reduce_scatter_flat(Group& g, const std::vector<to
   torch::NoGradGuard ng;
   const auto dev = fulls[0].device();
   auto& in = buffer(rs_in_, reduce_dtype, world_ * shard_numel(), dev, /*zero=*/true);
-  auto& out = buffer(rs_out_, reduce_dtype, shard_numel(), dev, /*zero=*/false);
-  copy_in(fulls, in);               // chunk_cat: block r = chunk r of every tensor, cast to reduce_dtype
-  if (divide != 1.0) in.div_(divide);  // the pre-divide (padding: 0 / N = 0)
+  if (out.defined()) {
+    if (!out.is_contiguous() || out.numel() != shard_numel() || out.scalar_type() != reduce_dtype || out.device() != dev)
+      throw std::invalid_argument(fmt::format("FlatShardGroup::reduce_scatter: expected an output of {} contiguous "
+                                              "elements of {}, got {} of {}", shard_numel(),
+                                              c10::toString(reduce_dtype), c10::str(out.sizes()),
+                                              c10::toString(out.scalar_type())));
+  } else {
+    out = buffer(rs_out_, reduce_dtype, shard_numel(), dev, /*zero=*/false);
+  }
+  // chunk_cat: block r = chunk r of every tensor, cast to reduce_dtype, and the pre-divide
+  // (padding: 0 / N = 0): in one pass where no cast comes first.
+  bool fuse = divide != 1.0;
+  for (const auto& t : fulls) fuse = fuse && t.scalar_type() == reduce_dtype;
+  copy_in(fulls, in, fuse ? divide : 1.0);
+  if (divide != 1.0 && !fuse) in.div_(divide);
   if (keep_) kept_ = in.clone();
   g.reduce_scatter(in, out);
   return out;
@@ -169,8 +193,11 @@ void FlatShardGroup::all_gather(Group& g, const std::vector<torch::Tensor>& shar
   torch::NoGradGuard ng;
   const auto dt = fulls[0].scalar_type();
   const auto dev = fulls[0].device();
-  auto& in = buffer(ag_in_, dt, shard_numel(), dev, /*zero=*/true);
-  auto& out = buffer(ag_out_, dt, world_ * shard_numel(), dev, /*zero=*/false);
+  // Zeroed once: the padding rows are never written, so every rank's block keeps zero padding.
+  auto& out = buffer(ag_out_, dt, world_ * shard_numel(), dev, /*zero=*/true);
+  // The ring reads this rank's block in place; c10d's all-gather gets a separate input.
+  auto in = g.uses_ring("all_gather") ? out.narrow(0, rank_ * shard_numel(), shard_numel())
+                                      : buffer(ag_in_, dt, shard_numel(), dev, /*zero=*/true);
   // foreach_all_gather's copy-in: this rank's shards side by side (cast to the full dtype).
   for (std::size_t i = 0; i < fulls.size(); ++i)
     if (sp_[i].rows > 0) in.narrow(0, off_[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
@@ -634,12 +661,14 @@ void ShardedDataParallel::reduce_unsharded(bool accumulate) {
   const bool have = accumulate && params_.front().master.grad().defined();
   std::vector<torch::Tensor> fulls;
   for (auto& p : params_) fulls.push_back(p.compute.grad());
-  auto part = flat_->reduce_scatter_flat(*group_, fulls, opts_.reduce_dtype, n);
+  // Without a gradient to add to, an fp32 reduce-scatter writes the gradient shards directly.
+  const bool direct = !have && opts_.reduce_dtype == torch::kFloat32 && grad_flat_.device() == fulls.front().device();
+  auto part = flat_->reduce_scatter_flat(*group_, fulls, opts_.reduce_dtype, n, direct ? grad_flat_ : torch::Tensor());
   if (opts_.record_reductions) records_.push_back({flat_->kept_terms(), part.clone(), /*scattered=*/true});
   if (have) {
     grad_flat_.add_(part);
   } else {
-    grad_flat_.copy_(part);
+    if (!direct) grad_flat_.copy_(part);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = params_[i];
       p.master.mutable_grad() = grad_flat_.narrow(0, flat_->shard_offset(i), p.master.numel()).view(p.master.sizes());

@@ -97,10 +97,13 @@ class FlatShardGroup {
                       torch::ScalarType reduce_dtype, double divide, bool accumulate);
   /// As reduce_scatter, the reduced shards left in the returned flat buffer of C elements of
   /// `reduce_dtype` (tensor i's shard at shard_offset(i), its rows·row elements first): FSDP2's
-  /// views of the reduce-scatter output. Valid until the next call with that dtype.
+  /// views of the reduce-scatter output. Valid until the next call with that dtype. `out`, when
+  /// given (contiguous, C elements of `reduce_dtype`), receives the shards instead of the
+  /// group's buffer and is returned.
   torch::Tensor reduce_scatter_flat(Group& g, const std::vector<torch::Tensor>& fulls, torch::ScalarType reduce_dtype,
-                                    double divide);
-  /// All-gather as all_gather_dim0 (same arguments and values; bf16 travels as uint8).
+                                    double divide, torch::Tensor out = {});
+  /// All-gather as all_gather_dim0 (same arguments and values; bf16 travels as uint8). Where
+  /// the ring runs, the shards are copied straight into this rank's block of the output.
   void all_gather(Group& g, const std::vector<torch::Tensor>& shards, const std::vector<torch::Tensor>& fulls);
   /// C: elements of one rank's padded shards, side by side.
   int64_t shard_numel() const { return off_.back(); }
@@ -116,11 +119,11 @@ class FlatShardGroup {
  private:
   torch::Tensor& buffer(std::map<torch::ScalarType, torch::Tensor>& m, torch::ScalarType dt, int64_t numel,
                         const torch::Device& dev, bool zero);
-  void copy_in(const std::vector<torch::Tensor>& fulls, const torch::Tensor& in);
+  void copy_in(const std::vector<torch::Tensor>& fulls, const torch::Tensor& in, double divide);
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<Dim0Split> sp_;
   std::vector<int64_t> off_, row_;
-  int world_ = 1;
+  int rank_ = 0, world_ = 1;
   std::map<torch::ScalarType, torch::Tensor> rs_in_, rs_out_, ag_in_, ag_out_;
   bool keep_ = false;
   torch::Tensor kept_;

@@ -34,6 +34,11 @@ cli_case(shard_bad_gloo_algorithm 2
          shard --config tests/cli/bad/bad_gloo_algorithm.json)
 # The ring on LibTorch 2.x too (1.13 runs it for reduce-scatter anyway): every check still holds at N = 2.
 cli_case(shard_gloo_ring 0 "OK: 10 of 10 checks passed" ${SHQ} --set dist.gloo_algorithm=ring)
+# The ring on 3 ranks (2 ring steps, padded chunks), bf16 parameters (the all-gather as bytes, in
+# place in its output) and a reduce-scatter after every micro-batch: every check still holds.
+cli_case(shard_gloo_ring_three_bf16 0 "OK: [0-9]+ of [0-9]+ checks passed" ${SHQ} --nproc 3 --set dist.gloo_algorithm=ring
+         --set train.global_batch=18 --set train.samples=288 --set mixed.param_dtype=bf16
+         --set zero.reduce_every_micro_batch=true)
 cli_case(shard_batch_not_multiple 2 "/train/global_batch: expected a multiple of N x /train/micro_batches = 2 x 2"
          ${SHQ} --set train.global_batch=18)
 cli_case(shard_stage3_param_too_small 2 "/model/hidden: stage 3 .* over N = 4 ranks: expected every width >= 4, got 2"
