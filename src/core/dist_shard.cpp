@@ -73,20 +73,21 @@ void copy_rows(const torch::Tensor& blocked, const torch::Tensor& rows2d, const 
     d = c10::scalar_to_tensor(divide);
     d.unsafeGetTensorImpl()->set_wrapped_number(true);
   }
-  auto put = [&](torch::Tensor dst, const torch::Tensor& src) {
-    if (d.defined()) at::div_out(dst, src, d);
-    else dst.copy_(src);
+  auto transfer = [&](torch::Tensor b, torch::Tensor r) {  // blocks <-> rows
+    if (!to_blocks) r.copy_(b);
+    else if (d.defined()) at::div_out(b, r, d);
+    else b.copy_(r);
   };
   if (q > 0) {
     auto b = blocked.narrow(0, 0, q);
     auto r = rows2d.narrow(0, 0, q * s.chunk);
     r = to_blocks ? r.reshape({q, s.chunk, row}) : r.view({q, s.chunk, row});  // the destination: a view
-    to_blocks ? put(b, r) : void(r.copy_(b));
+    transfer(b, r);
   }
   if (rem > 0) {
     auto b = blocked.select(0, q).narrow(0, 0, rem);
     auto r = rows2d.narrow(0, q * s.chunk, rem);
-    to_blocks ? put(b, r) : void(r.copy_(b));
+    transfer(b, r);
   }
 }
 
