@@ -48,7 +48,7 @@ worker_pid() {
   return 1
 }
 
-# stop_test RANK TIMEOUT DELAY_S ARGS...: runs mpt, stops worker RANK after DELAY_S seconds, expects
+# stop_test RANK TIMEOUT DELAY_S ARGS...: runs mpt, stops worker RANK DELAY_S seconds after its start-up, expects
 # exit 3 within TIMEOUT + 10 s of the stop, the launcher naming RANK and not the other rank.
 stop_test() {
   local rank=$1 t=$2 delay=$3; shift 3
@@ -56,6 +56,15 @@ stop_test() {
   launcher=$!
   local pid
   pid=$(worker_pid "$rank") || fail "no worker with rank $rank"
+  # Stop it only after its start-up: its threads (the heartbeat's first, from the store connection
+  # on) show that it has begun to beat. A rank stopped before its first heartbeat is waited for the
+  # start allowance (60 s under mpt's launcher, dist_group.cpp's start_allowance_s), not the
+  # timeout; an ASan build on a loaded machine took more than DELAY_S to get there (CI, stop 34).
+  local i
+  for i in $(seq 600); do
+    [ "$(awk '/^Threads:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)" -ge 2 ] && break
+    sleep 0.1
+  done
   sleep "$delay"
   kill -0 "$launcher" 2>/dev/null || fail "the run ended before rank $rank could be stopped"
   kill -STOP "$pid"
