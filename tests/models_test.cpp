@@ -1,10 +1,13 @@
 // core/models and core/timing: the deep sigmoid net's structure and initialisation order, its
 // Linear layers, the gradient helpers, the max-abs-difference metric every experiment reports,
-// and median_seconds.
+// median_seconds, and mpt::dropout against torch::dropout.
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
 
 #include "catch.hpp"
 #include "core/models.hpp"
@@ -132,4 +135,104 @@ TEST_CASE("median_seconds: warm-up calls untimed, the median of the timed ones",
   CHECK(t >= 0.0);
   CHECK(t < 0.5);
   CHECK_THROWS_AS(median_seconds([] {}, 0), std::invalid_argument);
+}
+
+namespace {
+
+// The bits of a float tensor (contiguous copy), for comparisons that tell +0 from -0 and NaNs apart.
+torch::Tensor bits(const torch::Tensor& t) { return t.contiguous().view(torch::kInt32).clone(); }
+
+torch::Tensor cpu_state() {
+  auto g = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+
+void set_cpu_state(const torch::Tensor& state) {
+  at::Generator g = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(state);
+}
+
+}  // namespace
+
+TEST_CASE("dropout_noise draws what ATen's bernoulli_ + div_ draws, and leaves the generator where it does",
+          "[models][dropout]") {
+  // Private generators from one seed; words skipped first so that draws start at even and odd
+  // positions of the mt19937 state (an odd start makes a draw straddle a refill of the 624 words).
+  for (const int skip : {0, 1, 2, 623, 624, 625, 1247}) {
+    for (const double keep : {0.9, 0.5, 0.05, 1.0 / 3.0, 0.95, 0.0, 1.0}) {
+      for (const int64_t n : {0, 1, 2, 311, 312, 313, 624, 625, 1000, 5000}) {
+        auto g_ref = at::make_generator<at::CPUGeneratorImpl>(1234 + skip);
+        auto g_mpt = at::make_generator<at::CPUGeneratorImpl>(1234 + skip);
+        for (int i = 0; i < skip; ++i) {
+          g_ref.get<at::CPUGeneratorImpl>()->random();
+          g_mpt.get<at::CPUGeneratorImpl>()->random();
+        }
+        const torch::Tensor ref = torch::empty({n}).bernoulli_(keep, g_ref).div_(keep);
+        torch::Tensor mine = torch::full({n}, -7.0f);
+        dropout_noise(mine.data_ptr<float>(), n, keep, g_mpt);
+        INFO("skip " << skip << ", keep " << keep << ", n " << n);
+        REQUIRE(torch::equal(bits(ref), bits(mine)));
+        REQUIRE(torch::equal(g_ref.get_state(), g_mpt.get_state()));
+        // and the next draws agree: the state is the same, not only its serialisation
+        CHECK(g_ref.get<at::CPUGeneratorImpl>()->random64() == g_mpt.get<at::CPUGeneratorImpl>()->random64());
+      }
+    }
+  }
+  float x = 0;
+  CHECK_THROWS_AS(dropout_noise(&x, 1, 1.5), std::invalid_argument);
+  CHECK_THROWS_AS(dropout_noise(&x, 1, std::nan("")), std::invalid_argument);
+  CHECK_THROWS_AS(dropout_noise(&x, -1, 0.5), std::invalid_argument);
+}
+
+TEST_CASE("mpt::dropout equals torch::dropout: output, gradient and the global generator after", "[models][dropout]") {
+  // LibTorch's two shipped routes (2.x wheel, Debian 1.13) both draw with the serial bernoulli_ loop
+  // that mpt's loop reproduces; another LibTorch may not, and then dropout() falls back to ATen.
+  INFO(dropout_kernel());
+  CHECK(dropout_kernel().rfind("mpt", 0) == 0);
+  for (const double p : {0.1, 0.5, 0.95, 0.3}) {
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{256, 32}, {7}, {3, 5, 11}, {0, 4}}) {
+      torch::manual_seed(99);
+      torch::Tensor x0 = torch::randn(shape);
+      if (x0.numel() > 2) {  // specials keep their bits: x * 0 is NaN for inf and NaN, -0 for negatives
+        x0.view({-1})[0] = INFINITY;
+        x0.view({-1})[1] = NAN;
+      }
+      const torch::Tensor start = cpu_state();
+      auto xa = x0.clone().requires_grad_(true);
+      auto ya = torch::dropout(xa, p, true);
+      ya.backward(torch::ones_like(ya) * 3.0);
+      const torch::Tensor after_aten = cpu_state();
+      set_cpu_state(start);
+      auto xb = x0.clone().requires_grad_(true);
+      auto yb = mpt::dropout(xb, p, true);
+      yb.backward(torch::ones_like(yb) * 3.0);
+      INFO("p " << p << ", numel " << x0.numel());
+      CHECK(torch::equal(bits(ya), bits(yb)));
+      CHECK(torch::equal(bits(xa.grad()), bits(xb.grad())));
+      CHECK(torch::equal(after_aten, cpu_state()));
+    }
+  }
+}
+
+TEST_CASE("mpt::dropout hands what its loop does not cover to torch::dropout", "[models][dropout]") {
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({16, 8});
+  auto same = [](const torch::Tensor& in, double p, bool train) {
+    const torch::Tensor start = cpu_state();
+    const torch::Tensor a = torch::dropout(in, p, train);
+    set_cpu_state(start);
+    const torch::Tensor b = mpt::dropout(in, p, train);
+    return torch::equal(a, b) && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
+  };
+  CHECK(same(x, 0.5, false));                        // eval: the input itself
+  CHECK(mpt::dropout(x, 0.5, false).is_same(x));
+  CHECK(same(x, 0.0, true));                         // p = 0
+  CHECK(same(x, 1.0, true));                         // p = 1: all zeros
+  CHECK(same(x.t(), 0.5, true));                     // not contiguous
+  CHECK(same(x.to(torch::kDouble), 0.5, true));      // other dtypes
+  CHECK(same(x.to(torch::kBFloat16), 0.5, true));
+  CHECK_THROWS(mpt::dropout(x, 1.5, true));         // as torch::dropout: p outside [0, 1]
+  CHECK_THROWS(mpt::dropout(x, -0.1, true));
 }

@@ -1,7 +1,16 @@
 // Shared models. See models.hpp.
 #include "core/models.hpp"
 
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+
+#include <emmintrin.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/MT19937RNGEngine.h>
 
 #include <fmt/format.h>
 
@@ -36,6 +45,152 @@ torch::nn::Sequential mlp(int64_t in_dim, const std::vector<int64_t>& hidden, in
   }
   net->push_back(torch::nn::Linear(d, out_dim));
   return net;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+// The words an at::mt19937 gives for `count` calls, written to out[0 .. count), and the state it
+// is left in: the engine's operator() (ATen/core/MT19937RNGEngine.h) one refill of 624 words at a
+// time. A call decrements left_ and refills the state when it reaches 0 (then left_ = 624,
+// next_ = 0), reads state_[next_++] and tempers it; so left_ − 1 words can be read before the next
+// refill, and left_ = 625 after a refill stands for "the first read refilled".
+void mt19937_words(at::mt19937_data_pod& d, std::uint32_t* out, int64_t count) {
+  constexpr int N = at::MERSENNE_STATE_N, M = at::MERSENNE_STATE_M;
+  auto twist = [](std::uint32_t u, std::uint32_t v) {
+    return (((u & at::UMASK) | (v & at::LMASK)) >> 1) ^ ((v & 1u) ? at::MATRIX_A : 0u);
+  };
+  while (count > 0) {
+    if (d.left_ == 1) {  // the next call refills: the engine's next_state()
+      std::uint32_t* s = d.state_.data();
+      for (int j = 0; j < N - M; ++j) s[j] = s[j + M] ^ twist(s[j], s[j + 1]);
+      for (int j = N - M; j < N - 1; ++j) s[j] = s[j + M - N] ^ twist(s[j], s[j + 1]);
+      s[N - 1] = s[M - 1] ^ twist(s[N - 1], s[0]);
+      d.left_ = N + 1;
+      d.next_ = 0;
+    }
+    const int64_t k = std::min<int64_t>(count, d.left_ - 1);
+    const std::uint32_t* s = d.state_.data() + d.next_;
+    int64_t i = 0;
+    // The tempering, four words at a time (SSE2: every x86-64 CPU has it), then the rest one by one.
+    for (; i + 4 <= k; i += 4) {
+      __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      y = _mm_xor_si128(y, _mm_srli_epi32(y, 11));
+      y = _mm_xor_si128(y, _mm_and_si128(_mm_slli_epi32(y, 7), _mm_set1_epi32(static_cast<int>(0x9d2c5680u))));
+      y = _mm_xor_si128(y, _mm_and_si128(_mm_slli_epi32(y, 15), _mm_set1_epi32(static_cast<int>(0xefc60000u))));
+      y = _mm_xor_si128(y, _mm_srli_epi32(y, 18));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), y);
+    }
+    for (; i < k; ++i) {
+      std::uint32_t y = s[i];
+      y ^= (y >> 11);
+      y ^= (y << 7) & 0x9d2c5680u;
+      y ^= (y << 15) & 0xefc60000u;
+      y ^= (y >> 18);
+      out[i] = y;
+    }
+    d.next_ += static_cast<std::uint32_t>(k);
+    d.left_ -= static_cast<int>(k);
+    out += k;
+    count -= k;
+  }
+}
+
+// dropout_noise(·, 1 − p) equals ATen's dropout at p, values and the default CPU generator's state
+// after: torch::dropout(ones, p, true) is its noise (1 · x = x), over 3 001 elements (6 002 words:
+// the draws cross at least 9 refills of the mt19937 state). The generator is put back as it was.
+bool noise_equals_aten(double p) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = 3001;
+  at::Generator g = at::detail::getDefaultCPUGenerator();
+  auto state = [&g] {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return g.get_state();
+  };
+  auto restore = [&g](const torch::Tensor& s) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(s);
+  };
+  const torch::Tensor start = state();
+  const torch::Tensor ref = torch::dropout(torch::ones({n}), p, true).contiguous();
+  const torch::Tensor ref_state = state();
+  restore(start);
+  torch::Tensor mine = torch::empty({n});
+  dropout_noise(mine.data_ptr<float>(), n, 1 - p);
+  const torch::Tensor mine_state = state();
+  restore(start);
+  return ref.scalar_type() == torch::kFloat &&
+         std::memcmp(ref.data_ptr<float>(), mine.data_ptr<float>(), sizeof(float) * static_cast<std::size_t>(n)) == 0 &&
+         torch::equal(ref_state, mine_state);
+}
+
+// Whether dropout_noise may stand for ATen's kernel at dropout probability p: checked once per p.
+bool fast_noise_ok(double p) {
+  static std::mutex m;
+  static std::map<double, bool> checked;
+  std::lock_guard<std::mutex> lock(m);
+  auto it = checked.find(p);
+  if (it == checked.end()) it = checked.emplace(p, noise_equals_aten(p)).first;
+  return it->second;
+}
+
+}  // namespace
+
+void dropout_noise(float* out, int64_t n, double keep, std::optional<at::Generator> gen) {
+  if (!(keep >= 0 && keep <= 1)) throw std::invalid_argument(fmt::format("dropout_noise: keep = {} is not in [0, 1]", keep));
+  if (n < 0) throw std::invalid_argument("dropout_noise: negative element count");
+  at::Generator g = gen ? *gen : at::detail::getDefaultCPUGenerator();
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(g);
+  const float scale = 1.0f / static_cast<float>(keep);  // div_(keep) on fp32: the scalar as float
+  // uniform_real: u = (v & (2^53 − 1)) · 2^-53, exact; u < keep  <=>  v' < keep · 2^53 (exact too)
+  // <=>  v' < ceil(keep · 2^53) for the integer v' = v & (2^53 − 1).
+  constexpr std::uint64_t kMask = (std::uint64_t{1} << 53) - 1;
+  const auto threshold = static_cast<std::uint64_t>(std::ceil(std::ldexp(keep, 53)));
+  const float dropped = 0.0f / static_cast<float>(keep);  // +0, or NaN at keep = 0 (as 0/0 in div_)
+  std::uint32_t scale_bits = 0, dropped_bits = 0;
+  std::memcpy(&scale_bits, &scale, sizeof scale);
+  std::memcpy(&dropped_bits, &dropped, sizeof dropped);
+  std::uint32_t words[2 * 512], noise[512];
+  std::lock_guard<std::mutex> lock(g.mutex());
+  at::mt19937 engine = impl->engine();
+  at::mt19937_data_pod d = engine.data();
+  for (int64_t done = 0; done < n;) {
+    const int64_t k = std::min<int64_t>(n - done, 512);
+    mt19937_words(d, words, 2 * k);
+    for (int64_t i = 0; i < k; ++i) {
+      // CPUGeneratorImpl::random64: the first word is the high half. Bernoulli, then div_(keep):
+      // 1/keep or 0/keep, chosen without a branch (a draw in 1 − keep would mispredict).
+      const std::uint64_t v = (static_cast<std::uint64_t>(words[2 * i]) << 32) | words[2 * i + 1];
+      const std::uint32_t kept = 0u - static_cast<std::uint32_t>((v & kMask) < threshold);
+      noise[i] = (kept & scale_bits) | (~kept & dropped_bits);
+    }
+    std::memcpy(out + done, noise, sizeof(float) * static_cast<std::size_t>(k));
+    done += k;
+  }
+  engine.set_data(d);
+  impl->set_engine(engine);
+}
+
+std::string dropout_kernel() {
+  static const std::string kernel = [] {
+    for (const double p : {0.1, 0.5, 0.75, 2.0 / 3.0, 0.05})
+      if (!fast_noise_ok(p))
+        return fmt::format("aten (mpt's mt19937 loop differs from this LibTorch's dropout at p = {:g})", p);
+    return std::string("mpt (its mt19937 loop, checked equal to ATen's dropout at start and at each p used)");
+  }();
+  return kernel;
+}
+
+torch::Tensor dropout(const torch::Tensor& input, double p, bool train) {
+  const bool fast = train && p > 0 && p < 1 && input.numel() > 0 && input.device().is_cpu() &&
+                    input.scalar_type() == torch::kFloat && input.layout() == torch::kStrided &&
+                    input.is_contiguous() && !input.is_conj() && !input.is_neg();
+  if (!fast || dropout_kernel().rfind("mpt", 0) != 0 || !fast_noise_ok(p)) return torch::dropout(input, p, train);
+  torch::Tensor noise = torch::empty_like(input, torch::MemoryFormat::Contiguous);
+  dropout_noise(noise.data_ptr<float>(), noise.numel(), 1 - p);
+  return input * noise;  // as ATen's _dropout_impl: multiply(input, noise), MulBackward0 saving noise
 }
 
 std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net) {

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -64,6 +66,35 @@ inline double max_abs_diff(const std::vector<double>& a, const std::vector<doubl
   for (std::size_t i = 0; i < a.size(); ++i) d = nan_max(d, std::abs(a[i] - b[i]));
   return d;
 }
+
+/// Dropout exactly as torch::dropout(input, p, train) (nn.Dropout, F.dropout; inverted dropout of
+/// Srivastava et al. 2014: each element kept with probability 1 − p and scaled by 1/(1 − p)): the
+/// same output bit for bit, the same autograd graph (input * noise, one MulBackward0) and the same
+/// draws from the default CPU generator, so a run's numbers stay those of its PyTorch twin.
+/// ATen's CPU path is empty_like(input).bernoulli_(1 − p).div_(1 − p), then input * noise; its
+/// bernoulli_ calls the generator once per element through a serial loop (about 40 % of `mpt
+/// checkpoint`'s step on LibTorch 2.15). For a contiguous fp32 CPU input in training, mpt draws the
+/// same numbers from the generator's own mt19937 state in one loop (dropout_noise) and writes the
+/// scaled noise at once — where dropout_kernel() says that loop equals ATen's on this LibTorch
+/// (checked once per process); everything else (other dtypes, devices, layouts, p = 0 or 1, eval)
+/// goes to torch::dropout. Shapes: any; returns input's shape. Throws c10::Error for p outside
+/// [0, 1], as torch::dropout does.
+torch::Tensor dropout(const torch::Tensor& input, double p, bool train);
+
+/// Fills out[0 .. n) with what empty({n}).bernoulli_(keep, gen).div_(keep) would hold (fp32:
+/// 1.0f / float(keep) where kept, else 0.0f / float(keep): +0, NaN at keep = 0), advancing `gen` (a CPU generator; default: the global one) exactly as that
+/// bernoulli_ does: two mt19937 outputs per element, (hi << 32 | lo) masked to 53 bits times 2^-53
+/// (at::uniform_real_distribution<double>), kept when below keep (at::bernoulli_distribution).
+/// Holds the generator's mutex while it draws. Throws std::invalid_argument unless 0 <= keep <= 1
+/// and n >= 0. The equality with ATen's kernel is dropout_kernel()'s check, not an assumption.
+void dropout_noise(float* out, int64_t n, double keep, std::optional<at::Generator> gen = std::nullopt);
+
+/// Which CPU fp32 dropout kernel mpt::dropout uses on this LibTorch, for env: "mpt (...)" when
+/// dropout_noise equals torch::dropout bit for bit, in its values and the default generator's state
+/// after (checked on 3 001 elements at five p, once per process, and once more for each other p
+/// dropout() meets; the generator is put back as it was), else "aten (...why...)". Call it before
+/// other threads draw from the default CPU generator: the check borrows it.
+std::string dropout_kernel();
 
 /// The Linear layers of a Sequential, in order (for per-layer statistics).
 std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net);

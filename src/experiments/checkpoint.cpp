@@ -60,18 +60,17 @@ ConfigSpec checkpoint_spec() {
 
 // One block: Linear(w, w) → ReLU → Dropout(p), its output rounded to the emulated
 // compute format. A module of its own so that checkpoint_sequential splits the net at
-// block boundaries.
+// block boundaries. The dropout is core/models' mpt::dropout: nn.Dropout's numbers and
+// draws, its noise drawn in one loop (env.dropout says which kernel ran).
 struct MlpBlockImpl : torch::nn::Module {
-  MlpBlockImpl(int64_t width, double p, Format f)
-      : lin(register_module("lin", torch::nn::Linear(width, width))),
-        drop(register_module("drop", torch::nn::Dropout(p))),
-        format(f) {}
+  MlpBlockImpl(int64_t width, double p_, Format f)
+      : lin(register_module("lin", torch::nn::Linear(width, width))), p(p_), format(f) {}
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = drop(torch::relu(lin(x)));
+    auto h = mpt::dropout(torch::relu(lin(x)), p, is_training());
     return format == Format::FP32 ? h : round_to(h, format);
   }
   torch::nn::Linear lin;
-  torch::nn::Dropout drop;
+  double p;
   Format format;
 };
 TORCH_MODULE(MlpBlock);
@@ -159,6 +158,7 @@ Report run_checkpoint(const Context& ctx) {
   // Model and data (built on CPU from the seed, then moved).
   // ---------------------------------------------------------------------------
   install_counting_allocator();
+  report.env["dropout"] = dropout_kernel();  // before the first draw: the check borrows the generator
   seed_all(seed);
   Setup su;
   su.n = n;
