@@ -181,6 +181,15 @@ TEST_CASE("dropout_noise draws what ATen's bernoulli_ + div_ draws, and leaves t
     }
   }
   float x = 0;
+  // A state no seeding or draw can make (set_engine takes any): reading it would run past the words.
+  auto bad = at::make_generator<at::CPUGeneratorImpl>(1);
+  at::mt19937 engine(1);
+  at::mt19937_data_pod pod = engine.data();
+  pod.next_ = 600;
+  pod.left_ = 100;
+  engine.set_data(pod);
+  bad.get<at::CPUGeneratorImpl>()->set_engine(engine);
+  CHECK_THROWS_AS(dropout_noise(&x, 1, 0.5, bad), std::invalid_argument);
   CHECK_THROWS_AS(dropout_noise(&x, 1, 1.5), std::invalid_argument);
   CHECK_THROWS_AS(dropout_noise(&x, 1, std::nan("")), std::invalid_argument);
   CHECK_THROWS_AS(dropout_noise(&x, -1, 0.5), std::invalid_argument);
@@ -189,9 +198,9 @@ TEST_CASE("dropout_noise draws what ATen's bernoulli_ + div_ draws, and leaves t
 TEST_CASE("mpt::dropout equals torch::dropout: output, gradient and the global generator after", "[models][dropout]") {
   // LibTorch's two shipped routes (2.x wheel, Debian 1.13) both draw with the serial bernoulli_ loop
   // that mpt's loop reproduces; another LibTorch may not, and then dropout() falls back to ATen.
-  INFO(dropout_kernel());
-  CHECK(dropout_kernel().rfind("mpt", 0) == 0);
   for (const double p : {0.1, 0.5, 0.95, 0.3}) {
+    INFO(dropout_kernel(p));
+    CHECK(dropout_kernel(p).rfind("mpt", 0) == 0);
     for (const auto& shape : std::vector<std::vector<int64_t>>{{256, 32}, {7}, {3, 5, 11}, {0, 4}}) {
       torch::manual_seed(99);
       torch::Tensor x0 = torch::randn(shape);
@@ -210,10 +219,27 @@ TEST_CASE("mpt::dropout equals torch::dropout: output, gradient and the global g
       yb.backward(torch::ones_like(yb) * 3.0);
       INFO("p " << p << ", numel " << x0.numel());
       CHECK(torch::equal(bits(ya), bits(yb)));
+      // The same graph: one multiplication by the noise (an empty input comes back as it is).
+      REQUIRE((ya.grad_fn() == nullptr) == (yb.grad_fn() == nullptr));
+      if (x0.numel() > 0) {
+        REQUIRE(yb.grad_fn());
+        CHECK(yb.grad_fn()->name() == ya.grad_fn()->name());
+        CHECK(yb.grad_fn()->name() == "MulBackward0");
+      }
       CHECK(torch::equal(bits(xa.grad()), bits(xb.grad())));
       CHECK(torch::equal(after_aten, cpu_state()));
     }
   }
+}
+
+TEST_CASE("dropout_kernel's checks draw nothing from the default generator", "[models][dropout]") {
+  torch::manual_seed(11);
+  const torch::Tensor start = cpu_state();
+  for (const double p : {0.37, 0.1, 0.999})  // a new p each time the test binary runs this case first
+    CHECK(dropout_kernel(p).rfind("mpt", 0) == 0);
+  CHECK(dropout_kernel(0.0).rfind("aten", 0) == 0);
+  CHECK(dropout_kernel(1.0).rfind("aten", 0) == 0);
+  CHECK(torch::equal(start, cpu_state()));
 }
 
 TEST_CASE("mpt::dropout hands what its loop does not cover to torch::dropout", "[models][dropout]") {

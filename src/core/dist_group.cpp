@@ -75,6 +75,12 @@ std::string join_ranks(const std::vector<int>& v, const char* sep) {
 
 std::string heartbeat_key(int global_rank) { return fmt::format("mpt/heartbeat/{}", global_rank); }
 
+}  // namespace
+
+// JobState (namespace detail) holds these two: types with linkage, not the anonymous namespace's
+// (g++: -Wsubobject-linkage).
+namespace detail {
+
 // The thread that publishes this rank's heartbeat, on a store connection of its own (a
 // TCPStore client serialises its operations: a long wait of the main thread would delay it).
 // `waiting` and `progress` are its Job's (JobState), which outlive it. Its state is shared with
@@ -145,6 +151,12 @@ class Heartbeat {
   std::shared_ptr<State> state_;
   std::thread thread_;
 };
+}  // namespace detail
+
+using detail::Heartbeat;
+
+namespace {
+
 
 // What a waiting rank has seen of one peer's heartbeat (times are this process's now_seconds()).
 struct PeerBeat {
@@ -192,6 +204,12 @@ std::string store_host(const LaunchInfo& info) {
   return fmt::format("its host, {} that serves MASTER_ADDR:MASTER_PORT, is stopped or hung",
                      info.launcher == "mpt" ? "the mpt launcher" : "the launcher's agent");
 }
+
+}  // namespace
+
+// JobState (namespace detail) holds these two: types with linkage, not the anonymous namespace's
+// (g++: -Wsubobject-linkage).
+namespace detail {
 
 // Bounds the store calls of a job's own threads: LibTorch's TCPStore client has no receive
 // timeout for check() and set(), so a call to a store whose host is stopped (SIGSTOP) or hung
@@ -264,6 +282,12 @@ class StoreWatchdog {
   std::map<std::uint64_t, std::pair<double, std::string>> calls_;  // id -> (start, what)
   std::thread thread_;  // last: starts once the members above exist
 };
+}  // namespace detail
+
+using detail::StoreWatchdog;
+
+namespace {
+
 
 }  // namespace
 

@@ -98,42 +98,85 @@ void mt19937_words(at::mt19937_data_pod& d, std::uint32_t* out, int64_t count) {
   }
 }
 
-// dropout_noise(·, 1 − p) equals ATen's dropout at p, values and the default CPU generator's state
-// after: torch::dropout(ones, p, true) is its noise (1 · x = x), over 3 001 elements (6 002 words:
-// the draws cross at least 9 refills of the mt19937 state). The generator is put back as it was.
+// Puts the default CPU generator's state back as it was at construction (also on an exception).
+class RestoreCpuGenerator {
+ public:
+  RestoreCpuGenerator() : g_(at::detail::getDefaultCPUGenerator()), start_(state()) {}
+  ~RestoreCpuGenerator() {
+    std::lock_guard<std::mutex> lock(g_.mutex());
+    g_.set_state(start_);
+  }
+  RestoreCpuGenerator(const RestoreCpuGenerator&) = delete;
+  RestoreCpuGenerator& operator=(const RestoreCpuGenerator&) = delete;
+  torch::Tensor state() {
+    std::lock_guard<std::mutex> lock(g_.mutex());
+    return g_.get_state();
+  }
+  void rewind() {
+    std::lock_guard<std::mutex> lock(g_.mutex());
+    g_.set_state(start_);
+  }
+
+ private:
+  at::Generator g_;
+  torch::Tensor start_;
+};
+
+bool same_floats(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat && a.numel() == b.numel() &&
+         std::memcmp(a.data_ptr<float>(), b.data_ptr<float>(), sizeof(float) * static_cast<std::size_t>(a.numel())) == 0;
+}
+
+// torch::dropout itself is input * (empty_like.bernoulli_(1 − p).div_(1 − p)) on the default CPU
+// generator, and dropout_noise gives that noise: torch::dropout(ones, p, true) (1 · x = x) against
+// dropout_noise(·, 1 − p), values and the generator's state after, over 3 001 elements (6 002
+// words: at least 9 refills of the mt19937 state). Borrows the default generator and puts it back.
+bool dropout_equals_aten(double p) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = 3001;
+  RestoreCpuGenerator borrow;
+  const torch::Tensor ref = torch::dropout(torch::ones({n}, torch::kFloat), p, true).contiguous();
+  const torch::Tensor ref_state = borrow.state();
+  borrow.rewind();
+  torch::Tensor mine = torch::empty({n}, torch::kFloat);
+  dropout_noise(mine.data_ptr<float>(), n, 1 - p);
+  return same_floats(ref, mine) && torch::equal(ref_state, borrow.state());
+}
+
+// dropout_noise(·, 1 − p) equals empty.bernoulli_(1 − p, g).div_(1 − p) on two private generators
+// from one seed, one word in (a draw straddles each refill), over 3 001 elements, values and state
+// after. Touches no shared state: safe to run while other threads draw.
 bool noise_equals_aten(double p) {
   torch::NoGradGuard no_grad;
   const int64_t n = 3001;
-  at::Generator g = at::detail::getDefaultCPUGenerator();
-  auto state = [&g] {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    return g.get_state();
-  };
-  auto restore = [&g](const torch::Tensor& s) {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_state(s);
-  };
-  const torch::Tensor start = state();
-  const torch::Tensor ref = torch::dropout(torch::ones({n}), p, true).contiguous();
-  const torch::Tensor ref_state = state();
-  restore(start);
-  torch::Tensor mine = torch::empty({n});
-  dropout_noise(mine.data_ptr<float>(), n, 1 - p);
-  const torch::Tensor mine_state = state();
-  restore(start);
-  return ref.scalar_type() == torch::kFloat &&
-         std::memcmp(ref.data_ptr<float>(), mine.data_ptr<float>(), sizeof(float) * static_cast<std::size_t>(n)) == 0 &&
-         torch::equal(ref_state, mine_state);
+  const double keep = 1 - p;
+  auto g_ref = at::make_generator<at::CPUGeneratorImpl>(20261205);
+  auto g_mpt = at::make_generator<at::CPUGeneratorImpl>(20261205);
+  g_ref.get<at::CPUGeneratorImpl>()->random();
+  g_mpt.get<at::CPUGeneratorImpl>()->random();
+  const torch::Tensor ref = torch::empty({n}, torch::kFloat).bernoulli_(keep, g_ref).div_(keep);
+  torch::Tensor mine = torch::empty({n}, torch::kFloat);
+  dropout_noise(mine.data_ptr<float>(), n, keep, g_mpt);
+  return same_floats(ref, mine) && torch::equal(g_ref.get_state(), g_mpt.get_state());
 }
 
-// Whether dropout_noise may stand for ATen's kernel at dropout probability p: checked once per p.
-bool fast_noise_ok(double p) {
+// Whether ATen's dropout is the composition mpt's replaces (checked once per process, at five p,
+// on the default generator), and whether dropout_noise gives its noise at this p (once per p).
+// Returns "" when both hold, else why not.
+std::string fast_dropout_refused(double p) {
+  static const std::string composition = [] {
+    for (const double q : {0.1, 0.5, 0.75, 2.0 / 3.0, 0.05})
+      if (!dropout_equals_aten(q))
+        return fmt::format("mpt's mt19937 loop differs from this LibTorch's dropout at p = {:g}", q);
+    return std::string();
+  }();
+  if (!composition.empty()) return composition;
   static std::mutex m;
   static std::map<double, bool> checked;
   std::lock_guard<std::mutex> lock(m);
   auto it = checked.find(p);
   if (it == checked.end()) it = checked.emplace(p, noise_equals_aten(p)).first;
-  return it->second;
+  return it->second ? std::string() : fmt::format("mpt's mt19937 loop differs from this LibTorch's bernoulli_ at p = {:g}", p);
 }
 
 }  // namespace
@@ -156,6 +199,12 @@ void dropout_noise(float* out, int64_t n, double keep, std::optional<at::Generat
   std::lock_guard<std::mutex> lock(g.mutex());
   at::mt19937 engine = impl->engine();
   at::mt19937_data_pod d = engine.data();
+  // The engine reads state_[next_ .. next_ + left_ − 2] before it refills: a state set from
+  // anything but get_state() may point past the 624 words (the engine would read out of bounds).
+  if (d.left_ < 1 || d.left_ > at::MERSENNE_STATE_N ||
+      static_cast<int64_t>(d.next_) + d.left_ - 1 > at::MERSENNE_STATE_N)
+    throw std::invalid_argument(fmt::format("dropout_noise: the generator's mt19937 state is not one the engine can be "
+                                            "in (left {}, next {})", d.left_, d.next_));
   for (int64_t done = 0; done < n;) {
     const int64_t k = std::min<int64_t>(n - done, 512);
     mt19937_words(d, words, 2 * k);
@@ -173,21 +222,18 @@ void dropout_noise(float* out, int64_t n, double keep, std::optional<at::Generat
   impl->set_engine(engine);
 }
 
-std::string dropout_kernel() {
-  static const std::string kernel = [] {
-    for (const double p : {0.1, 0.5, 0.75, 2.0 / 3.0, 0.05})
-      if (!fast_noise_ok(p))
-        return fmt::format("aten (mpt's mt19937 loop differs from this LibTorch's dropout at p = {:g})", p);
-    return std::string("mpt (its mt19937 loop, checked equal to ATen's dropout at start and at each p used)");
-  }();
-  return kernel;
+std::string dropout_kernel(double p) {
+  if (!(p > 0 && p < 1)) return "aten (p = 0 or 1, or outside [0, 1]: ATen's own cases)";
+  const std::string refused = fast_dropout_refused(p);
+  return refused.empty() ? "mpt (its mt19937 loop, checked equal to ATen's dropout and bernoulli_ in this process)"
+                         : "aten (" + refused + ")";
 }
 
 torch::Tensor dropout(const torch::Tensor& input, double p, bool train) {
   const bool fast = train && p > 0 && p < 1 && input.numel() > 0 && input.device().is_cpu() &&
-                    input.scalar_type() == torch::kFloat && input.layout() == torch::kStrided &&
+                    input.scalar_type() == torch::kFloat && input.layout() == torch::kStrided && !input.is_nested() &&
                     input.is_contiguous() && !input.is_conj() && !input.is_neg();
-  if (!fast || dropout_kernel().rfind("mpt", 0) != 0 || !fast_noise_ok(p)) return torch::dropout(input, p, train);
+  if (!fast || !fast_dropout_refused(p).empty()) return torch::dropout(input, p, train);
   torch::Tensor noise = torch::empty_like(input, torch::MemoryFormat::Contiguous);
   dropout_noise(noise.data_ptr<float>(), noise.numel(), 1 - p);
   return input * noise;  // as ATen's _dropout_impl: multiply(input, noise), MulBackward0 saving noise

@@ -74,27 +74,33 @@ inline double max_abs_diff(const std::vector<double>& a, const std::vector<doubl
 /// ATen's CPU path is empty_like(input).bernoulli_(1 − p).div_(1 − p), then input * noise; its
 /// bernoulli_ calls the generator once per element through a serial loop (about 40 % of `mpt
 /// checkpoint`'s step on LibTorch 2.15). For a contiguous fp32 CPU input in training, mpt draws the
-/// same numbers from the generator's own mt19937 state in one loop (dropout_noise) and writes the
-/// scaled noise at once — where dropout_kernel() says that loop equals ATen's on this LibTorch
-/// (checked once per process); everything else (other dtypes, devices, layouts, p = 0 or 1, eval)
-/// goes to torch::dropout. Shapes: any; returns input's shape. Throws c10::Error for p outside
-/// [0, 1], as torch::dropout does.
+/// same numbers from the generator's mt19937 state in one loop (dropout_noise) and writes the
+/// scaled noise at once, where dropout_kernel(p) says that loop equals ATen's on this LibTorch;
+/// everything else (other dtypes, devices, layouts, nested tensors, p = 0 or 1, eval) goes to
+/// torch::dropout. The first call in a process runs dropout_kernel's check, which borrows the
+/// default CPU generator: call dropout_kernel(p) first where other threads may draw. Shapes: any;
+/// returns input's shape. Throws c10::Error for p outside [0, 1], as torch::dropout does.
 torch::Tensor dropout(const torch::Tensor& input, double p, bool train);
 
 /// Fills out[0 .. n) with what empty({n}).bernoulli_(keep, gen).div_(keep) would hold (fp32:
-/// 1.0f / float(keep) where kept, else 0.0f / float(keep): +0, NaN at keep = 0), advancing `gen` (a CPU generator; default: the global one) exactly as that
-/// bernoulli_ does: two mt19937 outputs per element, (hi << 32 | lo) masked to 53 bits times 2^-53
-/// (at::uniform_real_distribution<double>), kept when below keep (at::bernoulli_distribution).
-/// Holds the generator's mutex while it draws. Throws std::invalid_argument unless 0 <= keep <= 1
-/// and n >= 0. The equality with ATen's kernel is dropout_kernel()'s check, not an assumption.
+/// 1.0f / float(keep) where kept, else 0.0f / float(keep): +0, NaN at keep = 0), advancing `gen`
+/// (a CPU generator; default: the global one) exactly as that bernoulli_ does: two mt19937 outputs
+/// per element, (first << 32 | second) masked to 53 bits times 2^-53
+/// (CPUGeneratorImpl::random64, at::uniform_real_distribution<double>), kept when below keep
+/// (at::bernoulli_distribution). The mt19937 refill and tempering are re-implemented here (SSE2
+/// tempering), the engine's state copied out and back. Holds the generator's mutex while it draws.
+/// Throws std::invalid_argument unless 0 <= keep <= 1 and n >= 0, or for a generator state the
+/// engine cannot be in; c10::Error for a generator that is not a CPU one. The equality with ATen's
+/// kernel is dropout_kernel()'s check and the unit tests', not an assumption.
 void dropout_noise(float* out, int64_t n, double keep, std::optional<at::Generator> gen = std::nullopt);
 
-/// Which CPU fp32 dropout kernel mpt::dropout uses on this LibTorch, for env: "mpt (...)" when
-/// dropout_noise equals torch::dropout bit for bit, in its values and the default generator's state
-/// after (checked on 3 001 elements at five p, once per process, and once more for each other p
-/// dropout() meets; the generator is put back as it was), else "aten (...why...)". Call it before
-/// other threads draw from the default CPU generator: the check borrows it.
-std::string dropout_kernel();
+/// Which kernel mpt::dropout uses for a contiguous fp32 CPU input at dropout probability p, for
+/// env: "mpt (...)" when (a) torch::dropout equals dropout_noise's noise times the input, values
+/// and the default generator's state after (checked once per process at five p on 3 001 elements;
+/// it borrows the default CPU generator and puts it back: call it before other threads draw from
+/// it), and (b) dropout_noise equals bernoulli_ + div_ at this p on a private generator (once per
+/// p); else "aten (...why...)". p outside (0, 1): "aten (...)", ATen's own cases.
+std::string dropout_kernel(double p);
 
 /// The Linear layers of a Sequential, in order (for per-layer statistics).
 std::vector<torch::nn::Linear> linear_layers(const torch::nn::Sequential& net);

@@ -158,7 +158,7 @@ Report run_checkpoint(const Context& ctx) {
   // Model and data (built on CPU from the seed, then moved).
   // ---------------------------------------------------------------------------
   install_counting_allocator();
-  report.env["dropout"] = dropout_kernel();  // before the first draw: the check borrows the generator
+  report.env["dropout"] = dropout_kernel(p);  // before any draw: its check borrows the generator
   seed_all(seed);
   Setup su;
   su.n = n;
