@@ -102,10 +102,7 @@ void mt19937_words(at::mt19937_data_pod& d, std::uint32_t* out, int64_t count) {
 class RestoreCpuGenerator {
  public:
   RestoreCpuGenerator() : g_(at::detail::getDefaultCPUGenerator()), start_(state()) {}
-  ~RestoreCpuGenerator() {
-    std::lock_guard<std::mutex> lock(g_.mutex());
-    g_.set_state(start_);
-  }
+  ~RestoreCpuGenerator() { rewind(); }
   RestoreCpuGenerator(const RestoreCpuGenerator&) = delete;
   RestoreCpuGenerator& operator=(const RestoreCpuGenerator&) = delete;
   torch::Tensor state() {
