@@ -11,6 +11,7 @@
 
 #include "catch.hpp"
 #include "core/models.hpp"
+#include "core/runtime.hpp"
 #include "core/timing.hpp"
 
 using namespace mpt;
@@ -142,17 +143,9 @@ namespace {
 // The bits of a float tensor (contiguous copy), for comparisons that tell +0 from -0 and NaNs apart.
 torch::Tensor bits(const torch::Tensor& t) { return t.contiguous().view(torch::kInt32).clone(); }
 
-torch::Tensor cpu_state() {
-  auto g = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(g.mutex());
-  return g.get_state();
-}
+torch::Tensor cpu_state() { return generator_state(at::detail::getDefaultCPUGenerator()); }
 
-void set_cpu_state(const torch::Tensor& state) {
-  at::Generator g = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(g.mutex());
-  g.set_state(state);
-}
+void set_cpu_state(const torch::Tensor& state) { set_generator_state(at::detail::getDefaultCPUGenerator(), state); }
 
 }  // namespace
 

@@ -1,6 +1,8 @@
 // Gradient checkpointing as a custom autograd Function. See checkpoint.hpp.
 #include "core/checkpoint.hpp"
 
+#include "core/runtime.hpp"
+
 #include <mutex>
 #include <stdexcept>
 
@@ -35,16 +37,6 @@ std::vector<at::Generator> generators_for(const torch::Device& device) {
   return gens;
 }
 
-torch::Tensor get_state(at::Generator& g) {
-  std::lock_guard<std::mutex> lock(g.mutex());
-  return g.get_state();
-}
-
-void set_state(at::Generator& g, const torch::Tensor& s) {
-  std::lock_guard<std::mutex> lock(g.mutex());
-  g.set_state(s);
-}
-
 // Runs the recomputation with the entry RNG state and puts the current state back
 // afterwards (torch.random.fork_rng), so checkpointing leaves the generator where the
 // plain run would.
@@ -52,11 +44,11 @@ class ForkedRng {
  public:
   explicit ForkedRng(Segment& s) : seg_(s) {
     if (!seg_.preserve_rng) return;
-    for (auto& g : seg_.gens) now_.push_back(get_state(g));
-    for (std::size_t i = 0; i < seg_.gens.size(); ++i) set_state(seg_.gens[i], seg_.states[i]);
+    for (auto& g : seg_.gens) now_.push_back(generator_state(g));
+    for (std::size_t i = 0; i < seg_.gens.size(); ++i) set_generator_state(seg_.gens[i], seg_.states[i]);
   }
   ~ForkedRng() {
-    for (std::size_t i = 0; i < now_.size(); ++i) set_state(seg_.gens[i], now_[i]);
+    for (std::size_t i = 0; i < now_.size(); ++i) set_generator_state(seg_.gens[i], now_[i]);
   }
   ForkedRng(const ForkedRng&) = delete;
   ForkedRng& operator=(const ForkedRng&) = delete;
@@ -79,7 +71,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     auto* seg = static_cast<Segment*>(holder.get());
     if (seg->preserve_rng) {
       seg->gens = generators_for(input.device());
-      for (auto& g : seg->gens) seg->states.push_back(get_state(g));
+      for (auto& g : seg->gens) seg->states.push_back(generator_state(g));
     }
     ctx->saved_data["segment"] = capsule;
     ctx->save_for_backward({input});

@@ -207,9 +207,7 @@ std::string store_host(const LaunchInfo& info) {
 
 }  // namespace
 
-// JobState (namespace detail) holds these two: types with linkage, not the anonymous namespace's
-// (g++: -Wsubobject-linkage).
-namespace detail {
+namespace detail {  // as Heartbeat above: JobState holds it
 
 // Bounds the store calls of a job's own threads: LibTorch's TCPStore client has no receive
 // timeout for check() and set(), so a call to a store whose host is stopped (SIGSTOP) or hung

@@ -1,6 +1,8 @@
 // Shared models. See models.hpp.
 #include "core/models.hpp"
 
+#include "core/runtime.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -101,18 +103,12 @@ void mt19937_words(at::mt19937_data_pod& d, std::uint32_t* out, int64_t count) {
 // Puts the default CPU generator's state back as it was at construction (also on an exception).
 class RestoreCpuGenerator {
  public:
-  RestoreCpuGenerator() : g_(at::detail::getDefaultCPUGenerator()), start_(state()) {}
+  RestoreCpuGenerator() : g_(at::detail::getDefaultCPUGenerator()), start_(generator_state(g_)) {}
   ~RestoreCpuGenerator() { rewind(); }
   RestoreCpuGenerator(const RestoreCpuGenerator&) = delete;
   RestoreCpuGenerator& operator=(const RestoreCpuGenerator&) = delete;
-  torch::Tensor state() {
-    std::lock_guard<std::mutex> lock(g_.mutex());
-    return g_.get_state();
-  }
-  void rewind() {
-    std::lock_guard<std::mutex> lock(g_.mutex());
-    g_.set_state(start_);
-  }
+  torch::Tensor state() const { return generator_state(g_); }
+  void rewind() { set_generator_state(g_, start_); }
 
  private:
   at::Generator g_;

@@ -286,6 +286,16 @@ json to_json(const ThreadPolicy& p) {
 
 void seed_all(std::uint64_t seed) { torch::manual_seed(seed); }
 
+torch::Tensor generator_state(at::Generator g) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+
+void set_generator_state(at::Generator g, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(state);
+}
+
 json environment(torch::Device device) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);

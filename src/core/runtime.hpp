@@ -121,6 +121,14 @@ json to_json(const ThreadPolicy& p);
 /// Seeds LibTorch's default generators (CPU, and CUDA when present), as torch.manual_seed.
 void seed_all(std::uint64_t seed);
 
+/// The state of generator `g` (a uint8 tensor), read under the generator's mutex: what
+/// torch.random.get_rng_state / torch.cuda.get_rng_state return.
+torch::Tensor generator_state(at::Generator g);
+
+/// Sets generator `g`'s state (from generator_state() of a generator of the same kind) under its
+/// mutex, as torch.random.set_rng_state. Throws c10::Error for a state of another kind.
+void set_generator_state(at::Generator g, const torch::Tensor& state);
+
 /// The `env` block: LibTorch version, device, CUDA, fp16/bf16 compute modes (with the reason
 /// when emulated), intra-op threads, host name, compiler, mpt version, and `hardware`
 /// (hardware_fingerprint). Run-dependent by nature.
