@@ -11,7 +11,7 @@ cross-entropy x size/B, backward, loss.item()) on the MLP 784-H-H-10 (H = memory
 nn.Linear initialised from the seed in construction order), the first memory.batch images. One
 untimed warm-up step, then the median of timing.repeats steps (the upper one for an even count), as mpt's median_seconds.
 Prints JSON: per "B/k" the step's summed loss, the gradients' sum of |g| (printed for a look:
-mpt has no such output) and step_s.
+mpt has no such output), step_s and gemm_floor_s (the step's GEMMs alone: gemm_floor).
 """
 import json
 import os
@@ -34,6 +34,36 @@ def split(n, k):
         r.append((b, b + ln))
         b += ln
     return r
+
+
+def gemm_floor(layers, x, ranges, repeats):
+    """The step's matrix products alone: for each micro-batch and Linear layer, the GEMMs autograd
+    runs (forward addmm(b, a, W.t()); backward g.t() @ a for the weight — mm_mat2_backward's form
+    for a transposed mat2 — and g @ W for the input, which the first layer does not need), each
+    timed alone on tensors of its shape (median of `repeats`, after one untimed call), summed.
+    What no front end can go below with these kernels: mpt and Python run the same MKL sgemm."""
+    def med(f):
+        f()
+        t = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+        return sorted(t)[len(t) // 2]
+    total = 0.0
+    with torch.no_grad():
+        for b, e in ranges:
+            a = x[b:e].reshape(e - b, -1).contiguous()
+            for i, lin in enumerate(layers):
+                w, bias = lin.weight, lin.bias
+                out = torch.addmm(bias, a, w.t())
+                g = torch.randn_like(out)
+                total += med(lambda: torch.addmm(bias, a, w.t()))
+                total += med(lambda: g.t().mm(a))
+                if i > 0:
+                    total += med(lambda: g.mm(w))
+                a = torch.relu(out)
+    return total
 
 
 def main():
@@ -59,6 +89,7 @@ def main():
 
     out = {}
     ks = mem["micro_batches"]
+    layers = [m for m in net if isinstance(m, nn.Linear)]
     if ks:
         step(ks[0])  # warm-up: first-touch allocations, as mpt's
     for k in ks:
@@ -68,7 +99,8 @@ def main():
             loss = step(k)
             times.append(time.perf_counter() - t0)
         out[f"B/{k}"] = {"loss": loss, "grad_abs_sum": sum(p.grad.abs().sum().item() for p in net.parameters()),
-                         "step_s": sorted(times)[len(times) // 2]}
+                         "step_s": sorted(times)[len(times) // 2],
+                         "gemm_floor_s": gemm_floor(layers, x, split(batch, k), cfg["timing"]["repeats"])}
     print(json.dumps(out))
 
 

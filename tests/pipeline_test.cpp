@@ -6,6 +6,8 @@
 #include <thread>
 #include <tuple>
 
+#include <sched.h>
+
 #include "catch.hpp"
 
 #include "core/dist.hpp"
@@ -752,6 +754,113 @@ TEST_CASE("to_actions: _Action's explicit send/recv; the executor sends and rece
       CHECK(actions_string(tr.log()[static_cast<std::size_t>(s)]) == actions_string(comm));
     }
   }
+}
+
+TEST_CASE("executor: fewer threads than stages (workers) run the same programs, bit for bit", "[pipeline][workers]") {
+  // Each stage's program in order whichever thread runs it: every loss, gradient, op order,
+  // peak held and peak byte count equals one thread per stage's, for every schedule kind and
+  // every way of grouping 4 stages onto 1, 2 or 3 threads (3: stages {0}, {1}, {2, 3}).
+  seed_all(8);
+  const auto layers = mlp_layers({6, 12, 12, 12, 12, 12, 12, 12, 1});  // 8 layers: 4 stages x 2 chunks
+  const auto x = torch::randn({16, 6});
+  const auto y = torch::randn({16, 1});
+  for (auto [kind, v] : {std::pair{ScheduleKind::GPipe, 1}, std::pair{ScheduleKind::OneFOneB, 1},
+                         std::pair{ScheduleKind::Interleaved1F1B, 2}, std::pair{ScheduleKind::ZBH1, 1},
+                         std::pair{ScheduleKind::ZBV, 2}}) {
+    const auto sched = make_schedule(kind, 4, 8, v);
+    const auto ranges = stage_ranges(8, balanced_cuts(8, 4 * v));
+    const auto placement = schedule_placement(kind);
+    QueueTransport t0(10);
+    const auto base = run_pipeline(MlpStage(layers, ranges), sched, 8, x, y, SyntheticCost{}, t0, placement);
+    for (int workers : {1, 2, 3}) {
+      INFO(schedule_name(kind) << " workers=" << workers);
+      QueueTransport tr(10);
+      const auto run = run_pipeline(MlpStage(layers, ranges), sched, 8, x, y, SyntheticCost{}, tr, placement, workers);
+      CHECK(run.loss == base.loss);
+      CHECK(max_diff(base.grads, run.grads) == 0.0);
+      CHECK(run.peak_held == base.peak_held);
+      CHECK(run.peak_bytes == base.peak_bytes);
+      REQUIRE(run.events.size() == base.events.size());
+      for (std::size_t i = 0; i < run.events.size(); ++i) {  // stage-major, program order
+        CHECK(run.events[i].stage == base.events[i].stage);
+        CHECK(run.events[i].op.kind == base.events[i].op.kind);
+        CHECK(run.events[i].op.microbatch == base.events[i].op.microbatch);
+        CHECK(run.events[i].op.chunk == base.events[i].op.chunk);
+        CHECK(run.events[i].wait_s >= 0.0);
+        CHECK(run.events[i].end_s >= run.events[i].start_s);
+      }
+    }
+  }
+  // Failures end the step with the failing stage named, as with one thread per stage.
+  seed_all(0);
+  std::vector<torch::nn::Linear> bad = {torch::nn::Linear(4, 4), torch::nn::Linear(5, 1), torch::nn::Linear(1, 1)};
+  for (int workers : {1, 2}) {
+    QueueTransport tr(5);
+    CHECK_THROWS_WITH(run_pipeline(MlpStage(bad, stage_ranges(3, {1, 2})), make_schedule(ScheduleKind::GPipe, 3, 2), 2,
+                                   torch::randn({4, 4}), torch::randn({4, 1}), SyntheticCost{}, tr, Placement::Loop,
+                                   workers),
+                      Catch::Contains("stage 1 failed"));
+  }
+  // A message that never comes: the thread's waiting stage times out, named with what it waits for.
+  const auto two = mlp_layers({4, 4, 1});
+  QueueTransport slow(0.05);
+  CHECK_THROWS_WITH(run_pipeline(MlpStage(two, stage_ranges(2, {1})), {{}, {{'F', 0}, {'B', 0}}}, 1,
+                                 torch::randn({2, 4}), torch::randn({2, 1}), SyntheticCost{}, slow, Placement::Loop, 1),
+                    Catch::Contains("stage 1: no activation for microbatch 0 from stage 0 within 0.05 s"));
+  // Several stages on one thread need the mailbox's non-blocking look (QueueTransport); workers >= 0.
+  RecordingTransport rec(2);
+  CHECK_THROWS_AS(run_pipeline(MlpStage(two, stage_ranges(2, {1})), make_schedule(ScheduleKind::GPipe, 2, 1), 1,
+                               torch::randn({2, 4}), torch::randn({2, 1}), SyntheticCost{}, rec, Placement::Loop, 1),
+                  std::invalid_argument);
+  QueueTransport tq(5);
+  CHECK_THROWS_AS(run_pipeline(MlpStage(two, stage_ranges(2, {1})), make_schedule(ScheduleKind::GPipe, 2, 1), 1,
+                               torch::randn({2, 4}), torch::randn({2, 1}), SyntheticCost{}, tq, Placement::Loop, -1),
+                  std::invalid_argument);
+}
+
+TEST_CASE("stage_thread_cpus: distinct CPUs of this process's affinity, or none", "[pipeline][workers]") {
+  const int cores = usable_cores();
+  for (int threads = 1; threads <= cores; ++threads) {
+    const auto cpus = stage_thread_cpus(threads);
+    INFO("threads=" << threads << " usable cores=" << cores);
+    if (cores < 2) {
+      CHECK(cpus.empty());
+      continue;
+    }
+    REQUIRE(cpus.size() == static_cast<std::size_t>(threads));
+    CHECK(std::set<int>(cpus.begin(), cpus.end()).size() == cpus.size());
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    REQUIRE(sched_getaffinity(0, sizeof(set), &set) == 0);
+    for (int c : cpus) CHECK(CPU_ISSET(c, &set));
+  }
+  CHECK(stage_thread_cpus(cores + 1).empty());  // more threads than CPUs: none bound
+  CHECK(stage_thread_cpus(0).empty());
+}
+
+TEST_CASE("executor: bound stage threads let their CPUs go once they do not get them", "[pipeline][workers]") {
+  // Two stages that sleep 3 ms an op (a synthetic cost): two threads, bound when there are 2+
+  // usable CPUs, each with almost none of its CPU's time over the step: the binding is dropped
+  // for the rest of the process and the reason named.
+  seed_all(1);
+  const auto layers = mlp_layers({4, 4, 1});
+  SyntheticCost sleepy;
+  sleepy.forward_us = 3000;
+  QueueTransport tr(10);
+  run_pipeline(MlpStage(layers, stage_ranges(2, {1})), make_schedule(ScheduleKind::GPipe, 2, 1), 1, torch::randn({2, 4}),
+               torch::randn({2, 1}), sleepy, tr);
+  const std::string after = stage_threads_binding();
+  INFO(after);
+  if (usable_cores() < 2)
+    CHECK(after == "not bound (more threads than usable CPUs, or one CPU)");
+  else
+    CHECK_THAT(after, Catch::Matches("not bound: unbound after step [0-9]+ of this process: thread [01] had [0-9]+ % of "
+                                     "CPU [0-9]+ over [0-9.]+ ms \\(another process busy there\\)"));
+  // From then on no step binds: the next one reports the reason again.
+  QueueTransport tr2(10);
+  run_pipeline(MlpStage(layers, stage_ranges(2, {1})), make_schedule(ScheduleKind::GPipe, 2, 1), 1, torch::randn({2, 4}),
+               torch::randn({2, 1}), SyntheticCost{}, tr2);
+  CHECK(stage_threads_binding() == after);
 }
 
 // ----------------------------------------------------------------------------

@@ -5,9 +5,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
 #include <stdexcept>
 #include <thread>
+
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 #include <fmt/format.h>
 
@@ -70,31 +79,84 @@ PipelineRun assemble_run(const std::vector<StageRun>& parts, std::vector<torch::
 
 }  // namespace
 
-StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<PipeOp>& ops, int m,
-                   const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys, const SyntheticCost& cost,
-                   StageTransport& transport, Clock::time_point t0, const std::function<void(int)>& after_op,
-                   Placement placement) {
-  const int virtual_stages = model.chunks();  // p · v
-  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
-  const double factor = cost.stage_factor.empty() ? 1.0 : cost.stage_factor[static_cast<std::size_t>(s)];
-  // On CUDA an op's end is when its kernels are done (sync_device), not when they were queued.
-  const torch::Device device = [&] {
-    if (s < virtual_stages) {
-      const auto ps = model.parameters(s);
-      if (!ps.empty()) return ps.front().device();
+namespace {
+
+/// One stage's program, op by op: run_stage's loop body with its state (the activations held
+/// for each microbatch's backward, the local hand-overs, the events), so that one thread can
+/// run several stages' programs interleaved (run_pipeline with workers < stages) as well as
+/// one stage's straight through (run_stage).
+class StageExecutor {
+ public:
+  StageExecutor(int s, int p, const PipelineStage& model, const std::vector<PipeOp>& ops, int m,
+                const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys, const SyntheticCost& cost,
+                StageTransport& transport, Clock::time_point t0, const std::function<void(int)>& after_op,
+                Placement placement)
+      : s(s), p(p), model(model), ops(ops), m(m), xs(xs), ys(ys), cost(cost), transport(transport), t0(t0),
+        after_op(after_op), placement(placement), virtual_stages(model.chunks()),
+        factor(cost.stage_factor.empty() ? 1.0 : cost.stage_factor[static_cast<std::size_t>(s)]),
+        split(splits_backward(ops)) {
+    // On CUDA an op's end is when its kernels are done (sync_device), not when they were queued.
+    device = [&] {
+      if (s < virtual_stages) {
+        const auto ps = model.parameters(s);
+        if (!ps.empty()) return ps.front().device();
+      }
+      return xs.empty() ? torch::Device(torch::kCPU) : xs.front().device();
+    }();
+    if (placement == Placement::V && virtual_stages != 2 * p)
+      throw std::logic_error(fmt::format("stage {}: the V placement needs 2 chunks per stage ({} virtual stages), the "
+                                         "model has {}", s, 2 * p, virtual_stages));
+    if (stage_rank(virtual_stages - 1, p, placement) == s) out.losses.assign(static_cast<std::size_t>(m), 0.0);
+  }
+
+  /// Whether every op of the program has run.
+  bool finished() const { return next_op >= ops.size(); }
+
+  /// The transport message the next op waits for (its source stage, kind, microbatch and
+  /// boundary), or nothing when it needs none: the first chunk's F (the batch), the last
+  /// chunk's B (the loss), a W, a local hand-over (V's turn) or an op that will throw.
+  std::optional<std::tuple<int, char, int, int>> next_input() const {
+    if (finished()) return std::nullopt;
+    const PipeOp& op = ops[next_op];
+    if (op.chunk < 0 || op.chunk * p + s >= virtual_stages || (op.kind != 'F' && op.kind != 'B')) return std::nullopt;
+    const int c = virtual_stage(s, op.chunk, p, placement);
+    if (op.kind == 'F') {
+      if (c == 0) return std::nullopt;
+      const int prev = stage_rank(c - 1, p, placement);
+      if (prev == s) return std::nullopt;
+      return std::make_tuple(prev, 'F', op.microbatch, c - 1);
     }
-    return xs.empty() ? torch::Device(torch::kCPU) : xs.front().device();
-  }();
-  StageRun out;
-  if (placement == Placement::V && virtual_stages != 2 * p)
-    throw std::logic_error(fmt::format("stage {}: the V placement needs 2 chunks per stage ({} virtual stages), the "
-                                       "model has {}", s, 2 * p, virtual_stages));
-  const bool has_last = stage_rank(virtual_stages - 1, p, placement) == s;
+    if (c == virtual_stages - 1) return std::nullopt;
+    const int next = stage_rank(c + 1, p, placement);
+    if (next == s) return std::nullopt;
+    return std::make_tuple(next, 'B', op.microbatch, c);
+  }
+
+  /// Runs the program's next op; `wait0`: when the stage began waiting for it (the op's wait_s
+  /// is from there to the start of its compute). Throws what run_stage throws.
+  void run_next(Clock::time_point wait0) { run(ops[next_op++], wait0); }
+
+  /// The stage's part of the step, its events recorded on the timeline (when tracing).
+  StageRun finish() {
+    trace_stage_events(out.events, t0, s, p, placement, dynamic_cast<QueueTransport*>(&transport) != nullptr);  // timeline
+    return std::move(out);
+  }
+
+ private:
+  struct Held {
+    torch::Tensor input, output;
+    std::vector<WeightRoot> roots;     // split backward: W's roots (none named: the output, every parameter)
+    std::vector<torch::Tensor> d_root; // split backward: their gradients, kept by B for W
+    bool backward_done = false;
+    int64_t bytes = 0;
+  };
+
+  double since(Clock::time_point t) const { return std::chrono::duration<double>(t - t0).count(); }
+
   // Tensors between two virtual stages of this rank (V's turn): handed over here, not through
   // the transport (torch.distributed.pipelining: no SEND/RECV where _has_comms is false, the
   // stage's set_local_fwd_input). Key: (kind, microbatch, boundary).
-  std::map<std::tuple<char, int, int>, torch::Tensor> local;
-  auto take_local = [&](char kind, int j, int boundary) {
+  torch::Tensor take_local(char kind, int j, int boundary) {
     auto it = local.find({kind, j, boundary});
     if (it == local.end())
       throw std::logic_error(fmt::format("stage {}: the {} of microbatch {} across boundary {} (this rank's own) is not "
@@ -103,21 +165,9 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
     torch::Tensor t = it->second;
     local.erase(it);
     return t;
-  };
-  if (has_last) out.losses.assign(static_cast<std::size_t>(m), 0.0);
-  struct Held {
-    torch::Tensor input, output;
-    std::vector<WeightRoot> roots;     // split backward: W's roots (none named: the output, every parameter)
-    std::vector<torch::Tensor> d_root; // split backward: their gradients, kept by B for W
-    bool backward_done = false;
-    int64_t bytes = 0;
-  };
-  // B/W split (zero-bubble schedules): B computes only the input gradient, W the weights'.
-  const bool split = splits_backward(ops);
-  std::map<std::pair<int, int>, Held> held;  // (chunk, microbatch) -> activations kept for its backward
-  int64_t held_bytes = 0;
-  int done = 0;
-  for (const auto& op : ops) {
+  }
+
+  void run(const PipeOp& op, Clock::time_point wait0) {
     if (op.chunk < 0 || op.chunk * p + s >= virtual_stages)
       throw std::logic_error(fmt::format("stage {}: chunk {} is outside the model ({} virtual stages)", s, op.chunk,
                                          virtual_stages));
@@ -132,7 +182,6 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
     PipeEvent ev;
     ev.stage = s;
     ev.op = op;
-    const auto wait0 = Clock::now();
     if (op.kind == 'F') {
       torch::Tensor in = first       ? xs[static_cast<std::size_t>(op.microbatch)]
                          : prev == s ? take_local('F', op.microbatch, c - 1)
@@ -263,8 +312,40 @@ StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<P
     out.events.push_back(ev);
     if (after_op) after_op(++done);
   }
-  trace_stage_events(out.events, t0, s, p, placement, dynamic_cast<QueueTransport*>(&transport) != nullptr);  // timeline
-  return out;
+
+  const int s, p;
+  const PipelineStage& model;
+  const std::vector<PipeOp>& ops;
+  const int m;
+  const std::vector<torch::Tensor>& xs;
+  const std::vector<torch::Tensor>& ys;
+  const SyntheticCost& cost;
+  StageTransport& transport;
+  const Clock::time_point t0;
+  const std::function<void(int)> after_op;  // a copy: callers pass temporaries
+  const Placement placement;
+  const int virtual_stages;  // p · v
+  const double factor;
+  // B/W split (zero-bubble schedules): B computes only the input gradient, W the weights'.
+  const bool split;
+  torch::Device device{torch::kCPU};
+  StageRun out;
+  std::map<std::tuple<char, int, int>, torch::Tensor> local;
+  std::map<std::pair<int, int>, Held> held;  // (chunk, microbatch) -> activations kept for its backward
+  int64_t held_bytes = 0;
+  int done = 0;
+  std::size_t next_op = 0;
+};
+
+}  // namespace
+
+StageRun run_stage(int s, int p, const PipelineStage& model, const std::vector<PipeOp>& ops, int m,
+                   const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys, const SyntheticCost& cost,
+                   StageTransport& transport, Clock::time_point t0, const std::function<void(int)>& after_op,
+                   Placement placement) {
+  StageExecutor stage(s, p, model, ops, m, xs, ys, cost, transport, t0, after_op, placement);
+  while (!stage.finished()) stage.run_next(Clock::now());
+  return stage.finish();
 }
 
 namespace {
@@ -283,9 +364,189 @@ std::vector<torch::Tensor> all_parameters(const PipelineStage& model) {
 // Executor: one thread per stage
 // ----------------------------------------------------------------------------
 
+std::vector<int> stage_thread_cpus(int threads) {
+  std::vector<int> cpus;
+#ifdef __linux__
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (threads < 1 || sched_getaffinity(0, sizeof(set), &set) != 0) return {};
+  for (int c = 0; c < CPU_SETSIZE && static_cast<int>(cpus.size()) < threads; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (static_cast<int>(cpus.size()) < threads || CPU_COUNT(&set) < 2) return {};
+#else
+  (void)threads;
+#endif
+  return cpus;
+}
+
+namespace {
+
+/// The threads executor's threads, kept from one step to the next: a step's stages run on
+/// threads that have run stages before, so thread start-up and first-use costs (LibTorch's
+/// thread-local state, a malloc arena) stay out of every step but the first.
+///
+/// Binding. When a step has no more threads than usable CPUs, thread i is bound to the i-th
+/// of them (stage_thread_cpus), as OMP_PROC_BIND=close binds OpenMP's: waiting threads poll
+/// with sched_yield, and two of them left on one CPU take turns on it while the other CPU
+/// idles (4 stages on 2 threads, 2 vCPUs: a 1F1B step 2.1-2.7 ms unbound, 1.4-1.6 ms bound).
+/// A bound thread cannot leave a CPU another process is busy on, though (4-10 ms with a busy
+/// loop on one of the 2 CPUs, against 2.1-2.5 ms unbound; docs/pipeline.md). So each bound
+/// thread measures its share of its CPU (its CPU time / wall time, summed over steps until
+/// kWindowS of wall time), and once a share falls below kMinShare the threads are unbound for
+/// good (this process's later steps).
+/// One step at a time: run() holds the set for the whole step (a second caller waits).
+class StageThreads {
+ public:
+  static StageThreads& instance() {
+    static StageThreads threads;
+    return threads;
+  }
+
+  /// A bound thread with less than this share of its CPU (its CPU time / wall time over its
+  /// tasks of at least kWindowS) has company there.
+  static constexpr double kMinShare = 0.6;
+  static constexpr double kWindowS = 0.003;
+
+  /// Runs tasks[i] on thread i, all at once; returns when every one has returned. The tasks
+  /// must not throw (run_pipeline's catch everything).
+  void run(const std::vector<std::function<void()>>& tasks) {
+    std::lock_guard<std::mutex> step(step_mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (threads_.size() < tasks.size()) {
+      const std::size_t i = threads_.size();
+      threads_.emplace_back([this, i] { loop(i); });
+    }
+    tasks_ = &tasks;
+    cpus_ = unbound_why_.empty() ? stage_thread_cpus(static_cast<int>(tasks.size())) : std::vector<int>{};
+    shares_.assign(tasks.size(), {0.0, 0.0});
+    running_ = tasks.size();
+    ++generation_;
+    work_.notify_all();
+    done_.wait(lock, [&] { return running_ == 0; });
+    tasks_ = nullptr;
+    ++steps_;
+    // Each bound thread's share of its CPU, over steps adding up to kWindowS of its wall time
+    // (one step's share moves with a single timer tick or page fault; a busy neighbour halves it).
+    if (cpus_ != last_cpus_) {
+      cpu_s_.assign(cpus_.size(), 0.0);
+      wall_s_.assign(cpus_.size(), 0.0);
+    }
+    bool window = !cpus_.empty();
+    for (std::size_t i = 0; i < cpus_.size(); ++i) {
+      cpu_s_[i] += shares_[i].first;
+      wall_s_[i] += shares_[i].second;
+      window = window && wall_s_[i] >= kWindowS;
+    }
+    if (window) {
+      for (std::size_t i = 0; i < cpus_.size() && unbound_why_.empty(); ++i)
+        if (cpu_s_[i] < kMinShare * wall_s_[i])
+          unbound_why_ = fmt::format("unbound after step {} of this process: thread {} had {:.0f} % of CPU {} over "
+                                     "{:.1f} ms (another process busy there)", steps_, i,
+                                     100 * cpu_s_[i] / wall_s_[i], cpus_[i], 1e3 * wall_s_[i]);
+      std::fill(cpu_s_.begin(), cpu_s_.end(), 0.0);
+      std::fill(wall_s_.begin(), wall_s_.end(), 0.0);
+    }
+    last_cpus_ = cpus_;
+  }
+
+  /// How the last step's threads sat: "bound to CPUs 0,1", "not bound (...)" with the reason.
+  std::string binding() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!last_cpus_.empty()) return fmt::format("bound to CPUs {}", fmt::join(last_cpus_, ","));
+    if (!unbound_why_.empty()) return "not bound: " + unbound_why_;
+    return steps_ == 0 ? "no step run" : "not bound (more threads than usable CPUs, or one CPU)";
+  }
+
+  ~StageThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  StageThreads() = default;
+
+  static double thread_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+
+  void loop(std::size_t i) {
+    uint64_t seen = 0;
+    int bound = -1;  // the CPU this thread is bound to (-1: the process's set)
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      work_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (tasks_ == nullptr || i >= tasks_->size()) continue;
+      const auto& task = (*tasks_)[i];
+      const int cpu = cpus_.empty() ? -1 : cpus_[i];
+      lock.unlock();
+      if (cpu != bound) bound = bind_this_thread(cpu) ? cpu : bound;
+      const double cpu0 = thread_cpu_seconds();
+      const auto wall0 = Clock::now();
+      task();
+      const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+      const double cpu_s = thread_cpu_seconds() - cpu0;
+      lock.lock();
+      shares_[i] = {cpu_s, wall};
+      if (--running_ == 0) done_.notify_all();
+    }
+  }
+
+  /// Binds the calling thread to `cpu` (-1: every CPU of the process's own affinity, as it was
+  /// when this was first called). False when the system refuses (the thread stays as it was).
+  static bool bind_this_thread(int cpu) {
+#ifdef __linux__
+    static const cpu_set_t process_set = [] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);
+      return set;
+    }();
+    cpu_set_t set;
+    if (cpu >= 0) {
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+    } else {
+      set = process_set;
+      if (CPU_COUNT(&set) == 0) return false;
+    }
+    return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+#else
+    (void)cpu;
+    return false;
+#endif
+  }
+
+  std::mutex step_mu_;  // one step at a time
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  std::vector<std::thread> threads_;
+  const std::vector<std::function<void()>>* tasks_ = nullptr;
+  std::vector<int> cpus_;       // this step's binding: thread i on cpus_[i] (empty: none)
+  std::vector<int> last_cpus_;  // the last finished step's
+  std::vector<std::pair<double, double>> shares_;  // each thread's CPU and wall seconds in this step's task
+  std::vector<double> cpu_s_, wall_s_;             // bound threads' sums over the current window
+  std::string unbound_why_;     // set once a bound thread shared its CPU: no binding from then on
+  uint64_t steps_ = 0;
+  std::size_t running_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+std::string stage_threads_binding() { return StageThreads::instance().binding(); }
+
 PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vector<PipeOp>>& schedule, int m,
                          const torch::Tensor& x, const torch::Tensor& y, const SyntheticCost& cost,
-                         StageTransport& transport, Placement placement) {
+                         StageTransport& transport, Placement placement, int workers) {
   const int p = static_cast<int>(schedule.size());
   if (p < 1 || model.chunks() % p != 0)
     throw std::invalid_argument(fmt::format("run_pipeline: {} stage programs for {} virtual stages (expected a "
@@ -295,6 +556,7 @@ PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vect
                                             "for {} stages", model.chunks(), p));
   if (m < 1 || x.size(0) % m != 0)
     throw std::invalid_argument(fmt::format("run_pipeline: batch {} is not divisible into {} microbatches", x.size(0), m));
+  if (workers < 0) throw std::invalid_argument(fmt::format("run_pipeline: workers must be >= 0, got {}", workers));
   const auto params = all_parameters(model);
   clear_grads(params);
 
@@ -303,19 +565,84 @@ PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vect
   std::vector<StageRun> parts(static_cast<std::size_t>(p));
   std::vector<std::string> errors(static_cast<std::size_t>(p));
   const auto t0 = Clock::now();
-  std::vector<std::thread> threads;
-  for (int s = 0; s < p; ++s) {
-    threads.emplace_back([&, s] {
-      try {
-        parts[static_cast<std::size_t>(s)] = run_stage(s, p, model, schedule[static_cast<std::size_t>(s)], m, xs, ys,
-                                                       cost, transport, t0, {}, placement);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(s)] = e.what();
-        transport.abort(fmt::format("stage {} failed: {}", s, e.what()));
-      }
-    });
+  std::vector<std::function<void()>> tasks;  // one per thread
+  if (workers == 0 || workers >= p) {
+    for (int s = 0; s < p; ++s) {
+      tasks.emplace_back([&, s] {
+        try {
+          parts[static_cast<std::size_t>(s)] = run_stage(s, p, model, schedule[static_cast<std::size_t>(s)], m, xs,
+                                                         ys, cost, transport, t0, {}, placement);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(s)] = e.what();
+          transport.abort(fmt::format("stage {} failed: {}", s, e.what()));
+        }
+      });
+    }
+  } else {
+    // Fewer threads than stages: worker w runs stages w, w + W, ... interleaved, each time the
+    // next op of the first of them (round robin) whose input message is there, so no more
+    // threads compute than there are cores and a stage waiting for its input costs no
+    // context switch. Every stage still runs its own program in order: the same arithmetic.
+    auto* queue = dynamic_cast<QueueTransport*>(&transport);
+    if (queue == nullptr)
+      throw std::invalid_argument("run_pipeline: several stages per thread (workers < stages) need a QueueTransport");
+    for (int w = 0; w < workers; ++w) {
+      tasks.emplace_back([&, w, queue] {  // queue: a pointer of this block, which the tasks outlive
+        int current = -1;  // the stage whose op runs (or was last tried), for the error's name
+        try {
+          std::vector<int> mine;
+          std::vector<std::unique_ptr<StageExecutor>> stages;
+          for (int s = w * p / workers; s < (w + 1) * p / workers; ++s) {
+            current = s;
+            mine.push_back(s);
+            stages.push_back(std::make_unique<StageExecutor>(s, p, model, schedule[static_cast<std::size_t>(s)], m, xs,
+                                                             ys, cost, transport, t0, std::function<void(int)>{},
+                                                             placement));
+          }
+          std::vector<Clock::time_point> waiting_since(stages.size(), t0);
+          std::size_t left = 0, turn = 0;
+          for (auto& st : stages) left += st->finished() ? 0 : 1;
+          while (left > 0) {
+            const uint64_t seen = queue->sent();  // before looking: a message stored after it wakes the wait
+            bool ran = false;
+            for (std::size_t k = 0; k < stages.size() && !ran; ++k) {
+              const std::size_t i = (turn + k) % stages.size();
+              auto& st = *stages[i];
+              if (st.finished()) continue;
+              const auto in = st.next_input();
+              if (in && !queue->ready(std::get<0>(*in), mine[i], std::get<1>(*in), std::get<2>(*in), std::get<3>(*in)))
+                continue;
+              current = mine[i];
+              st.run_next(waiting_since[i]);
+              waiting_since[i] = Clock::now();
+              if (st.finished()) {
+                parts[static_cast<std::size_t>(mine[i])] = st.finish();
+                --left;
+              }
+              turn = i + 1;
+              ran = true;
+            }
+            if (!ran && !queue->wait_for_send(seen)) {
+              // As recv's timeout: the first of this worker's stages still waiting, and for what.
+              for (std::size_t i = 0; i < stages.size(); ++i) {
+                const auto in = stages[i]->finished() ? std::nullopt : stages[i]->next_input();
+                if (!in) continue;
+                current = mine[i];
+                throw RuntimeFailure(fmt::format("stage {}: no {} for microbatch {} from stage {} within {} s", mine[i],
+                                                 std::get<1>(*in) == 'F' ? "activation" : "gradient",
+                                                 std::get<2>(*in), std::get<0>(*in), queue->timeout_s()));
+              }
+            }
+          }
+        } catch (const std::exception& e) {
+          const int s = current >= 0 ? current : w;
+          errors[static_cast<std::size_t>(s)] = e.what();
+          transport.abort(fmt::format("stage {} failed: {}", s, e.what()));
+        }
+      });
+    }
   }
-  for (auto& t : threads) t.join();
+  StageThreads::instance().run(tasks);
   for (int s = 0; s < p; ++s)
     if (!errors[static_cast<std::size_t>(s)].empty()) {
       // Report the stage that failed first, not the ones that were woken by the abort.

@@ -95,9 +95,32 @@ StageRun run_stage(int stage, int stages, const PipelineStage& model, const std:
 /// std::invalid_argument when batch % m != 0 or model.chunks() is not a multiple of p (under
 /// `placement` V: not 2p), RuntimeFailure when a stage fails (the others are woken and stop).
 /// `placement`: where the chunks sit (schedule_placement of the schedule's kind: V for ZB-V).
+/// `workers`: 0 (or >= p) runs one thread per stage; W in 1 .. p − 1 runs W threads, thread w
+/// the stages w, w + W, ..., each time the next op of one of them whose input message is
+/// there (round robin; `transport` must then be a QueueTransport, else std::invalid_argument):
+/// each stage's program still runs in order, so losses and gradients are those of one thread
+/// per stage, bit for bit; an op's PipeEvent::wait_s is then the time since the stage's
+/// previous op ended (waiting for its input or for its thread). For stages that share C < p
+/// cores: no more threads compute than cores, and a stage that waits costs no context switch
+/// (a synthetic sleep, though, holds its thread: the other stages of that thread wait).
 PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vector<PipeOp>>& schedule,
                          int microbatches, const torch::Tensor& x, const torch::Tensor& y, const SyntheticCost& cost,
-                         StageTransport& transport, Placement placement = Placement::Loop);
+                         StageTransport& transport, Placement placement = Placement::Loop, int workers = 0);
+
+/// The CPUs run_pipeline binds its `threads` threads to, thread i to the i-th: the first
+/// `threads` CPUs of this process's affinity (sched_getaffinity) when it has at least that many
+/// and more than one; else none (empty: the threads float). The threads are kept from one step
+/// to the next. Why bind: threads that wait poll with sched_yield, and two left on one CPU take
+/// turns on it while another idles (measured: docs/pipeline.md). OMP_PROC_BIND=close's rule.
+/// Until another process is seen busy on one of them (stage_threads_binding).
+std::vector<int> stage_thread_cpus(int threads);
+
+/// How run_pipeline's threads sat in its last step: "bound to CPUs 0,1"; "not bound: unbound
+/// after step N of this process: thread i had S % of CPU c (another process busy there)" once a
+/// bound thread's CPU time fell below 75 % of its wall time over a step (binding then stays off
+/// for the process: a bound thread cannot leave a CPU another process is busy on); "not bound
+/// (more threads than usable CPUs, or one CPU)"; "no step run".
+std::string stage_threads_binding();
 
 /// Options of the multi-process executor.
 struct ProcessPipelineOptions {

@@ -219,7 +219,7 @@ struct PipeEvent {
   PipeOp op;
   double start_s = 0;  ///< compute began (after the input message arrived)
   double end_s = 0;    ///< compute and send finished
-  double wait_s = 0;   ///< time blocked in recv before this op
+  double wait_s = 0;   ///< time blocked in recv before this op (several stages per thread: since the stage's previous op ended)
 };
 
 /// What one pipelined training step produced.

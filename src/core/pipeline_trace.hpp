@@ -19,7 +19,8 @@ namespace mpt {
 /// for chunk 1), args stage, microbatch, chunk, virtual_stage (virtual_stage(stage, chunk,
 /// stages, placement): torch.distributed.pipelining's stage_index; V: chunk 1 of rank s is 2p − 1
 /// − s), kind, schedule (the PipelineTraceRun's; "" outside one), step (this stage's step count
-/// since the process started tracing, from 0) and wait_us (time blocked in recv before the op);
+/// since the process started tracing, from 0) and wait_us (PipeEvent::wait_s: time blocked in
+/// recv before the op; several stages per thread: since the stage's previous op ended);
 /// args.run is the PipelineTraceRun's run. `threaded`: the stages are threads of one process
 /// (QueueTransport): stage s goes to the tracks of lane s + 1; otherwise this process is the
 /// stage (lane 0). Any op kind ('F', 'B', 'W', ...) is recorded the same way. No-op when off.

@@ -67,6 +67,20 @@ torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, 
   }
 }
 
+bool QueueTransport::ready(int src, int dst, char kind, int microbatch, int boundary) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !aborted_.empty() || box_.count(Key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary});
+}
+
+bool QueueTransport::wait_for_send(uint64_t seen) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto spin_end = start + std::chrono::duration<double, std::micro>(kSpinUs);
+  while (sent() == seen && std::chrono::steady_clock::now() < spin_end) std::this_thread::yield();
+  if (sent() != seen) return true;
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, start + std::chrono::duration<double>(timeout_s_), [&] { return sent() != seen; });
+}
+
 void QueueTransport::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -61,6 +61,19 @@ class QueueTransport : public StageTransport {
   torch::Tensor recv(int src, int dst, char kind, int microbatch, int boundary = -1) override;
   void abort(const std::string& why) override;
 
+  /// Whether recv(src, dst, kind, microbatch, boundary) would return at once: the message is
+  /// stored, or the transport was aborted (recv throws). For an executor that runs several
+  /// stages on one thread and picks a stage whose input is there (run_pipeline, workers < p).
+  bool ready(int src, int dst, char kind, int microbatch, int boundary = -1);
+  /// Messages stored so far, aborts included: the count wait_for_send watches.
+  uint64_t sent() const { return sent_.load(std::memory_order_acquire); }
+  /// Waits until sent() differs from `seen` (a message stored since, or an abort): polls for
+  /// kSpinUs yielding the core, as recv, then blocks. Returns false when none came within the
+  /// timeout.
+  bool wait_for_send(uint64_t seen);
+  /// The timeout given to the constructor, seconds.
+  double timeout_s() const { return timeout_s_; }
+
  private:
   using Key = std::tuple<int, int, char, int, int>;
   /// How long recv polls before it blocks, in microseconds.

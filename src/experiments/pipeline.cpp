@@ -18,7 +18,8 @@
  *     fill 1F1B's cool-down. Per-stage bubble (p-1)(F+B-W) instead of (p-1)(F+B+W), with the
  *     same peak memory (p microbatches); gradients bitwise GPipe's.
  *  3. sweep: each schedule run for real on a deeper MLP, one thread per stage exchanging
- *     activations and gradients through a transport, with a synthetic per-layer cost.
+ *     activations and gradients through a transport, with a synthetic per-layer cost (with
+ *     none, the stages' real work shares the cores: min(p, cores) threads run them).
  *     Microbatch losses are divided by m, so the accumulated gradients equal the full-batch
  *     gradient (max abs difference checked); the peak number of microbatches a stage holds
  *     (GPipe: m, 1F1B: at most p) with its bytes. Measured per stage: when it computes and
@@ -90,6 +91,9 @@ ConfigSpec pipeline_spec() {
   s.number("/pipeline/timeout_s", 30,
            "a stage waiting longer than this for a message fails (processes: also the rendezvous and collectives)",
            0.001, 3600.0);
+  s.integer("/pipeline/workers", 0, "threads executor: threads that run the p stages (W < p: thread w runs stages w, "
+            "w+W, ... interleaved, whichever has its input; the same results). 0: auto, one per stage with a "
+            "synthetic cost (a sleep holds its thread), else min(p, usable cores)", 0, 64);
   s.choice("/executor", "threads", {"threads", "processes"},
            "run the sweep with one thread per stage, or one process per stage (c10d send/recv: Gloo on CPU, NCCL on "
            "CUDA)");
@@ -462,6 +466,25 @@ Report run_pipeline_experiment(const Context& ctx) {
   }
   report.env["pipeline_device"] = device.is_cuda() ? "cuda" : "cpu";
   report.env["pipeline_transport"] = processes ? group->backend() : "in-process queue";
+  // Threads executor: how many threads run the p stages. A synthetic cost stands for a device's
+  // compute time, so each stage keeps a thread of its own (a sleep must not hold another stage);
+  // with none, the stages' real work shares the usable cores, and more computing threads than
+  // cores only adds context switches (4 stage threads on 2 cores: docs/pipeline.md).
+  const int workers_cfg = static_cast<int>(cfg.integer("/pipeline/workers"));
+  const int workers = processes ? 0
+                      : workers_cfg > 0 ? std::min(workers_cfg, p)
+                      : cfg.number("/cost/forward_us") > 0 ? p
+                                                           : std::min(p, usable_cores());
+  // env.pipeline_workers: set after the sweep, with how the threads sat in its last step.
+  auto note_workers = [&] {
+    if (processes) return;
+    report.env["pipeline_workers"] = fmt::format(
+        "{} thread(s) for {} stages ({}); last step: {}", workers, p,
+        workers_cfg > 0                       ? "/pipeline/workers"
+        : cfg.number("/cost/forward_us") > 0 ? "auto: one per stage, synthetic cost"
+                                              : fmt::format("auto: min(stages, {} usable cores)", usable_cores()),
+        stage_threads_binding());
+  };
 
   // --- 1. exact split (in one process: rank 0) ---
   double t0 = now_seconds();
@@ -511,7 +534,7 @@ Report run_pipeline_experiment(const Context& ctx) {
     if (!processes) {
       QueueTransport transport(timeout_s);
       ++step_index;
-      return run_pipeline(MlpStage(layers, step_ranges), sched, m, xx, yy, cost, transport, placement);
+      return run_pipeline(MlpStage(layers, step_ranges), sched, m, xx, yy, cost, transport, placement, workers);
     }
     popts.placement = placement;
     const int64_t step = step_index++;
@@ -541,8 +564,12 @@ Report run_pipeline_experiment(const Context& ctx) {
                int_col("peak_held", "peak held", "mb"),
                text_col("peak_held_per_stage", "per stage"), int_col("peak_bytes", "peak act", "bytes"),
                sci_col("grad_max_abs_diff", "max|g-g_full|"), sci_col("loss", "loss")}};
-  Table measured{"measured", fmt::format("Measured (one {} per stage, synthetic cost): bubble = idle / step time, per "
-                                         "stage mean", processes ? "process" : "thread"),
+  const std::string runs_on = processes       ? "one process per stage"
+                              : workers >= p    ? "one thread per stage"
+                                                : fmt::format("{} threads for the {} stages", workers, p);
+  const std::string cost_text = cfg.number("/cost/forward_us") > 0 ? "synthetic cost" : "no synthetic cost";
+  Table measured{"measured", fmt::format("Measured ({}, {}): bubble = idle / step time, per stage mean", runs_on,
+                                         cost_text),
                  {text_col("name", "name"), float_col("step_ms", "step", "ms"), float_col("step_model_ms", "model", "ms"),
                   pct_col("bubble", "bubble", 1),
                   pct_col("bubble_theory", "theory", 1), float_col("slowest_stage_busy_ms", "slowest busy", "ms"),
@@ -939,6 +966,7 @@ Report run_pipeline_experiment(const Context& ctx) {
   report.add(std::move(measured), Store::Timings);
   for (auto& c : charts) report.add(std::move(c));
   report.timings["sweep_s"] = now_seconds() - t0;
+  note_workers();
   return report;
 }
 

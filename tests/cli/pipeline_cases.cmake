@@ -7,6 +7,11 @@ cli_case(pipeline_gantt_title 0 "Timeline 1f1b\\.m4 \\(p = 4, m = 4\\)" pipeline
 cli_case(pipeline_gantt_rows 0 "stage 3 \\|\\.+F0" pipeline ${PIPE_FAST} --set gantt.microbatches=4)
 cli_case(pipeline_exact_split 0 "k2\\.L1\\.weight .* 0\\.000e\\+00 +yes" pipeline ${PIPE_FAST})
 cli_case(pipeline_split3 0 "k3\\.L4\\.bias" pipeline --config configs/pipeline_split3.json ${PIPE_FAST})
+# 4 stages on 2 threads (no synthetic cost): every check passes (exit 0: gradients, peaks, the same gradient each step)
+cli_case(pipeline_workers 0 "Measured \\(2 threads for the 4 stages, no synthetic cost\\)" pipeline
+         --set cost.forward_us=0 --set pipeline.workers=2 --set "pipeline.microbatches=[1,4,8]")
+cli_case(pipeline_workers_negative 2 "/pipeline/workers: expected an integer >= 0 and <= 64, got -1" pipeline
+         --set pipeline.workers=-1)
 cli_case(pipeline_uneven 0 "stage 1 costs 3x" pipeline --config configs/pipeline_uneven.json ${PIPE_FAST})
 cli_case(pipeline_spin 0 "1f1b\\.m4" pipeline ${PIPE_FAST} --set cost.mode=spin --set pipeline.stages=2)
 # Interleaved 1F1B (v = 2 chunks per stage): the same gradients as GPipe bit for bit, the lower bubble theory.

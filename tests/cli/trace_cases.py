@@ -210,14 +210,16 @@ PIPE = ["pipeline", "--set", "cost.forward_us=300", "--set", "pipeline.steps=1",
         "--set", 'pipeline.schedules=["1f1b"]']
 
 
-def case_pipeline(mpt, tmp, executor):
+def case_pipeline(mpt, tmp, executor, extra=()):
     p = 2 if executor == "processes" else 4
-    args = SWEEP + ["--set", f"executor={executor}", "--set", f"pipeline.stages={p}"]
+    args = SWEEP + ["--set", f"executor={executor}", "--set", f"pipeline.stages={p}", *extra]
     if executor == "processes":
         args += ["--nproc", str(p)]
     run(mpt, args + ["--out", "r.json", "--trace", "t.json"], tmp)
     doc = validate(os.path.join(tmp, "t.json"))
     res = json.load(open(os.path.join(tmp, "r.json")))
+    if "pipeline.workers=2" in extra and not res["env"].get("pipeline_workers", "").startswith("2 thread(s) for 4 stages"):
+        fail(f"env.pipeline_workers: expected 2 threads for 4 stages, got {res['env'].get('pipeline_workers')!r}")
     # Metadata: rank, device, schedule, config.
     other = doc["otherData"]
     if other.get("experiment") != "pipeline" or other.get("config") != res["config"]:
@@ -266,13 +268,20 @@ def case_pipeline(mpt, tmp, executor):
               f"|diff| {abs(b - row['bubble']):.2e} (bound {TOL})")
         if abs(b - row["bubble"]) > TOL:
             fail(f"{name}: the trace's bubble differs from the measured table")
-        # The check can fail: one slice started 10 % of the step earlier lengthens the step by
-        # that much and moves the bubble by (1 - b) x 0.1 / 1.1 (> 0.036 for any b < 0.6).
+        # The check can fail: one slice started f x the step earlier lengthens the step by that
+        # much and moves the bubble by (1 - b) f / (1 + f): f = 0.1 gives > 0.036 for any b < 0.6;
+        # a larger bubble (no synthetic cost on a loaded machine: b near 0.9) takes a larger f,
+        # chosen so that the move is 3 x TOL.
         first = min(step_ops, key=lambda e: e["ts"])
-        moved = [dict(e, ts=e["ts"] - 0.1 * span) if e is first else e for e in step_ops]
+        idle = 1 - row["bubble"]
+        f = 0.1 if idle * 0.1 / 1.1 > 3 * TOL else 3 * TOL / max(idle - 3 * TOL, 1e-9)
+        if idle <= 4 * TOL:
+            fail(f"{name}: bubble {row['bubble']:.5f}: too close to 1 for a perturbed slice to show")
+        moved = [dict(e, ts=e["ts"] - f * span) if e is first else e for e in step_ops]
         b2 = step_bubble(moved)[0]
         if abs(b2 - row["bubble"]) <= TOL:
-            fail(f"{name}: a perturbed slice went unnoticed (bubble {b2:.5f} vs {row['bubble']:.5f})")
+            fail(f"{name}: a perturbed slice (moved {f:.2f} x the step) went unnoticed (bubble {b2:.5f} vs "
+                 f"{row['bubble']:.5f})")
     print(f"ok: perturbing one slice of each run moves its bubble beyond {TOL}")
     if executor == "processes":
         clocks = doc["otherData"]["clock"]["ranks"]
@@ -412,6 +421,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CASES = {
     "pipeline_threads": lambda m, t: case_pipeline(m, t, "threads"),
     "pipeline_processes": lambda m, t: case_pipeline(m, t, "processes"),
+    # 4 stages on 2 threads: each thread's two stages keep their own lanes. A spun cost (100 us a
+    # layer) keeps the bubble away from 1 on a loaded machine (with none, tiny ops and a busy
+    # neighbour: b near 0.97, where no perturbed slice can show)
+    "pipeline_workers": lambda m, t: case_pipeline(m, t, "threads", ["--set", "cost.forward_us=100", "--set",
+                                                                     "cost.mode=spin", "--set", "pipeline.workers=2"]),
     "dataparallel": case_dataparallel,
     "single": case_single,
     "mesh": case_mesh,
