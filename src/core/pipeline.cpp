@@ -441,7 +441,7 @@ class StageThreads {
       for (std::size_t i = 0; i < cpus_.size() && unbound_why_.empty(); ++i)
         if (cpu_s_[i] < kMinShare * wall_s_[i])
           unbound_why_ = fmt::format("unbound after step {} of this process: thread {} had {:.0f} % of CPU {} over "
-                                     "{:.1f} ms (another process busy there)", steps_, i,
+                                     "{:.1f} ms (it waited: for a message, a synthetic sleep or another process on that CPU)", steps_, i,
                                      100 * cpu_s_[i] / wall_s_[i], cpus_[i], 1e3 * wall_s_[i]);
       std::fill(cpu_s_.begin(), cpu_s_.end(), 0.0);
       std::fill(wall_s_.begin(), wall_s_.end(), 0.0);
@@ -579,7 +579,7 @@ PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vect
       });
     }
   } else {
-    // Fewer threads than stages: worker w runs stages w, w + W, ... interleaved, each time the
+    // Fewer threads than stages: worker w runs its contiguous stages interleaved, each time the
     // next op of the first of them (round robin) whose input message is there, so no more
     // threads compute than there are cores and a stage waiting for its input costs no
     // context switch. Every stage still runs its own program in order: the same arithmetic.

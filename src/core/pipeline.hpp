@@ -96,7 +96,7 @@ StageRun run_stage(int stage, int stages, const PipelineStage& model, const std:
 /// `placement` V: not 2p), RuntimeFailure when a stage fails (the others are woken and stop).
 /// `placement`: where the chunks sit (schedule_placement of the schedule's kind: V for ZB-V).
 /// `workers`: 0 (or >= p) runs one thread per stage; W in 1 .. p − 1 runs W threads, thread w
-/// the stages w, w + W, ..., each time the next op of one of them whose input message is
+/// the contiguous stages w·p/W … (w+1)·p/W − 1, each time the next op of one of them whose input message is
 /// there (round robin; `transport` must then be a QueueTransport, else std::invalid_argument):
 /// each stage's program still runs in order, so losses and gradients are those of one thread
 /// per stage, bit for bit; an op's PipeEvent::wait_s is then the time since the stage's
@@ -116,7 +116,8 @@ PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vect
 std::vector<int> stage_thread_cpus(int threads);
 
 /// How run_pipeline's threads sat in its last step: "bound to CPUs 0,1"; "not bound: unbound
-/// after step N of this process: thread i had S % of CPU c (another process busy there)" once a
+/// after step N of this process: thread i had S % of CPU c over T ms (it waited: for a message, a
+/// synthetic sleep or another process on that CPU)" once a
 /// bound thread's CPU time fell below 75 % of its wall time over a step (binding then stays off
 /// for the process: a bound thread cannot leave a CPU another process is busy on); "not bound
 /// (more threads than usable CPUs, or one CPU)"; "no step run".

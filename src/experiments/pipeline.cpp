@@ -91,9 +91,9 @@ ConfigSpec pipeline_spec() {
   s.number("/pipeline/timeout_s", 30,
            "a stage waiting longer than this for a message fails (processes: also the rendezvous and collectives)",
            0.001, 3600.0);
-  s.integer("/pipeline/workers", 0, "threads executor: threads that run the p stages (W < p: thread w runs stages w, "
-            "w+W, ... interleaved, whichever has its input; the same results). 0: auto, one per stage with a "
-            "synthetic cost (a sleep holds its thread), else min(p, usable cores)", 0, 64);
+  s.integer("/pipeline/workers", 0, "threads executor only: threads that run the p stages (W < p: thread w runs "
+            "the contiguous stages w*p/W .. (w+1)*p/W-1 interleaved, whichever has its input; the same results). 0: "
+            "auto, one per stage with a synthetic cost (a sleep holds its thread), else min(p, usable cores)", 0, 64);
   s.choice("/executor", "threads", {"threads", "processes"},
            "run the sweep with one thread per stage, or one process per stage (c10d send/recv: Gloo on CPU, NCCL on "
            "CUDA)");
