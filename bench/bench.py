@@ -58,7 +58,7 @@ Benchmarks (--only NAME, repeatable; default: all):
                (all-reduce + Adam), issue 19's target <= 1.1; both equal bitwise (the run's own
                checks, exit 0) before timing. 'mpt' = ZeRO-2, 'python' = DDP (both mpt)
   zero2_ring   the same with --set dist.gloo_algorithm=ring (mpt's send/recv ring reduce-scatter and
-               all-gather instead of Gloo's native ones)
+               all-gather instead of Gloo's native ones; each direction on its own Gloo process group)
   gemm         this machine's GEMM ceilings: torch.mm 2048^3 in fp32, bf16, fp16 at the bench's threads;
                with mlp_large, that step's GFLOP/s and its fraction of the fp32 ceiling
   busy         mpt's fp32 MLP step on every core while another process spins on one: OMP_WAIT_POLICY

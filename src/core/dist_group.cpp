@@ -874,6 +874,17 @@ using namespace group_detail;
 
 struct Group::Impl {
   c10::intrusive_ptr<compat::C10dBackend> pg;  // ProcessGroupGloo or ProcessGroupNCCL
+  // Gloo, N = 2: the ring's messages from rank 1 to rank 0 go through a second ProcessGroupGloo
+  // on the same device (made at the first ring call: ring_pg), so that no Gloo pair carries both
+  // directions of a ring step (why: ring_pg).
+  c10::intrusive_ptr<compat::C10dBackend> pg_down;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;  // pg's, reused by pg_down
+  std::mutex pg_down_mu;
+
+  /// The process group that carries the ring's messages from group rank `from` to `to`: pg when
+  /// from < to, on NCCL or at N != 2; else pg_down, made at the first call (both ranks reach it
+  /// in the same ring call). Throws RuntimeFailure when pg_down cannot be formed.
+  compat::C10dBackend& ring_pg(int from, int to, int rank, int size);
   std::string where;                           // "rank R of N" for messages
   std::shared_ptr<Monitor> monitor;
   c10::intrusive_ptr<c10d::Store> store;       // the group's (prefixed) store
@@ -986,6 +997,7 @@ std::shared_ptr<Group> Group::create(std::shared_ptr<Job> job, int rank, int siz
         opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
       }
       opts->threads = 1;
+      g->impl_->gloo_options = opts;
       g->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
     } catch (const std::exception& e) {
       throw RuntimeFailure(fmt::format("rank {} of {}: cannot form the Gloo process group within {:g} s: {}", rank,
@@ -1187,6 +1199,36 @@ void exchange(Work& rx, Work& tx) {
 }
 }  // namespace
 
+// Why two process groups. Gloo's TCP pair (gloo/transport/tcp/pair.cc) writes a message from the
+// posting thread when the peer's "recv ready" notice has already arrived, holding the pair's
+// mutex for the whole writev (on loopback the kernel also delivers the segments inside it).
+// Its device thread, woken meanwhile by input on that socket, only try-locks the pair
+// (Pair::handleEvents) and returns to a level-triggered epoll_wait, which returns at once: it
+// spins until the write ends, on a CPU that the other rank needs when 2 ranks share 2 cores.
+// With one group, a ring step's two messages share one pair; with the direction split, the
+// socket a rank writes to carries no input for it then (the receiver's notice came before),
+// and its input arrives on the other group's pair. Counted with uprobes on
+// Pair::handleEvents / handleReadWrite (`mpt shard --nproc 2`, stages 0 and 2, 200 steps, ring):
+// 544 000 and 695 000 calls, 5 000 past the try-lock, with one group; 209 000 and 215 000,
+// 5 800 past it, split (stage 0's native all-reduce alone accounts for about 160 000).
+// docs/shard.md, "Gloo's device thread spins".
+compat::C10dBackend& Group::Impl::ring_pg(int from, int to, int rank, int size) {
+  // At N > 2 the ring's neighbours are two different pairs already, and a lazily formed group
+  // would need every rank (the middle ones never send down): only N = 2 splits.
+  if (size != 2 || from < to || !gloo_options) return *pg;
+  std::lock_guard<std::mutex> lock(pg_down_mu);
+  if (!pg_down) {
+    try {
+      auto down_store = c10::make_intrusive<c10d::PrefixStore>("mpt_ring_down/", store);
+      pg_down = c10::make_intrusive<c10d::ProcessGroupGloo>(down_store, rank, size, gloo_options);
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(fmt::format("{}: cannot form the ring's second Gloo process group within {:g} s: {}",
+                                       where, timeout.count() / 1000.0, first_line(e.what())));
+    }
+  }
+  return *pg_down;
+}
+
 Work Group::ring_step(bool send, torch::Tensor t, int peer, int tag, const std::string& what) {
   auto impl = std::make_shared<WorkImpl>();
   impl->what = what;
@@ -1195,7 +1237,8 @@ Work Group::ring_step(bool send, torch::Tensor t, int peer, int tag, const std::
   impl->peer_global = impl_->global[static_cast<std::size_t>(peer)];
   std::vector<at::Tensor> ts{std::move(t)};
   try {
-    impl->w = send ? impl_->pg->send(ts, peer, tag) : impl_->pg->recv(ts, peer, tag);
+    compat::C10dBackend& pg = send ? impl_->ring_pg(rank_, peer, rank_, size_) : impl_->ring_pg(peer, rank_, rank_, size_);
+    impl->w = send ? pg.send(ts, peer, tag) : pg.recv(ts, peer, tag);
   } catch (const std::exception& e) {
     collective_failed(impl->what, e, impl_->monitor.get());
   }

@@ -271,10 +271,13 @@ class Group {
   /// dtype per element). Min and max are exact in any order; a sum equals another order's bit
   /// for bit at N = 2 (a ⊕ b = b ⊕ a) but in general not at N > 2. Sends (N−1)/N of `in`'s bytes
   /// per rank (counted as "reduce_scatter"); receives as much. Tags kRingTagBase and up, one
-  /// per call and step. Every rank of the group must call it in the same order with the other
-  /// collectives. Throws std::invalid_argument for mismatched shapes; RuntimeFailure when a
-  /// step fails or times out (the group's timeout per step; the rank that did not answer named
-  /// as for the other collectives). One rank: `out` = `in`.
+  /// per call and step. On Gloo at N = 2, rank 1's messages to rank 0 go through a second
+  /// ProcessGroupGloo on the same device, formed at the group's first ring call, so that each
+  /// direction has its own TCP pair (Gloo's device thread spins while a write holds its pair;
+  /// docs/shard.md). At N > 2 the two neighbours are different pairs already. Every rank of the group must call it in the same order with
+  /// the other collectives. Throws std::invalid_argument for mismatched shapes; RuntimeFailure
+  /// when a step fails or times out (the group's timeout per step; the rank that did not answer
+  /// named as for the other collectives) or the second group cannot be formed. One rank: `out` = `in`.
   void ring_reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op = ReduceOp::Sum);
   /// Ring all-gather from point-to-point messages (Patarasuk & Yuan 2009's second phase; NCCL's
   /// ring all-gather). Shapes as all_gather: `in` [c, ...], `out` [N·c, ...], contiguous, one
