@@ -207,6 +207,61 @@ TEST_CASE("trace: chrome_trace names processes and threads and applies the clock
   CHECK(back[0].dur_us == 20);
 }
 
+TEST_CASE("trace: write_chrome_trace writes the text dump() gives, event by event", "[trace]") {
+  // The harness writes the file with write_chrome_trace (no JSON tree of the whole trace); its
+  // text must be what dump() of the document gives: the same keys in dump()'s order, the same
+  // separators and numbers, so the file is the one the tree would have made.
+  trace::Event x;
+  x.name = "B3";
+  x.cat = "compute";
+  x.tid = 21;
+  x.ts_us = 1234.56789;
+  x.dur_us = 0.1 + 0.2;
+  x.args = {{"microbatch", 3}, {"run", "1f1b.m8"}, {"bytes", 4096}};
+  trace::Event s = x;
+  s.ph = 's';
+  s.cat = "comm";
+  s.tid = 2;
+  s.id = (uint64_t{1} << 52) + 5;
+  s.args = nullptr;
+  trace::Event f = s;
+  f.ph = 'f';
+  trace::ClockSync c0, c1;
+  c1.rank = 1;
+  c1.offset_us = -17.25;
+  c1.error_us = 2.5;
+  c1.rtt_us = 5;
+  c1.rounds = 16;
+  const std::vector<trace::Event> r0{x, s}, r1{f, x};
+  std::string text = "keep:";  // appended to
+  const std::size_t n = trace::write_chrome_trace(text, {trace::rank_events(r0), trace::rank_events(r1)}, {c0, c1},
+                                                  1000.0, {{"experiment", "pipeline"}, {"config", {{"b", 1}, {"a", 2}}}});
+  REQUIRE(text.rfind("keep:", 0) == 0);
+  text.erase(0, 5);
+  const json doc = json::parse(text);
+  CHECK(doc.dump() == text);
+  CHECK(n == doc["traceEvents"].size());
+  // 2 process entries and 2 thread entries per (rank, tid), then the events: 2·2 + 2·2·2 + 4.
+  CHECK(n == 16);
+  CHECK(doc["traceEvents"].back()["ts"] == Approx(1234.56789 - 17.25 - 1000.0).margin(1e-3));
+  CHECK_THROWS_AS(trace::write_chrome_trace(text, {trace::rank_events(r0)}, {c0, c1}, 0, json::object()),
+                  std::invalid_argument);
+}
+
+TEST_CASE("trace: write_events_json and for_each_event read the recorder as events() does", "[trace]") {
+  trace::start(0);
+  trace::complete(trace::Track::Compute, "fwd", 1, 2, {{"microbatch", 0}});
+  trace::complete(trace::Track::Comm, "all_reduce", 2, 5, {{"bytes", 64}});
+  trace::complete(trace::Track::Optimizer, "step", 5, 6);
+  trace::stop();
+  std::string text;
+  trace::write_events_json(text);
+  CHECK(text == trace::events_json(trace::events()).dump());
+  std::vector<std::string> names;
+  trace::for_each_event([&](const trace::Event& e) { names.push_back(e.name); });
+  CHECK(names == std::vector<std::string>{"fwd", "all_reduce", "step"});
+}
+
 TEST_CASE("trace: events from many threads are all kept", "[trace]") {
   trace::start(0);
   std::vector<std::thread> ts;

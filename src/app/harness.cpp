@@ -64,10 +64,10 @@ bool same_file(const std::string& a, const std::string& b) {
 // (the one with the smallest round trip is used; trace::ClockSync).
 constexpr int kClockRounds = 16;
 
-// This rank's part of a traced run, as rank 0 receives it.
+// This rank's part of a traced run, as rank 0 receives it; rank 0 reads its own events from
+// the recorder (trace_document), so its part carries none.
 json trace_part(const World* world, const torch::Device& device, const trace::ClockSync& clock) {
   json part;
-  part["events"] = trace::events_json(trace::events());
   part["rank"] = world ? world->rank() : 0;
   part["device"] = world ? world->device().str() : device.str();
   part["os_pid"] = static_cast<int64_t>(::getpid());
@@ -76,14 +76,26 @@ json trace_part(const World* world, const torch::Device& device, const trace::Cl
   return part;
 }
 
-// Rank 0: the Chrome Trace document from every rank's part (rank order).
-json trace_document(const Experiment& exp, const Config& cfg, const std::vector<json>& parts, int world_size,
-                    const std::string& launcher) {
-  std::vector<std::vector<trace::Event>> per_rank;
+// Rank 0: the Chrome Trace file's text from every rank's part (rank order) and, for ranks
+// other than 0, its events (events_json text); rank 0's own events come from the recorder.
+// Written event by event (trace::write_chrome_trace): no JSON tree of the whole trace.
+// Returns the text and the number of entries of traceEvents.
+std::pair<std::string, std::size_t> trace_document(const Experiment& exp, const Config& cfg,
+                                                   const std::vector<json>& parts,
+                                                   const std::vector<std::string>& events, int world_size,
+                                                   const std::string& launcher) {
+  std::vector<std::vector<trace::Event>> others(parts.size());
+  std::vector<trace::RankEvents> per_rank;
   std::vector<trace::ClockSync> clocks;
   json ranks = json::array();
-  for (const auto& p : parts) {
-    per_rank.push_back(trace::events_from_json(p.at("events")));
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const json& p = parts[i];
+    if (i == 0) {
+      per_rank.push_back([](const std::function<void(const trace::Event&)>& fn) { trace::for_each_event(fn); });
+    } else {
+      others[i] = trace::events_from_json(json::parse(events.at(i)));
+      per_rank.push_back(trace::rank_events(others[i]));
+    }
     trace::ClockSync c;
     c.rank = p.at("rank").get<int>();
     c.offset_us = p.at("clock").at("offset_us").get<double>();
@@ -100,7 +112,9 @@ json trace_document(const Experiment& exp, const Config& cfg, const std::vector<
   meta["launcher"] = launcher;
   meta["ranks"] = ranks;
   meta["config"] = cfg.json_value();
-  return trace::chrome_trace(per_rank, clocks, trace::start_us(), meta);
+  std::string text;
+  const std::size_t n = trace::write_chrome_trace(text, per_rank, clocks, trace::start_us(), meta);
+  return {std::move(text), n};
 }
 
 }  // namespace
@@ -428,19 +442,24 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     const double trace_t0 = tracing ? trace::now_us() : 0;
     Report report = exp.run(ctx);
     const double wall = now_seconds() - t0;
-    std::optional<json> trace_doc;
+    std::optional<std::pair<std::string, std::size_t>> trace_doc;  // the file's text, its event count
     if (tracing) {
       trace::complete(trace::Track::Compute, "mpt " + exp.name, trace_t0, trace::now_us(), {{"rank", rank}});
       trace::stop();
       const json mine = trace_part(world ? &*world : nullptr, device, clock);
       std::vector<json> parts;
+      std::vector<std::string> events;  // rank 0: every other rank's events (events_json text)
       if (several) {
         for (const auto& s : world->job()->gather_on_rank0("trace", mine.dump())) parts.push_back(json::parse(s));
+        std::string own;
+        if (rank != 0) trace::write_events_json(own);
+        events = world->job()->gather_on_rank0("trace_events", own);
       } else {
         parts.push_back(mine);
       }
       if (rank == 0)
-        trace_doc = trace_document(exp, cfg, parts, world_size, launch ? launch->launcher : std::string("none"));
+        trace_doc = trace_document(exp, cfg, parts, events, world_size,
+                                   launch ? launch->launcher : std::string("none"));
     }
     // Where the ranks ran: each rank's host, node and local rank, gathered on rank 0 through the
     // job's store (one small value per rank) and recorded as env.launch, so a result says
@@ -473,7 +492,10 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     // The result and its trace together: a trace that cannot be written leaves the result file
     // as it was, and the other way round (core/results' write_files_atomic).
     std::vector<std::pair<std::string, std::string>> files{{out, doc.dump(2) + "\n"}};
-    if (trace_doc) files.emplace_back(opts.trace, trace_doc->dump() + "\n");
+    if (trace_doc) {
+      trace_doc->first += '\n';
+      files.emplace_back(opts.trace, std::move(trace_doc->first));
+    }
     try {
       write_files_atomic(files);
     } catch (const std::exception& e) {
@@ -484,7 +506,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     spdlog::info("wrote {} ({:.2f} s)", out, wall);
     if (trace_doc)
       spdlog::info("wrote the timeline {} ({} events; open it in ui.perfetto.dev)", opts.trace,
-                   (*trace_doc)["traceEvents"].size());
+                   trace_doc->second);
     // Divergence is said on stderr too (the tables' notes are not printed under --quiet).
     if (report.results.contains("diverged")) {
       std::vector<std::string> runs;

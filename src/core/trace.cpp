@@ -248,6 +248,17 @@ json metadata() {
 
 std::vector<Event> events() { return events_since(0); }
 
+void for_each_event(const std::function<void(const Event&)>& fn) {
+  auto& r = rec();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<Event> one;  // read() makes one or two events (a Deferred's flow, its slice)
+  for (const auto& s : r.events) {
+    one.clear();
+    read(r, s, one);
+    for (const auto& e : one) fn(e);
+  }
+}
+
 std::size_t event_count() {
   auto& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -286,16 +297,31 @@ Capture::~Capture() {
 
 std::vector<Event> Capture::events() const { return events_since(from_); }
 
+namespace {
+json event_json(const Event& e) {
+  json j = {{"ph", std::string(1, e.ph)}, {"name", e.name}, {"cat", e.cat}, {"tid", e.tid}, {"ts", e.ts_us}};
+  if (e.ph == 'X') j["dur"] = e.dur_us;
+  if (e.id != 0) j["id"] = e.id;
+  if (!e.args.is_null()) j["args"] = e.args;
+  return j;
+}
+}  // namespace
+
 json events_json(const std::vector<Event>& ev) {
   json a = json::array();
-  for (const auto& e : ev) {
-    json j = {{"ph", std::string(1, e.ph)}, {"name", e.name}, {"cat", e.cat}, {"tid", e.tid}, {"ts", e.ts_us}};
-    if (e.ph == 'X') j["dur"] = e.dur_us;
-    if (e.id != 0) j["id"] = e.id;
-    if (!e.args.is_null()) j["args"] = e.args;
-    a.push_back(std::move(j));
-  }
+  for (const auto& e : ev) a.push_back(event_json(e));
   return a;
+}
+
+void write_events_json(std::string& out) {
+  out += '[';
+  bool first = true;
+  for_each_event([&](const Event& e) {
+    if (!first) out += ',';
+    first = false;
+    out += event_json(e).dump();
+  });
+  out += ']';
 }
 
 std::vector<Event> events_from_json(const json& j) {
@@ -342,50 +368,72 @@ std::string track_name(int tid) {
   return lane == 0 ? std::string(base) : fmt::format("stage {} {}", lane - 1, base);
 }
 
+RankEvents rank_events(const std::vector<Event>& events) {
+  return [&events](const std::function<void(const Event&)>& fn) {
+    for (const auto& e : events) fn(e);
+  };
+}
+
 json chrome_trace(const std::vector<std::vector<Event>>& per_rank, const std::vector<ClockSync>& clocks,
                   double zero_us, const json& meta) {
+  std::vector<RankEvents> ranks;
+  for (const auto& ev : per_rank) ranks.push_back(rank_events(ev));
+  std::string text;
+  write_chrome_trace(text, ranks, clocks, zero_us, meta);
+  return json::parse(text);
+}
+
+std::size_t write_chrome_trace(std::string& out, const std::vector<RankEvents>& per_rank,
+                               const std::vector<ClockSync>& clocks, double zero_us, const json& meta) {
   if (!clocks.empty() && clocks.size() != per_rank.size())
     throw std::invalid_argument(fmt::format("chrome_trace: {} clock offsets for {} ranks", clocks.size(),
                                             per_rank.size()));
-  json evs = json::array();
+  // The document is {"displayTimeUnit", "otherData", "traceEvents"}: nlohmann::json's dump()
+  // orders an object's keys, so this text is the one dump() of the whole tree would give.
+  json clock_meta = json::array();
+  for (std::size_t r = 0; r < clocks.size(); ++r)
+    clock_meta.push_back({{"rank", clocks[r].rank}, {"offset_us", clocks[r].offset_us},
+                          {"error_bound_us", clocks[r].error_us}, {"rtt_us", clocks[r].rtt_us},
+                          {"exchanges", clocks[r].rounds}});
+  json other = meta.is_object() ? meta : json::object();
+  other["clock"] = {{"reference", "rank 0's steady clock (CLOCK_MONOTONIC); ts = 0 at rank 0's trace start"},
+                    {"method", "NTP-style exchange through the job's store: offset = ((t1-t0)+(t2-t3))/2, "
+                               "|error| <= rtt/2, the exchange with the smallest rtt"},
+                    {"ranks", clock_meta}};
+  out += "{\"displayTimeUnit\":\"ms\",\"otherData\":";
+  out += other.dump();
+  out += ",\"traceEvents\":[";
+  std::size_t count = 0;
+  auto emit = [&](const json& j) {
+    if (count++ > 0) out += ',';
+    out += j.dump();
+  };
   // Microseconds with nanosecond resolution (Trace Event Format allows fractional ts).
   auto round_ns = [](double us) { return std::round(us * 1000.0) / 1000.0; };
-  json clock_meta = json::array();
   for (std::size_t r = 0; r < per_rank.size(); ++r) {
     const int pid = static_cast<int>(r);
     const double offset = clocks.empty() ? 0.0 : clocks[r].offset_us;
-    evs.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"tid", 0},
-                   {"args", {{"name", fmt::format("rank {}", r)}}}});
-    evs.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"tid", 0},
-                   {"args", {{"sort_index", pid}}}});
+    emit({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"tid", 0},
+          {"args", {{"name", fmt::format("rank {}", r)}}}});
+    emit({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"tid", 0}, {"args", {{"sort_index", pid}}}});
     std::set<int> tids;
-    for (const auto& e : per_rank[r]) tids.insert(e.tid);
+    per_rank[r]([&](const Event& e) { tids.insert(e.tid); });
     for (int tid : tids) {
-      evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid},
-                     {"args", {{"name", track_name(tid)}}}});
-      evs.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", pid}, {"tid", tid},
-                     {"args", {{"sort_index", tid}}}});
+      emit({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", track_name(tid)}}}});
+      emit({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", pid}, {"tid", tid}, {"args", {{"sort_index", tid}}}});
     }
-    for (const auto& e : per_rank[r]) {
+    per_rank[r]([&](const Event& e) {
       json j = {{"ph", std::string(1, e.ph)}, {"name", e.name}, {"cat", e.cat}, {"pid", pid}, {"tid", e.tid},
                 {"ts", round_ns(e.ts_us + offset - zero_us)}};
       if (e.ph == 'X') j["dur"] = round_ns(e.dur_us);
       if (e.ph == 's' || e.ph == 'f') j["id"] = e.id;
       if (e.ph == 'f') j["bp"] = "e";
       if (!e.args.is_null()) j["args"] = e.args;
-      evs.push_back(std::move(j));
-    }
-    if (!clocks.empty())
-      clock_meta.push_back({{"rank", clocks[r].rank}, {"offset_us", clocks[r].offset_us},
-                            {"error_bound_us", clocks[r].error_us}, {"rtt_us", clocks[r].rtt_us},
-                            {"exchanges", clocks[r].rounds}});
+      emit(j);
+    });
   }
-  json other = meta.is_object() ? meta : json::object();
-  other["clock"] = {{"reference", "rank 0's steady clock (CLOCK_MONOTONIC); ts = 0 at rank 0's trace start"},
-                    {"method", "NTP-style exchange through the job's store: offset = ((t1-t0)+(t2-t3))/2, "
-                               "|error| <= rtt/2, the exchange with the smallest rtt"},
-                    {"ranks", clock_meta}};
-  return {{"traceEvents", evs}, {"displayTimeUnit", "ms"}, {"otherData", other}};
+  out += "]}";
+  return count;
 }
 
 double overlap_fraction(const Intervals& comm, const Intervals& compute) {

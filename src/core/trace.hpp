@@ -24,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,6 +174,11 @@ std::size_t event_count();
 /// The events recorded from index `from` on.
 std::vector<Event> events_since(std::size_t from);
 
+/// Calls `fn` with each recorded event in recording order (as events() would return them),
+/// one at a time, without copying the whole list: for writing a large trace. Holds the
+/// recorder's lock throughout, so `fn` must not record events or call this API.
+void for_each_event(const std::function<void(const Event&)>& fn);
+
 /// Records events within its lifetime even without --trace (an experiment that computes a
 /// figure from the recorded intervals, e.g. dataparallel's overlap). When tracing was off, it
 /// is off again afterwards and the events of the capture are dropped from the recorder.
@@ -193,6 +199,9 @@ class Capture {
 
 /// Events as JSON (compact: ph, name, cat, tid, ts, dur, id, args), for sending to rank 0.
 json events_json(const std::vector<Event>& ev);
+/// The text of events_json(events()).dump(), written event by event into `out` (appended)
+/// from the recorder (for_each_event): no copy of the list, no JSON tree of it.
+void write_events_json(std::string& out);
 /// Inverse of events_json. Throws nlohmann::json::exception on malformed input.
 std::vector<Event> events_from_json(const json& j);
 
@@ -220,6 +229,19 @@ ClockSync clock_from_exchanges(int rank, const std::vector<std::array<double, 4>
 /// Throws std::invalid_argument when clocks is neither empty nor per_rank.size() long.
 json chrome_trace(const std::vector<std::vector<Event>>& per_rank, const std::vector<ClockSync>& clocks,
                   double zero_us, const json& meta);
+
+/// One rank's events for write_chrome_trace: calls its argument with each event, in order
+/// (write_chrome_trace visits each rank twice: the thread ids, then the events).
+using RankEvents = std::function<void(const std::function<void(const Event&)>&)>;
+/// RankEvents over a vector (which must outlive it).
+RankEvents rank_events(const std::vector<Event>& events);
+
+/// The text of chrome_trace(...).dump(), byte for byte, written event by event into `out`
+/// (appended): memory grows with the text only, not with a JSON tree of every event (about 40
+/// bytes of memory per byte of text; docs/timelines.md, "Memory"). Returns the number of
+/// entries of traceEvents (the "M" metadata events included). Throws as chrome_trace.
+std::size_t write_chrome_trace(std::string& out, const std::vector<RankEvents>& per_rank,
+                               const std::vector<ClockSync>& clocks, double zero_us, const json& meta);
 
 /// Name of a thread id ("compute", "communication", "optimizer"; "stage S compute" etc. for
 /// lane S + 1).
