@@ -6,7 +6,8 @@
 //   trace::start(rank);                                   // the harness, for --trace FILE
 //   { trace::Scope s(trace::Track::Compute, "backward"); loss.backward(); }
 //   trace::complete(trace::Track::Comm, "all_reduce", t0_us, t1_us, {{"bytes", n}});
-//   json doc = trace::chrome_trace(per_rank_events, clocks, meta);   // rank 0, at the end
+//   trace::write_chrome_trace(text, per_rank, clocks, zero_us, meta);  // rank 0, at the end:
+//                                            // the file's text, event by event (chrome_trace: as JSON)
 //
 // Layout of a file: one process (pid) per rank, named "rank R"; in it one thread (tid) per
 // track: compute (forward / backward / F, B, W of a pipeline microbatch), communication (every
