@@ -46,7 +46,13 @@ Benchmarks (--only NAME, repeatable; default: all):
                normalisation and BatchNorm sections use the same accumulate_grad), bit for bit. The
                memory rows themselves hold no value to compare (allocator bytes, times). Rows
                *_gemm_floor: the step's GEMMs alone, timed in the twin (its 'mpt' column), against the
-               Python step: the lowest ratio any front end running the same kernels could reach
+               Python step: the lowest ratio any front end running the same kernels could reach;
+               rows *_gemm_rate: the GF/s of those GEMMs alone vs the GF/s a step of nothing but
+               GEMMs would need to meet <= 0.67 (below 1: out of reach of these kernels); rows
+               *_floor_sum: those GEMMs less their per-call cost + the other kernels' size-dependent
+               work (the twin's elementwise_floor) + mpt's fixed overhead (the same step at batch 4,
+               hidden 1), each timed hot and alone, against the Python step: the lowest ratio
+               LibTorch's kernels and autograd engine leave
   pipeline_step    inner loop: one `mpt pipeline` step on the threads executor, no synthetic cost
                (1f1b, m = 8, 4 stages on min(4, cores) threads, env.pipeline_workers;
                timings.measured step_ms, median of 5 steps) vs
@@ -383,9 +389,16 @@ class Bench:
         same = self.equal_to_reference("accumulate_step", out, [REF_PY, os.path.join(PARITY, "accumulate_ref.py"), out])
         log(f"accumulate_step: {same}")
         py = [REF_PY, os.path.join(BENCH, "accumulate_step.py"), out]
+        # The step's fixed overhead in mpt (LibTorch's dispatcher and autograd engine, the ops' per-call
+        # cost): the same step at batch max(ks) and hidden 1, where the kernels have next to nothing
+        # to compute, in the same k micro-batches (k = 4: one sample each).
+        tiny_cmd, tiny_out = self.mpt_cmd("accumulate_step_tiny", "accumulate", "--set", "timing.repeats=201",
+                                          "--set", f"memory.micro_batches={json.dumps(ks)}",
+                                          "--set", f"memory.batch={max(ks)}", "--set", "memory.hidden=1")
 
         def one():
-            return pair_once(cmd, out, py)
+            run(tiny_cmd)
+            return (*pair_once(cmd, out, py), load(tiny_out)["timings"]["memory_step_time"])
         res = self.rounds(one)
         for k in ks:
             key = f"B/{k}"
@@ -400,6 +413,30 @@ class Bench:
             self.add(f"accumulate_step_k{k}_gemm_floor", "accumulate", "step", "ms", ft, pt,
                      [a / b for a, b in zip(ft, pt)],
                      note="'mpt' column: the step's GEMMs alone (same MKL kernels on both sides), vs the Python step")
+            # The same floor as a rate: the GF/s these GEMMs reach alone ('mpt'), against the GF/s a
+            # step made of nothing but these GEMMs would need to meet the target ('python': the
+            # step's GEMM flops / (0.67 x the Python step)). Below 1, the target asks the GEMMs to
+            # run faster than they do on their own (compare gemm_fp32_2048, this core's ceiling).
+            fl = [x[1][key]["gemm_flops"] for x in res]
+            have = [f / (t * 1e-3) / 1e9 for f, t in zip(fl, ft)]
+            need = [f / (0.67 * t * 1e-3) / 1e9 for f, t in zip(fl, pt)]
+            self.add(f"accumulate_step_k{k}_gemm_rate", "accumulate", "rate", "GF/s", have, need,
+                     [a / b for a, b in zip(have, need)],
+                     note=f"{fl[0] / 1e6:.1f} MFLOP of GEMM per step; 'mpt': the GEMMs alone, 'python': the rate "
+                          "the <= 0.67 target needs with no time outside the GEMMs")
+            # The sum of the step's floors: its GEMMs' work (alone, less their per-call cost, which
+            # the fixed overhead holds), its other kernels' size-dependent work (elementwise_floor,
+            # timed in the twin) and mpt's fixed overhead (the tiny step, the same k micro-batches):
+            # the lowest step LibTorch's kernels and autograd engine allow, each part hot and alone.
+            # 'mpt' = that sum, against the Python step.
+            gw = [x[1][key]["gemm_floor_s"] * 1e3 - x[1][key]["gemm_calls_s"] * 1e3 for x in res]
+            ew = [x[1][key]["elementwise_s"] * 1e3 for x in res]
+            fixed = [x[2][key]["step_s"] * 1e3 for x in res]
+            fsum = [a + b + c for a, b, c in zip(gw, ew, fixed)]
+            self.add(f"accumulate_step_k{k}_floor_sum", "accumulate", "step", "ms", fsum, pt,
+                     [a / b for a, b in zip(fsum, pt)],
+                     note=f"GEMM work {median(gw):.3f} + other kernels' work {median(ew):.3f} + mpt's fixed "
+                          f"overhead (batch {max(ks)}, hidden 1) {median(fixed):.3f} ms, vs the Python step")
 
     def pipeline_step(self):
         steps = 3 if self.args.quick else 5
@@ -635,12 +672,13 @@ def pair_once(cmd, out, py):
 
 
 def table(rows, rounds, quick):
+    w = max([28] + [len(r["name"]) for r in rows])  # the name column fits the longest name
     lines = [f"# mpt vs PyTorch-Python (same LibTorch), medians of {rounds} alternating round(s)"
              f"{' (--quick)' if quick else ''}; equal results checked before timing",
-             f"# {'name':<28} {'metric':<16} {'unit':>4} {'mpt':>9} {'python':>9} {'mpt/py':>7} {'min':>6} {'max':>6}"
+             f"# {'name':<{w}} {'metric':<16} {'unit':>4} {'mpt':>9} {'python':>9} {'mpt/py':>7} {'min':>6} {'max':>6}"
              f" {'target':>10}"]
     for r in rows:
-        lines.append(f"  {r['name']:<28} {r['metric']:<16} {r['unit']:>4} {fmt(r['mpt'], 9)} {fmt(r['python'], 9)} "
+        lines.append(f"  {r['name']:<{w}} {r['metric']:<16} {r['unit']:>4} {fmt(r['mpt'], 9)} {fmt(r['python'], 9)} "
                      f"{fmt(r['ratio'], 7)} {fmt(r.get('ratio_min'), 6)} {fmt(r.get('ratio_max'), 6)} "
                      f"{r.get('target', '-'):>10}")
     return "\n".join(lines)
