@@ -317,7 +317,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     if (exp.memory && !(launch && launch->launcher == "mpt")) {
       std::string source;
       const int64_t available = available_memory_bytes(&source);
-      const MemoryEstimate need = exp.memory(cfg, launch ? 1 : planned);
+      const MemoryEstimate need = exp.memory(cfg, launch || !plan.across_processes ? 1 : planned);
       spdlog::debug("memory estimate {} of {} available ({})", human_bytes(need.total()),
                     available < 0 ? std::string("unknown") : human_bytes(static_cast<double>(available)), source);
       check_memory(need, available, source);
@@ -362,7 +362,10 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       remove_dirs_on_signal(made_dirs);  // Ctrl-C or a kill before the result: the folders go too
     }
     if (multi) {
-      if (!launch && cfg.integer("/nproc") > 1) {
+      if (!launch && cfg.integer("/nproc") > 1 && !plan.across_processes)
+        spdlog::info("{}: nothing in this config runs across processes: one process, not the {} of /nproc", exp.name,
+                     cfg.integer("/nproc"));
+      else if (!launch && cfg.integer("/nproc") > 1) {
         choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
         // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
         const double grace = plan.timeout_s + 10.0;

@@ -34,6 +34,10 @@ struct ProcessPlan {
   /// How Gloo groups run reduce_scatter and all_gather: "native" or "ring" (the experiment's
   /// /dist/gloo_algorithm where its schema has one; dist::GlooAlgorithm). NCCL ignores it.
   std::string gloo_algorithm = "native";
+  /// False when this config runs nothing across processes (dataparallel with /train/enabled
+  /// false): the harness then runs it in this one process instead of spawning /nproc workers
+  /// that would only wait; under an outside launcher (torchrun, SLURM) the ranks run as launched.
+  bool across_processes = true;
 };
 
 /// What an experiment's run() receives.

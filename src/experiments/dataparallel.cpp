@@ -654,13 +654,21 @@ void validate_dataparallel(const Config& cfg, int world_size) {
   if (cfg.boolean("/train/enabled")) require_fashion_mnist(cfg.str("/data/dir"), "/data/dir", /*with_test=*/false);
 }
 
+/// dist_fault_plan, and across_processes only with /train/enabled: the other sections run in one
+/// process, so `--set train.enabled=false` runs there without spawning /nproc idle workers.
+ProcessPlan dataparallel_plan(const Config& cfg) {
+  ProcessPlan p = dist_fault_plan(cfg);
+  p.across_processes = cfg.boolean("/train/enabled");
+  return p;
+}
+
 }  // namespace
 
 Experiment dataparallel_experiment() {
   return {"dataparallel",
           "Data parallelism: shard-average equivalence, then real multi-process training with a DDP-style reducer",
           dataparallel_spec, run_dataparallel, validate_dataparallel, dataparallel_memory, Processes::Multi,
-          dist_fault_plan};
+          dataparallel_plan};
 }
 
 }  // namespace mpt

@@ -4,6 +4,11 @@ set(DPQ dataparallel --config configs/dataparallel_quick.json)
 
 # One process: the equivalence tables, training with N = 1, no_sync, fp16.
 cli_case(dataparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${DPQ} --nproc 1 --set "train.nprocs=[1]")
+# Training off: nothing runs across processes, so the default /nproc 4 spawns no idle workers
+# (ProcessPlan::across_processes); the equivalence tables run in this one process.
+cli_case(dataparallel_no_training_one_process 0
+         "nothing in this config runs across processes: one process, not the 4 of /nproc"
+         dataparallel --set train.enabled=false)
 # A real 2-process run over loopback: replicas identical, equal to the single-process run.
 cli_case(dataparallel_two_processes 0 "n2 +[0-9]+ +[0-9]+ +6 +0 " ${DPQ})
 cli_case(dataparallel_no_overlap_divide_after 0 "OK: [0-9]+ of [0-9]+ checks passed" ${DPQ}
