@@ -47,8 +47,8 @@ Benchmarks (--only NAME, repeatable; default: all):
                memory rows themselves hold no value to compare (allocator bytes, times). Rows
                *_gemm_floor: the step's GEMMs alone, timed in the twin (its 'mpt' column), against the
                Python step: the lowest ratio any front end running the same kernels could reach;
-               rows *_gemm_rate: the GF/s of those GEMMs alone vs the GF/s a step of nothing but
-               GEMMs would need to meet <= 0.67 (below 1: out of reach of these kernels); rows
+               rows *_gemm_rate: the GF/s a step of nothing but these GEMMs would need to meet
+               <= 0.67 vs the GF/s they reach alone (above 1: out of reach of these kernels); rows
                *_floor_sum: those GEMMs less their per-call cost + the other kernels' size-dependent
                work (the twin's elementwise_floor) + mpt's fixed overhead (the same step at batch 4,
                hidden 1), each timed hot and alone, against the Python step: the lowest ratio
@@ -158,9 +158,11 @@ class Bench:
             one_round()
         return [one_round() for _ in range(self.args.rounds)]
 
-    def add(self, name, group, metric, unit, mpt, py, ratios=None, target=None, note="", **extra):
+    def add(self, name, group, metric, unit, mpt, py, ratios=None, target=None, note="", legend="", **extra):
         """One row: medians of mpt's and Python's samples and of the per-round ratios mpt/Python, and
-        the smallest and largest per-round ratio (how far single rounds scatter)."""
+        the smallest and largest per-round ratio (how far single rounds scatter). `legend`: what the
+        'mpt' and 'python' columns hold where that is not mpt and its Python twin; printed under
+        the table."""
         row = {"name": name, "group": group, "metric": metric, "unit": unit,
                "mpt": median(mpt), "python": median(py),
                "ratio": median(ratios) if ratios else None,
@@ -170,6 +172,8 @@ class Bench:
             row["target"] = target
         if note:
             row["note"] = note
+        if legend:
+            row["legend"] = legend
         row.update(extra)
         self.rows.append(row)
 
@@ -412,18 +416,21 @@ class Bench:
             ft = [x[1][key]["gemm_floor_s"] * 1e3 for x in res]
             self.add(f"accumulate_step_k{k}_gemm_floor", "accumulate", "step", "ms", ft, pt,
                      [a / b for a, b in zip(ft, pt)],
-                     note="'mpt' column: the step's GEMMs alone (same MKL kernels on both sides), vs the Python step")
-            # The same floor as a rate: the GF/s these GEMMs reach alone ('mpt'), against the GF/s a
-            # step made of nothing but these GEMMs would need to meet the target ('python': the
-            # step's GEMM flops / (0.67 x the Python step)). Below 1, the target asks the GEMMs to
-            # run faster than they do on their own (compare gemm_fp32_2048, this core's ceiling).
+                     note="'mpt' column: the step's GEMMs alone (same MKL kernels on both sides), vs the Python step",
+                     legend="'mpt' = the step's GEMMs alone (timed in the twin), 'python' = the Python step")
+            # The same floor as a rate: the GF/s a step made of nothing but these GEMMs would need to
+            # meet the target ('mpt': the step's GEMM flops / (0.67 x the Python step)), against the
+            # GF/s they reach alone ('python'). Above 1, the target asks the GEMMs to run faster
+            # than they do on their own (compare gemm_fp32_2048, this core's ceiling).
             fl = [x[1][key]["gemm_flops"] for x in res]
             have = [f / (t * 1e-3) / 1e9 for f, t in zip(fl, ft)]
             need = [f / (0.67 * t * 1e-3) / 1e9 for f, t in zip(fl, pt)]
-            self.add(f"accumulate_step_k{k}_gemm_rate", "accumulate", "rate", "GF/s", have, need,
-                     [a / b for a, b in zip(have, need)],
-                     note=f"{fl[0] / 1e6:.1f} MFLOP of GEMM per step; 'mpt': the GEMMs alone, 'python': the rate "
-                          "the <= 0.67 target needs with no time outside the GEMMs")
+            self.add(f"accumulate_step_k{k}_gemm_rate", "accumulate", "rate needed", "GF/s", need, have,
+                     [a / b for a, b in zip(need, have)],
+                     note=f"{fl[0] / 1e6:.1f} MFLOP of GEMM per step; 'mpt': the rate the <= 0.67 target needs with "
+                          "no time outside the GEMMs, 'python': the rate the GEMMs reach alone",
+                     legend="'mpt' = the GF/s the <= 0.67 target needs with no time outside the GEMMs, 'python' = "
+                            "the GF/s they reach alone; above 1: out of reach of these kernels")
             # The sum of the step's floors: its GEMMs' work (alone, less their per-call cost, which
             # the fixed overhead holds), its other kernels' size-dependent work (elementwise_floor,
             # timed in the twin) and mpt's fixed overhead (the tiny step, the same k micro-batches):
@@ -436,7 +443,9 @@ class Bench:
             self.add(f"accumulate_step_k{k}_floor_sum", "accumulate", "step", "ms", fsum, pt,
                      [a / b for a, b in zip(fsum, pt)],
                      note=f"GEMM work {median(gw):.3f} + other kernels' work {median(ew):.3f} + mpt's fixed "
-                          f"overhead (batch {max(ks)}, hidden 1) {median(fixed):.3f} ms, vs the Python step")
+                          f"overhead (batch {max(ks)}, hidden 1) {median(fixed):.3f} ms, vs the Python step",
+                     legend=f"'mpt' = GEMM work {median(gw):.3f} + other kernels' work {median(ew):.3f} + mpt's fixed "
+                            f"overhead {median(fixed):.3f} ms (each hot and alone), 'python' = the Python step")
 
     def pipeline_step(self):
         steps = 3 if self.args.quick else 5
@@ -486,7 +495,8 @@ class Bench:
         self.add(f"{name}_vs_ddp_n2", name, "step", "ms", z, d, [a / b for a, b in zip(z, d)], target="<= 1.1",
                  note=f"784-128-10, global batch 64, Adam, Gloo ({first['env']['dist']['reduce_scatter']}; all-gather "
                       f"{first['env']['dist']['all_gather']}), {steps} steps, 1 thread per rank; "
-                      "'mpt' = ZeRO-2, 'python' = DDP (stage 0), both mpt shard")
+                      "'mpt' = ZeRO-2, 'python' = DDP (stage 0), both mpt shard",
+                 legend="'mpt' = ZeRO-2, 'python' = DDP (stage 0), both mpt shard")
 
     def zero2_ring(self):
         """zero2 with dist.gloo_algorithm = ring: mpt's send/recv ring for reduce-scatter and all-gather."""
@@ -615,7 +625,8 @@ class Bench:
             res = self.rounds(one)
             on, off = [r[0] for r in res], [r[1] for r in res]
             self.add(name, "trace", "step", "ms", on, off, [a / b for a, b in zip(on, off)], target="<= 1.05",
-                     note=note + "; 'mpt' = with --trace, 'python' = without")
+                     note=note + "; 'mpt' = with --trace, 'python' = without",
+                     legend="'mpt' = with --trace, 'python' = without, both mpt")
 
     # ------------------------------------------------------------------------------------
     # busy: a second process takes a core; spinning vs sleeping OpenMP waiters
@@ -649,7 +660,8 @@ class Bench:
         threads = res[-1]["PASSIVE"]["env"]["threads_policy"]["intra_op"]
         self.add("busy_fp32_passive_vs_active", "busy", "step", "ms", t["PASSIVE"], t["ACTIVE"],
                  [a / b for a, b in zip(t["PASSIVE"], t["ACTIVE"])],
-                 note=f"{threads} threads, one core taken by another process; 'mpt' = PASSIVE, 'python' = ACTIVE")
+                 note=f"{threads} threads, one core taken by another process; 'mpt' = PASSIVE, 'python' = ACTIVE",
+                 legend="'mpt' = OMP_WAIT_POLICY PASSIVE, 'python' = ACTIVE, both mpt")
 
 
 def fmt(v, width):
@@ -681,6 +693,9 @@ def table(rows, rounds, quick):
         lines.append(f"  {r['name']:<{w}} {r['metric']:<16} {r['unit']:>4} {fmt(r['mpt'], 9)} {fmt(r['python'], 9)} "
                      f"{fmt(r['ratio'], 7)} {fmt(r.get('ratio_min'), 6)} {fmt(r.get('ratio_max'), 6)} "
                      f"{r.get('target', '-'):>10}")
+    for r in rows:
+        if r.get("legend"):
+            lines.append(f"# {r['name']}: {r['legend']}")
     return "\n".join(lines)
 
 
@@ -729,6 +744,15 @@ def main():
     context["elapsed_s"] = time.perf_counter() - t0
     print(table(b.rows, args.rounds, args.quick))
     print(f"# {'FAILED: results differ in ' + ', '.join(failed) if failed else 'OK: equal results in every benchmark'}")
+    # Other work on the machine skews both sides unequally (a round of --quick under a load of 3
+    # on 2 cores once gave a Python step 2.7x its quiet time): say so where the ratios are read.
+    # The bench's own processes add about `threads` to the end's 1-minute average.
+    others = max(context["loadavg_start"][0], context["loadavg_end"][0] - context["threads"])
+    if others > 0.5 * context["cpus"]:
+        print(f"# WARNING: load average {context['loadavg_start'][0]:.1f} at the start, "
+              f"{context['loadavg_end'][0]:.1f} at the end, on {context['cpus']} CPUs: other work shared them, "
+              "so single rounds and their ratios can be far off; rerun on a quiet machine"
+              + (" without --quick" if args.quick else ""))
     path = args.out or os.path.join(ROOT, "bench", "results",
                                     datetime.datetime.now(datetime.timezone.utc).date().isoformat() + ".json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

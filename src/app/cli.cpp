@@ -133,8 +133,8 @@ int main_cli_in(int argc, char** argv) {
     sub->add_option("--seed", opts.seed, "Seed (overrides the config's /seed)");
     sub->add_flag("--print-config", opts.print_config,
                   "Print the resolved config as JSON and exit (after the checks a run makes first: exit 2 if it fails them)");
-    sub->add_flag("-q,--quiet", opts.quiet, "No tables; warnings and errors only");
-    sub->add_flag("-v,--verbose", opts.verbose, "Debug logging on stderr");
+    auto* quiet = sub->add_flag("-q,--quiet", opts.quiet, "No tables; warnings and errors only");
+    sub->add_flag("-v,--verbose", opts.verbose, "Debug logging on stderr")->excludes(quiet);  // one or the other
     if (e.processes == Processes::Multi)  // multi-process experiments only
       sub->add_option("--nproc", opts.nproc, "Spawn N worker processes on this machine (= --set nproc=N)");
     else  // hidden: parsed only so that the harness can say which experiments take it

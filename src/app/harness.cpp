@@ -221,7 +221,9 @@ void remove_dirs_on_signal(const std::vector<std::string>& dirs) {
 
 // run_experiment's body; `made_dirs` receives the --out folders it created.
 int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector<std::string>& made_dirs) {
-  const std::string prog = "mpt " + exp.name;
+  // Each rank of a multi-process run says which it is: a failure every rank meets (a corrupt data
+  // file) is printed once per rank, and the lines must not read as one process repeating itself.
+  std::string prog = "mpt " + exp.name;
   ConfigSpec spec;
   try {
     spec = full_spec(exp);
@@ -363,8 +365,8 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     }
     if (multi) {
       if (!launch && cfg.integer("/nproc") > 1 && !plan.across_processes)
-        spdlog::info("{}: nothing in this config runs across processes: one process, not the {} of /nproc", exp.name,
-                     cfg.integer("/nproc"));
+        spdlog::info("{}: {}, so nothing runs across processes: running in this one process, not spawning the {} "
+                     "of /nproc", exp.name, plan.one_process_because, cfg.integer("/nproc"));
       else if (!launch && cfg.integer("/nproc") > 1) {
         choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
         // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
@@ -375,6 +377,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       if (launch) {
         rank = launch->rank;
         world_size = launch->world_size;
+        if (world_size > 1) prog += fmt::format(" (rank {} of {})", rank, world_size);
         if (rank != 0 && !opts.verbose) spdlog::set_level(spdlog::level::warn);
         spdlog::debug("rank {} of {} (launcher: {})", rank, world_size, launch->launcher);
       }

@@ -1,6 +1,7 @@
 // Config schema, merge and strict validation. See config.hpp.
 #include "core/config.hpp"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -745,10 +746,16 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
   // A long word is no typo of a short key (and the distance table would be |word| x |key|).
   if (word.size() > 256) return "";
+  // Case is no edit: "BF16" means "bf16", not "fp16" (one letter away in lower case, two as typed).
+  auto lower = [](std::string s) {
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  };
+  const std::string w = lower(word);
   std::string best;
   std::size_t best_d = std::string::npos;
   for (const auto& c : candidates) {
-    std::size_t d = edit_distance(word, c);
+    std::size_t d = edit_distance(w, lower(c));
     if (d < best_d) best_d = d, best = c;
   }
   // Like ninja's "did you mean": only close matches (a third of the length, at least 2 edits allowed).

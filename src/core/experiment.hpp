@@ -38,6 +38,8 @@ struct ProcessPlan {
   /// false): the harness then runs it in this one process instead of spawning /nproc workers
   /// that would only wait; under an outside launcher (torchrun, SLURM) the ranks run as launched.
   bool across_processes = true;
+  /// With across_processes false: why, for the log line that says so ("/train/enabled is false").
+  std::string one_process_because;
 };
 
 /// What an experiment's run() receives.

@@ -161,7 +161,7 @@ class StageExecutor {
     if (it == local.end())
       throw std::logic_error(fmt::format("stage {}: the {} of microbatch {} across boundary {} (this rank's own) is not "
                                          "there yet: the program runs its consumer before its producer", s,
-                                         kind == 'F' ? "activation" : "gradient", j, boundary));
+                                         message_name(kind), j, boundary));
     torch::Tensor t = it->second;
     local.erase(it);
     return t;
@@ -628,9 +628,8 @@ PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vect
                 const auto in = stages[i]->finished() ? std::nullopt : stages[i]->next_input();
                 if (!in) continue;
                 current = mine[i];
-                throw RuntimeFailure(fmt::format("stage {}: no {} for microbatch {} from stage {} within {} s", mine[i],
-                                                 std::get<1>(*in) == 'F' ? "activation" : "gradient",
-                                                 std::get<2>(*in), std::get<0>(*in), queue->timeout_s()));
+                throw RuntimeFailure(recv_timeout_message(mine[i], std::get<1>(*in), std::get<2>(*in),
+                                                          std::get<0>(*in), queue->timeout_s()));
               }
             }
           }

@@ -32,6 +32,11 @@ void QueueTransport::send(int src, int dst, char kind, int microbatch, const tor
                     static_cast<int64_t>(t.nbytes()), trace_t0, trace::now_us(), /*flow_us=*/trace_t0);
 }
 
+std::string recv_timeout_message(int dst, char kind, int microbatch, int src, double timeout_s) {
+  return fmt::format("stage {}: no {} for microbatch {} from stage {} within {} s", dst, message_name(kind), microbatch,
+                     src, timeout_s);
+}
+
 torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, int boundary) {
   const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (pipeline_trace.hpp)
   std::unique_lock<std::mutex> lock(mu_);
@@ -62,8 +67,7 @@ torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, 
       continue;
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && box_.find(key) == box_.end())
-      throw RuntimeFailure(fmt::format("stage {}: no {} for microbatch {} from stage {} within {} s", dst,
-                                       kind == 'F' ? "activation" : "gradient", microbatch, src, timeout_s_));
+      throw RuntimeFailure(recv_timeout_message(dst, kind, microbatch, src, timeout_s_));
   }
 }
 
@@ -131,9 +135,6 @@ ProcessGroupTransport::~ProcessGroupTransport() {
   for (auto& p : sends_) p.work->abort();
 }
 
-namespace {
-const char* message_name(char kind) { return kind == 'F' ? "activation" : "gradient"; }
-}  // namespace
 
 std::pair<int, int> ProcessGroupTransport::boundary_of(int src, int dst, int boundary) const {
   const int p = group_->size();

@@ -47,6 +47,14 @@ class StageTransport {
   virtual void abort(const std::string& why) = 0;
 };
 
+/// What a pipeline message carries: "activation" for kind 'F', "gradient" for 'B'.
+inline const char* message_name(char kind) { return kind == 'F' ? "activation" : "gradient"; }
+
+/// The error of a stage that waited `timeout_s` seconds for a message that never came: "stage
+/// DST: no activation|gradient for microbatch J from stage SRC within T s" (QueueTransport::recv
+/// and run_pipeline's workers, which wait for any of their stages' inputs, say it alike).
+std::string recv_timeout_message(int dst, char kind, int microbatch, int src, double timeout_s);
+
 /// In-process mailbox: send stores the tensor, recv waits for it — first polling for up to
 /// kSpinUs, yielding the core between polls (sched_yield: a stage thread that waits lets the
 /// one that will send run on its core, instead of a futex sleep and wake-up per message), then

@@ -548,9 +548,11 @@ Report run_dataparallel(const Context& ctx) {
     fp16.rows.push_back({{"name", fmt::format("in_process_{}_ranks", k)}, {"ranks", k}, {"grad", h.item<double>()},
                          {"sum_then_divide", sum.item<double>()}, {"divide_then_sum", sum_div.item<double>()}});
   }
-  t0 = now_seconds();
-  if (ctx.cfg.boolean("/train/enabled")) run_training(ctx, report, fp16);
-  report.timings["training_s"] = now_seconds() - t0;
+  if (ctx.cfg.boolean("/train/enabled")) {
+    t0 = now_seconds();
+    run_training(ctx, report, fp16);
+    report.timings["training_s"] = now_seconds() - t0;
+  }
   fp16.notes.push_back("fp16 max is 65504: the sum of N gradients overflows to inf before the division "
                        "(DDP divides first for this reason; /ddp/divide picks the order for training's fp32 buckets)");
   fp16.notes.push_back("the Gloo row (with more than one process) sends fp16 buffers through a real all-reduce; "
@@ -659,6 +661,7 @@ void validate_dataparallel(const Config& cfg, int world_size) {
 ProcessPlan dataparallel_plan(const Config& cfg) {
   ProcessPlan p = dist_fault_plan(cfg);
   p.across_processes = cfg.boolean("/train/enabled");
+  p.one_process_because = "/train/enabled is false";
   return p;
 }
 

@@ -18,6 +18,7 @@ cli_case(list 0 "underflow +What fp16" list)
 cli_case(did_you_mean 2 "unknown experiment 'undeflow' \\(did you mean 'underflow'\\?\\)" undeflow)
 cli_case(subcommand_help 0 "model\\.depth" underflow --help)
 cli_case(unknown_option 2 "^\\[error\\] mpt underflow: usage error: The following argument was not expected: --bogus. see `mpt underflow --help`" underflow --bogus)
+cli_case(quiet_and_verbose 2 "usage error: --quiet excludes --verbose" underflow -q -v)
 # CLI11's parse errors in mpt's error form (probe, stop 31: they were CLI11's bare text).
 cli_case(no_subcommand 2 "^\\[error\\] mpt: usage error: expected an experiment or a command \\(`mpt list` shows them\\)")
 cli_case(compare_bad_rtol 2 "^\\[error\\] mpt compare: usage error: .*--rtol.*abc" compare a.json b.json --rtol abc)

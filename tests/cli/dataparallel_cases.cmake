@@ -7,7 +7,7 @@ cli_case(dataparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${DPQ} 
 # Training off: nothing runs across processes, so the default /nproc 4 spawns no idle workers
 # (ProcessPlan::across_processes); the equivalence tables run in this one process.
 cli_case(dataparallel_no_training_one_process 0
-         "nothing in this config runs across processes: one process, not the 4 of /nproc"
+         "/train/enabled is false, so nothing runs across processes: running in this one process, not spawning the 4 of /nproc"
          dataparallel --set train.enabled=false)
 # A real 2-process run over loopback: replicas identical, equal to the single-process run.
 cli_case(dataparallel_two_processes 0 "n2 +[0-9]+ +[0-9]+ +6 +0 " ${DPQ})
