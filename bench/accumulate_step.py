@@ -39,6 +39,18 @@ def split(n, k):
     return r
 
 
+def median_time(f, repeats):
+    """Seconds of one call of f: the median of `repeats` timed calls (the upper one for an even
+    count), after one untimed call."""
+    f()
+    t = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        t.append(time.perf_counter() - t0)
+    return sorted(t)[len(t) // 2]
+
+
 def gemm_floor(layers, x, ranges, repeats):
     """The step's matrix products alone: for each micro-batch and Linear layer, the GEMMs autograd
     runs (forward addmm(b, a, W.t()); backward g.t() @ a for the weight — mm_mat2_backward's form
@@ -47,13 +59,7 @@ def gemm_floor(layers, x, ranges, repeats):
     What no front end can go below with these kernels: mpt and Python run the same MKL sgemm.
     Returns (that sum, the same calls' per-call cost: each timed on 1 x 1 tensors), in seconds."""
     def med(f):
-        f()
-        t = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            f()
-            t.append(time.perf_counter() - t0)
-        return sorted(t)[len(t) // 2]
+        return median_time(f, repeats)
     total = calls = 0.0
     one_by_one = torch.ones(1, 1)
     addmm_fixed = med(lambda: torch.addmm(one_by_one[0], one_by_one, one_by_one.t()))
@@ -84,13 +90,7 @@ def elementwise_floor(h, ranges, repeats):
     the work that grows with the data, not the per-call cost, which the step's fixed overhead
     holds). Median of `repeats`, after one untimed call."""
     def med(f):
-        f()
-        t = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            f()
-            t.append(time.perf_counter() - t0)
-        return sorted(t)[len(t) // 2]
+        return median_time(f, repeats)
 
     def sequence(m, hid, fan_in):
         g = torch.Generator().manual_seed(0)
