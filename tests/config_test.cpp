@@ -93,7 +93,7 @@ TEST_CASE("set overrides: errors", "[config]") {
   CHECK(error_of(s, "", {"model.widht=3"}).find("(did you mean \"width\"?)") != std::string::npos);
   CHECK(error_of(s, "", {"precision=fp61"}).find("expected one of \"fp16\", \"bf16\", got \"fp61\" (did you mean \"fp16\"?)") !=
         std::string::npos);
-  // Case is no edit: BF16 is bf16 (in lower case one letter from fp16 as well, but zero from bf16).
+  // Case is no edit: BF16 is bf16 (as typed, two edits from both fp16 and bf16; in lower case none from bf16).
   CHECK(error_of(s, "", {"precision=BF16"}).find("got \"BF16\" (did you mean \"bf16\"?)") != std::string::npos);
   CHECK(nearest("BF16", {"fp16", "bf16"}) == "bf16");
   CHECK(nearest("Depth", {"width", "depth"}) == "depth");

@@ -319,7 +319,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     if (exp.memory && !(launch && launch->launcher == "mpt")) {
       std::string source;
       const int64_t available = available_memory_bytes(&source);
-      const MemoryEstimate need = exp.memory(cfg, launch || !plan.across_processes ? 1 : planned);
+      const MemoryEstimate need = exp.memory(cfg, launch || !plan.one_process_because.empty() ? 1 : planned);
       spdlog::debug("memory estimate {} of {} available ({})", human_bytes(need.total()),
                     available < 0 ? std::string("unknown") : human_bytes(static_cast<double>(available)), source);
       check_memory(need, available, source);
@@ -364,7 +364,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       remove_dirs_on_signal(made_dirs);  // Ctrl-C or a kill before the result: the folders go too
     }
     if (multi) {
-      if (!launch && cfg.integer("/nproc") > 1 && !plan.across_processes)
+      if (!launch && cfg.integer("/nproc") > 1 && !plan.one_process_because.empty())
         spdlog::info("{}: {}, so nothing runs across processes: running in this one process, not spawning the {} "
                      "of /nproc", exp.name, plan.one_process_because, cfg.integer("/nproc"));
       else if (!launch && cfg.integer("/nproc") > 1) {

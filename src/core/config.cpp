@@ -746,7 +746,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
   // A long word is no typo of a short key (and the distance table would be |word| x |key|).
   if (word.size() > 256) return "";
-  // Case is no edit: "BF16" means "bf16", not "fp16" (one letter away in lower case, two as typed).
+  // Case is no edit: "BF16" means "bf16" (as typed it is two edits from both "bf16" and "fp16", and
+  // the first listed won; in lower case it is none from "bf16").
   auto lower = [](std::string s) {
     for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     return s;

@@ -34,11 +34,10 @@ struct ProcessPlan {
   /// How Gloo groups run reduce_scatter and all_gather: "native" or "ring" (the experiment's
   /// /dist/gloo_algorithm where its schema has one; dist::GlooAlgorithm). NCCL ignores it.
   std::string gloo_algorithm = "native";
-  /// False when this config runs nothing across processes (dataparallel with /train/enabled
-  /// false): the harness then runs it in this one process instead of spawning /nproc workers
-  /// that would only wait; under an outside launcher (torchrun, SLURM) the ranks run as launched.
-  bool across_processes = true;
-  /// With across_processes false: why, for the log line that says so ("/train/enabled is false").
+  /// Non-empty when this config runs nothing across processes, saying why ("/train/enabled is
+  /// false", dataparallel): the harness then runs it in this one process instead of spawning
+  /// /nproc workers that would only wait, and logs the reason; under an outside launcher
+  /// (torchrun, SLURM) the ranks run as launched.
   std::string one_process_because;
 };
 

@@ -135,7 +135,6 @@ ProcessGroupTransport::~ProcessGroupTransport() {
   for (auto& p : sends_) p.work->abort();
 }
 
-
 std::pair<int, int> ProcessGroupTransport::boundary_of(int src, int dst, int boundary) const {
   const int p = group_->size();
   const int b = boundary < 0 ? std::min(src, dst) : boundary;

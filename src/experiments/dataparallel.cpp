@@ -656,12 +656,11 @@ void validate_dataparallel(const Config& cfg, int world_size) {
   if (cfg.boolean("/train/enabled")) require_fashion_mnist(cfg.str("/data/dir"), "/data/dir", /*with_test=*/false);
 }
 
-/// dist_fault_plan, and across_processes only with /train/enabled: the other sections run in one
-/// process, so `--set train.enabled=false` runs there without spawning /nproc idle workers.
+/// dist_fault_plan; without /train/enabled nothing runs across processes (the other sections run
+/// in one process), so `--set train.enabled=false` runs there without spawning /nproc idle workers.
 ProcessPlan dataparallel_plan(const Config& cfg) {
   ProcessPlan p = dist_fault_plan(cfg);
-  p.across_processes = cfg.boolean("/train/enabled");
-  p.one_process_because = "/train/enabled is false";
+  if (!cfg.boolean("/train/enabled")) p.one_process_because = "/train/enabled is false";
   return p;
 }
 

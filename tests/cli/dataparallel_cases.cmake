@@ -5,7 +5,7 @@ set(DPQ dataparallel --config configs/dataparallel_quick.json)
 # One process: the equivalence tables, training with N = 1, no_sync, fp16.
 cli_case(dataparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${DPQ} --nproc 1 --set "train.nprocs=[1]")
 # Training off: nothing runs across processes, so the default /nproc 4 spawns no idle workers
-# (ProcessPlan::across_processes); the equivalence tables run in this one process.
+# (ProcessPlan::one_process_because); the equivalence tables run in this one process.
 cli_case(dataparallel_no_training_one_process 0
          "/train/enabled is false, so nothing runs across processes: running in this one process, not spawning the 4 of /nproc"
          dataparallel --set train.enabled=false)
