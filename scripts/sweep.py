@@ -18,9 +18,14 @@ its "name" (as `mpt compare` prints paths). `{key}` in a field is replaced by th
 of that swept key. A field found in no result is an error; found in some results only, a
 warning naming the runs without it.
 
+A grid of more than --max-points points (default 10,000, MAX_POINTS) is refused before anything
+runs: the points are made one at a time, but each is a run of mpt and a row of the summary
+kept in memory, and a grid that large is more often a mistake than a plan.
+
 Exit code: 0 when every run succeeded; 1 when a run failed (listed in the CSV with its exit
-code); 2 for bad arguments (--grid, a missing --mpt, an experiment mpt does not have: checked
-once, before any run) and for a --field found in no result (the
+code); 2 for bad arguments (--grid, a grid over --max-points, a missing --mpt, a name that is not
+one of the experiments `mpt list` shows, such as `compare` or `env`, an --out-dir that is a file:
+checked once, before any run) and for a --field found in no result (the
 runs and the summary are kept); 130 after Ctrl-C (summary.csv holds the runs that finished).
 """
 import argparse
@@ -28,6 +33,7 @@ import csv
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -42,6 +48,7 @@ from outdir import writable_out_dir  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MISSING = object()  # a field path that does not resolve (distinct from a JSON null)
 MAX_STEM = 120  # characters of a result file's name before the hash and ".json"
+MAX_POINTS = 10_000  # points of a grid run without --max-points (at ~1 s or more per run of mpt: hours)
 
 
 def fail(msg, code=2):
@@ -145,6 +152,58 @@ def parse_grid(items):
     return grid
 
 
+def check_grid_size(grid, max_points):
+    """The number of points of `grid` (the product of its value counts; 1 without --grid). Exits 2
+    naming the count, its factors and --max-points when it is over `max_points`, before anything
+    runs (the points themselves are never listed: itertools.product makes them one at a time)."""
+    count = math.prod(len(v) for _, v in grid)
+    if count > max_points:
+        factors = " x ".join(f"{len(v)} ({cut(k, 40)})" for k, v in grid)
+        fail(f"--grid: {count:,} points ({factors}) is more than --max-points {max_points:,}; sweep fewer values "
+             f"or raise --max-points (each point is a run of mpt)")
+    return count
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1 (--max-points)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {cut(text)!r}")
+    return n
+
+
+def check_experiment(mpt, mpt_arg, experiment):
+    """Exits 2 with one line unless `experiment` is one of the experiments `mpt list` prints (the
+    first word of each line): mpt's other commands (list, compare, env) take no --set or --out,
+    so every point would fail alike. For a name mpt does not know at all, mpt's own message (with
+    its "did you mean") is passed on from `mpt NAME --help`."""
+    def ask(args):
+        try:
+            return subprocess.run([mpt] + args, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            fail(f"--mpt {mpt_arg}: cannot run it: {getattr(e, 'strerror', None) or e}")
+
+    def last_line(p):
+        return (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+
+    p = ask(["list"])
+    if p.returncode != 0:
+        fail(f"--mpt {mpt_arg}: `mpt list` failed: {cut(last_line(p), 200)}")
+    experiments = [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
+    if not experiments:
+        fail(f"--mpt {mpt_arg}: `mpt list` printed no experiments (is it mpt?)")
+    if experiment in experiments:
+        return
+    p = ask([experiment, "--help"])
+    if p.returncode != 0:
+        fail(f"experiment {cut(experiment)!r}: {cut(last_line(p), 200)}")
+    fail(f"experiment {cut(experiment)!r}: an mpt command, not an experiment (it takes no --set or --out); "
+         f"the experiments (mpt list): {cut(', '.join(experiments), 300)}")
+
+
 def safe_name(raw, used):
     """A file name stem for `raw` that is safe inside --out-dir: only [A-Za-z0-9._-] (anything
     else becomes '_'), no leading '.' or '-', at most MAX_STEM characters. When sanitising changed
@@ -216,22 +275,18 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="fixed override for every point")
     ap.add_argument("--out-dir", default="results/sweep")
     ap.add_argument("--mpt", default=os.path.join(ROOT, "build", "mpt"))
+    ap.add_argument("--max-points", type=positive_int, default=MAX_POINTS,
+                    help=f"the most points a grid may have (default {MAX_POINTS:,})")
     args = ap.parse_args()
     grid = parse_grid(args.grid)
+    total = check_grid_size(grid, args.max_points)
     mpt = check_mpt(args.mpt)
-    # An experiment mpt does not have is bad input: said once, before any point runs (each would
-    # exit 2 alike).
-    try:
-        p = subprocess.run([mpt, args.experiment, "--help"], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        fail(f"--mpt {args.mpt}: cannot run it: {getattr(e, 'strerror', None) or e}")
-    if p.returncode != 0:
-        said = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [f"exit {p.returncode}"])[-1]
-        fail(f"experiment {cut(args.experiment)!r}: {cut(said, 200)}")
+    # Not an experiment is bad input: said once, before any point runs (each would exit 2 alike).
+    check_experiment(mpt, args.mpt, args.experiment)
     writable_out_dir("sweep", args.out_dir)
     signal.signal(signal.SIGTERM, on_sigterm)
     keys = [k for k, _ in grid]
-    points = list(itertools.product(*[v for _, v in grid])) if grid else [()]
+    points = itertools.product(*[v for _, v in grid])  # one at a time: never the whole grid in memory
     summary = os.path.join(args.out_dir, "summary.csv")
     fieldnames = keys + args.field + ["exit_code", "result_file"]
     rows, failed, used, found = [], 0, set(), {f: [] for f in args.field}
@@ -278,7 +333,7 @@ def main():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         write_summary(summary, fieldnames, rows)
         what = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
-        print(f"sweep: {what}: {len(rows)} of {len(points)} runs finished ({failed} failed); "
+        print(f"sweep: {what}: {len(rows)} of {total} runs finished ({failed} failed); "
               f"{summary} holds them", file=sys.stderr)
         sys.exit(130 if isinstance(e, KeyboardInterrupt) else 143)
     write_summary(summary, fieldnames, rows)

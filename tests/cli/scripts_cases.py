@@ -3,6 +3,7 @@
 
     tests/cli/scripts_cases.py sweep MPT   # MPT: the built binary, for the one end-to-end case
     tests/cli/scripts_cases.py plot        # exit 77 (skipped) without python3-matplotlib
+    tests/cli/scripts_cases.py plotdeps    # plot.py under a Python without matplotlib (runs everywhere)
 
 Most sweep cases run a fake `--mpt` (a small script written here) that logs its arguments, writes
 a tiny result file and, like mpt, creates the parent folders of --out: path sanitising, repeated
@@ -31,7 +32,10 @@ FAKE_MPT = r'''#!/usr/bin/python3
 import json, os, sys, time
 try:
     args = sys.argv[1:]
-    if "--help" in args:  # sweep.py asks once whether the experiment exists
+    if args == ["list"]:  # sweep.py asks once which experiments there are (the first word of each line)
+        print("underflow      gradients in fp16\n../evil        a name to sanitise\nlossscale      loss scaling")
+        sys.exit(0)
+    if "--help" in args:  # and for a name not listed, what mpt says of it
         if args[0] == "nosuch":
             print("mpt: unknown experiment 'nosuch'; `mpt list` shows them all", file=sys.stderr)
             sys.exit(2)
@@ -268,6 +272,71 @@ def sweep_unknown_experiment():
     f.close()
 
 
+def sweep_not_an_experiment():
+    print("== sweep: mpt's other commands (compare, env, list) are refused once, nothing run (issue 38)")
+    f = Fake()
+    for name in ("compare", "env", "list"):
+        p = f.sweep("--grid", "seed=0,1", exp=name, out=name)
+        no_traceback(p, f"command {name}")
+        check(p.returncode == 2, f"command {name}: exit 2, got {p.returncode}")
+        check(len(p.stderr.strip().splitlines()) == 1 and f"experiment '{name}': an mpt command, not an experiment"
+              in p.stderr and "underflow, ../evil, lossscale" in p.stderr,
+              f"command {name}: one line saying so, with the experiments: {p.stderr!r}")
+        check(f.calls() == [], f"command {name}: no point ran, got {f.calls()}")
+        check(not os.path.exists(os.path.join(f.tmp, name)), f"command {name}: no --out-dir made")
+    f.close()
+
+
+def sweep_grid_cap():
+    print("== sweep: a huge grid is refused at once, naming its size and --max-points (issue 38)")
+    import resource
+
+    def cap_memory():  # today's 6 x 100 grid grew to 24 GB; 1 GiB of address space is plenty for the check
+        resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+    f = Fake()
+    values = ",".join(str(v) for v in range(100))
+    grid = [a for k in "abcdef" for a in ("--grid", f"{k}={values}")]
+    cmd = [PY, SWEEP, "underflow", "--mpt", f.mpt, "--out-dir", os.path.join(f.tmp, "big"), *grid]
+    try:
+        p = subprocess.run(cmd, env=f.env, capture_output=True, text=True, timeout=120, preexec_fn=cap_memory)
+        print(f"$ sweep.py underflow --grid a=0..99 ... --grid f=0..99\n  -> exit {p.returncode}; "
+              f"stderr: {p.stderr.strip()[-600:]!r}")
+        no_traceback(p, "huge grid")
+        check(p.returncode == 2, f"huge grid: exit 2, got {p.returncode}")
+        check("1,000,000,000,000 points" in p.stderr and "--max-points 10,000" in p.stderr,
+              f"huge grid: the count and --max-points named: {p.stderr!r}")
+    except subprocess.TimeoutExpired:
+        check(False, "huge grid: refused at once (it ran for 120 s)")
+    check(f.calls() == [] and not os.path.exists(os.path.join(f.tmp, "big")), "huge grid: nothing ran or made")
+    # --max-points moves the limit: 9 points are refused under 8 and run under 9.
+    p = f.sweep("--grid", "seed=0,1,2", "--grid", "x=a,b,c", "--max-points", "8", out="nine")
+    check(p.returncode == 2 and "9 points (3 (seed) x 3 (x)) is more than --max-points 8" in p.stderr,
+          f"--max-points 8: 9 points refused: {p.stderr!r}")
+    check(f.calls() == [], "--max-points 8: nothing ran")
+    p = f.sweep("--grid", "seed=0,1,2", "--grid", "x=a,b,c", "--max-points", "9", out="nine")
+    check(p.returncode == 0 and len(f.calls()) == 9, f"--max-points 9: the 9 points ran, got {len(f.calls())}")
+    for bad in ("0", "-1", "many"):
+        p = f.sweep("--max-points", bad, out="bad")
+        check(p.returncode == 2 and "--max-points" in p.stderr, f"--max-points {bad}: exit 2 naming it")
+    f.close()
+
+
+def sweep_out_dir_is_a_file():
+    print("== sweep: an --out-dir that is a file (or under one) is said so, exit 2, the file untouched (issue 38)")
+    f = Fake()
+    path = os.path.join(f.tmp, "notes.txt")
+    with open(path, "w") as fh:
+        fh.write("keep me")
+    for out, said in ((path, f"--out-dir {path}: is a file, not a folder"),
+                      (os.path.join(path, "sub"), f"--out-dir {path}/sub: {path} is a file, not a folder")):
+        p = run([PY, SWEEP, "underflow", "--mpt", f.mpt, "--out-dir", out, "--grid", "seed=0,1"], env=f.env)
+        no_traceback(p, "out-dir file")
+        check(p.returncode == 2 and p.stderr.strip() == f"sweep: {said}", f"out-dir file: exit 2, {said!r}")
+    check(open(path).read() == "keep me" and f.calls() == [], "out-dir file: the file kept, nothing ran")
+    f.close()
+
+
 def sweep_end_to_end(mpt):
     print("== sweep: the real mpt, list values and a field found in one run only")
     if not (mpt and os.access(mpt, os.X_OK)):
@@ -288,6 +357,14 @@ def sweep_end_to_end(mpt):
     check(re.search(r"warning: --field /results/gradients/d3.L01/underflow_fp16: not found in 1 of 2 results: "
                     r"underflow_model.depth-_4_-[0-9a-f]{8}\.json", p.stderr) is not None,
           "end-to-end: the warning names the [4] run")
+    # mpt's own commands are not experiments: every point of `sweep.py compare` used to fail.
+    for name in ("compare", "env"):
+        out = os.path.join(f.tmp, name)
+        p = run([PY, SWEEP, name, "--mpt", mpt, "--out-dir", out, "--grid", "seed=0,1"])
+        no_traceback(p, f"end-to-end {name}")
+        check(p.returncode == 2 and "an mpt command, not an experiment" in p.stderr and "underflow" in p.stderr,
+              f"end-to-end {name}: exit 2, refused once")
+        check(not os.path.exists(out), f"end-to-end {name}: nothing written")
     f.close()
 
 
@@ -299,7 +376,10 @@ def plot_malformed():
            "deep.json": "[" * 100000 + "]" * 100000, "unknown.json": '{"experiment": "nosuch"}',
            "binary.json": b"\xff\xfe\x00garbage",
            # a result none of whose tables has a plot (a mesh-only run was a silent exit 0: probe, stop 31)
-           "noplots.json": '{"experiment": "tensorparallel", "results": {"mesh_layout": []}}'}
+           "noplots.json": '{"experiment": "tensorparallel", "results": {"mesh_layout": []}}',
+           # one bar artist per row: a huge table took minutes; refused past MAX_BARS (issue 38)
+           "bigledger.json": json.dumps({"experiment": "fp8", "results": {"ledger": [
+               {"name": f"r{i}", "rel_error": 0.01} for i in range(6000)]}})}
     for name, text in bad.items():
         with open(os.path.join(tmp, name), "wb") as fh:
             fh.write(text if isinstance(text, bytes) else text.encode())
@@ -318,6 +398,8 @@ def plot_malformed():
         check(sum(line.startswith(f"plot: {f}: ") for line in lines) == 1, f"plot malformed: one line for {f}")
     check(any("noplots.json: no plots in this tensorparallel result" in line for line in lines),
           "plot malformed: a result with no plottable table is said")
+    check(any("bigledger.json: cannot plot: 6000 rows in the ledger, more than the 5000 bars" in line
+              for line in lines), "plot malformed: a table too large for a bar chart is said")
     made = p.stdout.split()
     check(os.path.join(out, "good_zero_fraction.png") in made, "plot malformed: the good file after them plotted")
     check(os.path.join(out, "first_sweep.png") in made, "plot malformed: the good file before them plotted")
@@ -370,6 +452,126 @@ def plot_nothing_leaves_no_folder():
     shutil.rmtree(tmp)
 
 
+def plot_without_matplotlib():
+    print("== plot: a Python without matplotlib: one line naming the module and the fix, exit 3 (issue 38)")
+    # `python3 -S` has no site-packages, so no matplotlib: as under pyenv's python3, which a user
+    # gets with `python3 scripts/plot.py` where python3 is not Debian's.
+    if subprocess.run([PY, "-S", "-c", "import matplotlib"], capture_output=True).returncode == 0:
+        check(False, "no matplotlib: python3 -S still imports matplotlib; this case cannot run")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "plots")
+        p = run([PY, "-S", PLOT, os.path.join(GOLDEN, "underflow.json"), "--out-dir", out])
+        no_traceback(p, "no matplotlib")
+        check(p.returncode == 3, f"no matplotlib: exit 3, got {p.returncode}")
+        lines = p.stderr.strip().splitlines()
+        check(len(lines) == 1 and lines[0].startswith("plot: cannot import matplotlib (No module named 'matplotlib')")
+              and "apt-get install python3-matplotlib" in lines[0] and "-m pip install matplotlib" in lines[0],
+              f"no matplotlib: one line naming the module and both fixes, got {lines}")
+        check(not os.path.exists(out), "no matplotlib: no --out-dir made")
+        p = run([PY, "-S", PLOT, "--help"])
+        check(p.returncode == 0 and "--out-dir" in p.stdout, "no matplotlib: --help still works")
+
+
+def write_trace(path, slices, target_bytes=0):
+    """A Chrome trace like mpt's pipeline on 4 ranks: per rank a compute row (F, B, W slices with
+    mpt's args, 90% busy) and a communication row (a send per slice, 10% busy), a flow per send.
+    `slices` slices per rank, or as many as fill `target_bytes` when that is given."""
+    head = [{"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}} for r in range(4)]
+    parts = ['{"displayTimeUnit":"ms","otherData":{"experiment":"pipeline"},"traceEvents":',
+             json.dumps(head, separators=(",", ":"))[:-1]]
+    size, i, ts = sum(map(len, parts)), 0, 0.0
+    while (size < target_bytes) if target_bytes else (i < slices * 4):
+        r, op, mb = i % 4, "FBW"[i // 4 % 3], i // 12 % 8
+        evs = [{"args": {"kind": op, "microbatch": mb, "run": "1f1b.m8", "schedule": "1f1b", "stage": r,
+                         "step": i // 96, "wait_us": 1.5}, "cat": "compute", "dur": 180.0, "name": f"{op}{mb}",
+                "ph": "X", "pid": r, "tid": 1, "ts": ts},
+               {"args": {"bytes": 65536, "peer": (r + 1) % 4, "tag": i}, "cat": "comm", "dur": 20.0,
+                "name": f"send {op}{mb} -> {(r + 1) % 4}", "ph": "X", "pid": r, "tid": 2, "ts": ts + 180.0},
+               {"cat": "flow", "id": i + 1, "name": "msg", "ph": "s", "pid": r, "tid": 2, "ts": ts + 180.0},
+               {"bp": "e", "cat": "flow", "id": i + 1, "name": "msg", "ph": "f", "pid": (r + 1) % 4, "tid": 2,
+                "ts": ts + 200.0}]
+        text = "," + ",".join(json.dumps(e, separators=(",", ":")) for e in evs)
+        parts.append(text)
+        size += len(text)
+        i += 1
+        if i % 4 == 0:
+            ts += 200.0
+    parts.append("]}")
+    with open(path, "w") as fh:
+        fh.write("".join(parts))
+    return i
+
+
+def plot_large_trace():
+    print("== plot: a trace near the 64 MiB cap plots in bounded memory; what is drawn does not grow with it "
+          "(issue 38)")
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import plot  # noqa: E402
+    getattr(plot, "load_matplotlib", lambda: None)()
+    # What is drawn: the same number of artists for 2,000 and 20,000 slices per rank (one barh per
+    # slice took 190 s and 4.6 GB for a 59 MiB trace).
+    drawn = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (2000, 20000):
+            path = os.path.join(tmp, f"t{n}.json")
+            write_trace(path, n)
+            with open(path) as fh:
+                doc = json.load(fh)
+            figs = []
+            saved = plot.save
+            plot.save = lambda fig, out, name, fmt, paths: figs.append(fig)
+            try:
+                plot.plot_trace(doc, plot.PlotNames(tmp, "png"), "png")
+            finally:
+                plot.save = saved
+            ax = figs[0].axes[0]
+            drawn[n] = len(ax.patches) + len(ax.collections) + len(ax.images) + len(ax.texts) + len(ax.lines)
+            plot.plt.close("all")
+    check(drawn[2000] == drawn[20000] and drawn[20000] < 1000,
+          f"large trace: as many artists for 20,000 slices per rank as for 2,000 (and < 1000), got {drawn}")
+    # The coverage of a dense track is its busy fraction, not a solid bar.
+    cov = plot.coverage([(0.0, 1.0), (2.0, 1.0)], 4.0, 4) if hasattr(plot, "coverage") else None
+    check(cov is not None and list(cov) == [1.0, 0.0, 1.0, 0.0], f"coverage: whole bins, got {cov}")
+    cov = plot.coverage([(0.5, 1.0)], 2.0, 2) if hasattr(plot, "coverage") else None
+    check(cov is not None and list(cov) == [0.5, 0.5], f"coverage: half bins, got {cov}")
+    # End to end: about 60 MiB (under the cap) in 3 GiB of address space (the old drawing needed 4.6 GB).
+    import resource
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "big.json")
+        write_trace(path, 0, target_bytes=60 * 2**20)
+        out = os.path.join(tmp, "plots")
+        try:
+            p = subprocess.run([PY, PLOT, path, "--out-dir", out], capture_output=True, text=True, timeout=600,
+                               preexec_fn=cap_memory, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        except subprocess.TimeoutExpired:
+            check(False, "large trace: plot.py ran for 600 s")
+            return
+        print(f"$ plot.py big.json ({os.path.getsize(path) / 2**20:.1f} MiB) --out-dir plots\n  -> exit "
+              f"{p.returncode}; stderr: {p.stderr.strip()[-600:]!r}")
+        no_traceback(p, "large trace")
+        png = os.path.join(out, "big_timeline.png")
+        check(p.returncode == 0 and p.stdout.split() == [png], f"large trace: exit 0 and {png}, got {p.stdout!r}")
+        check(os.path.isfile(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "large trace: a PNG")
+
+
+def plot_out_dir_is_a_file():
+    print("== plot: an --out-dir that is a file is said so, exit 2 (issue 38)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "notes.txt")
+        with open(path, "w") as fh:
+            fh.write("keep me")
+        p = run([PY, PLOT, os.path.join(GOLDEN, "underflow.json"), "--out-dir", path])
+        no_traceback(p, "plot out-dir file")
+        check(p.returncode == 2 and p.stderr.strip() == f"plot: --out-dir {path}: is a file, not a folder",
+              f"plot out-dir file: exit 2, said: {p.stderr!r}")
+        check(open(path).read() == "keep me", "plot out-dir file: the file kept")
+
+
 def gpu_check_args():
     """scripts/gpu-check.sh --help prints its usage and an unknown argument is refused (exit 2),
     both before it looks for LibTorch or builds anything (no gpu-report/ is made)."""
@@ -394,6 +596,9 @@ def main():
         sweep_fields()
         sweep_slash_names()
         sweep_unknown_experiment()
+        sweep_not_an_experiment()
+        sweep_grid_cap()
+        sweep_out_dir_is_a_file()
         sweep_end_to_end(sys.argv[2] if len(sys.argv) > 2 else None)
     elif what == "plot":
         if subprocess.run([PY, "-c", "import matplotlib"], capture_output=True).returncode != 0:
@@ -402,10 +607,14 @@ def main():
         plot_malformed()
         plot_same_experiment()
         plot_nothing_leaves_no_folder()
+        plot_out_dir_is_a_file()
+        plot_large_trace()
+    elif what == "plotdeps":
+        plot_without_matplotlib()
     elif what == "gpucheck":
         gpu_check_args()
     else:
-        sys.exit("usage: scripts_cases.py sweep MPT | plot | gpucheck")
+        sys.exit("usage: scripts_cases.py sweep MPT | plot | plotdeps | gpucheck")
     if failures:
         print(f"{len(failures)} check(s) failed:\n  " + "\n  ".join(failures))
         sys.exit(1)

@@ -32,7 +32,8 @@ grep -q "No space left on device" "$tmp/err" || fail "plot.py onto a full disk: 
 # sweep.py whose summary cannot be written: one line, exit 3
 cat > "$tmp/fakempt" <<'SH'
 #!/bin/bash
-for a in "$@"; do [ "$a" = --help ] && exit 0; done  # sweep.py's check that the experiment exists
+[ "$1" = list ] && { echo "underflow  x"; exit 0; }  # sweep.py's check that the experiment is one
+for a in "$@"; do [ "$a" = --help ] && exit 0; done
 out=""; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
 mkdir -p "$(dirname "$out")" 2>/dev/null; echo '{"schema_version":1,"results":{"x":1}}' > "$out" 2>/dev/null || exit 3
 SH
