@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 
 #include "catch.hpp"
 #include "core/amp.hpp"
@@ -146,6 +147,141 @@ TEST_CASE("GradScaler consecutive_hysteresis refills on every finite step", "[am
     s.update_with(pattern[i]);
     CHECK(s.get_scale() == scale[i]);
   }
+}
+
+namespace {
+
+// The two sources' update rules, transcribed line for line (scale as a double, as their Python
+// holds it), for the replays below.
+// DeepSpeed, deepspeed/runtime/fp16/loss_scaler.py, DynamicLossScaler.update_scale (scale_factor
+// for both directions, as there).
+struct DeepSpeedLossScaler {
+  double cur_scale, scale_factor, min_scale;
+  int64_t scale_window, delayed_shift, cur_hysteresis, cur_iter = 0, last_overflow_iter = -1;
+  bool consecutive_hysteresis;
+  void update_scale(bool overflow) {
+    if (overflow) {
+      if (delayed_shift == 1 || cur_hysteresis == 1) {
+        cur_scale = std::max(cur_scale / scale_factor, min_scale);
+      } else {
+        cur_hysteresis -= 1;
+      }
+      last_overflow_iter = cur_iter;
+    } else {
+      if (consecutive_hysteresis) cur_hysteresis = delayed_shift;
+      const int64_t stable_interval = (cur_iter - last_overflow_iter) - 1;
+      if (stable_interval > 0 && stable_interval % scale_window == 0) {
+        if (!consecutive_hysteresis) cur_hysteresis = delayed_shift;
+        cur_scale *= scale_factor;
+      }
+    }
+    cur_iter += 1;
+  }
+};
+
+// Megatron-LM, megatron/core/optimizer/grad_scaler.py, DynamicGradScaler.update (no
+// consecutive_hysteresis there).
+struct MegatronGradScaler {
+  double scale, growth_factor, backoff_factor, min_scale;
+  int64_t growth_interval, hysteresis, growth_tracker = 0, hysteresis_tracker;
+  void update(bool found_inf) {
+    if (found_inf) {
+      growth_tracker = 0;
+      hysteresis_tracker -= 1;
+      if (hysteresis_tracker <= 0) scale = std::max(scale * backoff_factor, min_scale);
+    } else {
+      growth_tracker += 1;
+      if (growth_tracker == growth_interval) {
+        growth_tracker = 0;
+        hysteresis_tracker = hysteresis;
+        scale = scale * growth_factor;
+      }
+    }
+  }
+};
+
+GradScaler::Options rule_opts(ScaleRule rule, int64_t window, int64_t hysteresis, bool consecutive) {
+  auto o = opts(window, hysteresis);
+  o.rule = rule;
+  o.consecutive_hysteresis = consecutive;
+  o.min_scale = 1.0;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("GradScaler rule deepspeed: the issue's trace, log2 scales step by step", "[amp]") {
+  // Overflows 0,0,0,0,1,1,1,0,0,0,0, hysteresis 2, window 4, from 2^16: the scale each step runs at.
+  const std::vector<int> pattern = {0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
+  const std::vector<int> deepspeed = {16, 16, 16, 16, 16, 16, 15, 14, 14, 14, 14};
+  const std::vector<int> megatron = {16, 16, 16, 16, 17, 17, 16, 15, 15, 15, 15};
+  GradScaler ds(rule_opts(ScaleRule::DeepSpeed, 4, 2, false)), mg(rule_opts(ScaleRule::Megatron, 4, 2, false));
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    INFO("step " << i);
+    CHECK(std::log2(ds.get_scale()) == deepspeed[i]);
+    CHECK(std::log2(mg.get_scale()) == megatron[i]);
+    ds.update_with(pattern[i]);
+    mg.update_with(pattern[i]);
+  }
+}
+
+TEST_CASE("GradScaler rules replay their sources' update step for step", "[amp]") {
+  // Random overflow patterns of several densities (bursts included), every window and hysteresis
+  // from 1 to 4, consecutive_hysteresis on and off (DeepSpeed only): scale, hysteresis and, for
+  // DeepSpeed, the stable interval must equal the transcribed source after every step. Runs of 100
+  // steps from 2^16 grow at most to 2^116: inside fp32's range, where mpt stops growing (as PyTorch)
+  // and the sources would not.
+  std::mt19937 rng(38);
+  for (double density : {0.05, 0.3, 0.7}) {
+    for (int64_t window = 1; window <= 4; ++window) {
+      for (int64_t hyst = 1; hyst <= 4; ++hyst) {
+        for (int run = 0; run < 8; ++run)
+        for (bool consecutive : {false, true}) {
+          INFO("density " << density << " window " << window << " hysteresis " << hyst << " consecutive " << consecutive);
+          GradScaler ds(rule_opts(ScaleRule::DeepSpeed, window, hyst, consecutive));
+          DeepSpeedLossScaler ref{65536.0, 2.0, 1.0, window, hyst, hyst, 0, -1, consecutive};
+          GradScaler mg(rule_opts(ScaleRule::Megatron, window, hyst, false));
+          MegatronGradScaler mref{65536.0, 2.0, 0.5, 1.0, window, hyst, 0, hyst};
+          std::bernoulli_distribution overflow(density);
+          for (int step = 0; step < 100; ++step) {
+            const bool inf = overflow(rng);
+            ds.update_with(inf);
+            ref.update_scale(inf);
+            REQUIRE(static_cast<double>(ds.get_scale()) == ref.cur_scale);
+            REQUIRE(ds.hysteresis_tracker() == ref.cur_hysteresis);
+            REQUIRE(ds.growth_tracker() == ref.cur_iter - ref.last_overflow_iter - 1);
+            if (consecutive) continue;  // Megatron has no consecutive_hysteresis
+            mg.update_with(inf);
+            mref.update(inf);
+            REQUIRE(static_cast<double>(mg.get_scale()) == mref.scale);
+            REQUIRE(mg.hysteresis_tracker() == std::max<int64_t>(mref.hysteresis_tracker, 0));
+            REQUIRE(mg.growth_tracker() == mref.growth_tracker);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GradScaler rule deepspeed: state saved after every step continues exactly", "[amp]") {
+  const std::vector<int> pattern = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0};
+  GradScaler ref(rule_opts(ScaleRule::DeepSpeed, 3, 2, false));
+  for (std::size_t cut = 0; cut < pattern.size(); ++cut) {
+    GradScaler a(rule_opts(ScaleRule::DeepSpeed, 3, 2, false));
+    for (std::size_t i = 0; i < cut; ++i) a.update_with(pattern[i]);
+    GradScaler b;  // fresh, PyTorch defaults: the rule must come from the dict
+    b.load_state_dict(json::parse(a.state_dict().dump()));
+    CHECK(b.options().rule == ScaleRule::DeepSpeed);
+    for (std::size_t i = cut; i < pattern.size(); ++i) {
+      a.update_with(pattern[i]);
+      b.update_with(pattern[i]);
+      CHECK(b.get_scale() == a.get_scale());
+      CHECK(b.state_dict() == a.state_dict());
+    }
+  }
+  CHECK(parse_scale_rule("deepspeed") == ScaleRule::DeepSpeed);
+  CHECK(parse_scale_rule("megatron") == ScaleRule::Megatron);
+  CHECK_THROWS_AS(parse_scale_rule("DeepSpeed"), std::invalid_argument);
 }
 
 TEST_CASE("GradScaler unscale_: reciprocal in double, inf check on scaled values", "[amp]") {

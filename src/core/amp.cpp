@@ -21,6 +21,14 @@ MinScalePolicy parse_min_scale_policy(const std::string& s) {
   throw std::invalid_argument("min_scale_policy: expected \"clamp\" or \"error\", got \"" + s + "\"");
 }
 
+ScaleRule parse_scale_rule(const std::string& s) {
+  if (s == "megatron") return ScaleRule::Megatron;
+  if (s == "deepspeed") return ScaleRule::DeepSpeed;
+  throw std::invalid_argument("rule: expected \"megatron\" or \"deepspeed\", got \"" + s + "\"");
+}
+
+const char* scale_rule_name(ScaleRule r) { return r == ScaleRule::DeepSpeed ? "deepspeed" : "megatron"; }
+
 namespace {
 
 void validate(const GradScaler::Options& o) {
@@ -90,32 +98,61 @@ void GradScaler::update() {
 void GradScaler::update_with(bool found_inf) {
   stage_ = Stage::Ready;
   found_inf_ = found_inf;
+  if (opt_.rule == ScaleRule::DeepSpeed) return update_deepspeed(found_inf);
   if (found_inf) {
     growth_tracker_ = 0;
     if (hysteresis_tracker_ > 0) --hysteresis_tracker_;
     if (hysteresis_tracker_ > 0) return;  // tolerated (hysteresis)
-    const float floor = static_cast<float>(opt_.min_scale);
-    if (opt_.min_scale_policy == MinScalePolicy::Error && scale_ <= floor)
-      throw LossScaleError(fmt::format(
-          "loss scale is already at its minimum ({:g}) and gradients still overflow; "
-          "cannot decrease the scale any further",
-          scale_));
-    // *current_scale = (*current_scale) * backoff_factor  (float × double, stored as float)
-    float next = static_cast<float>(static_cast<double>(scale_) * opt_.backoff_factor);
-    if (next < floor) next = floor;
-    scale_ = next;
+    back_off();
   } else {
     if (opt_.consecutive_hysteresis) hysteresis_tracker_ = opt_.hysteresis;
     const int64_t successful = growth_tracker_ + 1;
     if (successful == opt_.growth_interval) {
-      const float grown = static_cast<float>(static_cast<double>(scale_) * opt_.growth_factor);
-      if (std::isfinite(grown)) scale_ = grown;  // do not grow past fp32's range to inf
+      grow();
       growth_tracker_ = 0;
-      hysteresis_tracker_ = opt_.hysteresis;
     } else {
       growth_tracker_ = successful;
     }
   }
+}
+
+// DeepSpeed's DynamicLossScaler.update_scale, with stable_interval = cur_iter - last_overflow_iter - 1
+// held as growth_tracker_ (both counters only ever enter through that difference). Its cur_hysteresis
+// stays at 1 once reached where Megatron's tracker goes to 0: the back-off decisions are the same.
+void GradScaler::update_deepspeed(bool found_inf) {
+  if (found_inf) {
+    growth_tracker_ = 0;
+    if (opt_.hysteresis == 1 || hysteresis_tracker_ <= 1) {
+      hysteresis_tracker_ = std::min<int64_t>(hysteresis_tracker_, 1);
+      back_off();
+    } else {
+      --hysteresis_tracker_;
+    }
+    return;
+  }
+  if (opt_.consecutive_hysteresis) hysteresis_tracker_ = opt_.hysteresis;
+  const int64_t stable_interval = growth_tracker_;
+  if (stable_interval > 0 && stable_interval % opt_.growth_interval == 0) grow();
+  growth_tracker_ = stable_interval + 1;
+}
+
+void GradScaler::back_off() {
+  const float floor = static_cast<float>(opt_.min_scale);
+  if (opt_.min_scale_policy == MinScalePolicy::Error && scale_ <= floor)
+    throw LossScaleError(fmt::format(
+        "loss scale is already at its minimum ({:g}) and gradients still overflow; "
+        "cannot decrease the scale any further",
+        scale_));
+  // *current_scale = (*current_scale) * backoff_factor  (float × double, stored as float)
+  float next = static_cast<float>(static_cast<double>(scale_) * opt_.backoff_factor);
+  if (next < floor) next = floor;
+  scale_ = next;
+}
+
+void GradScaler::grow() {
+  const float grown = static_cast<float>(static_cast<double>(scale_) * opt_.growth_factor);
+  if (std::isfinite(grown)) scale_ = grown;  // do not grow past fp32's range to inf
+  if (!opt_.consecutive_hysteresis) hysteresis_tracker_ = opt_.hysteresis;
 }
 
 json GradScaler::state_dict() const {
@@ -124,6 +161,7 @@ json GradScaler::state_dict() const {
           {"backoff_factor", opt_.backoff_factor},
           {"growth_interval", opt_.growth_interval},
           {"_growth_tracker", growth_tracker_},
+          {"rule", scale_rule_name(opt_.rule)},
           {"hysteresis", opt_.hysteresis},
           {"_hysteresis_tracker", hysteresis_tracker_},
           {"consecutive_hysteresis", opt_.consecutive_hysteresis},
@@ -142,6 +180,7 @@ void GradScaler::load_state_dict(const json& s) {
     o.growth_interval = s.at("growth_interval").get<int64_t>();
     const double sc = s.at("scale").get<double>();
     o.init_scale = sc;
+    if (s.contains("rule")) o.rule = parse_scale_rule(s.at("rule").get<std::string>());
     if (s.contains("hysteresis")) o.hysteresis = s.at("hysteresis").get<int64_t>();
     if (s.contains("consecutive_hysteresis")) o.consecutive_hysteresis = s.at("consecutive_hysteresis").get<bool>();
     if (s.contains("min_scale")) o.min_scale = s.at("min_scale").get<double>();
@@ -149,8 +188,10 @@ void GradScaler::load_state_dict(const json& s) {
     if (o.min_scale > sc) o.min_scale = sc;  // a scale saved at a lower floor stays valid
     validate(o);
     const int64_t tracker = s.at("_growth_tracker").get<int64_t>();
-    if (tracker < 0 || tracker >= o.growth_interval)
-      throw std::invalid_argument(fmt::format("_growth_tracker must be in [0, growth_interval), got {}", tracker));
+    // megatron's tracker resets at each growth; deepspeed's counts on until the next overflow.
+    if (tracker < 0 || (o.rule == ScaleRule::Megatron && tracker >= o.growth_interval))
+      throw std::invalid_argument(fmt::format("_growth_tracker must be in [0, growth_interval) under rule "
+                                              "megatron, >= 0 under deepspeed; got {}", tracker));
     int64_t hyst = o.hysteresis;
     if (s.contains("_hysteresis_tracker")) hyst = s.at("_hysteresis_tracker").get<int64_t>();
     if (hyst < 0 || hyst > o.hysteresis)

@@ -14,11 +14,19 @@
 //                        unless that is inf in fp32, and tracker = 0
 // Options beyond PyTorch, named as DeepSpeed (runtime/fp16/loss_scaler.py) and Megatron-LM
 // (optimizer/grad_scaler.py DynamicGradScaler) name them:
+//   rule                when the scale grows, each equal to its source step for step:
+//                       "megatron" (Megatron's DynamicGradScaler; PyTorch's rule at hysteresis 1):
+//                         grow after growth_interval consecutive finite steps, counted from the
+//                         start, the last overflow or the last growth;
+//                       "deepspeed" (DeepSpeed's DynamicLossScaler.update_scale): grow at a finite
+//                         step when s = (finite steps before it since the start or the last
+//                         overflow) is > 0 and a multiple of growth_interval (its scale_window) —
+//                         after window + 1 finite steps, then every window steps.
 //   hysteresis          overflows tolerated before backing off (1 = PyTorch). The hysteresis
 //                       tracker starts at `hysteresis`, loses one per overflow, backs off when it
-//                       reaches 0 (and on every further overflow), and is refilled when the scale
-//                       grows (Megatron; DeepSpeed's default) — or on every finite step when
-//                       `consecutive_hysteresis` is set (DeepSpeed's option of that name).
+//                       reaches 0 (megatron; deepspeed keeps it at 1 and backs off there: the same
+//                       decisions), and is refilled when the scale grows — or on every finite step
+//                       when `consecutive_hysteresis` is set (DeepSpeed's option of that name).
 //   min_scale, policy   the floor: "clamp" keeps S ≥ min_scale (Megatron); "error" throws
 //                       LossScaleError when S is at the floor and must back off again (DeepSpeed's
 //                       raise_error_at_min_scale). The scale is never 0.
@@ -49,6 +57,14 @@ enum class MinScalePolicy { Clamp, Error };
 /// Parses "clamp" | "error"; throws std::invalid_argument.
 MinScalePolicy parse_min_scale_policy(const std::string& s);
 
+/// When the scale grows (see the file comment): Megatron's DynamicGradScaler (PyTorch's rule at
+/// hysteresis 1) or DeepSpeed's DynamicLossScaler.
+enum class ScaleRule { Megatron, DeepSpeed };
+/// Parses "megatron" | "deepspeed"; throws std::invalid_argument.
+ScaleRule parse_scale_rule(const std::string& s);
+/// "megatron" | "deepspeed".
+const char* scale_rule_name(ScaleRule r);
+
 /// Dynamic loss scaler with torch.cuda.amp.GradScaler's semantics (see the file comment).
 class GradScaler {
  public:
@@ -56,7 +72,8 @@ class GradScaler {
     double init_scale = 65536.0;     ///< 2^16, PyTorch's default
     double growth_factor = 2.0;      ///< > 1
     double backoff_factor = 0.5;     ///< in (0, 1)
-    int64_t growth_interval = 2000;  ///< finite steps between growths, >= 1
+    int64_t growth_interval = 2000;  ///< finite steps between growths, >= 1 (DeepSpeed: scale_window)
+    ScaleRule rule = ScaleRule::Megatron;  ///< when the scale grows
     int64_t hysteresis = 1;          ///< >= 1; 1 = PyTorch
     bool consecutive_hysteresis = false;  ///< refill the hysteresis on every finite step
     double min_scale = 1.4012984643248171e-45;  ///< > 0; default the smallest fp32 subnormal
@@ -93,6 +110,9 @@ class GradScaler {
   void update_with(bool found_inf);
 
   float get_scale() const { return scale_; }
+  /// megatron: finite steps since the start, the last overflow or the last growth (< growth_interval);
+  /// deepspeed: finite steps since the start or the last overflow (DeepSpeed's
+  /// cur_iter - last_overflow_iter - 1 before the next update).
   int64_t growth_tracker() const { return growth_tracker_; }
   int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
   /// The inf check of the last unscale_ (false before any).
@@ -100,7 +120,7 @@ class GradScaler {
   const Options& options() const { return opt_; }
 
   /// {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"} as
-  /// GradScaler.state_dict(), plus "hysteresis", "_hysteresis_tracker", "consecutive_hysteresis",
+  /// GradScaler.state_dict(), plus "rule", "hysteresis", "_hysteresis_tracker", "consecutive_hysteresis",
   /// "min_scale", "min_scale_policy". Doubles hold the fp32 scale exactly.
   json state_dict() const;
   /// Restores everything state_dict() saved, exactly (tracker included, nothing reset).
@@ -116,6 +136,12 @@ class GradScaler {
   int64_t hysteresis_tracker_;
   bool found_inf_ = false;
   Stage stage_ = Stage::Ready;
+
+  void update_deepspeed(bool found_inf);
+  /// S × backoff_factor, not below min_scale; LossScaleError at the floor under policy "error".
+  void back_off();
+  /// S × growth_factor unless that is inf in fp32; refills the hysteresis.
+  void grow();
 };
 
 /// Rounds values to format `f` in forward and the gradient flowing back through it to `f` in

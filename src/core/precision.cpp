@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -181,6 +182,15 @@ CastStats cast_stats(const torch::Tensor& x, Format f) {
   const auto beyond = (f == Format::FP8_E4M3) ? round_fp8(x32, f, quant::Overflow::NonSaturating) : r;
   s.overflow = (torch::isfinite(x32) & ~torch::isfinite(beyond)).sum().item<int64_t>();
   return s;
+}
+
+double relative_error(const torch::Tensor& approx, const torch::Tensor& ref) {
+  TORCH_CHECK(approx.sizes() == ref.sizes(), "relative_error: shapes ", approx.sizes(), " and ", ref.sizes(), " differ");
+  auto r = ref.to(torch::kDouble);
+  const double den = r.norm().item<double>();
+  const double num = (approx.to(torch::kDouble) - r).norm().item<double>();
+  if (den == 0) return num == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return num / den;
 }
 
 }  // namespace mpt

@@ -166,4 +166,12 @@ struct CastStats {
 /// Counts what casting fp32 tensor `x` to `f` does to its elements.
 CastStats cast_stats(const torch::Tensor& x, Format f);
 
+/// ||approx − ref||₂ / ||ref||₂ over all elements (any shape, the same for both; any floating dtype),
+/// the error statistic of every "rel err" column. Computed in float64: an fp32 norm overflows once
+/// the squares sum past 3.4e38 (elements near 1e18 already) and reads 0 (finite / inf) or NaN
+/// (inf / inf); in float64 the squares of any finite fp32 value (≤ 1.2e77) sum without overflow
+/// and the difference of two fp32 values is exact. 0 when both are zero, +inf when only `ref` is;
+/// NaN or inf when an input holds NaN or inf. Throws c10::Error when the shapes differ.
+double relative_error(const torch::Tensor& approx, const torch::Tensor& ref);
+
 }  // namespace mpt

@@ -520,8 +520,7 @@ torch::Tensor gemm_with_bias(const torch::Tensor& a, const torch::Tensor& bt, co
     ledger->b = operand_ledger(qb);
     auto af = a.to(torch::kFloat), bf = bt.to(torch::kFloat);
     auto ref = bias.defined() ? torch::addmm(bias, af, bf.t()) : af.mm(bf.t());
-    const double den = ref.norm().item<double>(), num = (c - ref).norm().item<double>();
-    ledger->rel_error = den > 0 ? num / den : (num == 0 ? 0.0 : std::numeric_limits<double>::infinity());
+    ledger->rel_error = relative_error(c, ref);
   }
   return c;
 }

@@ -339,10 +339,6 @@ void mx_section(const Context& ctx, const q::Operands& ops, const std::vector<in
            pct_col("floor_saturated", "FLOOR sat", 3), sci_col("floor_rel_error", "FLOOR err", "-", 3),
            int_col("rceil_saturated_blocks", "RCEIL sat blk"), pct_col("rceil_saturated", "RCEIL sat", 3),
            sci_col("rceil_rel_error", "RCEIL err", "-", 3), pct_col("rceil_flushed", "RCEIL ->0", 3)}};
-  auto rel = [](const torch::Tensor& v, const torch::Tensor& x) {
-    const double d = x.norm().item<double>();
-    return d > 0 ? (v - x).norm().item<double>() / d : 0.0;
-  };
   int64_t floor_blocks = 0, rceil_blocks = 0;
   for (std::size_t l = 0; l < ops.x.size(); ++l) {
     struct Op {
@@ -367,10 +363,10 @@ void mx_section(const Context& ctx, const q::Operands& ops, const std::vector<in
                         {"blocks", f.blocks},
                         {"floor_saturated_blocks", f.saturated_blocks},
                         {"floor_saturated", static_cast<double>(f.saturated) / static_cast<double>(f.numel)},
-                        {"floor_rel_error", num(rel(f.values, o.t))},
+                        {"floor_rel_error", num(relative_error(f.values, o.t))},
                         {"rceil_saturated_blocks", r.saturated_blocks},
                         {"rceil_saturated", static_cast<double>(r.saturated) / static_cast<double>(r.numel)},
-                        {"rceil_rel_error", num(rel(r.values, o.t))},
+                        {"rceil_rel_error", num(relative_error(r.values, o.t))},
                         {"rceil_flushed", static_cast<double>(r.flushed) / static_cast<double>(r.numel)}});
     }
   }

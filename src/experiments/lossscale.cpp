@@ -121,6 +121,13 @@ ConfigSpec lossscale_spec() {
   s.add("/train/scaler/backoff_factor", backoff);
   s.integer("/train/scaler/growth_interval", 100, "GradScaler growth_interval (PyTorch: 2000)", 1, 1'000'000'000);
   s.integer("/train/scaler/hysteresis", 1, "overflows tolerated before backing off (1 = PyTorch)", 1, 1'000'000);
+  s.boolean("/train/scaler/consecutive_hysteresis", false,
+            "refill the hysteresis on every finite step, not only when the scale grows (DeepSpeed's option)");
+  s.choice("/train/scaler/rule", "megatron", {"megatron", "deepspeed"},
+           "when the scale grows: megatron (Megatron's DynamicGradScaler, PyTorch's rule at hysteresis 1: after "
+           "growth_interval finite steps since the last overflow or growth) or deepspeed (DeepSpeed's "
+           "DynamicLossScaler: after growth_interval + 1 finite steps since the last overflow, then every "
+           "growth_interval)");
   Param floor = positive_number(1.0, "floor of the dynamic scale (>= fp32's smallest normal, 1.18e-38)");
   floor.min = 1.1754943508222875e-38;
   s.add("/train/scaler/min_scale", floor);
@@ -163,9 +170,7 @@ Frac fractions_vs(const torch::Tensor& low, const torch::Tensor& ref) {
 double unscaled_error(const torch::Tensor& scaled, float inv, const torch::Tensor& ref) {
   auto back = round_to(scaled, Format::FP16) * inv;
   if (!torch::isfinite(back).all().item<bool>()) return INFINITY;
-  const double den = ref.norm().item<double>();
-  const double num = (back - ref).norm().item<double>();
-  return den == 0 ? num : num / den;
+  return relative_error(back, ref);
 }
 
 void sweep_section(const Context& ctx, Report& report) {
@@ -302,6 +307,8 @@ GradScaler::Options scaler_options(const Config& cfg) {
   o.backoff_factor = cfg.number("/train/scaler/backoff_factor");
   o.growth_interval = cfg.integer("/train/scaler/growth_interval");
   o.hysteresis = cfg.integer("/train/scaler/hysteresis");
+  o.consecutive_hysteresis = cfg.boolean("/train/scaler/consecutive_hysteresis");
+  o.rule = parse_scale_rule(cfg.str("/train/scaler/rule"));
   o.min_scale = cfg.number("/train/scaler/min_scale");
   o.min_scale_policy = parse_min_scale_policy(cfg.str("/train/scaler/min_scale_policy"));
   return o;

@@ -17,6 +17,12 @@ add_test(NAME cli.fp8_lessons
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/fp8_checks.sh $<TARGET_FILE:mpt> ${FP8_TINY}
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.fp8_lessons PROPERTIES TIMEOUT 300)
+# The GEMM error statistics at the top of /outlier/factor's range (1e30): finite, and current
+# scaling's error at the outlier as at 1e3 (fp32 norms overflowed: 0.0 at 1e18, nan at 1e20).
+add_test(NAME cli.fp8_huge_outlier
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/fp8_huge_outlier.sh $<TARGET_FILE:mpt> ${FP8_TINY}
+                 --set "recipes=[\"fp32\",\"tensorwise\"]"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 
 # Bad input: exit 2 naming the key, nothing written (run_case.sh checks the result file).
 cli_case(fp8_bad_tile 2 "/blockwise/tile: recipe blockwise on layer 2 .*block 1x96 does not divide" ${FP8_TINY}

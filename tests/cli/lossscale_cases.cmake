@@ -18,6 +18,16 @@ cli_case(lossscale_ceiling_emulated 0 "# bf16: no verdict: no recipe ran bf16 na
          --set train.compute=emulated)
 cli_case(lossscale_ceiling_without_training 0 "/train/gemm_ceiling = 64 is not used"
          lossscale ${LS_NO_GPT} --set train.enabled=false --set train.gemm_ceiling=64)
+# The growth rule reaches the scaler (issue 38): from S = 1 (no overflow) with window 4 over 20 steps,
+# Megatron's rule grows after steps 4, 8, 12, 16, 20 (final scale 32), DeepSpeed's after steps 5, 9, 13, 17
+# (its stable interval counts the steps before the current one: 16).
+set(LS_RULE lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"fp16+master+dynamic\"]" --set train.scaler.init_scale=1
+    --set train.scaler.growth_interval=4)
+cli_case(lossscale_rule_megatron 0 "fp16\\+master\\+dynamic +[^ ]+ +[^ ]+ +0 +3.20e\\+01" ${LS_RULE})
+cli_case(lossscale_rule_deepspeed 0 "fp16\\+master\\+dynamic +[^ ]+ +[^ ]+ +0 +1.60e\\+01" ${LS_RULE}
+         --set train.scaler.rule=deepspeed)
+cli_case(lossscale_bad_rule 2 "/train/scaler/rule: expected one of \"megatron\", \"deepspeed\", got \"DeepSpeed\" \\(did you mean \"deepspeed\"\\?\\)"
+         lossscale --set train.scaler.rule=DeepSpeed)
 # bad inputs: exit 2 naming the key; missing data: exit 2 naming the key and the package
 cli_case(lossscale_bad_negative_scale 2 "/sweep/scales/1: expected a number > 0, got -4" lossscale --set "sweep.scales=[1,-4]")
 cli_case(lossscale_bad_static_scale 2 "/train/static_scale: expected a number > 0, got -1" lossscale --set train.static_scale=-1)

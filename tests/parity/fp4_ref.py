@@ -249,7 +249,8 @@ def qgemm(a, bt, rec, gs, bias=None, errors=None):
     c = torch.addmm(bias, qa, qb.t()) if bias is not None else qa.mm(qb.t())
     if errors is not None:
         ref = torch.addmm(bias, a, bt.t()) if bias is not None else a.mm(bt.t())
-        den, num = ref.norm().item(), (c - ref).norm().item()
+        # in float64, as mpt's relative_error: an fp32 norm overflows for large operands
+        den, num = ref.double().norm().item(), (c.double() - ref.double()).norm().item()
         errors.append(num / den if den > 0 else (0.0 if num == 0 else math.inf))
     return c
 

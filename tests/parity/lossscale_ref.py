@@ -35,9 +35,12 @@ def error(scaled, inv, ref):
     back = scaled.half().float() * inv
     if not torch.isfinite(back).all():
         return "inf"
-    den = ref.norm().item()
-    num = (back - ref).norm().item()
-    return num if den == 0 else num / den
+    # in float64, as mpt's relative_error
+    den = ref.double().norm().item()
+    num = (back.double() - ref.double()).norm().item()
+    if den == 0:
+        return 0.0 if num == 0 else "inf"
+    return num / den
 
 
 def main():
