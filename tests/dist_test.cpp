@@ -379,6 +379,53 @@ TEST_CASE("two ranks' Jobs in one process: each beats its own heartbeat, and a f
   j0.reset();  // then the host of the store
 }
 
+// Issue 38: rank 1's trace events (10.9 MB) went to rank 0 as one value of the job's store; LibTorch
+// 2.x's TCPStore server (libuv) closes a connection whose message exceeds 8 MiB, so rank 1 died
+// and rank 0 waited out its timeout. Values of any length travel in pieces: a 12 MiB part
+// through gather_on_rank0 and a 9 MiB job description through the launch check, on a real
+// TCPStore that rank 0 hosts (two Jobs of this process, as above).
+TEST_CASE("gather_on_rank0 and the launch check carry values beyond one store message (8 MiB)", "[dist]") {
+  using std::chrono::milliseconds;
+  const int port = unused_port();
+  REQUIRE(port > 0);
+  const milliseconds timeout(5000);
+  dist::LaunchInfo l0, l1;
+  l0.world_size = l1.world_size = 2;
+  l0.master_port = l1.master_port = port;
+  l1.rank = l1.local_rank = 1;
+  auto j0 = dist::connect_store(l0, timeout);
+  auto j1 = dist::connect_store(l1, timeout);
+  std::string part(12u << 20, '\0');
+  for (std::size_t i = 0; i < part.size(); ++i) part[i] = static_cast<char>('a' + (i * 7 + i / 4099) % 26);
+  const std::string description = "{\"config\": \"" + std::string(9u << 20, 'c') + "\"}";
+  std::vector<std::string> got0, got1;
+  std::string error0, error1;
+  std::thread rank1([&] {
+    try {
+      j1->check_same_launch(description);
+      got1 = j1->gather_on_rank0("big", part);
+    } catch (const std::exception& e) {
+      error1 = e.what();
+    }
+  });
+  try {
+    j0->check_same_launch(description);
+    got0 = j0->gather_on_rank0("big", "rank 0's own");
+  } catch (const std::exception& e) {
+    error0 = e.what();
+  }
+  rank1.join();
+  CHECK(error0.substr(0, 300) == "");
+  CHECK(error1.substr(0, 300) == "");
+  REQUIRE(got0.size() == 2);
+  CHECK(got0[0] == "rank 0's own");
+  CHECK(got0[1].size() == part.size());
+  CHECK(got0[1] == part);
+  CHECK(got1.empty());  // the other ranks only send theirs
+  j1.reset();
+  j0.reset();  // the host of the store last
+}
+
 // ---------------------------------------------------------------------------
 // Collectives and the reducer on a real two-rank Gloo group: two threads of this process, one
 // rank each, meeting in the job's store as two processes would. Catch2's assertions are not

@@ -216,6 +216,40 @@ TEST_CASE("check_writable reports the folders it made, remove_created_dirs takes
   fs::remove_all(dir);
 }
 
+// Issue 38: "--out DIR/" passed the check (the folder was made for it) and failed after the run.
+TEST_CASE("check_writable and write_file_atomic refuse a path that names a folder, and make nothing", "[results]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("mpt_results_folder_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const std::string& p : {(dir / "new").string() + "/", (dir / "new" / "x").string() + "/.",
+                               (dir / "new" / "x").string() + "/.."}) {
+    CHECK_THROWS_WITH(check_writable(p), Catch::Contains(p + ": names a folder") &&
+                                             Catch::Contains("expected a file path"));
+    CHECK_THROWS_WITH(write_file_atomic(p, "x\n"), Catch::Contains("names a folder"));
+    CHECK_FALSE(fs::exists(dir / "new"));
+  }
+  CHECK_THROWS_WITH(check_writable((dir / "new").string() + "/"), Catch::Contains("(it ends in '/')"));
+  fs::remove_all(dir);
+}
+
+// Issue 38: a refused --out through a path longer than PATH_MAX left the 20 folders made before
+// mkdir(2) said ENAMETOOLONG.
+TEST_CASE("check_writable takes away the folders it made when a deeper one cannot be made", "[results]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("mpt_results_long_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::path p = dir / "deep";
+  for (int i = 0; i < 25; ++i) p /= std::string(200, 'd');  // 25 x 201 characters > PATH_MAX (4096)
+  CHECK_THROWS_WITH(check_writable((p / "r.json").string()), Catch::Contains("cannot create directory") &&
+                                                                 Catch::Contains("File name too long"));
+  CHECK_FALSE(fs::exists(dir / "deep"));
+  CHECK_THROWS(write_file_atomic((p / "r.json").string(), "x\n"));
+  CHECK_FALSE(fs::exists(dir / "deep"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("table_json_by_name keys the rows by their name, a missing or repeated name is refused", "[results]") {
   Table t{"per_n", "Per N", {text_col("name", "N"), float_col("x", "x")}};
   t.rows.push_back({{"name", "n1"}, {"x", 1.0}});

@@ -205,6 +205,14 @@ TEST_CASE("trace: chrome_trace names processes and threads and applies the clock
   CHECK(back[1].ph == 's');
   CHECK(back[1].id == 7);
   CHECK(back[0].dur_us == 20);
+  // The same read as text, event by event (rank 0 reading another rank's part).
+  const auto streamed = trace::events_from_text(trace::events_json({x, s}).dump());
+  REQUIRE(streamed.size() == 2);
+  CHECK(trace::events_json(streamed) == trace::events_json(back));
+  CHECK(trace::events_from_text("[]").empty());
+  CHECK_THROWS_AS(trace::events_from_text("{}"), std::invalid_argument);
+  CHECK_THROWS_AS(trace::events_from_text("[1]"), std::invalid_argument);
+  CHECK_THROWS(trace::events_from_text("[{\"ph\": \"X\"}"));
 }
 
 TEST_CASE("trace: write_chrome_trace writes the text dump() gives, event by event", "[trace]") {

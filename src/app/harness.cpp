@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -93,7 +94,7 @@ std::pair<std::string, std::size_t> trace_document(const Experiment& exp, const 
     if (i == 0) {
       per_rank.push_back([](const std::function<void(const trace::Event&)>& fn) { trace::for_each_event(fn); });
     } else {
-      others[i] = trace::events_from_json(json::parse(events.at(i)));
+      others[i] = trace::events_from_text(events.at(i));  // no JSON tree of the whole part
       per_rank.push_back(trace::rank_events(others[i]));
     }
     trace::ClockSync c;
@@ -134,6 +135,26 @@ ConfigSpec full_spec(const Experiment& exp) {
 Config resolve_for(const ConfigSpec& spec, const RunOptions& opts) {
   if (opts.config_given && opts.config_file.empty())
     throw ConfigError("--config: expected a file path, got an empty string");
+  // An option and a --set of the key it stands for, with different values: one would silently win
+  // (--nproc 2 --set nproc=4 ran 2 processes). Refused, naming both.
+  auto refuse_conflict = [&](const std::string& option, const std::string& value, const std::string& key) {
+    for (const auto& set : opts.sets) {
+      const std::size_t eq = set.find('=');
+      if (eq == std::string::npos || eq == 0) continue;
+      std::string pointer;
+      try {
+        pointer = to_pointer(set.substr(0, eq));
+      } catch (const ConfigError&) {
+        continue;  // malformed: resolve_config names it
+      }
+      if (pointer == "/" + key && set.substr(eq + 1) != value)
+        throw ConfigError(fmt::format("{} {} and --set '{}' give /{} two values: keep one", option, printable_text(value, 40),
+                                      printable_text(set, 200), key));
+    }
+  };
+  if (opts.seed) refuse_conflict("--seed", *opts.seed, "seed");
+  if (!opts.device.empty()) refuse_conflict("--device", opts.device, "device");
+  if (opts.nproc) refuse_conflict("--nproc", *opts.nproc, "nproc");
   std::vector<std::string> sets = opts.sets;
   if (opts.seed) sets.push_back("seed=" + *opts.seed);
   if (!opts.device.empty()) sets.push_back("device=\"" + opts.device + "\"");
@@ -188,22 +209,37 @@ nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg,
 
 namespace {
 
-// The --out / --trace folders this run created, for a SIGINT, SIGTERM or SIGHUP that ends it
-// before its result: the handler removes the empty ones (rmdir(2) is async-signal-safe), then
-// dies of the signal as it would have (default disposition, re-raised). Probe, stop 31: an
-// interrupted run left them, although a failed run removes them.
+// What this run made for its --out / --trace, for a SIGINT, SIGTERM or SIGHUP that ends it
+// before its result: the handler removes the temporary files of a write in progress (core/results:
+// a result staged while a FIFO trace blocks the write) and the empty folders the run created
+// (unlink(2) and rmdir(2) are async-signal-safe), then dies of the signal as it would have
+// (default disposition, re-raised). The launcher of --nproc passes the signal on to its workers
+// first and waits for them (core/dist_launch), as rank 0 writes the files. Probe, stop 31, and
+// issue 38: an interrupted run left them, although a failed run removes them.
 constexpr int kMaxSignalDirs = 64;
 const char* g_signal_dirs[kMaxSignalDirs];
 volatile std::sig_atomic_t g_signal_ndirs = 0;
 
-extern "C" void remove_dirs_and_reraise(int sig) {
+extern "C" void remove_outputs_and_reraise(int sig) {
+  dist::end_workers_on_signal(sig);  // the launcher: rank 0 removes what it was writing, then ends
+  remove_temp_files_on_signal();
   for (int i = g_signal_ndirs - 1; i >= 0; --i) ::rmdir(g_signal_dirs[i]);
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
 
-// Arms remove_dirs_and_reraise for `dirs` (outermost first) on the signals whose disposition is
-// still the default (an ignored SIGHUP under nohup stays ignored). No-op for no folders.
+// Installs remove_outputs_and_reraise on the signals whose disposition is still the default (an
+// ignored SIGHUP under nohup stays ignored). In the process that writes the outputs (or spawns
+// the workers), once they are checked: the temporary files go even when no folder was made.
+void remove_outputs_on_signal() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old{};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(sig, remove_outputs_and_reraise);
+  }
+}
+
+// The folders (outermost first) that remove_outputs_and_reraise removes; {} once they hold the
+// result or are gone.
 void remove_dirs_on_signal(const std::vector<std::string>& dirs) {
   static std::vector<std::string> storage;  // owns the paths the handler reads (one run at a time)
   g_signal_ndirs = 0;                       // the handler sees no path while they change
@@ -213,10 +249,6 @@ void remove_dirs_on_signal(const std::vector<std::string>& dirs) {
   for (const auto& d : storage)
     if (n < kMaxSignalDirs) g_signal_dirs[n++] = d.c_str();
   g_signal_ndirs = n;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-    struct sigaction old{};
-    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(sig, remove_dirs_and_reraise);
-  }
 }
 
 // run_experiment's body; `made_dirs` receives the --out folders it created.
@@ -287,6 +319,43 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
         return nullptr;
       };
       std::string what = e.what();
+      // A world size from the command line or a launcher that the config does not fit: when the
+      // same config passes with the world size it holds itself (its file's /nproc, else the
+      // default), the world size is the cause, whatever key the message names (a batch that does
+      // not divide, an op that needs 2 processes): blame it first.
+      if (multi) {
+        const std::string* set_nproc = last_set("/nproc");
+        std::string cause;
+        if (launch)
+          cause = fmt::format("the {} environment's world size ({}={})", launch->launcher, launch->world_size_var,
+                              launch->world_size);
+        else if (opts.nproc)
+          cause = "--nproc " + printable_text(*opts.nproc, 40);
+        else if (set_nproc)
+          cause = "--set '" + printable_text(*set_nproc, 200) + "'";
+        if (!cause.empty()) {
+          RunOptions own = opts;
+          own.nproc.reset();
+          own.sets.erase(std::remove_if(own.sets.begin(), own.sets.end(),
+                                        [&](const std::string& x) { return set_nproc && x == *set_nproc; }),
+                         own.sets.end());
+          bool fits_own = false;
+          try {
+            const Config own_cfg = resolve_for(spec, own);
+            const int own_n = static_cast<int>(own_cfg.integer("/nproc"));
+            if (own_n != planned) {
+              exp.validate(own_cfg, own_n);
+              fits_own = true;
+            }
+          } catch (const ConfigError&) {
+          }
+          if (fits_own)
+            throw ConfigError(fmt::format("{}: {} does not fit {} process{}: {}", cause,
+                                          opts.config_file.empty() ? std::string("the config")
+                                                                   : printable_text(opts.config_file, 200),
+                                          planned, planned == 1 ? "" : "es", what));
+        }
+      }
       // A message that speaks of the world size (/nproc) says where it came from when that was
       // not the config file: --nproc, a --set of nproc, or a launcher's environment (probe, stop
       // 32: "--config F --nproc 3" was reported as F's error alone).
@@ -361,7 +430,8 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
           throw ConfigError(fmt::format("--trace {}", e.what()));
         }
       }
-      remove_dirs_on_signal(made_dirs);  // Ctrl-C or a kill before the result: the folders go too
+      remove_dirs_on_signal(made_dirs);  // Ctrl-C or a kill before the result: the folders go too,
+      remove_outputs_on_signal();        // and a result staged but not yet renamed
     }
     if (multi) {
       if (!launch && cfg.integer("/nproc") > 1 && !plan.one_process_because.empty())

@@ -3,6 +3,7 @@
 // library (src/core); this stays thin.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -10,6 +11,20 @@
 #include "app/cli.hpp"
 
 namespace {
+
+// Started from a folder that no longer exists (deleted while a shell was in it): LibTorch's
+// initialisers then fail on their own (oneMKL's "Cannot load libtorch_cpu.so", exit 2), so this
+// is checked first, before any shared library initialises, and named: exit 3 (a runtime error, as
+// every unusable environment is).
+void refuse_deleted_working_folder() {
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd)) != nullptr || errno != ENOENT) return;
+  static const char msg[] =
+      "mpt: the working folder no longer exists (it was deleted or moved after the shell entered it): "
+      "cd to an existing folder and run again\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  ::_exit(3);
+}
 
 // OpenMP threads that wait at a barrier spin by default (libgomp's OMP_WAIT_POLICY is ACTIVE
 // for a while): when another process takes a core, the spinning thread holds the other one and
@@ -27,6 +42,7 @@ namespace {
 // would not follow the exec), a sanitizer, or `ld.so mpt` (where /proc/self/exe is the loader)
 // is left alone; anything that fails simply runs on with libgomp's default.
 void default_omp_wait_policy(int /*argc*/, char** argv, char** envp) {
+  refuse_deleted_working_folder();
 #if defined(__SANITIZE_ADDRESS__)
   return;
 #endif

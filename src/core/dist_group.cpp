@@ -296,7 +296,8 @@ namespace detail {
 struct JobState {
   LaunchInfo launch;                         // this process in the job (rank, world size, master)
   std::chrono::milliseconds timeout{30000};  // of store operations and heartbeat-based waits
-  // What the main thread waits for (published in the heartbeat): -1 nothing, a global rank, -2 a group.
+  // What the main thread waits for (published in the heartbeat): -1 nothing, a global rank, -2 a
+  // group, -3 (kWaitingGaveUp) nothing any more: a wait failed and it is finding out whom to blame.
   std::atomic<int> waiting_on{-1};
   // Work done, as counted by Job::note_progress() (published in the heartbeat).
   std::atomic<long long> progress{0};
@@ -311,7 +312,13 @@ namespace {
 
 using detail::JobState;
 
-// Marks `job`'s rank as waiting for `global_rank` (-2: a group) while in scope (what WaitingFor does).
+// The heartbeat's "waiting" of a rank whose wait failed, while it finds out whom to blame: its
+// verdict follows under unresponsive_key(), and it ends then; peers follow that verdict
+// (find_culprits) instead of blaming it.
+constexpr int kWaitingGaveUp = -3;
+
+// Marks `job`'s rank as waiting for `global_rank` (-2: a group, kWaitingGaveUp: giving up) while
+// in scope (what WaitingFor does).
 class WaitScope {
  public:
   WaitScope(JobState& job, int global_rank) : job_(job), previous_(job.waiting_on.exchange(global_rank)) {}
@@ -328,68 +335,181 @@ double interval_s(const JobState& job) { return static_cast<double>(heartbeat_in
 // A heartbeat unchanged for this long belongs to a stopped or dead rank.
 double stale_s(const JobState& job) { return 3.0 * interval_s(job) + 0.25; }
 
-bool is_stale(const JobState& job, const PeerBeat& b, double now) {
-  return !b.seen || now - b.changed_at > stale_s(job);
+// How long a failed collective waits for its peers' failure reports (Monitor): a quarter of the
+// timeout, between 1 and 5 s; their collectives fail too, within about the same timeout.
+double report_window_s(std::chrono::milliseconds timeout) {
+  return std::min(5.0, std::max(1.0, 0.25 * static_cast<double>(timeout.count()) / 1000.0));
 }
 
-// "alive and working", "stopped or dead (...)", ...: what `b` says about its rank at `now`.
-std::string beat_state(const JobState& job, const PeerBeat& b, double now) {
+// How long a rank that gave up waits for a peer's verdict when the only evidence is a peer that
+// is itself failing or waiting in a collective: that peer's collective fails too, and it posts
+// whom it blames after its own report window and heartbeat reading.
+double verdict_patience_s(const JobState& job) { return report_window_s(job.timeout) + stale_s(job) + 0.5; }
+
+bool is_stale(double stale, const PeerBeat& b, double now) { return !b.seen || now - b.changed_at > stale; }
+bool is_stale(const JobState& job, const PeerBeat& b, double now) { return is_stale(stale_s(job), b, now); }
+
+// "alive and working", "stopped or dead (...)", ...: what `b` says about its rank at `now`
+// (`stale`: stale_s() of the job).
+std::string beat_state(double stale, const PeerBeat& b, double now) {
   if (!b.seen) return "no heartbeat from it: it never started or cannot reach the store";
-  if (is_stale(job, b, now))
+  if (is_stale(stale, b, now))
     return fmt::format("its heartbeat stopped (none for {:.1f} s): stopped (SIGSTOP?) or dead", now - b.changed_at);
   if (b.waiting >= 0) return fmt::format("alive, itself waiting for rank {}", b.waiting);
   if (b.waiting == -2) return "alive, itself waiting in a collective";
+  if (b.waiting == kWaitingGaveUp) return "alive, itself giving up after a failed wait (whom it blames not posted yet)";
   const double idle = now - std::max(b.progress_at, b.first_seen);
-  if (b.progress_at > 0 && now - b.progress_at <= stale_s(job)) return "alive and working, but late";
+  if (b.progress_at > 0 && now - b.progress_at <= stale) return "alive and working, but late";
   return fmt::format("alive but it made no progress for {:.1f} s: hung", idle);
 }
+std::string beat_state(const JobState& job, const PeerBeat& b, double now) { return beat_state(stale_s(job), b, now); }
 
+// What a rank that gave up posts under unresponsive_key() when it cannot tell whom to blame: no
+// rank (parse_ranks() skips it), yet its peers see that it gave up and do not blame it.
+constexpr const char* kCannotTell = "cannot-tell";
+
+// Posts, before this rank ends, whom it blames (`globals`; empty: it cannot tell), for
+// spawn_local and for its peers (find_culprits).
 void post_unresponsive(JobState& job, const std::vector<int>& globals) {
   try {
-    if (job.store && !globals.empty())
-      store_set(*job.store, unresponsive_key(job.launch.rank), join_ranks(globals, ","));
+    if (job.store) store_set(*job.store, unresponsive_key(job.launch.rank), globals.empty() ? kCannotTell : join_ranks(globals, ","));
   } catch (const std::exception&) {
   }
 }
 
-// After a send/recv with rank `peer` (global) failed: watches the heartbeats of the job for
-// up to stale_s(), follows "waiting for" links from `peer` to the rank that is late, posts it
-// for spawn_local and returns "; rank Q is late: ...". Empty without heartbeats.
+// The ranks that `global` blamed when it gave up (posted under unresponsive_key() just before
+// it ends; empty: it could not tell); nullopt when it posted nothing. Throws when the store
+// does not answer.
+std::optional<std::vector<int>> posted_verdict(c10d::Store& store, int global) {
+  const std::string key = unresponsive_key(global);
+  if (!store.check({key})) return std::nullopt;
+  const auto v = store.get(key);
+  return parse_ranks(std::string(v.begin(), v.end()));
+}
+
+// Who, in a job of `world_size` ranks seen from rank `self`, is behind a failed wait.
+struct Liveness {
+  int self = 0, world_size = 1;
+  double stale_s = 1.0;     // stale_s() of the job
+  double patience_s = 1.0;  // verdict_patience_s() of the job
+  StoreWatchdog* dog = nullptr;  // bounds each round of store calls (null: the caller bounds them)
+  std::string what;              // for the watchdog's message
+};
+
+// The ranks found behind a failed wait, and the evidence in words.
+struct Culprits {
+  std::vector<int> ranks;   // global ranks: dead or stopped, or alive but not waiting for anyone (late or hung)
+  std::string evidence;     // per rank: "rank 2 gave up waiting for rank 3, rank 3: its heartbeat stopped ..."
+  std::string undecided;    // when `ranks` is empty: the ranks that were followed and what they do
+  bool direct = true;       // every culprit is a starting rank, reached by no link
+};
+
+// Finds who is behind a wait of this rank for the global ranks `start` that failed, from the
+// job's heartbeats (read into `beats`, which may hold earlier readings) and the verdicts that
+// ranks which gave up posted (unresponsive_key()). From each starting rank it follows
+//  - a rank that gave up to the ranks it blamed: it ended, or is ending, after a failed wait of
+//    its own, so its stopped heartbeat says nothing about the cause (issue 38: a killed rank 3,
+//    and rank 0 blamed rank 2, which had only given up on rank 3 and exited);
+//  - a live rank that waits for one peer to that peer;
+// and stops at a rank that gave up nothing and whose heartbeat stopped (dead or stopped), or
+// that is alive and waits for no one, or for this rank (late, hung, or a cycle). A live rank
+// that waits in a collective or is itself giving up is no culprit: its verdict is waited for
+// while no culprit is found. Every decision on a live rank needs two readings of its
+// heartbeat, and on a silent one `l.stale_s` of silence; it returns at the latest after
+// `l.patience_s`. Throws when the store does not answer.
+Culprits find_culprits(c10d::Store& store, const Liveness& l, const std::vector<int>& start,
+                       std::map<int, PeerBeat>& beats) {
+  const double t0 = now_seconds();
+  std::map<int, std::vector<int>> verdicts;  // posted ones: a rank posts once, before it ends
+  for (;;) {
+    StoreWatchdog::Call call(l.dog, l.what);
+    const double now = now_seconds();
+    Culprits c;
+    bool decided = true;   // every rank reached is decided
+    bool pending = false;  // some rank reached waits in a collective or is giving up
+    std::vector<int> visited;
+    std::vector<std::pair<int, std::string>> todo;     // (rank, the links that led to it)
+    struct Late { int rank; bool direct; std::string evidence; };
+    std::vector<Late> working;  // alive and working, not waiting
+    for (int s : start) todo.emplace_back(s, std::string());
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      const int g = todo[i].first;
+      const std::string via = todo[i].second;
+      if (g < 0 || g >= l.world_size || g == l.self || std::find(visited.begin(), visited.end(), g) != visited.end())
+        continue;
+      visited.push_back(g);
+      if (!verdicts.count(g))
+        if (auto v = posted_verdict(store, g)) verdicts[g] = std::move(*v);
+      if (auto it = verdicts.find(g); it != verdicts.end()) {
+        if (it->second.empty())
+          c.undecided += fmt::format("{}{}rank {} gave up and could not tell whom to blame", c.undecided.empty() ? "" : "; ", via, g);
+        for (int v : it->second)
+          todo.emplace_back(v, fmt::format("{}rank {} gave up waiting for rank {}, ", via, g, v));
+        continue;
+      }
+      PeerBeat& b = beats[g];
+      observe(store, g, b, now);
+      const bool stale = is_stale(l.stale_s, b, now);
+      const bool read_twice = b.changes >= 2;  // else a dead rank's last beat still looks fresh
+      if (!stale && !read_twice) decided = false;
+      const int next = b.waiting;
+      if (!stale && next >= 0 && next < l.world_size && next != l.self) {
+        if (std::find(visited.begin(), visited.end(), next) == visited.end())
+          todo.emplace_back(next, fmt::format("{}rank {} waits for rank {}, ", via, g, next));
+        else  // followed already: from another rank, or a cycle that does not pass this rank
+          c.undecided += fmt::format("{}{}rank {}: {}", c.undecided.empty() ? "" : "; ", via, g,
+                                     beat_state(l.stale_s, b, now));
+      } else if (!stale && (next == -2 || next == kWaitingGaveUp)) {
+        pending = true;
+        c.undecided += fmt::format("{}{}rank {}: {}", c.undecided.empty() ? "" : "; ", via, g, beat_state(l.stale_s, b, now));
+      } else if (!stale && next == -1 && b.progress_at > 0 && now - b.progress_at <= l.stale_s) {
+        working.push_back({g, via.empty(), fmt::format("{}rank {}: {}", via, g, beat_state(l.stale_s, b, now))});
+      } else if (std::find(c.ranks.begin(), c.ranks.end(), g) == c.ranks.end()) {
+        c.ranks.push_back(g);
+        c.direct = c.direct && via.empty();
+        c.evidence += fmt::format("{}{}rank {}: {}", c.evidence.empty() ? "" : "; ", via, g, beat_state(l.stale_s, b, now));
+      }
+    }
+    // A rank still working (not yet at the wait) is late, but only the cause when nothing else is:
+    // beside a dead, stopped or hung rank it is merely slower than this rank (an instrumented
+    // or loaded process), and it would fail on that rank too.
+    if (c.ranks.empty())
+      for (const Late& w : working) {
+        c.ranks.push_back(w.rank);
+        c.direct = c.direct && w.direct;
+        c.evidence += (c.evidence.empty() ? "" : "; ") + w.evidence;
+      }
+    // A rank waiting in a collective or giving up delays the answer only while nothing else
+    // names a culprit: its verdict would name the same rank. Every rank is decided within about
+    // stale_s of its first reading.
+    if ((decided && (!pending || !c.ranks.empty())) || now - t0 >= l.patience_s) return c;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+}
+
+// The job's Liveness as seen from its own rank.
+Liveness liveness_of(const JobState& job) {
+  return {job.launch.rank, job.launch.world_size, stale_s(job), verdict_patience_s(job), job.watchdog.get(),
+          fmt::format("rank {}: reading its peers' heartbeats to find whom to blame", job.launch.rank)};
+}
+
+// After a send/recv with rank `peer` (global) failed: finds who is behind it (find_culprits:
+// the peer, the rank it waits for, or the rank it gave up on), posts them for spawn_local and
+// the other ranks, and returns "; rank Q is late (rank P waits for rank Q): ...", or "; cannot
+// tell which rank is late: ..." when the ranks followed all wait in collectives. Empty without
+// heartbeats.
 std::string blame_late(JobState& job, int peer) {
-  const int world_size = job.launch.world_size, self = job.launch.rank;
+  const int world_size = job.launch.world_size;
   if (!job.store || world_size <= 1 || peer < 0 || peer >= world_size) return {};
   try {
     std::map<int, PeerBeat> beats;
-    const double t0 = now_seconds(), end = t0 + stale_s(job) + 0.05;
-    for (;;) {
-      const double now = now_seconds();
-      bool all_fresh = true;
-      for (int g = 0; g < world_size; ++g) {
-        if (g == self) continue;
-        observe(*job.store, g, beats[g], now);
-        all_fresh = all_fresh && beats[g].changes >= 2;
-      }
-      if (all_fresh || now >= end) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-    const double now = now_seconds();
-    int cur = peer;
-    std::vector<int> chain{peer};
-    for (;;) {
-      const PeerBeat& b = beats[cur];
-      const int next = b.waiting;
-      if (is_stale(job, b, now) || next < 0 || next >= world_size || next == self ||
-          std::find(chain.begin(), chain.end(), next) != chain.end())
-        break;
-      cur = next;
-      chain.push_back(cur);
-    }
-    post_unresponsive(job, {cur});
-    std::string via;
-    for (std::size_t i = 0; i + 1 < chain.size(); ++i)
-      via += fmt::format("{}rank {} waits for rank {}", via.empty() ? " (" : ", ", chain[i], chain[i + 1]);
-    if (!via.empty()) via += ")";
-    return fmt::format("; rank {} is late{}: {}", cur, via, beat_state(job, beats[cur], now));
+    const Culprits c = find_culprits(*job.store, liveness_of(job), {peer}, beats);
+    post_unresponsive(job, c.ranks);
+    if (c.ranks.empty()) return fmt::format("; cannot tell which rank is late ({})", c.undecided);
+    if (c.ranks.size() == 1 && c.direct)  // "rank Q is late: its heartbeat stopped ..."
+      return fmt::format("; rank {} is late: {}", c.ranks[0], c.evidence.substr(c.evidence.find(": ") + 2));
+    return fmt::format("; rank {} {} late ({})", join_ranks(c.ranks, ", "), c.ranks.size() == 1 ? "is" : "are",
+                       c.evidence);
   } catch (const std::exception& e) {
     return fmt::format("; cannot tell which rank (the store did not answer: {})", first_line(e.what()));
   }
@@ -450,26 +570,51 @@ void await_arrivals(JobState& job, c10d::Store& store, const std::string& tag, s
       }
       call.reset();
       if (!in_time) {
-        std::vector<int> late_global;
+        std::vector<int> missing_global;
         std::string states;
         constexpr std::size_t kShown = 8;  // a job of 64 ranks with one present: keep it readable
         for (std::size_t i = 0; i < missing.size(); ++i) {
           const int g = global(missing[i]);
-          const PeerBeat& b = beats[g];
+          missing_global.push_back(g);
           if (i < kShown)
-            states += fmt::format("{}rank {}: {}", states.empty() ? "" : "; ", g, beat_state(job, b, now));
-          if (!(b.seen && !is_stale(job, b, now) && b.waiting != -1)) late_global.push_back(g);
+            states += fmt::format("{}rank {}: {}", states.empty() ? "" : "; ", g, beat_state(job, beats[g], now));
         }
         if (missing.size() > kShown) states += fmt::format("; and {} more", missing.size() - kShown);
-        if (late_global.empty())  // everyone missing waits elsewhere: a protocol mismatch; name them all
-          for (int r : missing) late_global.push_back(global(r));
-        post_unresponsive(job, late_global);
-        std::vector<int> shown(late_global.begin(), late_global.begin() + std::min(late_global.size(), kShown));
+        // Whom to blame: the missing ranks, or the rank they gave up on or wait for (find_culprits).
+        Culprits c;
+        if (job.store && job.launch.world_size > 1) {
+          WaitScope giving_up(job, kWaitingGaveUp);
+          c = find_culprits(*job.store, liveness_of(job), missing_global, beats);
+        } else {
+          c.ranks = missing_global;
+        }
         const bool unseen_only = std::all_of(missing.begin(), missing.end(), [&](int r) { return !beats[global(r)].seen; });
-        throw RuntimeFailure(fmt::format(
-            "{}: rank {}{} did not arrive within {:g} s of the last sign of progress (heartbeat); {}", what,
-            join_ranks(shown, ", "), late_global.size() > kShown ? fmt::format(" and {} more", late_global.size() - kShown) : "",
-            unseen_only ? t_start : t_timeout, states));
+        const double waited = unseen_only ? t_start : t_timeout;
+        auto list = [&](const std::vector<int>& v) {
+          std::vector<int> shown(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(v.size(), kShown)));
+          return join_ranks(shown, ", ") + (v.size() > kShown ? fmt::format(" and {} more", v.size() - kShown) : "");
+        };
+        if (c.ranks.empty()) {
+          // Everyone missing waits in a collective, and none of them has said whom it gave up on:
+          // a protocol mismatch or a failure this rank cannot see. Posted as such: a rank named
+          // here would be followed by its peers as the one this rank gave up on (the launcher
+          // ends any rank still running after its grace).
+          post_unresponsive(job, {});
+          throw RuntimeFailure(fmt::format("{}: rank {} did not arrive within {:g} s of the last sign of progress "
+                                           "(heartbeat); cannot tell which rank is to blame: {}",
+                                           what, list(missing_global), waited, states));
+        }
+        post_unresponsive(job, c.ranks);
+        const bool among_missing = std::all_of(c.ranks.begin(), c.ranks.end(), [&](int g) {
+          return std::find(missing_global.begin(), missing_global.end(), g) != missing_global.end();
+        });
+        if (c.direct && among_missing)
+          throw RuntimeFailure(fmt::format(
+              "{}: rank {} did not arrive within {:g} s of the last sign of progress (heartbeat); {}", what,
+              list(c.ranks), waited, states));
+        throw RuntimeFailure(fmt::format("{}: rank {} did not arrive within {:g} s of the last sign of progress "
+                                         "(heartbeat); the cause is rank {}: {}", what, list(missing_global), waited,
+                                         list(c.ranks), c.evidence));
       }
       std::this_thread::sleep_for(sleep_ms);
       sleep_ms = std::min(sleep_ms * 2, std::chrono::milliseconds(20));
@@ -683,28 +828,31 @@ struct Monitor {
   c10::intrusive_ptr<c10d::Store> job_store;  // the job's, where unresponsive_key() is read
   int rank = 0, size = 1, global_rank = 0;
   double window_s = 1.0;
+  Liveness liveness;  // the job's (no watchdog: diagnose() bounds the thread that reads the store)
   std::mutex mu;
   std::optional<std::string> verdict;
 
   double store_timeout_s = 30.0;  // the job's timeout: bounds the store calls below
   std::string host;               // store_host() of the job
 
-  /// "; rank R did not answer (...)", or an empty string when every peer reported; computed once.
-  /// The exchange runs on a thread of its own and is waited for at most window_s +
-  /// store_timeout_s: LibTorch's TCPStore check() and set() have no receive timeout, and a store
-  /// whose host is stopped (SIGSTOP) would otherwise hold this rank forever. The thread works on
-  /// copies (the store handles, the ranks), so one left blocked touches nothing of this Monitor.
+  /// "; rank R did not answer (...)", or "; cannot tell which rank (...)"; computed once.
+  /// The exchange runs on a thread of its own and is waited for at most window_s + the
+  /// liveness' patience + 2 s: LibTorch's TCPStore check() and set() have no receive timeout,
+  /// and a store whose host is stopped (SIGSTOP) would otherwise hold this rank forever. The
+  /// thread works on copies (the store handles, the ranks), so one left blocked touches nothing
+  /// of this Monitor.
   std::string diagnose() {
     std::lock_guard<std::mutex> lock(mu);
     if (verdict) return *verdict;
     auto task = std::make_shared<std::packaged_task<std::string()>>(
         [store = store, job_store = job_store, rank = rank, size = size, global_rank = global_rank,
-         window_s = window_s] { return exchange(store, job_store, rank, size, global_rank, window_s); });
+         window_s = window_s, l = liveness] { return exchange(store, job_store, rank, size, global_rank, window_s, l); });
     std::future<std::string> result = task->get_future();
     std::thread([task] { (*task)(); }).detach();
-    // A store that answers does so in milliseconds: the window, plus 2 s, is enough (was the
-    // window plus the job's timeout, which made a stopped store host cost a rank 2 x timeout).
-    const double limit = window_s + std::min(2.0, store_timeout_s);
+    // A store that answers does so in milliseconds: the window, the wait for the peers' verdicts
+    // (find_culprits), plus 2 s, is enough (was the window plus the job's timeout, which made a
+    // stopped store host cost a rank 2 x timeout).
+    const double limit = window_s + liveness.patience_s + std::min(2.0, store_timeout_s);
     if (result.wait_for(std::chrono::duration<double>(limit)) == std::future_status::ready)
       verdict = result.get();
     else
@@ -713,21 +861,33 @@ struct Monitor {
   }
 
  private:
+  // Posts this rank's failure report, waits up to `window_s` for the peers' and reads the job's
+  // heartbeats meanwhile; the peers that sent none are followed to whom to blame
+  // (find_culprits: a peer that gave up on a third rank, or waits for one, is not the cause),
+  // who are posted under unresponsive_key() for spawn_local and the other ranks.
   static std::string exchange(const c10::intrusive_ptr<c10d::Store>& store,
                               const c10::intrusive_ptr<c10d::Store>& job_store, int rank, int size, int global_rank,
-                              double window_s) {
+                              double window_s, const Liveness& l) {
     try {
       store_set(*store, fmt::format("failed/{}", rank), "1");
       std::vector<int> missing;
+      std::map<int, PeerBeat> beats;  // by global rank
       const double end = now_seconds() + window_s;
       for (;;) {
         missing.clear();
         for (int r = 0; r < size; ++r)
           if (r != rank && !store->check({fmt::format("failed/{}", r)})) missing.push_back(r);
         if (missing.empty() || now_seconds() >= end) break;
+        if (job_store)  // a dead rank's heartbeat is stale by the window's end, a live one's read twice
+          for (int g = 0; g < l.world_size; ++g)
+            if (g != global_rank) observe(*job_store, g, beats[g], now_seconds());
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
-      if (missing.empty()) return std::string();
+      // Every peer's collective failed as well: the cause is outside this group, or the network.
+      if (missing.empty()) {
+        if (job_store) store_set(*job_store, unresponsive_key(global_rank), kCannotTell);
+        return "; cannot tell which rank (every other rank of this group failed as well)";
+      }
       std::vector<int> global;
       for (int r : missing) {
         const std::string key = fmt::format("global/{}", r);
@@ -739,10 +899,21 @@ struct Monitor {
         }
         global.push_back(g);
       }
-      if (job_store) store_set(*job_store, unresponsive_key(global_rank), join_ranks(global, ","));
-      return fmt::format("; rank {} did not answer (no failure report from {} within {:g} s after this "
-                         "rank's: hung or dead)",
-                         join_ranks(global, ", "), global.size() == 1 ? "it" : "them", window_s);
+      if (!job_store || l.world_size <= 1) {  // no heartbeats to read: the silent ones are named
+        if (job_store) store_set(*job_store, unresponsive_key(global_rank), join_ranks(global, ","));
+        return fmt::format("; rank {} did not answer (no failure report from {} within {:g} s after this "
+                           "rank's: hung or dead)",
+                           join_ranks(global, ", "), global.size() == 1 ? "it" : "them", window_s);
+      }
+      const Culprits c = find_culprits(*job_store, l, global, beats);
+      const std::string silent = fmt::format("rank {} sent no failure report within {:g} s after this rank's",
+                                             join_ranks(global, ", "), window_s);
+      store_set(*job_store, unresponsive_key(global_rank), c.ranks.empty() ? kCannotTell : join_ranks(c.ranks, ","));
+      if (c.ranks.empty()) return fmt::format("; cannot tell which rank ({}; {})", silent, c.undecided);
+      if (c.direct && c.ranks.size() == global.size())  // every silent peer is to blame itself
+        return fmt::format("; rank {} did not answer (no failure report from {} within {:g} s after this rank's; {})",
+                           join_ranks(c.ranks, ", "), global.size() == 1 ? "it" : "them", window_s, c.evidence);
+      return fmt::format("; rank {} did not answer ({}; {})", join_ranks(c.ranks, ", "), silent, c.evidence);
     } catch (const std::exception& e) {
       return fmt::format("; cannot tell which rank (the store did not answer: {})", first_line(e.what()));
     }
@@ -902,6 +1073,8 @@ void Work::wait() {
     WaitScope waiting(*w->job->state_, w->monitor ? -2 : w->peer_global);
     done = w->w->wait();
   } catch (const std::exception& e) {
+    // Its heartbeat says so while it finds whom to blame: peers follow its verdict, not it.
+    WaitScope giving_up(*w->job->state_, kWaitingGaveUp);
     collective_failed(w->what, e, w->monitor.get(), w->job->state_.get(), w->peer_global);
   }
   // Gloo's send/recv return false when abort() ended the wait.
@@ -1012,7 +1185,9 @@ std::shared_ptr<Group> Group::create(std::shared_ptr<Job> job, int rank, int siz
     m->rank = rank;
     m->size = size;
     m->global_rank = info.rank;
-    m->window_s = std::min(5.0, std::max(1.0, 0.25 * static_cast<double>(timeout.count()) / 1000.0));
+    m->window_s = report_window_s(timeout);
+    m->liveness = liveness_of(js);
+    m->liveness.dog = nullptr;  // the exchange's thread is bounded by diagnose() instead
     m->store_timeout_s = static_cast<double>(timeout.count()) / 1000.0;
     m->host = store_host(info);
     g->impl_->monitor = m;
@@ -1365,6 +1540,71 @@ Work Group::recv_async(torch::Tensor t, int src, int tag) {
   return Work(impl);
 }
 
+namespace {
+
+// Values of any length through a store. LibTorch 2.x's TCPStore server (the libuv backend, the
+// default since 2.4, which mpt --nproc's launcher and torchrun's agent host) closes a client's
+// connection on a message over 8 MiB (MAX_PAYLOAD_LEN in TCPStoreLibUvBackend.cpp): the client
+// dies with a C++ backtrace and its peers wait out their timeout (issue 38: a rank's trace
+// events of 10.9 MB). So a value travels as pieces of at most kStorePieceBytes, well under that
+// limit and under the message LibTorch 1.13's server reads whole.
+constexpr std::size_t kStorePieceBytes = std::size_t{1} << 20;
+
+// The key of piece `i` of the value under `key`.
+std::string piece_key(const std::string& key, std::size_t i) { return fmt::format("{}/piece/{}", key, i); }
+
+// Sets `key` to `value` in pieces: "<key>/piece/<i>" hold the bytes, then "<key>" = "<pieces>
+// <bytes>", set last, so a reader that waits for "<key>" finds every piece there. Each store call
+// is bounded by the job's watchdog (`what` names it).
+void store_set_pieces(JobState& job, c10d::Store& store, const std::string& key, const std::string& value,
+                      const std::string& what) {
+  const std::size_t n = (value.size() + kStorePieceBytes - 1) / kStorePieceBytes;
+  for (std::size_t i = 0; i < n; ++i) {
+    StoreWatchdog::Call call(job.watchdog.get(), what);
+    const std::size_t at = i * kStorePieceBytes;
+    store_set(store, piece_key(key, i), value.substr(at, std::min(kStorePieceBytes, value.size() - at)));
+  }
+  StoreWatchdog::Call call(job.watchdog.get(), what);
+  store_set(store, key, fmt::format("{} {}", n, value.size()));
+}
+
+// The value store_set_pieces set under `key`, waiting for it (the store's timeout); its keys are
+// deleted once read when `erase` (a value read by one rank only: the store's host keeps no copy).
+// Throws RuntimeFailure for a header or pieces that do not add up (another program's value).
+std::string store_get_pieces(JobState& job, c10d::Store& store, const std::string& key, const std::string& what,
+                             bool erase) {
+  std::string header;
+  {
+    StoreWatchdog::Call call(job.watchdog.get(), what);
+    const auto v = store.get(key);
+    header.assign(v.begin(), v.end());
+  }
+  unsigned long long n = 0, bytes = 0;
+  char extra = 0;
+  if (std::sscanf(header.c_str(), "%llu %llu%c", &n, &bytes, &extra) != 2 ||
+      n != (bytes + kStorePieceBytes - 1) / kStorePieceBytes)
+    throw RuntimeFailure(fmt::format("{}: the store's '{}' is '{}', expected '<pieces> <bytes>' (is every rank the "
+                                     "same mpt?)", what, key, first_line(header.substr(0, 80))));
+  std::string value;
+  value.reserve(static_cast<std::size_t>(bytes));
+  for (std::size_t i = 0; i < n; ++i) {
+    StoreWatchdog::Call call(job.watchdog.get(), what);
+    const auto v = store.get(piece_key(key, i));
+    value.append(v.begin(), v.end());
+    if (erase) store.deleteKey(piece_key(key, i));
+  }
+  if (value.size() != bytes)
+    throw RuntimeFailure(fmt::format("{}: the store's '{}' holds {} bytes in {} pieces, its header says {}", what, key,
+                                     value.size(), n, bytes));
+  if (erase) {
+    StoreWatchdog::Call call(job.watchdog.get(), what);
+    store.deleteKey(key);
+  }
+  return value;
+}
+
+}  // namespace
+
 void Job::check_same_launch(const std::string& fingerprint) {
   const int self = rank(), n = world_size();
   const auto same = [](int r) { return r; };
@@ -1375,9 +1615,11 @@ void Job::check_same_launch(const std::string& fingerprint) {
   try {
     // A store whose host is stopped would hold these calls forever: the job's watchdog ends the
     // rank then (exit 3).
-    StoreWatchdog::Call call(state_->watchdog.get(), what);
-    duplicate = store.add(fmt::format("mpt/launch/claim/{}", self), 1) > 1;
-    if (!duplicate && self == 0) store_set(store, "mpt/launch/fingerprint", fingerprint);
+    {
+      StoreWatchdog::Call call(state_->watchdog.get(), what);
+      duplicate = store.add(fmt::format("mpt/launch/claim/{}", self), 1) > 1;
+    }
+    if (!duplicate && self == 0) store_set_pieces(*state_, store, "mpt/launch/fingerprint", fingerprint, what);
   } catch (const std::exception& e) {
     throw RuntimeFailure(fmt::format("{}: the store did not answer: {}", what, first_line(e.what())));
   }
@@ -1398,9 +1640,7 @@ void Job::check_same_launch(const std::string& fingerprint) {
     await_arrivals(*state_, store, "mpt/launch/posted", {0}, same, state_->timeout,
                    fmt::format("rank {} of {}: waiting for rank 0's description of the job", self, n));
     try {
-      StoreWatchdog::Call call(state_->watchdog.get(), what);
-      auto v = store.get("mpt/launch/fingerprint");
-      theirs.assign(v.begin(), v.end());
+      theirs = store_get_pieces(*state_, store, "mpt/launch/fingerprint", what, false);  // every rank reads it
     } catch (const std::exception& e) {
       throw RuntimeFailure(fmt::format("rank {} of {}: rank 0's description of the job did not come: {}", self, n,
                                        first_line(e.what())));
@@ -1540,18 +1780,17 @@ std::vector<std::string> Job::gather_on_rank0(const std::string& key, const std:
   std::vector<std::string> out;
   const std::string what = fmt::format("rank {}: gathering '{}' on rank 0", self, key);
   try {
-    if (self != 0) {
-      StoreWatchdog::Call call(state_->watchdog.get(), what);  // each call bounded, not the whole
-      store_set(store, fmt::format("mpt/gather/{}/{}", key, self), mine);
+    if (self != 0) {  // each store call bounded by the watchdog, not the whole
+      store_set_pieces(*state_, store, fmt::format("mpt/gather/{}/{}", key, self), mine, what);
       return out;
     }
     out.push_back(mine);
     for (int r = 1; r < world_size(); ++r) {
       WaitScope waiting(*state_, r);
-      StoreWatchdog::Call call(state_->watchdog.get(), what);
-      auto v = store.get(fmt::format("mpt/gather/{}/{}", key, r));
-      out.emplace_back(v.begin(), v.end());
+      out.push_back(store_get_pieces(*state_, store, fmt::format("mpt/gather/{}/{}", key, r), what, true));
     }
+  } catch (const RuntimeFailure&) {
+    throw;
   } catch (const std::exception& e) {
     throw RuntimeFailure(fmt::format("rank {}: gathering '{}' on rank 0 failed: {}", self, key,
                                      first_line(e.what())));

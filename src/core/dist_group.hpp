@@ -25,9 +25,13 @@ namespace mpt::dist {
 // <process CPU ms> <waiting> <progress>", every heartbeat_interval(). A rank that waits for its
 // peers reads theirs: a stopped (SIGSTOP) or dead rank stops beating; a hung rank beats but
 // neither uses CPU nor calls Job::note_progress(); a busy rank does one or the other; a rank that
-// itself waits says for whom (<waiting>: -1 none, a global rank, or -2 a whole group). Waits that the protocol makes
+// itself waits says for whom (<waiting>: -1 none, a global rank, -2 a whole group, or -3 none any
+// more: a wait failed and it is finding out whom to blame). Waits that the protocol makes
 // long (Group::create, Group::barrier) extend their deadline while the awaited peers make
-// progress; a failed wait names the rank that is late, following "waiting for" links.
+// progress; a failed wait names the rank that is late, following "waiting for" links and the
+// verdicts that ranks which gave up posted ("mpt/unresponsive/<rank>": a rank that gave up on
+// rank 3 and ended is not blamed for its stopped heartbeat), and says it cannot tell when every
+// rank followed waits in a collective.
 
 /// Beat period for a job whose collectives time out after `timeout`: timeout/20, between
 /// 20 ms and 500 ms.
@@ -83,15 +87,19 @@ class Job {
 
   /// Gathers one string per rank on rank 0 through the job's store (key "mpt/gather/<key>/<r>"):
   /// rank 0 gets every rank's `mine` in rank order, the others an empty vector (they only set
-  /// theirs). For small payloads (a trace's events: kilobytes to a few megabytes). Throws
-  /// RuntimeFailure when a rank's value does not come within the store's timeout.
+  /// theirs). Any length: a value travels in pieces of 1 MiB ("<key>/<r>/piece/<i>", then the
+  /// header "<pieces> <bytes>" under "<key>/<r>"), under the 8 MiB a message of LibTorch's
+  /// libuv TCPStore may carry; rank 0 deletes the keys it has read. Memory: rank 0 holds every
+  /// rank's value. Throws RuntimeFailure when a rank's value does not come within the store's
+  /// timeout or its pieces do not add up.
   std::vector<std::string> gather_on_rank0(const std::string& key, const std::string& mine);
 
   /// Checks that this process and rank 0 run the same job; called once per rank right after
   /// connecting (World::job() does). Claims this rank's number in the store (key
   /// "mpt/launch/claim/<r>"): a second process started with the same rank is refused. Then rank
   /// 0 posts `fingerprint` (a JSON object: the experiment, its resolved config, the versions —
-  /// whatever must agree across ranks), and every other rank waits for it (as long as rank 0's
+  /// whatever must agree across ranks; in pieces, as gather_on_rank0's values travel, so a config
+  /// of any size fits), and every other rank waits for it (as long as rank 0's
   /// heartbeat shows progress; a rank 0 not yet seen under mpt's own launcher: 60 s) and
   /// compares its own, naming the first JSON pointer where they differ and both values. A
   /// launch mistake under torchrun or SLURM (ranks given different configs or --set, two
@@ -211,10 +219,14 @@ inline constexpr int kRingTagBase = 1 << 30;
 /// RuntimeFailure ("<op> failed on rank R of N: ...; a peer process failed or timed out;
 /// rank Q did not answer (...)"). To name Q, a rank whose collective fails posts a report in
 /// the group's store and waits a short window (timeout/4, between 1 and 5 s) for its peers'
-/// reports; peers that send none are dead or hung. They are also posted under
-/// "mpt/unresponsive/<rank>" in the job's store, where spawn_local reads them. A failed
-/// send/recv names the late rank from the heartbeats (the peer, or the rank the peer waits
-/// for) and posts it the same way.
+/// reports; of the peers that send none it names the ones to blame, read from the job's
+/// heartbeats and verdicts: a peer that is dead, stopped or hung, not one that gave up on a
+/// third rank (it is followed to that rank) or waits for one ("; cannot tell which rank (...)"
+/// when every peer followed waits in a collective). Whom a rank blames, or that it cannot
+/// tell, is posted under "mpt/unresponsive/<rank>" in the job's store before it ends, where
+/// spawn_local and the other ranks read it; while it finds out, its heartbeat says it is giving
+/// up. A failed send/recv names the late rank the same way (the peer, the rank the peer waits
+/// for, or the rank the peer gave up on) and posts it the same way.
 class Group {
  public:
   /// Connects rank `rank` of `size` through `job`'s store (the group keeps `job` alive);

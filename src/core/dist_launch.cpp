@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <ctime>
 #include <map>
@@ -49,14 +50,21 @@ const char* env(const char* name) {
   return (v && *v) ? v : nullptr;
 }
 
+// The most processes (and so ranks, nodes, restarts) a launcher variable may name.
+constexpr long kMaxProcesses = 1'000'000;
+
 int env_int(const char* name, int fallback) {
   const char* v = env(name);
   if (!v) return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1'000'000)
+  // Decimal digits only: strtol's own overflow would clamp, and its sign and spaces would pass.
+  const std::string text(v);
+  if (text.find_first_not_of("0123456789") != std::string::npos)
     throw RuntimeFailure(fmt::format("environment variable {}={:?} is not a non-negative integer", name, v));
-  return static_cast<int>(x);
+  const std::size_t digits = text.size() - std::min(text.find_first_not_of('0'), text.size());
+  if (digits > 7 || std::stol(text) > kMaxProcesses)
+    throw RuntimeFailure(fmt::format("environment variable {}={} is too large: at most {} processes", name, v,
+                                     kMaxProcesses));
+  return static_cast<int>(std::stol(text));
 }
 
 // How long the launcher waits, after its peers named a hung rank, for those peers to exit
@@ -72,6 +80,12 @@ constexpr double kHungGraceSeconds = 10.0;
 std::optional<LaunchInfo> launch_from_environment() {
   LaunchInfo li;
   if (env("MPT_RANK")) {
+    // mpt --nproc sets both for its workers: MPT_RANK alone was set by hand (or leaked from a worker's
+    // environment), and would make this process a worker of a job that does not exist.
+    if (!env("MPT_WORLD_SIZE"))
+      throw ConfigError(fmt::format("launcher environment: MPT_RANK={} is set but MPT_WORLD_SIZE is not; mpt --nproc "
+                                    "sets both for the workers it starts: unset MPT_RANK to run on your own",
+                                    env("MPT_RANK")));
     li.launcher = "mpt";
     li.rank = env_int("MPT_RANK", 0);
     li.world_size = env_int("MPT_WORLD_SIZE", 1);
@@ -142,9 +156,11 @@ std::optional<LaunchInfo> launch_from_environment() {
   }
   if (li.world_size < 1)
     throw RuntimeFailure(fmt::format("{} environment: {}=0: expected at least 1 process", li.launcher, li.world_size_var));
-  if (li.rank >= li.world_size)
-    throw RuntimeFailure(fmt::format("{} environment: rank {} is not in [0, world size {})", li.launcher, li.rank,
-                                     li.world_size));
+  if (li.rank >= li.world_size) {
+    const char* rank_var = li.launcher == "torchrun" ? "RANK" : li.launcher == "slurm" ? "SLURM_PROCID" : "MPT_RANK";
+    throw RuntimeFailure(fmt::format("{} environment: {}={} is not a rank in [0, {}={})", li.launcher, rank_var, li.rank,
+                                     li.world_size_var, li.world_size));
+  }
   // The per-node variables must describe a place that exists: a local rank on its node, a node
   // among the job's (torchrun sets LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE and GROUP_RANK <
   // GROUP_WORLD_SIZE; SLURM likewise SLURM_LOCALID < tasks per node, SLURM_NODEID < SLURM_NNODES).
@@ -234,6 +250,32 @@ std::string route_source_address(const std::string& host, int port) {
   return out;
 }
 
+namespace {
+// The running spawn_local's workers (0: none or reaped), for end_workers_on_signal: fixed slots
+// that a signal handler reads without locking (a pid_t fits a sig_atomic_t on Linux: both int).
+constexpr int kMaxSignalWorkers = 1024;
+volatile std::sig_atomic_t g_worker_pids[kMaxSignalWorkers];
+volatile std::sig_atomic_t g_nworkers = 0;
+}  // namespace
+
+void end_workers_on_signal(int sig) noexcept {
+  const int n = g_nworkers;
+  for (int i = 0; i < n; ++i)
+    if (g_worker_pids[i] > 0) ::kill(static_cast<pid_t>(g_worker_pids[i]), sig);
+  const timespec step{0, 10 * 1000 * 1000};
+  for (int t = 0; t < 200; ++t) {  // 2 s
+    bool running = false;
+    for (int i = 0; i < n; ++i) {
+      if (g_worker_pids[i] <= 0) continue;
+      // 0: still running; the pid or -1 (ECHILD: spawn_local's loop reaped it first): gone.
+      if (::waitpid(static_cast<pid_t>(g_worker_pids[i]), nullptr, WNOHANG) == 0) running = true;
+      else g_worker_pids[i] = 0;
+    }
+    if (!running) return;
+    ::nanosleep(&step, nullptr);
+  }
+}
+
 int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s) {
   // The launcher hosts the job's TCPStore (as torchrun's agent does): it outlives any worker,
   // so ranks can still leave their diagnosis there when rank 0 is the one that failed, and
@@ -283,6 +325,10 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
   const pid_t parent = ::getpid();
   const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 65536));
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
+  // Returned or thrown: end_workers_on_signal has no workers to end any more.
+  struct Forget {
+    ~Forget() { g_nworkers = 0; }
+  } forget;
   for (int r = 0; r < nproc; ++r) {
     pid_t pid = ::fork();
     if (pid < 0) {
@@ -301,6 +347,10 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
       ::_exit(kExitRuntime);
     }
     pids[static_cast<std::size_t>(r)] = pid;
+    if (r < kMaxSignalWorkers) {
+      g_worker_pids[r] = pid;
+      g_nworkers = r + 1;
+    }
   }
   spdlog::debug("spawned {} workers (MASTER_ADDR=127.0.0.1 MASTER_PORT={}, store hosted here)", nproc, port);
 
@@ -326,6 +376,7 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s)
     for (int r = 0; r < nproc; ++r) {
       if (pids[static_cast<std::size_t>(r)] != pid) continue;
       pids[static_cast<std::size_t>(r)] = -1;
+      if (r < kMaxSignalWorkers) g_worker_pids[r] = 0;  // its pid may be reused: never signal it again
       --alive;
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code == 0 || blamed) return;

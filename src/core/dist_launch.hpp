@@ -61,4 +61,11 @@ inline constexpr int kExitInjectedFault = 86;
 /// if this process dies.
 int spawn_local(int nproc, const std::vector<std::string>& argv, double grace_s);
 
+/// For a signal handler of the process in spawn_local (the launcher, interrupted by SIGINT,
+/// SIGTERM or SIGHUP): sends `sig` to every worker still running and waits up to 2 s for them
+/// to end, so that each ends by its own handler (rank 0 removes the temporary files of a result
+/// it was writing) before the launcher's death SIGKILLs the rest (a stopped worker). No-op
+/// outside spawn_local. Async-signal-safe: kill(2), waitpid(2), nanosleep(2) on fixed slots.
+void end_workers_on_signal(int sig) noexcept;
+
 }  // namespace mpt::dist

@@ -8,10 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -262,6 +266,14 @@ std::optional<int> own_descriptor(const fs::path& p) {
 // 40 hops as the kernel's ELOOP) to what a write must go into. A path that does not exist
 // (yet) is a File there. Throws std::runtime_error naming `path` on a link loop or unreadable link.
 OutputTarget resolve_output(const std::string& path) {
+  // A name that can only be a folder ("out/", ".", "x/..") would become one when its parents are
+  // made, and the result's rename over it fails after the whole run (issue 38: --out DIR/).
+  const fs::path given(path);
+  const std::string last = given.filename().string();
+  if (last.empty() || last == "." || last == "..")
+    throw std::runtime_error(fmt::format("{}: names a folder ({}): expected a file path, e.g. {}{}result.json", path,
+                                         last.empty() ? "it ends in '/'" : "'" + last + "'", path,
+                                         last.empty() ? "" : "/"));
   fs::path p(path);
   for (int hops = 0;; ++hops) {
     if (auto fd = own_descriptor(p)) return {OutputTarget::Descriptor, p, *fd};
@@ -294,33 +306,80 @@ std::vector<std::string> create_parents(const fs::path& dir, const std::string& 
     if (d == d.parent_path()) break;
   }
   std::vector<std::string> made;
+  // A failure part of the way down (a name too long for the file system, a path over PATH_MAX)
+  // takes away the folders made so far (issue 38: 20 nested folders stayed behind a refused --out).
+  auto fail = [&](const std::string& d, const std::string& why) {
+    for (auto m = made.rbegin(); m != made.rend(); ++m) ::rmdir(m->c_str());
+    throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, d, why));
+  };
   for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
     if (::mkdir(it->c_str(), 0777) == 0) made.push_back(it->string());
-    else if (errno != EEXIST)
-      throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, it->string(), std::strerror(errno)));
+    else if (errno != EEXIST) fail(it->string(), std::strerror(errno));
   }
-  if (!fs::is_directory(dir, ec))
-    throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path, dir.string(),
-                                         fs::exists(dir) ? "Not a directory" : "No such file or directory"));
+  if (!fs::is_directory(dir, ec)) fail(dir.string(), fs::exists(dir) ? "Not a directory" : "No such file or directory");
   return made;
 }
 
+// The temporary files this process has made and not yet renamed or removed, for
+// remove_temp_files_on_signal: fixed slots of names, so that a signal handler reads them without
+// allocating or locking (a slot is filled before it is marked used, and unmarked before reuse).
+constexpr int kTempSlots = 16;
+char g_temp_names[kTempSlots][PATH_MAX];
+volatile std::sig_atomic_t g_temp_used[kTempSlots];
+std::mutex g_temp_mu;  // slot allocation between threads (never taken by the handler)
+
+// Records `name` for remove_temp_files_on_signal; returns its slot (-1: no free slot, or a name
+// longer than PATH_MAX: that file is then not removed on a signal).
+int remember_temp(const std::string& name) {
+  if (name.size() >= PATH_MAX) return -1;
+  std::lock_guard<std::mutex> lock(g_temp_mu);
+  for (int i = 0; i < kTempSlots; ++i) {
+    if (g_temp_used[i]) continue;
+    std::memcpy(g_temp_names[i], name.c_str(), name.size() + 1);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    g_temp_used[i] = 1;
+    return i;
+  }
+  return -1;
+}
+
+// Forgets a slot of remember_temp (after its file was renamed or removed). No-op for -1.
+void forget_temp(int slot) {
+  if (slot < 0) return;
+  std::lock_guard<std::mutex> lock(g_temp_mu);
+  g_temp_used[slot] = 0;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+// A temporary file of temp_file_beside: its open descriptor, its name, the folders made for it
+// (outermost first) and its remember_temp slot.
+struct TempFile {
+  int fd = -1;
+  std::string name;
+  std::vector<std::string> made;
+  int slot = -1;
+};
+
 // A new file beside `target` (named ".<name><suffix>XXXXXX", mkstemp), its parent directories
-// created first (their names appended to `made`, when given). Returns the open descriptor and
-// the file's name; throws std::runtime_error naming `path` (as the user gave it) when the
-// directory or the file cannot be made.
-std::pair<int, std::string> temp_file_beside(const fs::path& target, const std::string& path, const char* suffix,
-                                             std::vector<std::string>* made = nullptr) {
+// created first, remembered for remove_temp_files_on_signal until forget_temp(slot). Throws
+// std::runtime_error naming `path` (as the user gave it) when the directory or the file cannot
+// be made; the folders it made are gone again then.
+TempFile temp_file_beside(const fs::path& target, const std::string& path, const char* suffix) {
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  auto created = create_parents(dir, path);
-  if (made) made->insert(made->end(), created.begin(), created.end());
+  TempFile t;
+  t.made = create_parents(dir, path);
   std::string tmpl = (dir / ("." + target.filename().string() + suffix + "XXXXXX")).string();
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
-  int fd = mkstemp(name.data());
-  if (fd < 0)
-    throw std::runtime_error(fmt::format("{}: cannot create a file in {}: {}", path, dir.string(), std::strerror(errno)));
-  return {fd, std::string(name.data())};
+  t.fd = mkstemp(name.data());
+  if (t.fd < 0) {
+    const int err = errno;
+    remove_created_dirs(t.made);
+    throw std::runtime_error(fmt::format("{}: cannot create a file in {}: {}", path, dir.string(), std::strerror(err)));
+  }
+  t.name = name.data();
+  t.slot = remember_temp(t.name);
+  return t;
 }
 
 // write(2) of all of `text`, retried on EINTR and short writes. Returns 0 or the errno.
@@ -357,11 +416,16 @@ std::vector<std::string> check_writable(const std::string& path) {
                                              flags & FS_IMMUTABLE_FL ? "i" : "a"));
     }
   }
-  std::vector<std::string> made;
-  const auto probe = temp_file_beside(t.path, path, ".probe.", &made);
-  ::close(probe.first);
-  ::unlink(probe.second.c_str());
-  return made;
+  const TempFile probe = temp_file_beside(t.path, path, ".probe.");
+  ::close(probe.fd);
+  ::unlink(probe.name.c_str());
+  forget_temp(probe.slot);
+  return probe.made;
+}
+
+void remove_temp_files_on_signal() noexcept {
+  for (int i = 0; i < kTempSlots; ++i)
+    if (g_temp_used[i]) ::unlink(g_temp_names[i]);
 }
 
 void remove_created_dirs(const std::vector<std::string>& dirs) {
@@ -376,6 +440,8 @@ struct Staged {
   std::string path;    // as given (for messages)
   std::string target;  // the regular file after its links
   std::string tmp;     // the temporary file beside it, flushed and closed
+  std::vector<std::string> made;  // folders made for it (only when they vanished after check_writable)
+  int slot = -1;       // its remember_temp slot
 };
 
 // Writes `text` into a temporary file beside the regular file `t.path` (created or replaced
@@ -384,12 +450,17 @@ struct Staged {
 Staged stage_regular(const std::string& path, const OutputTarget& t, const std::string& text) {
   struct stat old{};
   const bool exists = ::stat(t.path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
-  const auto tmp = temp_file_beside(t.path, path, ".tmp.");
-  const int fd = tmp.first;
-  const std::string& name = tmp.second;
+  const TempFile tmp = temp_file_beside(t.path, path, ".tmp.");
+  const int fd = tmp.fd;
+  const std::string& name = tmp.name;
+  auto gone = [&] {  // the temporary file removed: what was made for it goes too
+    ::unlink(name.c_str());
+    forget_temp(tmp.slot);
+    remove_created_dirs(tmp.made);
+  };
   auto fail = [&](const char* what, int err) {
     ::close(fd);
-    ::unlink(name.data());
+    gone();
     throw std::runtime_error(fmt::format("{}: {}: {}", path, what, std::strerror(err)));
   };
   if (int err = write_all(fd, text)) fail("write failed", err);
@@ -399,10 +470,10 @@ Staged stage_regular(const std::string& path, const OutputTarget& t, const std::
   if (::fsync(fd) != 0) fail("fsync failed", errno);
   if (::close(fd) != 0) {
     int err = errno;
-    ::unlink(name.data());
+    gone();
     throw std::runtime_error(fmt::format("{}: close failed: {}", path, std::strerror(err)));
   }
-  return {path, t.path, name};
+  return {path, t.path, name, tmp.made, tmp.slot};
 }
 
 // Writes `text` into a stream or one of this process's descriptors (never replaced).
@@ -429,7 +500,11 @@ void write_stream(const std::string& path, const OutputTarget& t, const std::str
 void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& files) {
   std::vector<Staged> staged;
   auto discard = [&staged] {
-    for (const auto& f : staged) ::unlink(f.tmp.c_str());
+    for (auto f = staged.rbegin(); f != staged.rend(); ++f) {
+      ::unlink(f->tmp.c_str());
+      forget_temp(f->slot);
+      remove_created_dirs(f->made);
+    }
   };
   std::vector<std::pair<std::size_t, OutputTarget>> streams;
   try {
@@ -452,9 +527,13 @@ void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& 
   for (std::size_t k = 0; k < staged.size(); ++k) {
     if (::rename(staged[k].tmp.c_str(), staged[k].target.c_str()) != 0) {
       const int err = errno;
-      for (std::size_t j = k; j < staged.size(); ++j) ::unlink(staged[j].tmp.c_str());
+      for (std::size_t j = k; j < staged.size(); ++j) {
+        ::unlink(staged[j].tmp.c_str());
+        forget_temp(staged[j].slot);
+      }
       throw std::runtime_error(fmt::format("{}: rename failed: {}", staged[k].path, std::strerror(err)));
     }
+    forget_temp(staged[k].slot);
   }
 }
 

@@ -1,6 +1,6 @@
 // What an experiment returns (Report: tables, histograms, checks, timings), how it
 // is printed (aligned tables in the style of nccl-tests) and how it is stored
-// (the result document of shared/design.md §4, written atomically).
+// (the result document of docs/results.md, written atomically).
 //
 // Non-finite numbers are data here (overflow is what mpt studies): in JSON they are
 // the strings "inf", "-inf" and "nan", and read back as doubles by decode_nonfinite().
@@ -175,13 +175,20 @@ void write_file_atomic(const std::string& path, const std::string& text);
 /// path that failed.
 void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& files);
 
-/// Checks before a run that write_file_atomic(path, ...) can succeed: `path` (after its
-/// symbolic links) is not a directory, its parent directories exist or can be created (they
-/// are created), and a file can be made in the parent (a probe file, removed at once). A
-/// device, pipe or own descriptor passes. Returns the directories it created, outermost
-/// first (for remove_created_dirs when the run then fails). Throws std::runtime_error naming
-/// `path` and the reason otherwise.
+/// Checks before a run that write_file_atomic(path, ...) can succeed: `path` does not name a
+/// folder by its form (ends in '/', or in "." or ".."), (after its symbolic links) is not a
+/// directory, its parent directories exist or can be created (they are created), and a file
+/// can be made in the parent (a probe file, removed at once). A device, pipe or own descriptor
+/// passes. Returns the directories it created, outermost first (for remove_created_dirs when
+/// the run then fails). Throws std::runtime_error naming `path` and the reason otherwise; it
+/// leaves no folder or file behind then (a path too long part of the way down included).
 std::vector<std::string> check_writable(const std::string& path);
+
+/// For a signal handler (SIGINT, SIGTERM, SIGHUP) of a run that ends before its result is
+/// written: removes the temporary files that write_files_atomic and check_writable have made
+/// and not yet renamed or removed (a result staged while a FIFO --trace blocks the write would
+/// otherwise stay as ".NAME.tmp.XXXXXX"). Async-signal-safe: reads fixed slots, calls unlink(2).
+void remove_temp_files_on_signal() noexcept;
 
 /// Removes the directories check_writable created, innermost first, each only if it is
 /// still empty (rmdir(2)); errors are ignored. For a run that ends without a result.

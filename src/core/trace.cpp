@@ -324,20 +324,44 @@ void write_events_json(std::string& out) {
   out += ']';
 }
 
+namespace {
+// One element of events_json's array as an Event.
+Event event_from_json(const json& x) {
+  Event e;
+  e.ph = x.at("ph").get<std::string>().at(0);
+  e.name = x.at("name").get<std::string>();
+  e.cat = x.at("cat").get<std::string>();
+  e.tid = x.at("tid").get<int>();
+  e.ts_us = x.at("ts").get<double>();
+  if (x.contains("dur")) e.dur_us = x.at("dur").get<double>();
+  if (x.contains("id")) e.id = x.at("id").get<uint64_t>();
+  if (x.contains("args")) e.args = x.at("args");
+  return e;
+}
+}  // namespace
+
 std::vector<Event> events_from_json(const json& j) {
   std::vector<Event> out;
-  for (const auto& x : j) {
-    Event e;
-    e.ph = x.at("ph").get<std::string>().at(0);
-    e.name = x.at("name").get<std::string>();
-    e.cat = x.at("cat").get<std::string>();
-    e.tid = x.at("tid").get<int>();
-    e.ts_us = x.at("ts").get<double>();
-    if (x.contains("dur")) e.dur_us = x.at("dur").get<double>();
-    if (x.contains("id")) e.id = x.at("id").get<uint64_t>();
-    if (x.contains("args")) e.args = x.at("args");
-    out.push_back(std::move(e));
-  }
+  for (const auto& x : j) out.push_back(event_from_json(x));
+  return out;
+}
+
+std::vector<Event> events_from_text(const std::string& text) {
+  std::vector<Event> out;
+  bool top_is_array = false;
+  // nlohmann's parser callback: each element of the top-level array becomes an Event as soon as
+  // it is parsed and is then discarded (returning false), so no tree of the whole array is built.
+  const json::parser_callback_t keep = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (depth == 0 && ev == json::parse_event_t::array_start) top_is_array = true;
+    if (depth == 1 && top_is_array && ev == json::parse_event_t::object_end) {
+      out.push_back(event_from_json(parsed));
+      return false;
+    }
+    return true;
+  };
+  const json rest = json::parse(text, keep);
+  if (!top_is_array || !rest.empty())
+    throw std::invalid_argument("trace::events_from_text: expected an array of event objects");
   return out;
 }
 

@@ -29,6 +29,11 @@ cli_case(underflow_depth_sweep 0 "d16\\.L17" underflow --config configs/underflo
 cli_case(underflow_set 0 "d4\\.L05" underflow --set model.depth=4 --set data.batch=8)
 cli_case(underflow_set_list 0 "d3\\.L04.*" underflow --set "model.depth=[2,3]")
 cli_case(underflow_quiet 0 ANY underflow -q)
+# Non-finite cast values as result files write them (issue 38): each format's stored value and class.
+cli_case(underflow_cast_non_finite 0 "^ +-inf +-inf +-inf +- +inf$" underflow
+         --set "cast.values=[\"nan\",\"inf\",\"-inf\",1e-3]" --set "cast.formats=[\"fp16\"]")
+cli_case(underflow_cast_bad_string 2 "/cast/values/1: expected a number .*or one of \"nan\", \"inf\", \"-inf\", got a string \"NaN\""
+         underflow --set "cast.values=[1e-3,\"NaN\"]")
 cli_case(print_config 0 "\"depth\": 7" underflow --print-config --set model.depth=7)
 # --print-config runs the checks a run makes before its work: a config validate refuses is not printed.
 cli_case(print_config_validates 2 "/histogram/max_log2: expected a value greater than /histogram/min_log2 \\(-10\\), got -20"
@@ -104,6 +109,8 @@ add_test(NAME cli.scripts_unwritable_out_dir
 # Hostile input for the scripts (issue 15, defect 10): names from values sanitised inside --out-dir,
 # a repeated --grid key, list values, a missing --mpt, Ctrl-C, unknown --fields (a fake mpt, and the
 # real one for one end-to-end case); plot.py: bad files one line each, no plot overwritten.
+# Issue 38: a grid over --max-points, mpt's commands (compare, env) as the experiment, an --out-dir
+# that is a file; a 60 MiB trace plotted in 3 GiB of address space, with as many artists as a small one.
 add_test(NAME cli.sweep_hostile
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_cases.py sweep $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -111,6 +118,11 @@ add_test(NAME cli.plot_hostile
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_cases.py plot
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.plot_hostile PROPERTIES SKIP_RETURN_CODE 77)
+# plot.py under a Python without matplotlib (python3 -S): one line naming the module and the fix,
+# exit 3 (issue 38); runs with or without python3-matplotlib installed.
+add_test(NAME cli.plot_without_matplotlib
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_cases.py plotdeps
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 add_test(NAME cli.gpu_check_args
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/scripts_cases.py gpucheck
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -147,6 +159,17 @@ cli_case(dataparallel_fault_rank_missing 2 "/fault/rank: expected -1 or a rank 0
          --config configs/dataparallel_quick.json --nproc 2 --set fault.rank=5)
 cli_case_env(dataparallel_env_rank_only "RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
              "RANK is set but WORLD_SIZE is not" dataparallel --config configs/dataparallel_quick.json)
+# Probe (issue 38): a world size past the cap read "not a non-negative integer"; MPT_RANK set by hand
+# (mpt --nproc sets it with MPT_WORLD_SIZE for its workers) was reported without naming it.
+cli_case_env(dataparallel_env_world_size_too_large "RANK=0;WORLD_SIZE=99999999999;MASTER_ADDR=127.0.0.1;MASTER_PORT=29999" 2
+             "environment variable WORLD_SIZE=99999999999 is too large: at most 1000000 processes" dataparallel
+             --config configs/dataparallel_quick.json)
+cli_case_env(dataparallel_env_mpt_rank_by_hand "MPT_RANK=1" 2
+             "MPT_RANK=1 is set but MPT_WORLD_SIZE is not.? mpt --nproc sets both" dataparallel
+             --config configs/dataparallel_quick.json)
+cli_case_env(dataparallel_env_mpt_rank_past_world "MPT_RANK=1;MPT_WORLD_SIZE=1" 2
+             "mpt environment: MPT_RANK=1 is not a rank in \\[0, MPT_WORLD_SIZE=1\\)" dataparallel
+             --config configs/dataparallel_quick.json)
 # Probe (stop 30): the message did not echo the port it refused.
 cli_case_env(dataparallel_env_port_out_of_range "RANK=1;WORLD_SIZE=2;MASTER_ADDR=127.0.0.1;MASTER_PORT=99999" 2
              "MASTER_PORT must be set to a TCP port \\(1-65535\\) for 2 processes, got \"99999\"" dataparallel
@@ -177,3 +200,19 @@ add_test(NAME cli.scripts_full_disk COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli
 # --nproc goes through the schema as --set nproc=N: a fraction is named like any other value
 # (it was CLI11's "could not be converted"; found by the stop-28 probe).
 cli_case(dataparallel_nproc_fraction 2 "--nproc '2.5'.*/nproc: expected an integer" dataparallel --nproc 2.5)
+# Started from a working folder that was deleted (issue 38): named, exit 3, before LibTorch loads.
+add_test(NAME cli.deleted_working_folder COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/deleted_working_folder.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# A world size that the config does not fit, given on the command line (issue 38): --nproc (or its
+# --set) is named as the cause, not the config file; --nproc and a --set of nproc that disagree are refused.
+cli_case(shard_nproc_does_not_fit 2
+         "--nproc 3: configs/shard_quick.json does not fit 3 processes: /train/global_batch: expected a multiple of"
+         shard --config configs/shard_quick.json --nproc 3)
+cli_case(shard_set_nproc_does_not_fit 2
+         "--set 'nproc=3': configs/shard_quick.json does not fit 3 processes: /train/global_batch"
+         shard --config configs/shard_quick.json --set nproc=3)
+cli_case(collectives_nproc_does_not_fit 2
+         "--nproc 1: configs/collectives_quick.json does not fit 1 process: /ops/5: \"sendrecv\" needs at least 2 processes"
+         collectives --config configs/collectives_quick.json --nproc 1)
+cli_case(dataparallel_nproc_conflicts_with_set 2 "--nproc 2 and --set 'nproc=4' give /nproc two values: keep one"
+         dataparallel --config configs/dataparallel_quick.json --nproc 2 --set nproc=4)

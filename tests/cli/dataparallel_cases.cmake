@@ -22,6 +22,13 @@ add_test(NAME cli.dataparallel_killed_rank
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/hung_rank.sh $<TARGET_FILE:mpt> dataparallel --config configs/dataparallel_quick.json --set train.nosync_steps=0
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.dataparallel_killed_rank PROPERTIES TIMEOUT 120 ENVIRONMENT FAULT_MODE=exit)
+# Issue 38: rank 3 of 4 killed (SIGKILL) at step 1: every other rank names rank 3 alone (rank 1,
+# still working or waiting elsewhere when rank 0's all-reduce failed, was named beside it).
+add_test(NAME cli.dataparallel_killed_rank_named
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/killed_rank_named.sh $<TARGET_FILE:mpt> dataparallel
+                 --config configs/dataparallel_quick.json --nproc 4 --set "train.nprocs=[4]" --set train.nosync_steps=0
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.dataparallel_killed_rank_named PROPERTIES TIMEOUT 120)
 # Bad inputs.
 cli_case(dataparallel_nproc_zero 2 "config error: --nproc .0.: /nproc: expected an integer >= 1" dataparallel --nproc 0)
 cli_case(dataparallel_bucket_zero 2 "/ddp/bucket_cap_mb: expected a number > 0" dataparallel --set ddp.bucket_cap_mb=0)

@@ -131,6 +131,16 @@ cli_case(pipeline_bad_nproc_threads 2 "/nproc: expected 1 with /executor = \"thr
 cli_case(pipeline_bad_fault_rank 2 "/fault/rank: expected -1 or a rank 0 \\.\\. 1, got 2"
          pipeline --set executor=processes --set pipeline.stages=2 --nproc 2 --set fault.rank=2)
 cli_case(pipeline_bad_executor 2 "/executor: expected one of .*got \"procs\"" pipeline --set executor=procs)
+# Issue 38: stage 3 of 4 exits mid-step: stages 2, 1, 0 give up one after the other, each on its
+# neighbour, and every one names rank 3 (a neighbour that gave up on rank 3 and exited is followed
+# to rank 3, not blamed as "stopped (SIGSTOP?) or dead").
+add_test(NAME cli.pipeline_processes_killed_rank_named
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/killed_rank_named.sh $<TARGET_FILE:mpt> pipeline
+                 --set executor=processes --set pipeline.stages=4 --nproc 4 --set pipeline.steps=3
+                 --set "pipeline.microbatches=[4]" --set "pipeline.schedules=[\"1f1b\"]"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.pipeline_processes_killed_rank_named PROPERTIES TIMEOUT 120
+                     ENVIRONMENT "FAULT_MODE=exit;TIMEOUT_KEY=pipeline.timeout_s")
 # Issue 15: a stage process stopped (SIGSTOP) mid-run: rank 1 named (not rank 0, which waited for
 # it) within about pipeline.timeout_s; a sub-second timeout works (it was truncated to 0 s).
 add_test(NAME cli.pipeline_processes_stopped_stage

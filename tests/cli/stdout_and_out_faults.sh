@@ -6,7 +6,9 @@
 #  - --out through symbolic links: the link's target gets the result, the links stay links, a
 #    0600 result stays 0600; --out /dev/stdout (through a link of our own here, never the
 #    system's) writes into whatever stdout is: a pipe, or the file the shell redirected it to;
-#  - a run that fails with exit 3 takes away the --out folders it created.
+#  - a run that fails with exit 3 takes away the --out folders it created;
+#  - --out / --trace naming a folder ("DIR/") or through a path too long: exit 2 before any work
+#    (and before any worker of --nproc), no folder left behind (issue 38).
 # Usage: stdout_and_out_faults.sh MPT
 set -u
 mpt=$1
@@ -106,5 +108,31 @@ if chattr +i "$tmp/immutable.json" 2>/dev/null; then
 else
   echo "skip: chattr +i not possible here (needs root and inode flags): the immutable-file case did not run"
 fi
+
+# --- a folder name, or a path too long: exit 2 before any work, nothing left behind (issue 38) ---
+# "DIR/" names a folder: refused by the process that checks the outputs, before the run and before
+# any worker of --nproc starts (no tables, no rank's line), and DIR is not created.
+for opt in --out --trace; do
+  for run in single nproc; do
+    if [ $run = single ]; then cmd=("${QUICK[@]}"); else cmd=(collectives --config configs/collectives_quick.json --nproc 2); fi
+    args=("$opt" "$tmp/newdir/"); [ $opt = --trace ] && args=(--out "$tmp/r_ok.json" "${args[@]}")
+    "$mpt" "${cmd[@]}" "${args[@]}" > "$tmp/out" 2> "$tmp/err"; rc=$?
+    if [ $rc = 2 ] && grep -q "config error: $opt $tmp/newdir/: names a folder (it ends in '/'): expected a file path" "$tmp/err" \
+       && [ ! -s "$tmp/out" ] && ! grep -q "rank [0-9]" "$tmp/err" && [ ! -e "$tmp/newdir" ] && [ ! -e "$tmp/r_ok.json" ]; then
+      ok "$opt DIR/ ($run): exit 2 before the run, no folder made"
+    else fail "$opt DIR/ ($run): exit $rc, folder: $(ls -d "$tmp/newdir" 2>&1), stdout $(wc -c < "$tmp/out") bytes, stderr: $(tail -c 300 "$tmp/err")"; fi
+  done
+done
+# A path longer than PATH_MAX (4096) through 25 folders of 200 characters: the first 20 can be
+# made before mkdir(2) says ENAMETOOLONG; the refused run takes them away again.
+long=$(printf 'd%.0s' $(seq 200))
+deep="$tmp/deep"; for _ in $(seq 25); do deep="$deep/$long"; done
+for opt in --out --trace; do
+  args=("$opt" "$deep/r.json"); [ $opt = --trace ] && args=(--out "$tmp/r_ok.json" "${args[@]}")
+  "$mpt" "${QUICK[@]}" "${args[@]}" > "$tmp/out" 2> "$tmp/err"; rc=$?
+  if [ $rc = 2 ] && grep -q "config error: $opt .*cannot create directory .*File name too long" "$tmp/err" \
+     && [ ! -e "$tmp/deep" ] && [ ! -e "$tmp/r_ok.json" ]; then ok "$opt through a path too long: exit 2, no folder left"
+  else fail "$opt through a path too long: exit $rc, left: $(find "$tmp/deep" -maxdepth 30 -type d 2>/dev/null | wc -l) folders, stderr: $(tail -c 200 "$tmp/err")"; fi
+done
 
 [ $fails = 0 ] && echo "all ok" || { echo "$fails failed"; exit 1; }

@@ -62,6 +62,14 @@ cli_case(tensorparallel_mesh8 0 "OK: 2 of 2 checks passed" tensorparallel --conf
 # A mesh that diverges says so (stop-28 probe: no note, no results.diverged); its checks fail (exit 1).
 diverged_case(tensorparallel_mesh_diverged 1 "diverged: mesh's loss became nan at step [0-9]+" ${TPMESH} --nproc 2
          --set mesh.dp=2 --set mesh.steps=10 --set mesh.lr=100)
+# Rank 3 of the 4-process dp 2 x pp 2 mesh killed (SIGKILL) at step 1: every other rank's error names
+# rank 3 or says it cannot tell, none blames a rank that only gave up on rank 3 (issue 38: rank 0
+# blamed rank 2, which had exited after naming rank 3, as "stopped (SIGSTOP?) or dead").
+add_test(NAME cli.tensorparallel_mesh_killed_rank_named
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/killed_rank_named.sh $<TARGET_FILE:mpt> ${TPMESH}
+                 --set mesh.steps=4 --nproc 4 --set mesh.dp=2 --set mesh.pp=2
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.tensorparallel_mesh_killed_rank_named PROPERTIES TIMEOUT 120)
 # Bad mesh input: exit 2 naming the keys, before any process starts.
 cli_case(tensorparallel_mesh_world_mismatch 2 "/mesh: expected /mesh/dp x /mesh/tp x /mesh/pp = the world size 4"
          ${TPMESH} --nproc 4 --set mesh.dp=2)

@@ -1,5 +1,6 @@
 # Timelines: `--trace FILE` (docs/timelines.md; tests/cli/trace_cases.py says what each case checks).
-foreach(case pipeline_threads pipeline_processes pipeline_workers dataparallel single mesh unwritable atomic plot)
+foreach(case pipeline_threads pipeline_processes pipeline_workers dataparallel single mesh unwritable atomic plot
+        over_store_limit)
   add_test(NAME cli.trace_${case}
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/trace_cases.py $<TARGET_FILE:mpt> ${case}
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -14,3 +15,9 @@ cli_case(trace_same_as_out_dotdot 2 "expected a file other than the result file"
 add_test(NAME cli.interrupted_run_folders COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/interrupted.py $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.interrupted_run_folders PROPERTIES TIMEOUT 300)
+# Interrupted while writing (SIGTERM while a FIFO --trace blocks the write, the result staged): no
+# temporary file or folder left, in one process and under --nproc (the launcher passes the signal on).
+add_test(NAME cli.interrupted_while_writing
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/interrupted.py $<TARGET_FILE:mpt> writing
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.interrupted_while_writing PROPERTIES TIMEOUT 300)

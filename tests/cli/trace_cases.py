@@ -15,9 +15,11 @@ from the trace equals the experiment's own `measured` table within 0.01 (absolut
 schedule, while one perturbed slice moves it beyond that; dataparallel's hidden fraction
 likewise; an unwritable --trace exits 2 before the run and writes nothing; a failed run leaves
 an existing trace untouched (atomic write) and no temporary file; a trace that cannot be written
-(/dev/full) leaves an existing result untouched; --out or --trace naming the config: exit 2.
+(/dev/full) leaves an existing result untouched; --out or --trace naming the config: exit 2; a
+rank's events beyond the 8 MiB that one message of the job's store may carry reach the file.
 Exit 0 pass, 1 fail.
 """
+import bisect
 import json
 import os
 import subprocess
@@ -98,15 +100,30 @@ def validate(path):
         miss = sorted(set(flows["s"]) ^ set(flows["f"]))[:5]
         fail(f"flows without their other end: {len(set(flows['s']) ^ set(flows['f']))} (ids {miss})")
 
+    # Some slice of the flow's pid, tid and cat holds its ts: of the slices that start by ts, the
+    # one that ends last must end at ts or later (sorted starts, prefix maxima of the ends, a
+    # bisection per flow: a trace of 10^5 events is checked in a second, not in minutes).
+    by_cat = {}
+    for (pid, tid), lst in slices.items():
+        for b, e, cat, _ in lst:
+            by_cat.setdefault((pid, tid, cat), []).append((b, e))
+    index = {}
+    for key, lst in by_cat.items():
+        lst.sort()
+        ends, m = [], float("-inf")
+        for _, e in lst:
+            m = max(m, e)
+            ends.append(m)
+        index[key] = ([b for b, _ in lst], ends)
+
     def bound(ev):
-        for b, e, cat, sl in slices.get((ev["pid"], ev["tid"]), []):
-            if cat == ev["cat"] and b - EPS_US <= ev["ts"] <= e + EPS_US:
-                return sl
-        return None
+        starts, ends = index.get((ev["pid"], ev["tid"], ev["cat"]), ([], []))
+        i = bisect.bisect_right(starts, ev["ts"] + EPS_US)
+        return i > 0 and ends[i - 1] + EPS_US >= ev["ts"]
 
     for ph in ("s", "f"):
         for fid, ev in flows[ph].items():
-            if bound(ev) is None:
+            if not bound(ev):
                 fail(f"flow {fid} '{ph}' at {ev['ts']} (pid {ev['pid']} tid {ev['tid']}) is inside no slice")
     # Causality: a message is received after it was sent, up to the ranks' clock error bounds.
     err = {r["rank"]: r["error_bound_us"] for r in doc.get("otherData", {}).get("clock", {}).get("ranks", [])}
@@ -115,14 +132,22 @@ def validate(path):
         slack = err.get(s["pid"], 0) + err.get(f["pid"], 0) + EPS_US
         if f["ts"] < s["ts"] - slack:
             fail(f"flow {fid}: received at {f['ts']} before sent at {s['ts']} (clock slack {slack} us)")
-    # Every pipeline send slice carries a flow start, every recv slice a flow finish.
+    # Every pipeline send slice carries a flow start, every recv slice a flow finish (the flows'
+    # times per phase, pid and tid, sorted: the first at or after the slice's start is inside it).
+    flow_ts = {}
+    for ph in ("s", "f"):
+        for fl in flows[ph].values():
+            flow_ts.setdefault((ph, fl["pid"], fl["tid"]), []).append(fl["ts"])
+    for v in flow_ts.values():
+        v.sort()
     for lst in slices.values():
         for b, e, cat, sl in lst:
             n = sl["name"]
             if n.startswith("send ") or n.startswith("recv "):
                 ph = "s" if n.startswith("send ") else "f"
-                if not any(fl["pid"] == sl["pid"] and fl["tid"] == sl["tid"] and b - EPS_US <= fl["ts"] <= e + EPS_US
-                           for fl in flows[ph].values()):
+                ts = flow_ts.get((ph, sl["pid"], sl["tid"]), [])
+                i = bisect.bisect_left(ts, b - EPS_US)
+                if i == len(ts) or ts[i] > e + EPS_US:
                     fail(f"{n} at {b} (pid {sl['pid']}) has no flow {ph}")
     nx = sum(len(v) for v in slices.values())
     print(f"ok: {path}: {len(evs)} events, {nx} slices, {len(flows['s'])} flows, {len(pids)} process(es)")
@@ -339,6 +364,44 @@ def case_mesh(mpt, tmp):
     print(f"ok: mesh dp 2 x pp 2: {len(starts)} flows, each within its replica's pipeline")
 
 
+STORE_MESSAGE_LIMIT = 8 << 20  # LibTorch 2.x's libuv TCPStore: MAX_PAYLOAD_LEN, one message
+
+
+def case_over_store_limit(mpt, tmp):
+    """Rank 1's events are more bytes than one message of the job's TCPStore may carry (issue 38:
+    10.9 MB of events; rank 1 died with a backtrace, rank 0 waited out its timeout, no result).
+    They travel in pieces: exit 0, the result written, and all of rank 1's events in the trace -
+    every flow that rank 0's sends start finishes in a recv of rank 1 (validate), and rank 1 has
+    one recv slice per send of rank 0. A pipeline on 2 processes with no synthetic cost: about 6
+    events per microbatch, the quickest way here to 8 MiB (collectives: one per collective)."""
+    run(mpt, ["pipeline", "--nproc", "2", "--set", "executor=processes", "--set", "pipeline.stages=2", "--set",
+              "cost.forward_us=0", "--set", "pipeline.microbatches=[64]", "--set", 'pipeline.schedules=["1f1b","gpipe"]',
+              "--set", "pipeline.steps=75", "--set", "sync.enabled=false", "-q", "--out", "r.json", "--trace", "t.json"],
+        tmp)
+    doc = validate(os.path.join(tmp, "t.json"))
+    res = json.load(open(os.path.join(tmp, "r.json")))
+    if res.get("experiment") != "pipeline":
+        fail("no pipeline result")
+    mine = {0: [], 1: []}
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "M":
+            mine[e["pid"]].append(e)
+    # Rank 1's part as it sent it: its events without pid (events_json's compact text).
+    sent = sum(len(json.dumps({k: v for k, v in e.items() if k != "pid"}, separators=(",", ":"))) + 1
+               for e in mine[1])
+    print(f"rank 1: {len(mine[1])} events, about {sent / 2**20:.1f} MiB sent (one store message: at most "
+          f"{STORE_MESSAGE_LIMIT / 2**20:.0f} MiB); rank 0: {len(mine[0])} events")
+    if sent <= STORE_MESSAGE_LIMIT:
+        fail(f"rank 1 sent {sent} bytes: not above the store's message limit, the case shows nothing")
+    # Between the processes only: lane 0's tracks (rank 0 also checks the schedule on threads,
+    # lanes >= 1, against one process).
+    sends = sum(1 for e in mine[0] if e.get("ph") == "X" and e["tid"] < 10 and e["name"].startswith("send F"))
+    recvs = sum(1 for e in mine[1] if e.get("ph") == "X" and e["tid"] < 10 and e["name"].startswith("recv F"))
+    if sends < 2 * 75 * 64 or recvs != sends:
+        fail(f"rank 0 sent {sends} forward messages, rank 1's trace has {recvs} recv slices: expected the same, "
+             f"at least {2 * 75 * 64}")
+
+
 def case_unwritable(mpt, tmp):
     os.makedirs(os.path.join(tmp, "ro"))
     os.chmod(os.path.join(tmp, "ro"), 0o500)
@@ -430,6 +493,7 @@ CASES = {
     "single": case_single,
     "mesh": case_mesh,
     "unwritable": case_unwritable,
+    "over_store_limit": case_over_store_limit,
     "atomic": case_atomic,
     "plot": case_plot,
 }
