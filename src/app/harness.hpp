@@ -41,7 +41,7 @@ Config resolve_for(const ConfigSpec& spec, const RunOptions& opts);
 /// The schema of `exp` with the keys every experiment has (/seed, /device, /threads).
 ConfigSpec full_spec(const Experiment& exp);
 
-/// The result document of shared/design.md §4 (schema_version 1).
+/// The result document of docs/results.md (schema_version 1).
 nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg, const Report& report,
                                        const nlohmann::json& env, double wall_s);
 

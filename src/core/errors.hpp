@@ -1,4 +1,4 @@
-// Error types and the exit codes they map to (shared/design.md §2):
+// Error types and the exit codes they map to (README.md, "Exit codes"):
 //   0 ok; 1 the experiment's own check failed; 2 usage or config error;
 //   3 runtime error (missing data, device unavailable, a peer process failed).
 #pragma once

@@ -20,7 +20,7 @@
 
 namespace mpt {
 
-/// Whether an experiment runs in one process or in several (shared/design.md §6).
+/// Whether an experiment runs in one process or in several (docs/architecture.md, "Adding a multi-process experiment").
 enum class Processes {
   Single,  ///< one process; no --nproc
   Multi,   ///< --nproc N workers, or one rank of torchrun / SLURM; the schema has /nproc

@@ -1,4 +1,4 @@
-// The processes of a multi-process run as the harness sets them up (shared/design.md §6): this
+// The processes of a multi-process run as the harness sets them up (docs/architecture.md, "Adding a multi-process experiment"): this
 // rank's place in the job (from --nproc, torchrun or SLURM), the job's connection (dist::Job:
 // store and heartbeat), the world group, the rank's device and the one fault-injection point. Experiments receive it in their Context
 // and never launch, connect or create groups through core/dist themselves.

@@ -3,7 +3,7 @@
 // test that replays tests/fuzz/regressions/ and the seed corpus in the ordinary build.
 //
 // Each body feeds one input through the code that reads hostile input and checks the contract
-// of shared/design.md §2: the only exception that may leave is ConfigError (exit 2), and its
+// of the exit codes (README.md, "Exit codes"): the only exception that may leave is ConfigError (exit 2), and its
 // message is short and printable (no control character, valid UTF-8). A broken invariant throws
 // std::logic_error, which libFuzzer reports as a crash (uncaught exception: abort).
 #pragma once
