@@ -73,6 +73,12 @@ Benchmarks (--only NAME, repeatable; default: all):
                time and `mpt pipeline` (1f1b, m = 8, threads; 200 us/layer synthetic cost, and none)
                step time with --trace FILE vs without, alternately; the results checked equal first. 'mpt' = traced,
                'python' = untraced (both mpt)
+  compare      `mpt compare BASE NEW` on two generated result files (bench/gen_results.py: named rows
+               {"name", "v", "n"}, 10 values of NEW perturbed by 1e-9 relative) vs bench/compare_join.py
+               (json.load, flatten, a dict join: what a user without mpt writes): wall time and peak RSS
+               of the whole process, reading included; 400,000 rows, and unless --quick a file of
+               about 250 MB (5 M rows, near compare's 256 MiB cap); --quick: 100,000 rows. Both must
+               count the same compared and differing values first
   checkpoint   (after its whole-run pairs) inner loop: `mpt checkpoint` vs
                torch.utils.checkpoint.checkpoint_sequential (bench/checkpoint_time.py): plain and sqrt(n)-segment step time, their ratio,
                and mpt's peak bytes (counting allocator) checkpointed / plain; gradients
@@ -104,7 +110,7 @@ BENCH = os.path.join(ROOT, "bench")
 PARITY = os.path.join(ROOT, "tests", "parity")
 SCHEMA_VERSION = 2
 ALL = ["underflow", "lossscale", "accumulate", "dataparallel", "pipeline", "checkpoint", "mlp", "mlp_large", "mlp_native", "ddp",
-       "accumulate_step", "pipeline_step", "zero2", "zero2_ring", "gemm", "busy", "trace"]
+       "accumulate_step", "pipeline_step", "zero2", "zero2_ring", "gemm", "busy", "trace", "compare"]
 
 
 def log(*a):
@@ -115,9 +121,9 @@ class Mismatch(Exception):
     """mpt and the Python twin did not compute the same numbers: nothing is timed."""
 
 
-def run(cmd, stdout=subprocess.DEVNULL):
+def run(cmd, stdout=subprocess.DEVNULL, ok=(0,)):
     """Runs cmd in the repository root; returns (wall seconds, peak RSS bytes, stdout text).
-    Raises RuntimeError on a non-zero exit."""
+    Raises RuntimeError on an exit code not in `ok`."""
     with tempfile.TemporaryFile(mode="w+") as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=err, text=True)
@@ -125,7 +131,7 @@ def run(cmd, stdout=subprocess.DEVNULL):
         _, status, ru = os.wait4(p.pid, 0)  # wait4: the child's own peak RSS
         wall = time.perf_counter() - t0
         p.returncode = code = os.waitstatus_to_exitcode(status)
-        if code != 0:
+        if code not in ok:
             err.seek(0)
             raise RuntimeError(f"{' '.join(cmd)} exited {code}: {err.read()[-800:]}")
     return wall, ru.ru_maxrss * 1024, out
@@ -627,6 +633,41 @@ class Bench:
             self.add(name, "trace", "step", "ms", on, off, [a / b for a, b in zip(on, off)], target="<= 1.05",
                      note=note + "; 'mpt' = with --trace, 'python' = without",
                      legend="'mpt' = with --trace, 'python' = without, both mpt")
+
+    # ------------------------------------------------------------------------------------
+    # compare: reading and joining two large result files
+    # ------------------------------------------------------------------------------------
+    def compare(self):
+        """`mpt compare` vs bench/compare_join.py on generated files; both must count the same
+        values compared and differing (10 perturbed values differ under --rtol 1e-12) first."""
+        sizes = [("compare_100k", ["--rows", "100000"])] if self.args.quick else \
+            [("compare_400k", ["--rows", "400000"]), ("compare_cap", ["--bytes", "250e6"])]
+        for name, size in sizes:
+            base, new = (os.path.join(self.tmp, f"{name}_{s}.json") for s in ("base", "new"))
+            gen = os.path.join(BENCH, "gen_results.py")
+            _, _, info = run([sys.executable, gen, base, *size], stdout=subprocess.PIPE)
+            run([sys.executable, gen, new, *size, "--perturb", "10"])
+            info = json.loads(info)
+            cmd = [self.mpt, "compare", base, new, "--rtol", "1e-12", "-q"]
+            py = [REF_PY, os.path.join(BENCH, "compare_join.py"), base, new, "--rtol", "1e-12"]
+            _, _, summary = run(cmd, stdout=subprocess.PIPE, ok=(0, 1))
+            _, _, twin = run(py, stdout=subprocess.PIPE)
+            twin = json.loads(twin)
+            words = summary.split()  # "compare: K of N values differ beyond tolerance ..."
+            if [int(words[1]), int(words[3])] != [twin["differ"], twin["compared"]] or twin["differ"] != 10:
+                raise Mismatch(f"{name}: mpt says {summary.strip()!r}, the twin {twin}")
+            log(f"{name}: {summary.strip()} ({info['rows']} rows, {info['bytes'] / 1e6:.0f} MB per file)")
+
+            def one():
+                return run(cmd, ok=(0, 1)), run(py)
+            res = self.rounds(one)
+            self.add(name, "compare", "wall", "s", [r[0][0] for r in res], [r[1][0] for r in res],
+                     [r[0][0] / r[1][0] for r in res],
+                     note=f"{info['rows']} rows, {info['bytes'] / 1e6:.0f} MB per file, reading included",
+                     mpt_rss_bytes=max(r[0][1] for r in res), python_rss_bytes=max(r[1][1] for r in res),
+                     rows=info["rows"], file_bytes=info["bytes"])
+            for f in (base, new):
+                os.remove(f)
 
     # ------------------------------------------------------------------------------------
     # busy: a second process takes a core; spinning vs sleeping OpenMP waiters

@@ -8,7 +8,8 @@
 #   scripts/bench.sh --only mlp --only ddp    # choose: underflow, lossscale, accumulate, dataparallel,
 #                                             #   pipeline, checkpoint, mlp, mlp_large, mlp_native, ddp,
 #                                             #   accumulate_step, pipeline_step, zero2, zero2_ring, gemm,
-#                                             #   busy, trace
+#                                             #   busy, trace, compare (mpt compare on generated files
+#                                             #   of 400,000 rows and near the 256 MiB cap)
 #   scripts/bench.sh --rounds 9 --out FILE    # default FILE: bench/results/<UTC date>.json
 # What each benchmark and each row measures: bench/bench.py's help (the default route's Python:
 # .venv-torch2/bin/python bench/bench.py --help) and docs/performance.md.
@@ -20,7 +21,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --torch) torch="${2:-}"; shift 2 || { echo "bench: --torch needs a value: debian or pip" >&2; exit 2; } ;;
     --torch=*) torch="${1#--torch=}"; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done

@@ -1,7 +1,13 @@
 // Result comparison (core/compare): rows join by name, tolerances, non-finite values.
 #include "catch.hpp"
 #include "core/compare.hpp"
+#include "core/config.hpp"
 #include "core/errors.hpp"
+
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
 
 using namespace mpt;
 
@@ -140,4 +146,107 @@ TEST_CASE("control characters in result keys and values are escaped in the table
   std::string table = render_table(comparison_table(compare_results(a, b, {}), "t"));
   CHECK(table.find('\x1b') == std::string::npos);
   CHECK_THAT(table, Catch::Contains("\\x1b[31mred"));
+}
+
+// --- issue 38, item 10: exact integers beyond 64 bits; the join equals a join of flattened paths ---
+
+TEST_CASE("integers beyond 64 bits compare exactly (2^64 + 1 vs 2^64 + 2 differ)", "[compare][hostile]") {
+  auto read = [](const std::string& results) {
+    return parse_json_text(R"({"schema_version": 1, "experiment": "underflow", "results": )" + results + "}",
+                           "r.json", kResultLimits);
+  };
+  const json a = read(R"({"big": 18446744073709551617, "neg": -18446744073709551617, "mixed": 18446744073709551616})");
+  const json b = read(R"({"big": 18446744073709551618, "neg": -18446744073709551617, "mixed": 18446744073709551615})");
+  CHECK(compare_results(a, a, {}).ok());
+  auto c = compare_results(a, b, {});
+  CHECK(c.compared == 3);
+  REQUIRE(c.diffs.size() == 2);  // "neg" is equal
+  CHECK(c.diffs[0].path == "/results/big");
+  CHECK(c.diffs[0].abs_diff == 1.0);
+  CHECK(c.diffs[1].path == "/results/mixed");  // beyond 64 bits vs a uint64: still exact
+  CHECK(c.diffs[1].abs_diff == 1.0);
+  const std::string table = render_table(comparison_table(c, "t"));
+  CHECK_THAT(table, Catch::Contains("18446744073709551617") && Catch::Contains("18446744073709551618"));
+  CompareOptions loose;
+  loose.atol = 1;
+  CHECK(compare_results(a, b, loose).ok());
+  // Far beyond 64 bits, and of opposite signs: the distance is exact too.
+  const json x = read(R"({"v": 100000000000000000000000000000000000000001})");
+  const json y = read(R"({"v": -100000000000000000000000000000000000000001})");
+  auto far = compare_results(x, y, {});
+  REQUIRE(far.diffs.size() == 1);
+  CHECK(far.diffs[0].abs_diff == Approx(2e41));
+  CHECK(far.diffs[0].rel_diff == Approx(2.0));
+  // A float of the same magnitude is a number like any other (compared as doubles).
+  CHECK(compare_results(read(R"({"v": 1e20})"), read(R"({"v": 100000000000000000000})"), {}).ok());
+}
+
+// The join by path that compare_results must equal: flatten() both sides, join the paths (a
+// later leaf at the same path replaces an earlier one), a leaf differs when it is missing on
+// one side or its values differ.
+static std::pair<std::size_t, std::vector<std::string>> join_of_flattened(const json& a, const json& b) {
+  std::map<std::string, std::pair<json, json>> joined;
+  std::set<std::string> in_a, in_b;
+  for (auto& [p, v] : flatten(a["results"], "/results")) joined[p].first = v, in_a.insert(p);
+  for (auto& [p, v] : flatten(b["results"], "/results")) joined[p].second = v, in_b.insert(p);
+  std::vector<std::string> differ;
+  for (auto& [p, xy] : joined)
+    if (!in_a.count(p) || !in_b.count(p) || xy.first != xy.second) differ.push_back(p);
+  return {joined.size(), differ};
+}
+
+TEST_CASE("the join equals a join of flattened paths, '/' in keys and names included", "[compare][hostile]") {
+  // Keys and names with '/' make different trees flatten to the same path; rows named as list
+  // indices; a named list on one side and an object on the other; a leaf against a container.
+  // In a, "/results/a/b" is both a["a"]["b"] (1) and a["a/b"] (2): the later leaf, 2, stands.
+  json a = doc({{"a/b", 2}, {"a", {{"b", 1}, {"c", 3}}}, {"rows", {{{"name", "x"}, {"v", 1}}, {{"name", "y/z"}, {"v", 2}}}}});
+  json b = doc({{"a", {{"b", 2}, {"c", 4}}}, {"rows", {{"x", {{"v", 1}}}, {"y", {{"z", {{"v", 2}}}}}}}});
+  auto expected = join_of_flattened(a, b);
+  auto c = compare_results(a, b, {});
+  std::vector<std::string> got;
+  for (const auto& d : c.diffs) got.push_back(d.path);
+  CHECK(c.compared == expected.first);
+  CHECK(got == expected.second);
+  CHECK(c.compared == 4);
+  CHECK(got == std::vector<std::string>{"/results/a/c"});
+
+  // Random documents over a small alphabet of keys, names and values.
+  std::mt19937 rng(38);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  const std::vector<std::string> keys = {"0", "1", "a", "b", "a/b", "b/0", "name"};
+  const std::vector<json> leaves = {0, 1, 1.5, "x", true, nullptr};
+  std::function<json(int)> gen = [&](int depth) -> json {
+    const int kind = depth >= 3 ? 0 : pick(4);
+    if (kind == 0) return leaves[static_cast<std::size_t>(pick(6))];
+    json v = kind == 1 ? json::object() : json::array();
+    const int n = pick(4);
+    for (int i = 0; i < n; ++i) {
+      if (kind == 1) {
+        v[keys[static_cast<std::size_t>(pick(7))]] = gen(depth + 1);
+      } else if (kind == 2) {  // rows, usually distinctly named
+        json row = {{"name", keys[static_cast<std::size_t>(pick(6))]}};
+        row[keys[static_cast<std::size_t>(pick(6))]] = gen(depth + 1);
+        v.push_back(row);
+      } else {
+        v.push_back(gen(depth + 1));
+      }
+    }
+    return v;
+  };
+  int checked = 0;
+  for (int t = 0; t < 3000; ++t) {
+    json x = doc(json::object()), y = doc(json::object());
+    x["results"] = json::object({{"r", gen(0)}, {"s", gen(1)}});
+    y["results"] = t % 3 == 0 ? x["results"] : json::object({{"r", gen(0)}, {"s", gen(1)}});
+    if (t % 3 == 1) y["results"]["s"] = x["results"]["s"];
+    auto want = join_of_flattened(x, y);
+    auto have = compare_results(x, y, {});
+    std::vector<std::string> paths;
+    for (const auto& d : have.diffs) paths.push_back(d.path);
+    INFO("base " << x["results"].dump() << "\nnew  " << y["results"].dump());
+    REQUIRE(have.compared == want.first);
+    REQUIRE(paths == want.second);
+    ++checked;
+  }
+  CHECK(checked == 3000);
 }

@@ -79,3 +79,33 @@ TEST_CASE("compare: tolerance rules apply first match first, unbounded leaves ar
   CHECK_FALSE(compare_results(doc(2.0, 0.25, 0.5), doc(2.0 * (1 + 1e-4), 0.25, 0.5), opt).ok());
   CHECK_FALSE(compare_results(doc(2.0, 0.25, 0.5), doc(2.0, 0.25, 0.5 + 1e-12), opt).ok());
 }
+
+TEST_CASE("a tolerance that overflows to infinity is refused with file and line", "[tolerance]") {
+  // Each number is finite; the product is not. Accepted, it failed equal values (inf * 0 is NaN).
+  CHECK_THROWS_WITH(parse_tolerance_text("# header\n/results/a  rel 1e300*1e300\n", "x.tol"),
+                    Catch::Contains("x.tol:2") && Catch::Contains("not finite"));
+  CHECK_THROWS_WITH(parse_tolerance_text("/a  abs 1e308 + 1e308\n", "y.tol"),
+                    Catch::Contains("y.tol:1") && Catch::Contains("not finite"));
+  CHECK_THROWS_WITH(parse_tolerance_text("/a  rel 1e-6 abs 1e200*1e200*u(fp32)\n", "z.tol"),
+                    Catch::Contains("z.tol:1") && Catch::Contains("not finite"));
+  CHECK(eval_tolerance_expr("1e300*1e8", "f:1") == 1e308);  // large but finite is a tolerance
+}
+
+TEST_CASE("tolerance files: a tab between a rule and its value", "[tolerance]") {
+  const double u = std::ldexp(1.0, -24);
+  auto rules = parse_tolerance_text("/results/a\trel\t2*u(fp32)\n"
+                                    "/results/b\tabs\t1e-9\n"
+                                    "/results/c\trel u(fp32)\tabs\t1e-9\t# tab-aligned\n"
+                                    "/results/d\t\texact\n",
+                                    "t.tol");
+  REQUIRE(rules.size() == 4);
+  CHECK(rules[0].rtol == 2 * u);
+  CHECK(rules[1].atol == 1e-9);
+  CHECK(rules[2].rtol == u);
+  CHECK(rules[2].atol == 1e-9);
+  CHECK(rules[3].rtol == 0);
+  CHECK(rules[3].atol == 0);
+  // A word run into its value is still no rule.
+  CHECK_THROWS_WITH(parse_tolerance_text("/a rel1e-6\n", "t.tol"), Catch::Contains("t.tol:1"));
+  CHECK_THROWS_WITH(parse_tolerance_text("/a rel 1e-6 abs1e-9\n", "t.tol"), Catch::Contains("t.tol:1"));
+}

@@ -116,6 +116,21 @@ std::string bounds_text(const Param& p) {
   config_error(fmt::format("{}: {}: {}", source, pointer.empty() ? "/" : printable_text(pointer, 120), msg));
 }
 
+// "nan", "inf", "-inf" as the result files write them (Param::non_finite), else nullopt.
+std::optional<double> non_finite_value(const std::string& s) {
+  if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+  if (s == "inf") return std::numeric_limits<double>::infinity();
+  if (s == "-inf") return -std::numeric_limits<double>::infinity();
+  return std::nullopt;
+}
+
+double as_number(const json& v) {
+  if (v.is_string()) {
+    if (auto d = non_finite_value(v.get<std::string>())) return *d;
+  }
+  return v.get<double>();
+}
+
 // An integer that JSON wrote as 12.0 is still accepted as an integer.
 bool is_integral(const json& v) {
   if (v.is_number_integer()) return true;
@@ -146,8 +161,11 @@ void check_scalar(const Param& p, ParamType scalar, const json& v, const std::st
       return;
     case ParamType::Int:
     case ParamType::Number: {
+      if (p.non_finite && v.is_string() && non_finite_value(v.get<std::string>())) return;
       bool ok = scalar == ParamType::Int ? is_integral(v) : v.is_number();
-      if (!ok) fail(source, ptr, fmt::format("{}, got {}", expected, got(v)));
+      if (!ok)
+        fail(source, ptr, fmt::format("{}{}, got {}", expected, p.non_finite ? " or one of \"nan\", \"inf\", \"-inf\"" : "",
+                                      got(v)));
       // An integer read back as long long must fit one (18446744073709551615 does not).
       if (scalar == ParamType::Int && v.is_number_unsigned() &&
           v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<long long>::max()))
@@ -207,6 +225,15 @@ ConfigSpec& ConfigSpec::distinct(const std::string& pointer) {
   auto it = params_.find(pointer);
   if (it == params_.end()) throw std::logic_error("ConfigSpec::distinct: no such parameter " + pointer);
   it->second.unique = true;
+  return *this;
+}
+
+ConfigSpec& ConfigSpec::non_finite(const std::string& pointer) {
+  auto it = params_.find(pointer);
+  if (it == params_.end()) throw std::logic_error("ConfigSpec::non_finite: no such parameter " + pointer);
+  if (it->second.type != ParamType::Number && it->second.type != ParamType::NumberList)
+    throw std::logic_error("ConfigSpec::non_finite: not a number (list): " + pointer);
+  it->second.non_finite = true;
   return *this;
 }
 
@@ -354,7 +381,7 @@ long long as_integer(const json& v) {
 }  // namespace
 
 long long Config::integer(const std::string& ptr) const { return as_integer(at(ptr)); }
-double Config::number(const std::string& ptr) const { return at(ptr).get<double>(); }
+double Config::number(const std::string& ptr) const { return as_number(at(ptr)); }
 std::string Config::str(const std::string& ptr) const { return at(ptr).get<std::string>(); }
 
 std::vector<long long> Config::integers(const std::string& ptr) const {
@@ -371,9 +398,9 @@ std::vector<double> Config::numbers(const std::string& ptr) const {
   const json& v = at(ptr);
   std::vector<double> out;
   if (v.is_array())
-    for (const auto& e : v) out.push_back(e.get<double>());
+    for (const auto& e : v) out.push_back(as_number(e));
   else
-    out.push_back(v.get<double>());
+    out.push_back(as_number(v));
   return out;
 }
 
@@ -393,58 +420,100 @@ struct TooDeep {
   std::size_t depth;
 };
 
-// json::parse, and the JSON pointer of the first key that appears twice in one object
-// ("" when none): nlohmann keeps the last value of a repeated key without a word.
-// Throws TooDeep for nesting beyond max_depth.
-json parse_rejecting_duplicates(const std::string& text, std::string* duplicate, std::size_t max_depth) {
+// The SAX handler behind parse_rejecting_duplicates: builds the document as json::parse
+// does, refusing nesting beyond max_depth before it is built, noting the first repeated key
+// (the insertion into the object finds it, at no extra cost) and, when asked, keeping integer
+// literals beyond 64 bits exactly. json::parse with a callback could do the checks, but its
+// DOM builder scans the whole enclosing container for discarded values after each object:
+// quadratic in the rows of a result file (200,000 rows took seconds, a file at the 256 MiB
+// cap did not finish in minutes).
+class CheckedDomBuilder {
+ public:
+  CheckedDomBuilder(json& root, std::string* duplicate, std::size_t max_depth, bool exact_integers)
+      : root_(root), duplicate_(duplicate), max_depth_(max_depth), exact_integers_(exact_integers) {}
+
+  bool null() { return add(nullptr), true; }
+  bool boolean(bool v) { return add(v), true; }
+  bool number_integer(json::number_integer_t v) { return add(v), true; }
+  bool number_unsigned(json::number_unsigned_t v) { return add(v), true; }
+  bool number_float(json::number_float_t v, const json::string_t& text) {
+    // The lexer hands an integer literal beyond int64/uint64 over as a double: keep its digits.
+    if (exact_integers_ && text.find_first_of(".eE") == std::string::npos)
+      add(json::binary(std::vector<std::uint8_t>(text.begin(), text.end()), kExactIntegerSubtype));
+    else
+      add(v);
+    return true;
+  }
+  bool string(json::string_t& v) { return add(v), true; }
+  bool binary(json::binary_t& v) { return add(json::binary(v)), true; }
+  bool start_object(std::size_t) { return open(json::object()), true; }
+  bool key(json::string_t& k) {
+    auto [it, inserted] = stack_.back().value->get_ref<json::object_t&>().emplace(k, nullptr);
+    stack_.back().key = &it->first;
+    slot_ = &it->second;
+    if (!inserted && duplicate_->empty()) {
+      std::string ptr;
+      for (const auto& f : stack_) ptr += "/" + (f.key ? escape(*f.key) : std::to_string(f.index));
+      *duplicate_ = printable_text(ptr, 120);
+    }
+    return true;
+  }
+  bool end_object() { return stack_.pop_back(), true; }
+  bool start_array(std::size_t) { return open(json::array()), true; }
+  bool end_array() { return stack_.pop_back(), true; }
+  template <typename Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception& ex) {
+    throw ex;  // json::parse's message: "parse error at line L, column C: ..."
+  }
+
+ private:
   struct Frame {
-    bool object = false;
-    std::set<std::string> keys;
-    std::string key;  // object: the current key
-    long index = -1;  // array: the current element
+    json* value;
+    const std::string* key = nullptr;  // an object's current key (held by the object)
+    long index = -1;                   // an array's current element
   };
-  std::vector<Frame> stack;
-  auto escape = [](std::string k) {  // RFC 6901: '~' -> "~0", '/' -> "~1"
+  static std::string escape(const std::string& k) {  // RFC 6901: '~' -> "~0", '/' -> "~1"
     std::string out;
     for (char c : k) out += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
     return out;
-  };
-  auto element_starts = [&] {
-    if (!stack.empty() && !stack.back().object) ++stack.back().index;
-  };
-  json::parser_callback_t cb = [&](int, json::parse_event_t ev, json& parsed) {
-    switch (ev) {
-      case json::parse_event_t::object_start:
-        element_starts();
-        if (stack.size() >= max_depth) throw TooDeep{stack.size() + 1};
-        stack.push_back(Frame{true, {}, {}, -1});
-        break;
-      case json::parse_event_t::array_start:
-        element_starts();
-        if (stack.size() >= max_depth) throw TooDeep{stack.size() + 1};
-        stack.push_back(Frame{false, {}, {}, -1});
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!stack.empty()) stack.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        auto& top = stack.back();
-        top.key = parsed.get<std::string>();
-        if (!top.keys.insert(top.key).second && duplicate->empty()) {
-          std::string ptr;
-          for (const auto& f : stack) ptr += "/" + (f.object ? escape(f.key) : std::to_string(f.index));
-          *duplicate = printable_text(ptr, 120);
-        }
-        break;
-      }
-      case json::parse_event_t::value:
-        element_starts();
-        break;
+  }
+  // Places v where the document is at: the root, the next element of an array, or the value of
+  // the key just read. Returns where it went (stable: a container's elements are only added to
+  // while it is open, and its parent's while it is not).
+  json* add(json v) {
+    if (stack_.empty()) return &(root_ = std::move(v));
+    Frame& top = stack_.back();
+    if (top.value->is_array()) {
+      ++top.index;
+      auto& elements = top.value->get_ref<json::array_t&>();
+      elements.push_back(std::move(v));
+      return &elements.back();
     }
-    return true;
-  };
-  return json::parse(text, cb);
+    return &(*slot_ = std::move(v));
+  }
+  void open(json empty) {
+    if (stack_.size() >= max_depth_) throw TooDeep{stack_.size() + 1};
+    stack_.push_back(Frame{add(std::move(empty))});
+  }
+
+  json& root_;
+  std::vector<Frame> stack_;
+  json* slot_ = nullptr;  // the value of the key just read
+  std::string* duplicate_;
+  std::size_t max_depth_;
+  bool exact_integers_;
+};
+
+// json::parse, and the JSON pointer of the first key that appears twice in one object
+// ("" when none): nlohmann keeps the last value of a repeated key without a word. Linear in
+// the text. Throws TooDeep for nesting beyond max_depth, json::exception for invalid JSON.
+// `exact_integers`: see JsonLimits::exact_integers.
+json parse_rejecting_duplicates(const std::string& text, std::string* duplicate, std::size_t max_depth,
+                                bool exact_integers = false) {
+  json doc;
+  CheckedDomBuilder sax(doc, duplicate, max_depth, exact_integers);
+  json::sax_parse(text, &sax);
+  return doc;
 }
 
 std::string mib(std::size_t bytes) { return fmt::format("{} MiB", bytes >> 20); }
@@ -583,7 +652,7 @@ json parse_json_text(const std::string& text, const std::string& source, const J
     config_error(fmt::format("{}: invalid JSON: a NUL byte at offset {} (JSON text has none)", name, nul));
   try {
     std::string duplicate;
-    json doc = parse_rejecting_duplicates(text, &duplicate, limits.max_depth);
+    json doc = parse_rejecting_duplicates(text, &duplicate, limits.max_depth, limits.exact_integers);
     if (!duplicate.empty())
       config_error(fmt::format("{}: {}: duplicate key: expected each key once per object (JSON would silently "
                                "keep only the last value)", name, duplicate));
@@ -705,6 +774,8 @@ void preview_into(const json& v, std::string& out, std::size_t limit, int depth)
       preview_into(it.value(), out, limit, depth + 1);
     }
     out += obj ? '}' : ']';
+  } else if (const std::string literal = exact_integer_literal(v); !literal.empty()) {
+    out += literal;  // an integer beyond 64 bits, as written (JsonLimits::exact_integers)
   } else {
     out += v.dump();
   }

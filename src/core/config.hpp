@@ -33,6 +33,9 @@ struct Param {
   /// A list (or a scalar_or_list sweep) whose elements must be distinct: each names a row of a
   /// table (a recipe, a process count, a sweep value). Lists of strings with `choices` always are.
   bool unique = false;
+  /// Number / NumberList: also accepts the strings "nan", "inf" and "-inf", as result files write
+  /// non-finite numbers (ConfigSpec::non_finite); the bounds apply to finite values only.
+  bool non_finite = false;
 };
 
 /// Schema of an experiment's config: leaves addressed by JSON pointer.
@@ -45,6 +48,10 @@ class ConfigSpec {
   /// Marks the list (or sweep) at `pointer` as one whose elements must be distinct (Param::unique):
   /// a repeated element is a config error naming it. Throws std::logic_error for an unknown pointer.
   ConfigSpec& distinct(const std::string& pointer);
+  /// Lets the number (list) at `pointer` hold "nan", "inf" and "-inf" (Param::non_finite); Config::number
+  /// and Config::numbers read them as NaN and ±infinity. Throws std::logic_error for an unknown pointer
+  /// or a leaf that is not a Number / NumberList.
+  ConfigSpec& non_finite(const std::string& pointer);
 
   // Shorthands. Bounds are inclusive unless noted.
   ConfigSpec& boolean(const std::string& ptr, bool def, std::string doc);
@@ -111,11 +118,23 @@ class Config {
 struct JsonLimits {
   std::size_t max_bytes;  ///< the file is read with this cap (a device has no size to stat)
   std::size_t max_depth;  ///< nesting of arrays and objects; deeper is refused while parsing
+  /// Integer literals beyond int64/uint64 (which JSON allows and nlohmann would round to a
+  /// double) are kept exactly, as a binary value of subtype kExactIntegerSubtype holding the
+  /// literal's text ("-" and decimal digits); JSON text has no binary values of its own.
+  bool exact_integers = false;
 };
+/// Subtype of the binary values that hold exact integer literals (JsonLimits::exact_integers).
+inline constexpr std::uint8_t kExactIntegerSubtype = 0x49;  // 'I'
+/// The decimal text of an exact integer literal read with JsonLimits::exact_integers, or ""
+/// when `v` is no such value.
+inline std::string exact_integer_literal(const json& v) {
+  if (!v.is_binary() || !v.get_binary().has_subtype() || v.get_binary().subtype() != kExactIntegerSubtype) return "";
+  return std::string(v.get_binary().begin(), v.get_binary().end());
+}
 /// Limits for `--config` files and `--set` values: configs are small and at most a few levels deep.
 inline constexpr JsonLimits kConfigLimits{16u << 20, 64};
-/// Limits for result files read by `mpt compare`.
-inline constexpr JsonLimits kResultLimits{256u << 20, 256};
+/// Limits for result files read by `mpt compare`; their integers beyond 64 bits are kept exactly.
+inline constexpr JsonLimits kResultLimits{256u << 20, 256, true};
 /// Most elements a list in a config may hold (a sweep over more values is a mistake).
 inline constexpr std::size_t kMaxListLength = 10000;
 

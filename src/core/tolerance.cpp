@@ -100,6 +100,9 @@ struct Reader {
     const double sum = sum_of_products([this] { return factor(); });
     skip();
     if (i != s.size()) fail("unexpected text");
+    // Each number is finite, but a product or sum of them may overflow (1e300*1e300): an
+    // infinite bound would pass everything but equal infinities and fail equal values (inf·0).
+    if (!std::isfinite(sum)) fail("the value is not finite (tolerances must be finite numbers >= 0)");
     return sum;
   }
 };
@@ -152,16 +155,24 @@ std::vector<KeyTolerance> parse_tolerance_text(const std::string& text, const st
       rules.push_back(kt);
       continue;
     }
+    // Words are separated by blanks: spaces or tabs (a tab-aligned file reads as it looks).
+    auto blank = [](char c) { return c == ' ' || c == '\t'; };
     auto take = [&](const std::string& kw) -> bool {
-      if (rest.compare(0, kw.size() + 1, kw + " ") != 0) return false;
+      if (rest.size() <= kw.size() || rest.compare(0, kw.size(), kw) != 0 || !blank(rest[kw.size()])) return false;
       rest = trim(rest.substr(kw.size() + 1));
       return true;
     };
+    // Where the word "abs" starts in `rest` (blanks on both sides), or npos.
+    auto abs_word = [&]() -> std::size_t {
+      for (std::size_t at = rest.find("abs"); at != std::string::npos; at = rest.find("abs", at + 1))
+        if (at > 0 && blank(rest[at - 1]) && at + 3 < rest.size() && blank(rest[at + 3])) return at;
+      return std::string::npos;
+    };
     bool any = false;
     if (take("rel")) {
-      auto abs_at = rest.find(" abs ");
+      const std::size_t abs_at = abs_word();
       kt.rtol = eval_tolerance_expr(trim(rest.substr(0, abs_at)), where);
-      rest = abs_at == std::string::npos ? "" : trim(rest.substr(abs_at + 1));
+      rest = abs_at == std::string::npos ? "" : trim(rest.substr(abs_at));
       any = true;
     }
     if (take("abs")) {

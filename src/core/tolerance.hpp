@@ -12,7 +12,8 @@
 // fp64) and `gamma(F, N)` = N·u/(1 − N·u), Higham's bound on the relative error of N
 // accumulated roundings (Accuracy and Stability of Numerical Algorithms, 2nd ed., §3.1), with
 // N itself a sum of products of integers (e.g. 2*7*10 + 8 + 8). docs/results.md states the policy and each file's header the
-// derivation. Everything after `#` is a comment.
+// derivation. Everything after `#` is a comment. Words are separated by spaces or tabs. A
+// bound must be finite: an expression that overflows (1e300*1e300) is refused with file and line.
 #pragma once
 
 #include <string>
@@ -27,8 +28,8 @@ namespace mpt {
 double unit_roundoff(const std::string& format);
 
 /// Evaluates a tolerance expression (see the file comment), e.g. "2*gamma(fp32, 784*3)".
-/// Throws ConfigError naming `where` and what was expected, for malformed input or when
-/// N·u >= 1 (the bound is then void).
+/// Throws ConfigError naming `where` and what was expected, for malformed input, when
+/// N·u >= 1 (the bound is then void) or when the value is not finite (e.g. 1e300*1e300).
 double eval_tolerance_expr(const std::string& expr, const std::string& where);
 
 /// Parses the text of a tolerance file into rules, in file order (first match wins).

@@ -39,4 +39,19 @@ for bad in "--rtol nan" "--atol inf" "--rtol -1" "--tol x=nan" "--tol x=1e-8,inf
   "$mpt" compare "$tmp/a.json" "$tmp/b.json" $bad 2> "$tmp/err"; rc=$?
   [ $rc = 2 ] && grep -q "finite" "$tmp/err" || fail "$bad: exit $rc (expected 2 naming finite tolerances) $(cat "$tmp/err")"
 done
+# Tolerance files: a bound that overflows to infinity is refused with file and line; a tab
+# between a rule and its value is accepted.
+printf '# header\n/results/*\trel 1e300*1e300\n' > "$tmp/inf.tol"
+"$mpt" compare "$tmp/a.json" "$tmp/b.json" --tol-file "$tmp/inf.tol" 2> "$tmp/err"; rc=$?
+[ $rc = 2 ] && grep -q "inf.tol:2" "$tmp/err" && grep -q "not finite" "$tmp/err" \
+  || fail "infinite tolerance: exit $rc (expected 2 naming inf.tol:2) $(cat "$tmp/err")"
+printf '/results/gradients/*/mean_abs\trel\t1e-8\n' > "$tmp/tab.tol"
+"$mpt" compare "$tmp/a.json" "$tmp/b.json" --tol-file "$tmp/tab.tol" > /dev/null 2> "$tmp/err" \
+  || fail "tab-separated rule: $(cat "$tmp/err")"
+# Integers beyond 64 bits compare exactly: 2^64 + 1 vs 2^64 + 2 differ, equal ones are equal.
+big() { printf '{"schema_version": 1, "experiment": "x", "results": {"n": %s}}' "$1" > "$tmp/$2"; }
+big 18446744073709551617 big1.json; big 18446744073709551618 big2.json; big 18446744073709551617 big3.json
+out=$("$mpt" compare "$tmp/big1.json" "$tmp/big2.json"); rc=$?
+[ $rc = 1 ] && echo "$out" | grep -q "18446744073709551618" || fail "2^64+1 vs 2^64+2: exit $rc: $out"
+"$mpt" compare "$tmp/big1.json" "$tmp/big3.json" > /dev/null || fail "equal integers beyond 2^64 differ"
 echo "ok: mpt compare cases"
