@@ -45,7 +45,8 @@ ConfigSpec underflow_spec() {
   s.integer("/seed", 0, "seed before building each model (torch.manual_seed)", 0);
   s.strings("/formats", {"fp32", "fp16", "bf16"}, kFormatNames, "formats in the formats table");
   s.numbers("/cast/values", {1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9},
-            "fp32 values cast to each low-precision format");
+            "fp32 values cast to each low-precision format (\"nan\", \"inf\" and \"-inf\" too)");
+  s.non_finite("/cast/values");
   s.strings("/cast/formats", {"fp16", "bf16"}, kFormatNames, "formats the values are cast to");
   Param depth{ParamType::Int, 12, "number of Linear+Sigmoid blocks; a list runs a sweep", 1.0, 256.0};
   depth.scalar_or_list = true;
@@ -102,7 +103,8 @@ Table casts_table(const std::vector<double>& values, const std::vector<std::stri
       Format f = parse_format(n);
       const double s = round_scalar(v32, f);
       row[n] = s;
-      row[n + "_rel_err"] = v32 == 0.0 ? 0.0 : std::fabs(s - v32) / std::fabs(v32);
+      // no relative error of a non-finite value (inf - inf is nan): null, shown as "-"
+      row[n + "_rel_err"] = !std::isfinite(v32) ? json(nullptr) : v32 == 0.0 ? json(0.0) : json(std::fabs(s - v32) / std::fabs(v32));
       row[n + "_class"] = classify_cast(v32, f);
     }
     t.rows.push_back(row);
@@ -195,7 +197,7 @@ Histogram grad_histogram(const torch::Tensor& g, int64_t depth, int lo, int hi) 
 Table updates_table(double start, double step, int64_t count, std::uint64_t seed) {
   Table t{"updates",
           fmt::format("Lost updates: w = {:g} plus {} updates of {:g}, stored in each format", start, count, step),
-          {text_col("name", "storage"), float_col("final", "final w", "-", 8), float_col("expected", "exact", "-", 8),
+          {text_col("name", "storage"), float_col("final", "final w", "-", 8), float_col("expected", "w0 + n*u", "-", 8),
            int_col("lost", "lost", "updates"), float_col("ulp_at_start", "ulp(w0)", "-", 4)}};
   // update: how w + u reaches a weight stored without a master copy (core/amp's SGD updates).
   enum class Update { Nearest, Stochastic, Kahan };
@@ -207,7 +209,6 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
                                        {"bf16+fp32_master", Format::BF16, true, Update::Nearest},
                                        {"bf16+sr", Format::BF16, false, Update::Stochastic},
                                        {"bf16+kahan", Format::BF16, false, Update::Kahan}};
-  const double exact = start + static_cast<double>(count) * step;
   for (const auto& r : recipes) {
     // Arithmetic in fp32, the sum rounded to the stored format ("fp16 storage, fp32 math").
     // Without a master copy the update itself is also held in the low format. The SGD updates
@@ -216,6 +217,10 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
     auto master = torch::tensor({static_cast<float>(start)});
     auto u = round_to(torch::tensor({static_cast<float>(step)}), r.master ? Format::FP32 : r.stored);
     auto comp = torch::zeros_like(w);  // bf16+kahan's compensation buffer
+    // What exact arithmetic on the values this row holds reaches: its stored start plus n times the update
+    // as it applies it (rounded to the low format without a master copy). Stochastic rounding is unbiased
+    // for this value, not for start + n·step.
+    const double expected = (r.master ? master : w).item<double>() + static_cast<double>(count) * u.item<double>();
     int64_t lost = 0;
     for (int64_t i = 0; i < count; ++i) {
       if (r.master) {
@@ -236,14 +241,17 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
     }
     const double final_v = r.master ? master.item<double>() : w.item<double>();
     const FormatInfo& fi = format_info(r.stored);
-    t.rows.push_back({{"name", r.name}, {"final", final_v}, {"expected", exact}, {"lost", lost},
+    t.rows.push_back({{"name", r.name}, {"final", final_v}, {"expected", expected}, {"lost", lost},
                       {"ulp_at_start", std::ldexp(fi.eps, std::ilogb(start == 0 ? 1.0 : start))},
                       {"working_copy", w.item<double>()}});
   }
   t.notes.push_back("an update smaller than half an ulp of w rounds away: w + u == w (lost: u != 0 and the state did not move)");
   t.notes.push_back("with a master copy the fp32 master accumulates every update; 'final' is the master value");
+  t.notes.push_back(fmt::format("w0 + n*u: the row's stored start plus n times its update as applied (u rounded to the "
+                                "stored format without a master copy), in exact arithmetic; start + n*step = {:.8g}",
+                                start + static_cast<double>(count) * step));
   t.notes.push_back("bf16+sr: stochastic rounding, seeded (/seed); 'lost' counts steps that left w unchanged, which "
-                    "SR makes up in expectation (E[final] = exact); bf16+kahan: lost = w and its bf16 compensation "
+                    "SR makes up in expectation (E[final] = w0 + n*u); bf16+kahan: lost = w and its bf16 compensation "
                     "both unchanged");
   return t;
 }

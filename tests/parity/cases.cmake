@@ -10,4 +10,5 @@ endfunction()
 
 parity_case(underflow_default underflow_ref.py underflow)
 parity_case(underflow_depth_sweep underflow_ref.py underflow --config configs/underflow_depth_sweep.json)
+parity_case(underflow_cast_non_finite underflow_ref.py underflow --set "cast.values=[\"nan\",\"inf\",\"-inf\",1e-3,70000]")
 parity_case(underflow_seed7_wide underflow_ref.py underflow --seed 7 --set model.width=64 --set data.batch=128)

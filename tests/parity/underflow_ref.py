@@ -46,12 +46,14 @@ def classify(s, fmt):
 def casts(values, fmts):
     rows = []
     for v in values:
+        v = float(v)  # "nan", "inf", "-inf" as the config may hold them
         v32 = torch.tensor([v], dtype=torch.float32)
         row = {"name": f"{v:g}", "fp32": v32.item()}
         for n in fmts:
             s = rnd(v32, n).item()
             row[n] = s
-            row[n + "_rel_err"] = 0.0 if v32.item() == 0 else abs(s - v32.item()) / abs(v32.item())
+            x = v32.item()
+            row[n + "_rel_err"] = None if not math.isfinite(x) else 0.0 if x == 0 else abs(s - x) / abs(x)
             row[n + "_class"] = classify(s, n)
         rows.append(row)
     return rows
@@ -132,6 +134,7 @@ def updates(start, step, count, seed):
         m = torch.tensor([start], dtype=torch.float32)
         u = rnd(torch.tensor([step], dtype=torch.float32), "fp32" if master else fmt)
         c = torch.zeros(1)  # Kahan compensation (optimi's kahan_comp), bf16 values
+        expected = (m if master else w).item() + count * u.item()  # stored start + n * applied update
         lost = 0
         for i in range(count):
             if master:
@@ -154,7 +157,7 @@ def updates(start, step, count, seed):
                 w2 = rnd(w + u, fmt)
                 lost += int(u.item() != 0 and w2.item() == w.item())
                 w = w2
-        rows.append({"name": name, "final": (m if master else w).item(), "lost": lost,
+        rows.append({"name": name, "final": (m if master else w).item(), "expected": expected, "lost": lost,
                      "working_copy": w.item()})
     return rows
 
