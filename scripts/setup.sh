@@ -39,6 +39,7 @@ fi
 
 packages=(
   g++ cmake make pkg-config          # toolchain
+  ccache                             # compiler cache: rebuilds of unchanged sources (CMakeLists.txt)
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
   dataset-fashion-mnist              # real data: /usr/share/datasets/fashion-mnist
   fortunes                           # real text: /usr/share/games/fortunes (the tiny GPT's corpus)
