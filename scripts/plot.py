@@ -650,6 +650,8 @@ def plot_file(f, names):
             plt.close("all")
         return None
     exp = doc.get("experiment")
+    if exp is None:
+        return "not an mpt result file (no \"experiment\" key) nor a trace (no \"traceEvents\")"
     if exp not in PLOTTERS:
         return f"no plots for experiment {cut(repr(exp))} (known: {', '.join(PLOTTERS)})"
     try:

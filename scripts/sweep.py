@@ -175,6 +175,22 @@ def positive_int(text):
     return n
 
 
+def check_base(mpt, experiment, config, sets):
+    """Exits 2 with mpt's own message when the part every point shares (--config, --set) is bad
+    input: `mpt EXP --print-config` makes every check of a run without running it, so a missing
+    config file is said once, not by each of the grid's points."""
+    cmd = [mpt, experiment, "--print-config"] + (["--config", config] if config else [])
+    for s in sets:
+        cmd += ["--set", s]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return  # the points will say what is wrong
+    if p.returncode == 2:
+        lines = p.stderr.strip().splitlines() or [f"exit {p.returncode}"]
+        fail(f"--config/--set (every point): {cut(lines[-1], 400)}")
+
+
 def check_experiment(mpt, mpt_arg, experiment):
     """Exits 2 with one line unless `experiment` is one of the experiments `mpt list` prints (the
     first word of each line): mpt's other commands (list, compare, env) take no --set or --out,
@@ -283,6 +299,7 @@ def main():
     mpt = check_mpt(args.mpt)
     # Not an experiment is bad input: said once, before any point runs (each would exit 2 alike).
     check_experiment(mpt, args.mpt, args.experiment)
+    check_base(mpt, args.experiment, args.config, args.set)
     writable_out_dir("sweep", args.out_dir)
     signal.signal(signal.SIGTERM, on_sigterm)
     keys = [k for k, _ in grid]

@@ -94,6 +94,12 @@ std::optional<LaunchInfo> launch_from_environment() {
     li.local_world_size = li.world_size;  // spawn_local: every worker on this machine
     const char* agent = env("MPT_AGENT_STORE");
     li.agent_store = agent && std::string(agent) == "1";
+  } else if (env("MPT_WORLD_SIZE") || env("MPT_LOCAL_RANK")) {
+    // Without MPT_RANK these would be ignored: the run would go on in one process.
+    throw ConfigError(fmt::format("launcher environment: {}={} is set but MPT_RANK is not; mpt --nproc sets them for the "
+                                  "workers it starts: unset it to run on your own, or use --nproc N",
+                                  env("MPT_WORLD_SIZE") ? "MPT_WORLD_SIZE" : "MPT_LOCAL_RANK",
+                                  env("MPT_WORLD_SIZE") ? env("MPT_WORLD_SIZE") : env("MPT_LOCAL_RANK")));
   } else if (env("RANK") || env("WORLD_SIZE")) {
     // torchrun sets both; one without the other is a broken launcher, not a single process.
     for (const char* v : {"RANK", "WORLD_SIZE"})
@@ -223,8 +229,13 @@ std::optional<LaunchInfo> launch_from_environment() {
   li.master_port = env_int("MASTER_PORT", 0);
   if (li.world_size > 1 && (li.master_port <= 0 || li.master_port > 65535))
     throw RuntimeFailure(fmt::format("{} environment: MASTER_PORT must be set to a TCP port (1-65535) for {} processes, "
-                                     "got {}", li.launcher, li.world_size,
-                                     std::getenv("MASTER_PORT") ? fmt::format("{:?}", std::string(std::getenv("MASTER_PORT"))) : "none"));
+                                     "got {}{}", li.launcher, li.world_size,
+                                     std::getenv("MASTER_PORT") ? fmt::format("{:?}", std::string(std::getenv("MASTER_PORT"))) : "none",
+                                     // mpt --nproc always sets it: MPT_RANK/MPT_WORLD_SIZE without it were set by hand
+                                     li.launcher == "mpt" && !std::getenv("MASTER_PORT")
+                                         ? " (MPT_RANK and MPT_WORLD_SIZE are set: mpt --nproc sets them with MASTER_ADDR "
+                                           "and MASTER_PORT for its workers; unset them to run on your own)"
+                                         : ""));
   return li;
 }
 

@@ -112,8 +112,9 @@ ConfigSpec lossscale_spec() {
   Param init = positive_number(65536.0, "GradScaler init_scale (> 0, at most fp32's max)");
   init.max = 3.4028234663852886e38;
   s.add("/train/scaler/init_scale", init);
-  Param growth{ParamType::Number, 2.0, "GradScaler growth_factor (> 1)"};
+  Param growth{ParamType::Number, 2.0, "GradScaler growth_factor (> 1, at most fp32's max)"};
   growth.exclusive_min = 1.0;
+  growth.max = 3.4028234663852886e38;  // the scale is fp32: a larger factor overflows any scale
   s.add("/train/scaler/growth_factor", growth);
   Param backoff{ParamType::Number, 0.5, "GradScaler backoff_factor (in (0, 1))"};
   backoff.exclusive_min = 0.0;
@@ -326,6 +327,9 @@ void validate_lossscale(const Config& cfg, int /*world_size*/) {
                    "/train/enabled is false", cfg.integer("/train/gemm_ceiling"));
     return;
   }
+  if (cfg.boolean("/train/scaler/consecutive_hysteresis") && cfg.integer("/train/scaler/hysteresis") == 1)
+    spdlog::warn("/train/scaler/consecutive_hysteresis = true changes nothing at /train/scaler/hysteresis = 1: it "
+                 "refills a hysteresis that every overflow already exhausts");
   const double init = cfg.number("/train/scaler/init_scale"), floor = cfg.number("/train/scaler/min_scale");
   if (floor > init)
     throw ConfigError(fmt::format("/train/scaler/min_scale: expected a value <= /train/scaler/init_scale ({:g}), got {:g}",

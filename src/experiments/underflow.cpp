@@ -240,12 +240,16 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
       }
     }
     const double final_v = r.master ? master.item<double>() : w.item<double>();
+    // An update that rounds to 0 before it is applied (fp16(1e-30) = 0) is lost at every step, though
+    // w + 0 == w is no rounding of the sum: counted here, whatever the update rule.
+    if (step != 0 && u.item<float>() == 0) lost = count;
     const FormatInfo& fi = format_info(r.stored);
     t.rows.push_back({{"name", r.name}, {"final", final_v}, {"expected", expected}, {"lost", lost},
                       {"ulp_at_start", std::ldexp(fi.eps, std::ilogb(start == 0 ? 1.0 : start))},
                       {"working_copy", w.item<double>()}});
   }
-  t.notes.push_back("an update smaller than half an ulp of w rounds away: w + u == w (lost: u != 0 and the state did not move)");
+  t.notes.push_back("an update smaller than half an ulp of w rounds away: w + u == w (lost: u != 0 and the state did not "
+                    "move; an update that itself rounds to 0 in the stored format is lost at every step)");
   t.notes.push_back("with a master copy the fp32 master accumulates every update; 'final' is the master value");
   t.notes.push_back(fmt::format("w0 + n*u: the row's stored start plus n times its update as applied (u rounded to the "
                                 "stored format without a master copy), in exact arithmetic; start + n*step = {:.8g}",

@@ -29,6 +29,8 @@ cli_case(underflow_depth_sweep 0 "d16\\.L17" underflow --config configs/underflo
 cli_case(underflow_set 0 "d4\\.L05" underflow --set model.depth=4 --set data.batch=8)
 cli_case(underflow_set_list 0 "d3\\.L04.*" underflow --set "model.depth=[2,3]")
 cli_case(underflow_quiet 0 ANY underflow -q)
+# An update that rounds to 0 in fp16 (probe, issue 38): lost at every step, not "0 lost".
+cli_case(underflow_update_rounds_to_zero 0 "^ +fp16 +1 +1 +5 " underflow --set updates.count=5 --set updates.step=1e-30)
 # Non-finite cast values as result files write them (issue 38): each format's stored value and class.
 cli_case(underflow_cast_non_finite 0 "^ +-inf +-inf +-inf +- +inf$" underflow
          --set "cast.values=[\"nan\",\"inf\",\"-inf\",1e-3]" --set "cast.formats=[\"fp16\"]")
@@ -167,6 +169,12 @@ cli_case_env(dataparallel_env_world_size_too_large "RANK=0;WORLD_SIZE=9999999999
 cli_case_env(dataparallel_env_mpt_rank_by_hand "MPT_RANK=1" 2
              "MPT_RANK=1 is set but MPT_WORLD_SIZE is not.? mpt --nproc sets both" dataparallel
              --config configs/dataparallel_quick.json)
+cli_case_env(dataparallel_env_mpt_world_size_by_hand "MPT_WORLD_SIZE=2" 2
+             "MPT_WORLD_SIZE=2 is set but MPT_RANK is not.? mpt --nproc sets them" dataparallel
+             --config configs/dataparallel_quick.json)
+cli_case_env(shard_env_mpt_vars_by_hand "MPT_RANK=0;MPT_WORLD_SIZE=2" 2
+             "MASTER_PORT must be set .*got none \\(MPT_RANK and MPT_WORLD_SIZE are set: mpt --nproc sets them" shard
+             --config configs/shard_quick.json --nproc 2)
 cli_case_env(dataparallel_env_mpt_rank_past_world "MPT_RANK=1;MPT_WORLD_SIZE=1" 2
              "mpt environment: MPT_RANK=1 is not a rank in \\[0, MPT_WORLD_SIZE=1\\)" dataparallel
              --config configs/dataparallel_quick.json)

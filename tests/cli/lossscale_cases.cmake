@@ -26,14 +26,18 @@ set(LS_RULE lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"fp16+maste
 cli_case(lossscale_rule_megatron 0 "fp16\\+master\\+dynamic +[^ ]+ +[^ ]+ +0 +3.20e\\+01" ${LS_RULE})
 cli_case(lossscale_rule_deepspeed 0 "fp16\\+master\\+dynamic +[^ ]+ +[^ ]+ +0 +1.60e\\+01" ${LS_RULE}
          --set train.scaler.rule=deepspeed)
+cli_case(lossscale_consecutive_at_hysteresis_one 0 "consecutive_hysteresis = true changes nothing at /train/scaler/hysteresis = 1"
+         lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"fp16+master+dynamic\"]" --set train.scaler.consecutive_hysteresis=true)
+cli_case(lossscale_bad_growth_huge 2 "/train/scaler/growth_factor: expected a number > 1 and <= 3.40282.*, got 1e\\+39"
+         lossscale --set train.scaler.growth_factor=1e39)
 cli_case(lossscale_bad_rule 2 "/train/scaler/rule: expected one of \"megatron\", \"deepspeed\", got \"DeepSpeed\" \\(did you mean \"deepspeed\"\\?\\)"
          lossscale --set train.scaler.rule=DeepSpeed)
 # bad inputs: exit 2 naming the key; missing data: exit 2 naming the key and the package
 cli_case(lossscale_bad_negative_scale 2 "/sweep/scales/1: expected a number > 0, got -4" lossscale --set "sweep.scales=[1,-4]")
 cli_case(lossscale_bad_static_scale 2 "/train/static_scale: expected a number > 0, got -1" lossscale --set train.static_scale=-1)
 cli_case(lossscale_bad_init_scale 2 "/train/scaler/init_scale: expected a number > 0.*got 0" lossscale --set train.scaler.init_scale=0)
-cli_case(lossscale_bad_growth 2 "/train/scaler/growth_factor: expected a number > 1, got 1" lossscale --set train.scaler.growth_factor=1)
-cli_case(lossscale_bad_growth_below 2 "/train/scaler/growth_factor: expected a number > 1, got 0.5" lossscale --set train.scaler.growth_factor=0.5)
+cli_case(lossscale_bad_growth 2 "/train/scaler/growth_factor: expected a number > 1 and <= 3.40282[0-9.e+]*, got 1" lossscale --set train.scaler.growth_factor=1)
+cli_case(lossscale_bad_growth_below 2 "/train/scaler/growth_factor: expected a number > 1 and <= 3.40282[0-9.e+]*, got 0.5" lossscale --set train.scaler.growth_factor=0.5)
 cli_case(lossscale_bad_backoff 2 "/train/scaler/backoff_factor: expected a number > 0 and < 1, got 1" lossscale --set train.scaler.backoff_factor=1)
 cli_case(lossscale_bad_interval 2 "/train/scaler/growth_interval: expected an integer >= 1" lossscale --set train.scaler.growth_interval=0)
 cli_case(lossscale_bad_min_scale 2 "/train/scaler/min_scale: expected a value <= /train/scaler/init_scale" lossscale ${LS_TINY} --set train.scaler.min_scale=1e9)

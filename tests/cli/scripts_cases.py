@@ -365,6 +365,15 @@ def sweep_end_to_end(mpt):
         check(p.returncode == 2 and "an mpt command, not an experiment" in p.stderr and "underflow" in p.stderr,
               f"end-to-end {name}: exit 2, refused once")
         check(not os.path.exists(out), f"end-to-end {name}: nothing written")
+    # A base config every point shares that mpt refuses: said once before any point (each used to
+    # run and fail alike; probe, issue 38).
+    out = os.path.join(f.tmp, "noconfig")
+    p = run([PY, SWEEP, "underflow", "--mpt", mpt, "--out-dir", out, "--grid", "model.depth=2,3,4",
+             "--config", os.path.join(f.tmp, "no-such-config.json")])
+    no_traceback(p, "end-to-end missing --config")
+    check(p.returncode == 2 and "every point" in p.stderr and "no-such-config.json" in p.stderr,
+          f"end-to-end missing --config: exit 2 once, naming the file (exit {p.returncode}: {p.stderr.strip()[-200:]})")
+    check(not os.path.exists(out), "end-to-end missing --config: nothing written")
     f.close()
 
 
@@ -377,6 +386,8 @@ def plot_malformed():
            "binary.json": b"\xff\xfe\x00garbage",
            # a result none of whose tables has a plot (a mesh-only run was a silent exit 0: probe, stop 31)
            "noplots.json": '{"experiment": "tensorparallel", "results": {"mesh_layout": []}}',
+           # no "experiment" key: said as such, not "experiment None" (probe, issue 38)
+           "noexp.json": "{}",
            # one bar artist per row: a huge table took minutes; refused past MAX_BARS (issue 38)
            "bigledger.json": json.dumps({"experiment": "fp8", "results": {"ledger": [
                {"name": f"r{i}", "rel_error": 0.01} for i in range(6000)]}})}
@@ -396,6 +407,8 @@ def plot_malformed():
     check(len(lines) == len(failed), f"plot malformed: one line per bad file ({len(failed)}), got {len(lines)}")
     for f in failed:
         check(sum(line.startswith(f"plot: {f}: ") for line in lines) == 1, f"plot malformed: one line for {f}")
+    check(any("noexp.json: not an mpt result file" in line for line in lines),
+          "plot malformed: a file with no experiment key is said to be no result file")
     check(any("noplots.json: no plots in this tensorparallel result" in line for line in lines),
           "plot malformed: a result with no plottable table is said")
     check(any("bigledger.json: cannot plot: 6000 rows in the ledger, more than the 5000 bars" in line

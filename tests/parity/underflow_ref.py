@@ -157,6 +157,8 @@ def updates(start, step, count, seed):
                 w2 = rnd(w + u, fmt)
                 lost += int(u.item() != 0 and w2.item() == w.item())
                 w = w2
+        if step != 0 and u.item() == 0:  # the update itself rounds to 0: lost at every step
+            lost = count
         rows.append({"name": name, "final": (m if master else w).item(), "expected": expected, "lost": lost,
                      "working_copy": w.item()})
     return rows
