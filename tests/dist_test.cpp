@@ -330,6 +330,20 @@ int unused_port() {
   ::close(fd);
   return ok ? ntohs(addr.sin_port) : 0;
 }
+
+// Rank 0's and rank 1's Jobs of a two-rank TCPStore job on a free port, both in this process (rank
+// 0 hosts the store; each Job beats its own heartbeat).
+std::pair<std::shared_ptr<dist::Job>, std::shared_ptr<dist::Job>> two_tcp_jobs(std::chrono::milliseconds timeout) {
+  const int port = unused_port();
+  REQUIRE(port > 0);
+  dist::LaunchInfo l0, l1;
+  l0.world_size = l1.world_size = 2;
+  l0.master_port = l1.master_port = port;
+  l1.rank = l1.local_rank = 1;
+  auto j0 = dist::connect_store(l0, timeout);
+  auto j1 = dist::connect_store(l1, timeout);
+  return {j0, j1};
+}
 }  // namespace
 
 TEST_CASE("two ranks' Jobs in one process: each beats its own heartbeat, and a failed recv names the late rank",
@@ -339,15 +353,9 @@ TEST_CASE("two ranks' Jobs in one process: each beats its own heartbeat, and a f
   // heartbeat thread. Rank 1 forms the group and then waits (WaitingFor) for rank 0 without
   // sending; rank 0's recv from it times out after 1 s, and rank 0 reads rank 1's heartbeat:
   // fresh and saying "waiting for rank 0" (its own Job's value, while rank 0's says 1).
-  const int port = unused_port();
-  REQUIRE(port > 0);
   const milliseconds timeout(1000);
-  dist::LaunchInfo l0, l1;
-  l0.world_size = l1.world_size = 2;
-  l0.master_port = l1.master_port = port;
-  l1.rank = l1.local_rank = 1;
-  auto j0 = dist::connect_store(l0, timeout);
-  auto j1 = dist::connect_store(l1, timeout);
+  auto jobs = two_tcp_jobs(timeout);
+  auto j0 = std::move(jobs.first), j1 = std::move(jobs.second);
   CHECK(j0->rank() == 0);
   CHECK(j1->rank() == 1);
   std::vector<std::shared_ptr<dist::Group>> gs(2);
@@ -386,15 +394,9 @@ TEST_CASE("two ranks' Jobs in one process: each beats its own heartbeat, and a f
 // TCPStore that rank 0 hosts (two Jobs of this process, as above).
 TEST_CASE("gather_on_rank0 and the launch check carry values beyond one store message (8 MiB)", "[dist]") {
   using std::chrono::milliseconds;
-  const int port = unused_port();
-  REQUIRE(port > 0);
   const milliseconds timeout(5000);
-  dist::LaunchInfo l0, l1;
-  l0.world_size = l1.world_size = 2;
-  l0.master_port = l1.master_port = port;
-  l1.rank = l1.local_rank = 1;
-  auto j0 = dist::connect_store(l0, timeout);
-  auto j1 = dist::connect_store(l1, timeout);
+  auto jobs = two_tcp_jobs(timeout);
+  auto j0 = std::move(jobs.first), j1 = std::move(jobs.second);
   std::string part(12u << 20, '\0');
   for (std::size_t i = 0; i < part.size(); ++i) part[i] = static_cast<char>('a' + (i * 7 + i / 4099) % 26);
   const std::string description = "{\"config\": \"" + std::string(9u << 20, 'c') + "\"}";
