@@ -214,8 +214,8 @@ namespace {
 // a result staged while a FIFO trace blocks the write) and the empty folders the run created
 // (unlink(2) and rmdir(2) are async-signal-safe), then dies of the signal as it would have
 // (default disposition, re-raised). The launcher of --nproc passes the signal on to its workers
-// first and waits for them (core/dist_launch), as rank 0 writes the files. Probe, stop 31, and
-// issue 38: an interrupted run left them, although a failed run removes them.
+// first and waits for them (core/dist_launch), as rank 0 writes the files: an interrupted run
+// leaves no more behind than a failed one.
 constexpr int kMaxSignalDirs = 64;
 const char* g_signal_dirs[kMaxSignalDirs];
 volatile std::sig_atomic_t g_signal_ndirs = 0;

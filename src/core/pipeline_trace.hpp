@@ -64,8 +64,8 @@ void trace_p2p_annotate(bool send, int src, int dst, char kind, int microbatch, 
 /// with its flow start or finish at `flow_us` (begin_us <= flow_us <= end_us): for a send, a
 /// time before the message was stored; for a recv, a time after it was found. Both on one
 /// steady clock, so a recv's flow never precedes its send's (a recv that polls finds a message
-/// within a microsecond of its store: a flow put a fixed 1 µs inside the recv's end preceded
-/// the send's start, CI stop 31). `bytes`: the tensor's size. No-op when off.
+/// within a microsecond of its store: a flow put a fixed 1 µs inside the recv's end could precede
+/// the send's start). `bytes`: the tensor's size. No-op when off.
 void trace_queue_p2p(bool send, int src, int dst, char kind, int microbatch, int boundary, int64_t bytes,
                      double begin_us, double end_us, double flow_us);
 

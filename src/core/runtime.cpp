@@ -210,7 +210,7 @@ int local_processes_from_environment() {
   };
   // Each launcher's count only under that launcher (as dist::launch_from_environment tells them
   // apart): a stray LOCAL_WORLD_SIZE in a plain shell, or an salloc shell's SLURM_NTASKS_PER_NODE
-  // outside any srun step, is no process of this run (probe, stop 31: LOCAL_WORLD_SIZE=8 cut one
+  // outside any srun step, is no process of this run (a stray LOCAL_WORLD_SIZE=8 would cut one
   // process to 1 thread).
   auto set = [](const char* name) { return std::getenv(name) != nullptr; };
   std::vector<const char*> names;
