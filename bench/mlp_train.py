@@ -10,18 +10,18 @@ Fashion-MNIST batches (torch.randperm with a generator seeded as mpt's shuffled_
 with plain SGD, op for op as src/experiments/lossscale.cpp does it:
   - emulated storage: fp32 math, every stored tensor rounded to the recipe's format
     (parameters, each layer's output and activation in forward, the gradient entering
-    each of them in backward: a torch.autograd.Function like core/amp's StorageRound);
+    each of them in backward: a torch.autograd.Function like core/train/amp's StorageRound);
   - gradient-underflow counting hooks (low-precision recipes) and the lost-update count
     of the SGD update, which mpt also computes inside its timed loop.
 Recipes: fp32, fp16, bf16, fp16+master, bf16+master (no loss scaling). Default: the
 recipes of the config that are among those.
 
-With train.compute = "native" in the config, the twin of core/amp_recipe's native path instead:
+With train.compute = "native" in the config, the twin of core/train/amp_recipe's native path instead:
 parameters, inputs, layer outputs and activations are tensors of the format's dtype (pure
 recipes hold their weights in it; +master recipes cast the fp32 masters each step), LibTorch's
 bf16 / fp16 kernels compute; the loss in fp32 from the logits cast up; the gradient underflow
 counted from dW = dz^T h and db = sum dz recomputed in fp32 by a hook on each layer's output; the
-SGD update w - lr*g in fp32 math, stored back in the weights' dtype (core/amp's
+SGD update w - lr*g in fp32 math, stored back in the weights' dtype (core/train/amp's
 sgd_update_counting_lost).
 
 Prints JSON: per recipe the loss of every step, the lost-update and underflow counts and
@@ -173,7 +173,7 @@ def train_native(cfg, recipe, init, images, labels):
                 h = torch.sigmoid(h) if act == "sigmoid" else torch.tanh(h) if act == "tanh" else torch.relu(h)
         return h
 
-    # forward(x).float(): the loss in fp32 from the logits cast up (core/amp_recipe's loss_fn)
+    # forward(x).float(): the loss in fp32 from the logits cast up (core/train/amp_recipe's loss_fn)
     step_s = sgd_loop(cfg, images, labels, params, lambda x: forward(x).float(),
                       lambda p, u: (p.float() - u).to(p.dtype), losses, counts)
     return {"loss": losses, "lost_update_count": counts["lost"], "grad_underflow_count": counts["underflow"],

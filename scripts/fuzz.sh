@@ -43,7 +43,7 @@ flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undef
        -fno-sanitize-recover=all -Isrc -Itests/fuzz)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-lib_srcs=(src/core/config.cpp src/core/compare.cpp src/core/results.cpp)
+lib_srcs=(src/core/io/config.cpp src/core/io/compare.cpp src/core/io/results.cpp)
 # The library objects once, then one link per target (only when a source is newer).
 for s in "${lib_srcs[@]}"; do
   o="$out/$(basename "${s%.cpp}").o"

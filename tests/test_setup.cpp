@@ -13,7 +13,7 @@ using ListenerBase = Catch::EventListenerBase;
 using ListenerBase = Catch::TestEventListenerBase;
 #endif
 
-#include "core/runtime.hpp"
+#include "core/runtime/runtime.hpp"
 
 namespace {
 

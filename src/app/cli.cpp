@@ -11,8 +11,8 @@
 #include "app/output.hpp"
 #include "app/registry.hpp"
 #include "app/tools.hpp"
-#include "core/compat.hpp"
-#include "core/config.hpp"
+#include "core/runtime/compat.hpp"
+#include "core/io/config.hpp"
 #include "core/errors.hpp"
 
 namespace mpt {

@@ -17,14 +17,14 @@
 
 #include "app/output.hpp"
 #include "app/registry.hpp"
-#include "core/compat.hpp"
-#include "core/config.hpp"
-#include "core/dist.hpp"
+#include "core/runtime/compat.hpp"
+#include "core/io/config.hpp"
+#include "core/dist/dist.hpp"
 #include "core/errors.hpp"
-#include "core/rounding_simd.hpp"
-#include "core/runtime.hpp"
-#include "core/trace.hpp"
-#include "core/world.hpp"
+#include "core/numerics/rounding_simd.hpp"
+#include "core/runtime/runtime.hpp"
+#include "core/runtime/trace.hpp"
+#include "core/dist/world.hpp"
 
 namespace mpt {
 
@@ -210,11 +210,11 @@ nlohmann::ordered_json result_document(const Experiment& exp, const Config& cfg,
 namespace {
 
 // What this run made for its --out / --trace, for a SIGINT, SIGTERM or SIGHUP that ends it
-// before its result: the handler removes the temporary files of a write in progress (core/results:
+// before its result: the handler removes the temporary files of a write in progress (core/io/results:
 // a result staged while a FIFO trace blocks the write) and the empty folders the run created
 // (unlink(2) and rmdir(2) are async-signal-safe), then dies of the signal as it would have
 // (default disposition, re-raised). The launcher of --nproc passes the signal on to its workers
-// first and waits for them (core/dist_launch), as rank 0 writes the files: an interrupted run
+// first and waits for them (core/dist/launch), as rank 0 writes the files: an interrupted run
 // leaves no more behind than a failed one.
 constexpr int kMaxSignalDirs = 64;
 const char* g_signal_dirs[kMaxSignalDirs];
@@ -299,7 +299,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
                                       launch->world_size, launch->world_size_var, cfg.integer("/nproc")));
     }
     const int planned = launch ? launch->world_size : multi ? static_cast<int>(cfg.integer("/nproc")) : 1;
-    // A bad MPT_SIMD (core/rounding_simd) is refused here, once, like a config error: before any
+    // A bad MPT_SIMD (core/numerics/rounding_simd) is refused here, once, like a config error: before any
     // worker exists and under --print-config too (each worker would otherwise refuse it alone).
     (void)simd::active_level();
     try {
@@ -566,7 +566,7 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     if (!opts.quiet) print_report(report);  // a closed or full stdout: the result is still written
     auto doc = result_document(exp, cfg, report, env, wall);
     // The result and its trace together: a trace that cannot be written leaves the result file
-    // as it was, and the other way round (core/results' write_files_atomic).
+    // as it was, and the other way round (core/io/results' write_files_atomic).
     std::vector<std::pair<std::string, std::string>> files{{out, doc.dump(2) + "\n"}};
     if (trace_doc) {
       trace_doc->first += '\n';

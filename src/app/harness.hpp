@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/config.hpp"
+#include "core/io/config.hpp"
 #include "core/experiment.hpp"
-#include "core/results.hpp"
+#include "core/io/results.hpp"
 
 namespace mpt {
 
@@ -22,7 +22,7 @@ struct RunOptions {
   std::vector<std::string> sets;    ///< --set KEY=VALUE, in order
   std::string out;                  ///< --out (default results/<experiment>.json)
   bool out_given = false;           ///< --out appeared (an empty value is then an error)
-  std::string trace;                ///< --trace FILE: a Chrome Trace Event timeline (core/trace); empty: none
+  std::string trace;                ///< --trace FILE: a Chrome Trace Event timeline (core/runtime/trace); empty: none
   bool trace_given = false;         ///< --trace appeared (an empty value is then an error)
   std::string device;               ///< --device (empty: from config)
   std::optional<std::string> seed;  ///< --seed, as typed: checked by the config schema like --set seed=N

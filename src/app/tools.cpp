@@ -6,11 +6,11 @@
 #include <functional>
 
 #include "app/output.hpp"
-#include "core/config.hpp"
+#include "core/io/config.hpp"
 #include "core/errors.hpp"
-#include "core/results.hpp"
-#include "core/runtime.hpp"
-#include "core/tolerance.hpp"
+#include "core/io/results.hpp"
+#include "core/runtime/runtime.hpp"
+#include "core/io/tolerance.hpp"
 
 namespace mpt {
 

@@ -4,13 +4,13 @@
 #include <string>
 #include <vector>
 
-#include "core/compare.hpp"
+#include "core/io/compare.hpp"
 
 namespace mpt {
 
 /// `mpt compare`: compares two result files; returns 0 (within tolerance), 1 (differs) or 2
 /// (unreadable, not comparable, bad --tol or --tol-file). Rules: `key_tols` (PATTERN=RTOL[,ATOL])
-/// first, then those of each tolerance file (core/tolerance.hpp) in order; first match wins.
+/// first, then those of each tolerance file (core/io/tolerance.hpp) in order; first match wins.
 int run_compare(const std::string& base_file, const std::string& new_file, const std::vector<std::string>& key_tols,
                 CompareOptions opt, bool quiet, const std::vector<std::string>& tol_files = {});
 

@@ -13,10 +13,10 @@
 
 #include <torch/torch.h>
 
-#include "core/config.hpp"
-#include "core/memory.hpp"
-#include "core/results.hpp"
-#include "core/world.hpp"
+#include "core/io/config.hpp"
+#include "core/runtime/memory.hpp"
+#include "core/io/results.hpp"
+#include "core/dist/world.hpp"
 
 namespace mpt {
 
@@ -64,7 +64,7 @@ struct Experiment {
   /// fails once, with exit 2, instead of in every worker. Throws ConfigError naming the JSON
   /// pointer, what was expected and what was found.
   std::function<void(const Config&, int world_size)> validate;
-  /// Optional: the memory a run of this config needs on this machine (core/memory's
+  /// Optional: the memory a run of this config needs on this machine (core/runtime/memory's
   /// MemoryEstimate: parameters, gradients, activations, data, from the model shapes, batch
   /// and dtype; `world_size` processes spawned here each hold their own). The harness checks
   /// it right after `validate`, before anything is allocated, against MemAvailable or

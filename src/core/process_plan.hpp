@@ -2,7 +2,7 @@
 // read from them (core/experiment.hpp's contract), so that each experiment does not spell it out.
 #pragma once
 
-#include "core/config.hpp"
+#include "core/io/config.hpp"
 #include "core/experiment.hpp"
 
 namespace mpt {

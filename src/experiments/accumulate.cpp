@@ -30,12 +30,12 @@
  */
 #include <cmath>
 
-#include "core/data.hpp"
+#include "core/io/data.hpp"
 #include "core/errors.hpp"
-#include "core/models.hpp"
-#include "core/timing.hpp"
-#include "core/memory.hpp"
-#include "core/runtime.hpp"
+#include "core/models/mlp.hpp"
+#include "core/runtime/timing.hpp"
+#include "core/runtime/memory.hpp"
+#include "core/runtime/runtime.hpp"
 #include "core/experiment.hpp"
 
 namespace mpt {
@@ -77,7 +77,7 @@ ConfigSpec accumulate_spec() {
 // ----------------------------------------------------------------------------
 
 /// MLP 784 → hidden [→ hidden2] → 10 (BatchNorm1d after each hidden Linear when `batchnorm`),
-/// built from `seed` (core/models' mlp).
+/// built from `seed` (core/models/mlp' mlp).
 torch::nn::Sequential mlp(int64_t hidden, bool batchnorm, std::uint64_t seed, int64_t hidden2 = 0) {
   seed_all(seed);
   std::vector<int64_t> widths{hidden};
@@ -477,7 +477,7 @@ void validate_accumulate(const Config& cfg, int /*world_size*/) {
   require_fashion_mnist(cfg.str("/data/dir"), "/data/dir", /*with_test=*/false);
 }
 
-/// Memory of a run (core/memory): the loaded samples (784 floats and an int64 label each), and
+/// Memory of a run (core/runtime/memory): the loaded samples (784 floats and an int64 label each), and
 /// the larger of the parts (they run one after the other): the MLP 784 -> hidden -> 10 of the
 /// gradients, training and BatchNorm comparisons (two models side by side with their gradients
 /// and the full-batch reference: 6 parameter-sized tensors; 3 per sample and unit), the memory

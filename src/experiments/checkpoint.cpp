@@ -2,7 +2,7 @@
  * mpt checkpoint — less memory by recomputation (gradient checkpointing).
  *
  * A deep MLP of n blocks (Linear(w,w) + ReLU + Dropout) trained on one batch. With
- * checkpoint_sequential(net, s, x) (core/checkpoint, as torch.utils.checkpoint) the
+ * checkpoint_sequential(net, s, x) (core/train/checkpoint, as torch.utils.checkpoint) the
  * first s−1 segments of floor(n/s) blocks run without keeping their activations; only
  * each segment's input is kept, and the backward pass recomputes the segment.
  *
@@ -17,7 +17,7 @@
  *     parameter and the input (exactly 0 on CPU fp32: the same kernels on the same
  *     numbers, dropout masks included thanks to the saved RNG state), peak bytes of
  *     forward+backward above parameters and gradients (the counting allocator of
- *     core/memory; deterministic on CPU), blocks recomputed and the extra forward FLOPs.
+ *     core/runtime/memory; deterministic on CPU), blocks recomputed and the extra forward FLOPs.
  *     Step times go to timings. A last row repeats s = √n without RNG restoration:
  *     dropout draws other masks on recomputation and the gradients are wrong.
  *  2. sweep: peak bytes for every s from 1 to n — the U shape and its minimum near √n.
@@ -29,13 +29,13 @@
 #include <cmath>
 #include <set>
 
-#include "core/checkpoint.hpp"
+#include "core/train/checkpoint.hpp"
 #include "core/errors.hpp"
-#include "core/models.hpp"
-#include "core/timing.hpp"
-#include "core/memory.hpp"
-#include "core/precision.hpp"
-#include "core/runtime.hpp"
+#include "core/models/mlp.hpp"
+#include "core/runtime/timing.hpp"
+#include "core/runtime/memory.hpp"
+#include "core/numerics/precision.hpp"
+#include "core/runtime/runtime.hpp"
 #include "core/experiment.hpp"
 
 namespace mpt {
@@ -48,7 +48,7 @@ ConfigSpec checkpoint_spec() {
   s.integer("/model/width", 32, "units per block", 1, 1 << 16);
   s.number("/model/dropout", 0.1, "dropout probability in every block (0 = no dropout)", 0.0, 0.95);
   s.choice("/model/precision", "fp32", {"fp32", "fp16", "bf16"},
-           "emulated compute format: each block's output rounded to it (fp32 math, as core/precision round_to)");
+           "emulated compute format: each block's output rounded to it (fp32 math, as core/numerics/precision round_to)");
   s.integer("/data/batch", 256, "samples in the batch (inputs and targets from randn)", 1, 1 << 22);
   s.strings("/checkpoint/segments", {"1", "2", "4", "sqrt", "n"}, {},
             "segment counts s to compare with no checkpointing: integers in [1, n], \"sqrt\" (round(sqrt(n))) or \"n\"");
@@ -60,7 +60,7 @@ ConfigSpec checkpoint_spec() {
 
 // One block: Linear(w, w) → ReLU → Dropout(p), its output rounded to the emulated
 // compute format. A module of its own so that checkpoint_sequential splits the net at
-// block boundaries. The dropout is core/models' mpt::dropout: nn.Dropout's numbers and
+// block boundaries. The dropout is core/models/mlp' mpt::dropout: nn.Dropout's numbers and
 // draws, its noise drawn in one loop (env.dropout says which kernel ran).
 struct MlpBlockImpl : torch::nn::Module {
   MlpBlockImpl(int64_t width, double p_, Format f)
@@ -275,7 +275,7 @@ Report run_checkpoint(const Context& ctx) {
   return report;
 }
 
-/// Memory of a run (core/memory): n blocks of Linear(w, w); parameter-sized tensors: weights,
+/// Memory of a run (core/runtime/memory): n blocks of Linear(w, w); parameter-sized tensors: weights,
 /// gradients, the plain step's gradients kept as the reference, one compared step's gradients
 /// and the weight gradient being computed (5); per sample and unit of each block: the Linear
 /// and ReLU outputs, dropout's mask and output, the rounded output (emulated fp16/bf16), and

@@ -6,7 +6,7 @@
  *
  * For each operation and each message size (8 B, 16 B, ... 64 MiB by default):
  *   1. validate before timing: fill the buffers with data every rank can predict
- *      (core/dist_bench: small integers, different per rank and element), run once, count
+ *      (core/dist/bench: small integers, different per rank and element), run once, count
  *      the received elements that differ from the prediction (#wrong, summed over the ranks).
  *      The integers are small enough that every partial sum is exact in the dtype, so the
  *      comparison is exact;
@@ -30,13 +30,13 @@
  *   mpt collectives --nproc 4 --set ops='["all_reduce"]' --set max_bytes=1073741824
  *   torchrun --nproc_per_node 2 --no-python mpt collectives --device cuda
  */
-#include "core/compat.hpp"
-#include "core/dist.hpp"
-#include "core/dist_bench.hpp"
+#include "core/runtime/compat.hpp"
+#include "core/dist/dist.hpp"
+#include "core/dist/bench.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/process_plan.hpp"
-#include "core/runtime.hpp"
+#include "core/runtime/runtime.hpp"
 
 namespace mpt {
 
@@ -369,7 +369,7 @@ void validate_collectives(const Config& cfg, int world_size) {
   }
 }
 
-/// Memory of a run per process (core/memory), times the processes spawned here: at the largest
+/// Memory of a run per process (core/runtime/memory), times the processes spawned here: at the largest
 /// size, the send and receive buffers and the expected values (at most 3 x max_bytes; the
 /// chunked operations compare chunk by chunk), and the verification's temporaries (an int32
 /// or int64 index per element, the comparison's bool mask: at most 9 bytes per element).

@@ -33,14 +33,14 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/data.hpp"
-#include "core/dist.hpp"
+#include "core/io/data.hpp"
+#include "core/dist/dist.hpp"
 #include "core/errors.hpp"
-#include "core/models.hpp"
-#include "core/runtime.hpp"
+#include "core/models/mlp.hpp"
+#include "core/runtime/runtime.hpp"
 #include "core/experiment.hpp"
 #include "core/process_plan.hpp"
-#include "core/trace.hpp"
+#include "core/runtime/trace.hpp"
 
 namespace mpt {
 
@@ -267,7 +267,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
       reducer.set_sync(last || ts.sync_every_micro_step);
       torch::Tensor loss;
       {
-        trace::Scope f(trace::Track::Compute, "forward");  // timeline slices (--trace; core/trace)
+        trace::Scope f(trace::Track::Compute, "forward");  // timeline slices (--trace; core/runtime/trace)
         loss = torch::cross_entropy_loss(net->forward(xs[m]), ys[m]) / static_cast<double>(ts.micro_steps);
       }
       {
@@ -320,7 +320,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
 }
 
 /// The fraction of all-reduce time hidden behind backward on this rank, from the recorded
-/// timeline (core/trace): the buckets' all-reduce slices (communication track, args.bucket) that
+/// timeline (core/runtime/trace): the buckets' all-reduce slices (communication track, args.bucket) that
 /// lie inside backward slices (compute track), over the total all-reduce time
 /// (trace::overlap_fraction). `allreduce_us` receives the total all-reduce time, microseconds.
 double hidden_behind_backward(const std::vector<trace::Event>& ev, double* allreduce_us) {
@@ -564,7 +564,7 @@ Report run_dataparallel(const Context& ctx) {
   return report;
 }
 
-/// Memory of a run (core/memory), per process, times the processes spawned on this machine:
+/// Memory of a run (core/runtime/memory), per process, times the processes spawned on this machine:
 /// the equivalence part (Linear(in, hidden)-ReLU-Linear(hidden, 1) on the even and the uneven
 /// batch: the model, its shard replicas' gradients and the reference, shards + 4 parameter-
 /// sized tensors; 3 per sample and unit), the training part (the MLP 784-hidden-10 of each rank

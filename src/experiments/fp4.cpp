@@ -1,6 +1,6 @@
 /*
- * mpt fp4 — 4-bit training recipes emulated bit for bit (core/quant): the NVFP4 recipe and its
- * ablations, and MXFP4, on the Fashion-MNIST MLP of `mpt fp8` (core/quant_train).
+ * mpt fp4 — 4-bit training recipes emulated bit for bit (core/numerics/quant): the NVFP4 recipe and its
+ * ablations, and MXFP4, on the Fashion-MNIST MLP of `mpt fp8` (core/train/quant_train).
  *
  * NVFP4 (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv 2509.25149, §4): E2M1
  * elements in 1x16 blocks with UE4M3 block scales under an fp32 tensor scale, and four choices:
@@ -24,15 +24,15 @@
 #include <cmath>
 #include <map>
 
-#include "core/data.hpp"
+#include "core/io/data.hpp"
 #include "core/errors.hpp"
-#include "core/gpt.hpp"
-#include "core/gpt_spec.hpp"
-#include "core/memory.hpp"
-#include "core/models.hpp"
-#include "core/quant.hpp"
-#include "core/quant_train.hpp"
-#include "core/runtime.hpp"
+#include "core/models/gpt.hpp"
+#include "core/models/gpt_spec.hpp"
+#include "core/runtime/memory.hpp"
+#include "core/models/mlp.hpp"
+#include "core/numerics/quant.hpp"
+#include "core/train/quant_train.hpp"
+#include "core/runtime/runtime.hpp"
 #include "core/experiment.hpp"
 
 namespace mpt {
@@ -238,7 +238,7 @@ json memory_json(const std::string& name, const MemoryRow& r) {
                                           : json(nullptr)}};
 }
 
-/// The tiny GPT section: the ablation grid on the GPT's block Linears (core/quant_train's
+/// The tiny GPT section: the ablation grid on the GPT's block Linears (core/train/quant_train's
 /// train_gpt, as fp8's GPT section), from one seed on the same batches. Adds tables gpt_variants,
 /// gpt_memory, gpt_loss_curve, timings gpt_cost, results.gpt_history.
 void gpt_section(const Context& ctx, Report& report) {
@@ -447,12 +447,12 @@ Report run_fp4(const Context& ctx) {
                                 ledger_step));
   mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
                       "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
-                      "and counted by mpt's CPU allocator (core/quant's measured_stored_bytes); \"-\" (null in the "
+                      "and counted by mpt's CPU allocator (core/numerics/quant's measured_stored_bytes); \"-\" (null in the "
                       "result file) where this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
   mem.notes.push_back("weights: the fp32 masters plus the quantized copies of W the GEMMs read (16x16 blocks: one copy "
                       "serves W and W^T; 1x16 / 1x32 blocks: a row-wise and a column-wise copy); activations: x saved for "
                       "the weight gradient in wgrad's format; gradients: fp32; scales: UE4M3 / E8M0 1 byte a block, plus "
-                      "4 for an NVFP4 tensor scale (core/quant's stored_bytes; emulation itself holds fp32)");
+                      "4 for an NVFP4 tensor scale (core/numerics/quant's stored_bytes; emulation itself holds fp32)");
   report.add(std::move(t));
   report.add(std::move(mem));
   report.add(std::move(curve));
@@ -466,7 +466,7 @@ Report run_fp4(const Context& ctx) {
   return report;
 }
 
-/// Memory of a run (core/memory): the Fashion-MNIST samples (784 floats and an int64 label each)
+/// Memory of a run (core/runtime/memory): the Fashion-MNIST samples (784 floats and an int64 label each)
 /// and one variant's training at a time (each variant's model is freed before the next): 6
 /// parameter-sized fp32 tensors (the initial weights, the master leaves, their gradients, the
 /// quantized copies of W, 2-D blocked and 1x16, that the out and dgrad GEMMs read, the SGD update's

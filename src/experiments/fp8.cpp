@@ -1,8 +1,8 @@
 /*
- * mpt fp8 — fp8 training recipes, emulated bit for bit on the CPU (core/quant), on the
+ * mpt fp8 — fp8 training recipes, emulated bit for bit on the CPU (core/numerics/quant), on the
  * Fashion-MNIST MLP of the mixed-precision lessons.
  *
- * Every recipe trains the same MLP (core/models' mlp(784, hidden, 10), one seed) on the same
+ * Every recipe trains the same MLP (core/models/mlp' mlp(784, hidden, 10), one seed) on the same
  * batches with plain SGD. A quantized Linear layer runs its three GEMMs (out = x·Wᵀ,
  * dgrad = dy·W, wgrad = dyᵀ·x) on quantize-dequantized operands and accumulates in fp32:
  *
@@ -43,12 +43,12 @@
 #include <cmath>
 #include <map>
 
-#include "core/data.hpp"
+#include "core/io/data.hpp"
 #include "core/errors.hpp"
-#include "core/models.hpp"
-#include "core/quant.hpp"
-#include "core/quant_train.hpp"
-#include "core/runtime.hpp"
+#include "core/models/mlp.hpp"
+#include "core/numerics/quant.hpp"
+#include "core/train/quant_train.hpp"
+#include "core/runtime/runtime.hpp"
 #include "core/experiment.hpp"
 #include "experiments/fp8_parts.hpp"
 
@@ -453,7 +453,7 @@ void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init,
 Report run_fp8(const Context& ctx) {
   const auto& cfg = ctx.cfg;
   Report report;
-  if (ctx.device.type() != torch::kCPU) report.env["fp8_note"] = "core/quant emulates on the CPU; the run uses the CPU";
+  if (ctx.device.type() != torch::kCPU) report.env["fp8_note"] = "core/numerics/quant emulates on the CPU; the run uses the CPU";
   const std::string dir = cfg.str("/data/dir");
   Dataset train_set = load_fashion_mnist(dir, "train", cfg.integer("/data/train_samples"));
   Dataset test_set = load_fashion_mnist(dir, "test", cfg.integer("/data/test_samples"));
@@ -577,7 +577,7 @@ Report run_fp8(const Context& ctx) {
                          "||C - C_fp32|| / ||C_fp32|| against the fp32 GEMM of the unquantized operands");
   mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
                       "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
-                      "and counted by mpt's CPU allocator (core/quant's measured_stored_bytes); \"-\" (null in the "
+                      "and counted by mpt's CPU allocator (core/numerics/quant's measured_stored_bytes); \"-\" (null in the "
                       "result file) where this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
   mem.notes.push_back("weights: fp32 master W, b plus the quantized copies the GEMMs read (two for rowwise and MX: row- and "
                       "column-wise); activations: x kept for wgrad in its format; gradients: fp32; scales: every stored "
@@ -608,7 +608,7 @@ Report run_fp8(const Context& ctx) {
   return report;
 }
 
-/// Memory of a run (core/memory): the Fashion-MNIST samples (784 floats and an int64 label each,
+/// Memory of a run (core/runtime/memory): the Fashion-MNIST samples (784 floats and an int64 label each,
 /// held for the whole run), plus the largest of the parts that run one after the other (each
 /// recipe's model is freed before the next):
 ///  MLP training under a recipe: 6 parameter-sized fp32 tensors (the initial weights, the master

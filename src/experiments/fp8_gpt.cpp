@@ -1,10 +1,10 @@
 /*
- * mpt fp8, section 3 — the fp8 recipes on a tiny GPT (core/gpt) trained character-level on
- * Debian's fortunes (core/data), beside the MLP of sections 1 and 2.
+ * mpt fp8, section 3 — the fp8 recipes on a tiny GPT (core/models/gpt) trained character-level on
+ * Debian's fortunes (core/io/data), beside the MLP of sections 1 and 2.
  *
  * Which GEMMs are fp8: the four Linears of every block (attn.c_attn C→3C, attn.c_proj C→C,
  * mlp.c_fc C→4C, mlp.c_proj 4C→C), each with its three GEMMs (out = x·Wᵀ, dgrad = dy·W,
- * wgrad = dyᵀ·x) quantized as the recipe says (core/quant's QuantLinear through TinyGpt's
+ * wgrad = dyᵀ·x) quantized as the recipe says (core/numerics/quant's QuantLinear through TinyGpt's
  * GptLinear). As Transformer Engine's fp8_autocast, which swaps only te.Linear's GEMMs, the
  * rest stays in higher precision — here fp32 in every row: the embeddings, LayerNorm, softmax,
  * attention's two batched matmuls (q·kᵀ, p·v), lm_head and the loss. So the rows differ only in
@@ -17,7 +17,7 @@
  *
  * Every recipe starts from the same weights (torch.manual_seed(seed) before TinyGpt) and sees
  * the same batches (nanoGPT's get_batch from a generator seeded with seed); SGD with momentum
- * on fp32 weights (core/amp's SgdMomentum, as lossscale's GPT section).
+ * on fp32 weights (core/train/amp's SgdMomentum, as lossscale's GPT section).
  *
  * Rows: mean training loss of the last N steps, validation loss, their gaps to bf16; the GEMM
  * ledger at one step (amax, scale, % saturated, % flushed, error against the fp32 GEMM of the
@@ -29,13 +29,13 @@
 #include <cmath>
 #include <map>
 
-#include "core/data.hpp"
+#include "core/io/data.hpp"
 #include "core/errors.hpp"
-#include "core/gpt.hpp"
-#include "core/gpt_spec.hpp"
-#include "core/quant.hpp"
-#include "core/quant_train.hpp"
-#include "core/runtime.hpp"
+#include "core/models/gpt.hpp"
+#include "core/models/gpt_spec.hpp"
+#include "core/numerics/quant.hpp"
+#include "core/train/quant_train.hpp"
+#include "core/runtime/runtime.hpp"
 #include "experiments/fp8_parts.hpp"
 
 namespace mpt::fp8 {

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "core/config.hpp"
+#include "core/io/config.hpp"
 #include "core/experiment.hpp"
-#include "core/quant.hpp"
-#include "core/results.hpp"
+#include "core/numerics/quant.hpp"
+#include "core/io/results.hpp"
 
 namespace mpt::fp8 {
 
@@ -31,15 +31,15 @@ std::vector<Column> ledger_columns();
 /// One ledger row: `name`, its recipe and layer, and the GEMM's ledger entry.
 json ledger_row(const std::string& name, const std::string& recipe, const json& layer, const quant::GemmLedger& g);
 
-/// The GPT section's keys (/gpt/...): enabled, the model (core/gpt_spec), the corpus, the run.
+/// The GPT section's keys (/gpt/...): enabled, the model (core/models/gpt_spec), the corpus, the run.
 void add_gpt_spec(ConfigSpec& s);
 /// The GPT section's cross-key checks (when /gpt/enabled): heads divide the width, a text file,
 /// every fp8 recipe's blocks divide the GPT's GEMMs ([batch·context, C] activations, [out, in]
 /// weights), the ledger step inside the run. Throws ConfigError naming the pointer.
 void validate_gpt(const Config& cfg);
-/// The GPT section's memory (core/memory): the model states of one recipe's run (5 x 4 bytes a
+/// The GPT section's memory (core/runtime/memory): the model states of one recipe's run (5 x 4 bytes a
 /// parameter: weights, gradients, SGD momentum, the quantized copies of W the GEMMs read) and the
-/// activations of a batch (core/memory's gpt_activation_bytes with a quantized copy of each, a
+/// activations of a batch (core/runtime/memory's gpt_activation_bytes with a quantized copy of each, a
 /// vocabulary of at most 96 characters). An estimate of the order of magnitude.
 MemoryEstimate gpt_memory(const Config& cfg);
 /// Trains the tiny GPT under every recipe of /recipes; adds tables gpt_recipes, gpt_ledger,

@@ -12,7 +12,7 @@
  *  2. recipes:  an MLP trained on Fashion-MNIST from the same initial weights on the same
  *               batches with: fp32; fp16 (weights, gradients, update all fp16); fp16+master
  *               (fp32 master weights); fp16+master+static (fixed S); fp16+master+dynamic
- *               (GradScaler, PyTorch semantics, core/amp); bf16; bf16+master; and pure bf16
+ *               (GradScaler, PyTorch semantics, core/train/amp); bf16; bf16+master; and pure bf16
  *               weights without a master copy, updated with stochastic rounding (bf16+sr) or
  *               Kahan-compensated summation (bf16+kahan; Zamirai et al. 2020). Low precision
  *               is emulated: fp32 math, every stored tensor rounded (parameters, each layer's
@@ -25,7 +25,7 @@
  *               that many updates fall below half an ulp of the stored weight — pure bf16
  *               loses most of them and lags fp32; the master-weight recipes match fp32.
  *
- *  3. gpt:      a tiny GPT (core/gpt) trained on Debian's fortunes text under per-operation
+ *  3. gpt:      a tiny GPT (core/models/gpt) trained on Debian's fortunes text under per-operation
  *               precision policies — which intermediates are stored in fp16/bf16 and which
  *               (softmax, LayerNorm, logits) stay fp32: losses, and what flushed or overflowed
  *               where (src/experiments/lossscale_gpt.cpp).
@@ -44,15 +44,15 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/amp.hpp"
-#include "core/data.hpp"
+#include "core/train/amp.hpp"
+#include "core/io/data.hpp"
 #include "core/errors.hpp"
-#include "core/memory.hpp"
-#include "core/models.hpp"
-#include "core/precision.hpp"
-#include "core/amp_recipe.hpp"
-#include "core/runtime.hpp"
-#include "core/timing.hpp"
+#include "core/runtime/memory.hpp"
+#include "core/models/mlp.hpp"
+#include "core/numerics/precision.hpp"
+#include "core/train/amp_recipe.hpp"
+#include "core/runtime/runtime.hpp"
+#include "core/runtime/timing.hpp"
 #include "core/experiment.hpp"
 #include "experiments/lossscale_parts.hpp"
 
@@ -601,7 +601,7 @@ Report run_lossscale(const Context& ctx) {
   return report;
 }
 
-/// Memory of a run (core/memory), the larger of its two parts (they run one after the other):
+/// Memory of a run (core/runtime/memory), the larger of its two parts (they run one after the other):
 ///  sweep: the deep sigmoid net (as underflow) with the fp32 gradients and their casts (6
 ///         parameter-sized tensors; 3 per sample and unit);
 ///  train: the MLP 784 -> hidden^depth -> 10 with its initial weights, the recipe's weights,

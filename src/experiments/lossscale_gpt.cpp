@@ -1,20 +1,20 @@
 /*
  * mpt lossscale, section 3 — why autocast keeps softmax, LayerNorm and the logits in fp32:
- * a per-operation precision policy on a tiny GPT (core/gpt) trained character-level on
- * Debian's fortunes (core/data).
+ * a per-operation precision policy on a tiny GPT (core/models/gpt) trained character-level on
+ * Debian's fortunes (core/io/data).
  *
  * A policy names the format of the run (fp32, fp16, bf16) and the operations kept in fp32:
  *   fp16                         every stored tensor in fp16 ("model.half()"): weights, every
- *                                intermediate of the forward (core/gpt's sites: embed, ln, qkv,
+ *                                intermediate of the forward (core/models/gpt's sites: embed, ln, qkv,
  *                                scores, probs, attn_out, mlp_hidden, mlp_out, residual, logits)
  *                                and the gradient flowing back through each of them
  *   fp16+fp32_softmax            the same, with the attention probabilities (softmax output) in fp32
  *   fp16+fp32_ln / +fp32_logits  LayerNorm outputs / the logits the loss reads, in fp32
- *   +fp32_<site>                 any site of core/gpt; modifiers combine
+ *   +fp32_<site>                 any site of core/models/gpt; modifiers combine
  * Low precision is emulated (fp32 math, every stored tensor rounded to the format, forward
- * and backward: core/amp's emulate_storage), the weights kept as fp32 master weights and
+ * and backward: core/train/amp's emulate_storage), the weights kept as fp32 master weights and
  * rounded into the model before each step, SGD with momentum on the masters, and fp16
- * policies use dynamic loss scaling (core/amp's GradScaler with /train/scaler's settings).
+ * policies use dynamic loss scaling (core/train/amp's GradScaler with /train/scaler's settings).
  *
  * Per policy: mean training loss of the last steps, validation loss, its gap to fp32, skipped
  * steps; per site stored low: the fraction of values that flush to zero, how many overflow,
@@ -24,7 +24,7 @@
  *
  * The fp32 policy equals PyTorch-Python bit for bit (tests/parity/lossscale_gpt_ref.py): the
  * same model from the same seed, the same batches (nanoGPT's get_batch from a seeded
- * generator) and torch.optim.SGD with momentum (core/amp's SgdMomentum: the same ATen operations
+ * generator) and torch.optim.SGD with momentum (core/train/amp's SgdMomentum: the same ATen operations
  * as its single-tensor step; PyTorch's AdamW would not do: Python's lerps its moments).
  *
  *   mpt lossscale --set train.enabled=false                  # the sweep and this section
@@ -35,14 +35,14 @@
 #include <map>
 #include <set>
 
-#include "core/amp.hpp"
-#include "core/data.hpp"
+#include "core/train/amp.hpp"
+#include "core/io/data.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
-#include "core/gpt.hpp"
-#include "core/gpt_spec.hpp"
-#include "core/precision.hpp"
-#include "core/runtime.hpp"
+#include "core/models/gpt.hpp"
+#include "core/models/gpt_spec.hpp"
+#include "core/numerics/precision.hpp"
+#include "core/runtime/runtime.hpp"
 #include "experiments/lossscale_parts.hpp"
 
 namespace mpt {
@@ -194,7 +194,7 @@ PolicyRun train_policy(const Context& ctx, const OpPolicy& p, const TextCorpus& 
 void add_gpt_spec(ConfigSpec& s) {
   s.boolean("/gpt/enabled", true, "train the tiny GPT under per-operation precision policies (section 3)");
   s.strings("/gpt/policies", kDefaultPolicies, {},
-            "policies: fp32 | fp16 | bf16, then +fp32_<site> modifiers (softmax, ln, logits, or any site of core/gpt)");
+            "policies: fp32 | fp16 | bf16, then +fp32_<site> modifiers (softmax, ln, logits, or any site of core/models/gpt)");
   add_text_keys(s, "/gpt");
   s.integer("/gpt/model/layers", 2, "transformer blocks", 1, 48);
   s.integer("/gpt/model/width", 64, "model width (n_embd)", 1, 4096);

@@ -2,10 +2,10 @@
 // section 3, the tiny GPT under per-operation precision policies). Included by lossscale*.cpp only.
 #pragma once
 
-#include "core/amp.hpp"
-#include "core/config.hpp"
+#include "core/train/amp.hpp"
+#include "core/io/config.hpp"
 #include "core/experiment.hpp"
-#include "core/results.hpp"
+#include "core/io/results.hpp"
 
 namespace mpt {
 
@@ -16,7 +16,7 @@ GradScaler::Options scaler_options(const Config& cfg);
 void add_gpt_spec(ConfigSpec& s);
 /// Section 3's cross-key checks (policies, heads dividing the width, ...); throws ConfigError.
 void validate_gpt(const Config& cfg);
-/// Section 3's memory (core/memory): parameter-sized tensors and the activations autograd keeps.
+/// Section 3's memory (core/runtime/memory): parameter-sized tensors and the activations autograd keeps.
 MemoryEstimate gpt_memory(const Config& cfg);
 /// Section 3: trains the tiny GPT under each policy; adds tables gpt_policies and gpt_sites and
 /// results.gpt_history. Throws RuntimeFailure when the text corpus is missing.

@@ -54,13 +54,13 @@
  */
 #include <algorithm>
 
-#include "core/dist.hpp"
+#include "core/dist/dist.hpp"
 #include "core/errors.hpp"
-#include "core/models.hpp"
-#include "core/pipeline.hpp"
-#include "core/pipeline_trace.hpp"
-#include "core/runtime.hpp"
-#include "core/trace.hpp"
+#include "core/models/mlp.hpp"
+#include "core/pipeline/executor.hpp"
+#include "core/pipeline/trace.hpp"
+#include "core/runtime/runtime.hpp"
+#include "core/runtime/trace.hpp"
 #include "core/experiment.hpp"
 
 namespace mpt {
@@ -970,7 +970,7 @@ Report run_pipeline_experiment(const Context& ctx) {
   return report;
 }
 
-/// Memory of a run (core/memory), per process, times the processes spawned on this machine (each
+/// Memory of a run (core/runtime/memory), per process, times the processes spawned on this machine (each
 /// stage process is counted as holding the whole model: the reference runs there too): the
 /// larger of the exact-split part (the MLP of /split/widths, its split copy and both gradients:
 /// 4 parameter-sized tensors; 3 per sample and unit of /split/batch) and the pipelined part (the

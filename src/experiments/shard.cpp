@@ -13,8 +13,8 @@
  * all-gather = 2Ψ elements; stages 1-2 the same 2Ψ (reduce-scatter the gradients, all-gather
  * the updated parameters); stage 3 3Ψ (all-gather in forward, again in backward, reduce-scatter).
  *
- *  1. training: the Fashion-MNIST MLP (core/models' mlp(784, hidden, 10)) or, with
- *     /model/name = gpt, the tiny GPT (core/gpt, character-level on Debian's fortunes text),
+ *  1. training: the Fashion-MNIST MLP (core/models/mlp' mlp(784, hidden, 10)) or, with
+ *     /model/name = gpt, the tiny GPT (core/models/gpt, character-level on Debian's fortunes text),
  *     every stage from the same initial weights and the same global batches (MLP: rank r reads
  *     samples r, r+N, ... of a fixed permutation, as DistributedSampler; GPT: every rank draws
  *     the same global batch of sequences from one seeded generator and takes sequences r, r+N,
@@ -28,7 +28,7 @@
  *     any order of N terms), a row and a check per run (dist::reduction_error).
  *  3. memory per rank: bytes of parameters, gradients and optimizer states held, counted from
  *     the tensors, against the formulas for the dtypes in use; the allocator's peak per step.
- *  4. communication per step: bytes counted by the process group (core/dist_group's counters)
+ *  4. communication per step: bytes counted by the process group (core/dist/group's counters)
  *     against the formulas.
  *  5. mixed precision (FSDP2 MixedPrecisionPolicy): bf16 parameters with fp32 or bf16 gradient
  *     reduction against fp32, on an fp32 master shard.
@@ -42,17 +42,17 @@
 #include <map>
 #include <set>
 
-#include "core/compat.hpp"
-#include "core/data.hpp"
-#include "core/dist.hpp"
-#include "core/dist_shard.hpp"
+#include "core/runtime/compat.hpp"
+#include "core/io/data.hpp"
+#include "core/dist/dist.hpp"
+#include "core/parallel/zero.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
-#include "core/gpt.hpp"
-#include "core/gpt_spec.hpp"
+#include "core/models/gpt.hpp"
+#include "core/models/gpt_spec.hpp"
 #include "core/process_plan.hpp"
-#include "core/models.hpp"
-#include "core/runtime.hpp"
+#include "core/models/mlp.hpp"
+#include "core/runtime/runtime.hpp"
 
 namespace mpt {
 
@@ -67,7 +67,7 @@ ConfigSpec shard_spec() {
   s.integer("/nproc", 2, "worker processes spawned on this machine (--nproc N); ignored under torchrun/SLURM", 1,
             64);
   s.choice("/model/name", "mlp", {"mlp", "gpt"},
-           "mlp: the Fashion-MNIST MLP 784-hidden...-10; gpt: the tiny GPT (core/gpt) on the fortunes text");
+           "mlp: the Fashion-MNIST MLP 784-hidden...-10; gpt: the tiny GPT (core/models/gpt) on the fortunes text");
   s.integers("/model/hidden", {128}, "hidden widths of the MLP 784-hidden...-10 (/model/name = mlp)", 1, 8192);
   add_gpt_keys(s, "/model/gpt", GptKeyDefaults{/*layers=*/2, /*width=*/32, /*heads=*/4, /*context=*/32,
                                                /*mlp_ratio=*/4});
@@ -394,7 +394,7 @@ RunOut train(const Workload& wl, World& w, const Setup& s, const RunSpec& spec, 
     }
   }
   out.comm = comm;
-  // The median over steps >= 1 (core/timing.hpp's statistic: a late start of one step, common
+  // The median over steps >= 1 (core/runtime/timing.hpp's statistic: a late start of one step, common
   // with two ranks on two cores, moves a mean, not the median).
   std::sort(timed.begin(), timed.end());
   out.step_s = timed.empty() ? 0.0 : timed[timed.size() / 2];
@@ -409,7 +409,7 @@ RunOut train(const Workload& wl, World& w, const Setup& s, const RunSpec& spec, 
   return out;
 }
 
-/// Largest |a - b| over two trajectories of flat parameters (core/models' max_abs_diff).
+/// Largest |a - b| over two trajectories of flat parameters (core/models/mlp' max_abs_diff).
 double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   return max_abs_diff(a, b);
 }
@@ -746,7 +746,7 @@ Report run_shard(const Context& ctx) {
     for (std::size_t i = 0; i < runs.size(); ++i)
       peak.rows.push_back({{"name", runs[i].name}, {"transient_peak", outs[i].transient_peak},
                            {"step_ms", outs[i].step_s * 1e3}});
-    peak.notes.push_back("core/memory's counting CPU allocator: activations, unsharded gradients, gathered parameters, "
+    peak.notes.push_back("core/runtime/memory's counting CPU allocator: activations, unsharded gradients, gathered parameters, "
                          "communication buffers and the optimizer's temporaries of one step (largest over steps >= 1 "
                          "and ranks); step = forward + backward + reduction + optimizer step, median over steps >= 1");
     report.add(std::move(peak), Store::Timings);
@@ -841,7 +841,7 @@ Report run_shard(const Context& ctx) {
   return report;
 }
 
-/// Memory (core/memory) per process, times the processes of this machine: the MLP's model
+/// Memory (core/runtime/memory) per process, times the processes of this machine: the MLP's model
 /// states of the largest stage (16 bytes per parameter: parameters, gradients, Adam's m, v,
 /// plus a master copy), the single-process references (rank 0: two models and the flat
 /// parameters of every step of every run), activations of a local batch, and the data set.

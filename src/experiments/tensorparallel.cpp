@@ -44,18 +44,18 @@
 
 #include <fmt/format.h>
 
-#include "core/compat.hpp"
-#include "core/dist.hpp"
+#include "core/runtime/compat.hpp"
+#include "core/dist/dist.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
-#include "core/gpt.hpp"
-#include "core/memory.hpp"
-#include "core/models.hpp"
-#include "core/pipeline.hpp"
+#include "core/models/gpt.hpp"
+#include "core/runtime/memory.hpp"
+#include "core/models/mlp.hpp"
+#include "core/pipeline/executor.hpp"
 #include "core/process_plan.hpp"
-#include "core/runtime.hpp"
-#include "core/tensor_parallel.hpp"
-#include "core/timing.hpp"
+#include "core/runtime/runtime.hpp"
+#include "core/parallel/tp.hpp"
+#include "core/runtime/timing.hpp"
 
 namespace mpt {
 
@@ -93,7 +93,7 @@ ConfigSpec tensorparallel_spec() {
   s.integer("/mesh/pp", 1, "mesh: pipeline stages (must divide /model/layers)", 1, 8);
   s.integer("/mesh/microbatches", 2, "mesh: microbatches per DP rank and step (>= /mesh/pp; must divide /data/batch)",
             1, 4096);
-  s.choice("/mesh/schedule", "1f1b", {"gpipe", "1f1b"}, "mesh: the pipeline schedule (core/pipeline_schedule)");
+  s.choice("/mesh/schedule", "1f1b", {"gpipe", "1f1b"}, "mesh: the pipeline schedule (core/pipeline/schedule)");
   s.number("/mesh/lr", 0.5, "mesh: SGD learning rate (theta -= lr * grad)", 0.0, 100.0);
   s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
   s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step of the TP timing loop (-1: none)", -1, 7);
@@ -293,7 +293,7 @@ std::vector<int64_t> one_process_block_bytes(TinyGpt m, const torch::Tensor& idx
 //  (a) the same TP model on its TP group without pipeline and DP: for each DP shard d the m
 //      microbatches through all blocks in order (loss ÷ m, gradients accumulated in .grad as the
 //      executor's B's do, in microbatch order), then (G_0 + G_1 + ...) ÷ dp, the same SGD. A cut
-//      between stages changes no arithmetic (core/pipeline_stage.hpp) and a two-term all-reduce
+//      between stages changes no arithmetic (core/pipeline/stage.hpp) and a two-term all-reduce
 //      is a + b = b + a, so for dp <= 2 the mesh's parameters equal (a)'s bit for bit: bound 0,
 //      checked every step. (Gloo may add dp > 2 terms in another order: then reported.)
 //  (b) one process, the plain TinyGpt (torch::linear, F.cross_entropy), the same microbatches,

@@ -26,12 +26,12 @@
 #include <cmath>
 #include <limits>
 
-#include "core/amp.hpp"
+#include "core/train/amp.hpp"
 #include "core/errors.hpp"
-#include "core/models.hpp"
-#include "core/precision.hpp"
-#include "core/quant.hpp"
-#include "core/runtime.hpp"
+#include "core/models/mlp.hpp"
+#include "core/numerics/precision.hpp"
+#include "core/numerics/quant.hpp"
+#include "core/runtime/runtime.hpp"
 #include "core/experiment.hpp"
 
 namespace mpt {
@@ -199,7 +199,7 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
           fmt::format("Lost updates: w = {:g} plus {} updates of {:g}, stored in each format", start, count, step),
           {text_col("name", "storage"), float_col("final", "final w", "-", 8), float_col("expected", "w0 + n*u", "-", 8),
            int_col("lost", "lost", "updates"), float_col("ulp_at_start", "ulp(w0)", "-", 4)}};
-  // update: how w + u reaches a weight stored without a master copy (core/amp's SGD updates).
+  // update: how w + u reaches a weight stored without a master copy (core/train/amp's SGD updates).
   enum class Update { Nearest, Stochastic, Kahan };
   struct Recipe { std::string name; Format stored; bool master; Update update; };
   const std::vector<Recipe> recipes = {{"fp32", Format::FP32, false, Update::Nearest},
@@ -212,7 +212,7 @@ Table updates_table(double start, double step, int64_t count, std::uint64_t seed
   for (const auto& r : recipes) {
     // Arithmetic in fp32, the sum rounded to the stored format ("fp16 storage, fp32 math").
     // Without a master copy the update itself is also held in the low format. The SGD updates
-    // of core/amp with lr = 1 and g = −u: w − lr·g = w + u.
+    // of core/train/amp with lr = 1 and g = −u: w − lr·g = w + u.
     auto w = round_to(torch::tensor({static_cast<float>(start)}), r.stored);
     auto master = torch::tensor({static_cast<float>(start)});
     auto u = round_to(torch::tensor({static_cast<float>(step)}), r.master ? Format::FP32 : r.stored);
@@ -326,7 +326,7 @@ Report run_underflow(const Context& ctx) {
   return report;
 }
 
-/// Memory of a run (core/memory): the deepest net of the /model/depth sweep (the nets are built
+/// Memory of a run (core/runtime/memory): the deepest net of the /model/depth sweep (the nets are built
 /// one after the other), Linear(input_dim, w), depth-1 x Linear(w, w), Linear(w, 1); parameter-
 /// sized tensors: weights, gradients and the gradients' copies cast to fp16/bf16 and flattened
 /// for the histogram (6); per sample and unit: Linear and Sigmoid outputs and a gradient (3).

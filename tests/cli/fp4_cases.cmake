@@ -54,6 +54,6 @@ cli_case(fp4_gpt_bad_width 2 "/gpt/model/width: expected a multiple of 32 \\(var
 cli_case(fp4_gpt_bad_batch 2 "/gpt/batch: expected /gpt/batch x /gpt/model/context \\(the tokens a step.*a multiple of 32 \\(variant mxfp4 on the GPT's h0.attn_proj, 32 -> 32.*got 4 x 12 = 48"
          ${FP4_GPT_TINY} --set gpt.model.context=12)
 cli_case(fp4_gpt_bad_ledger 2 "/gpt/ledger_step: expected a step below /gpt/steps = 4, got 4" ${FP4_GPT_TINY} --set gpt.ledger_step=4)
-# Measured memory (core/quant's measured_stored_bytes): measured == computed in every row of the MLP's and
+# Measured memory (core/numerics/quant's measured_stored_bytes): measured == computed in every row of the MLP's and
 # the GPT's memory tables, where this LibTorch has the dtypes (tests/cli/result_checks.py).
 result_case(quant_memory_measured quant_memory_measured ${FP4_GPT_TINY})

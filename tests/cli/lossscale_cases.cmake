@@ -130,7 +130,7 @@ cli_case(lossscale_gpt_bad_qk_scale 2 "/gpt/model/qk_init_scale: expected a numb
 cli_case(lossscale_gpt_tiny_qk_scale 2 "/gpt/model/qk_init_scale: expected a number >= 0.0001 and <= 10000, got 1e-300" lossscale --set gpt.model.qk_init_scale=1e-300)
 cli_case(lossscale_gpt_huge_qk_scale 2 "/gpt/model/qk_init_scale: expected a number >= 0.0001 and <= 10000, got 600000" lossscale --set gpt.model.qk_init_scale=6e5)
 
-# MPT_SIMD (core/rounding_simd): a value that names no level is a usage error, exit 2, nothing written.
+# MPT_SIMD (core/numerics/rounding_simd): a value that names no level is a usage error, exit 2, nothing written.
 cli_case_env(simd_malformed "MPT_SIMD=bogus" 2 "MPT_SIMD=\"bogus\": expected baseline, avx2 or avx512"
              lossscale ${LS_TINY})
 # Probe (stop 30): refused before any work, as a config error is: under --print-config (was exit 0)

@@ -146,7 +146,7 @@ if [ "$mode" = fault ]; then
   read -r rc3 t3 < "$tmp/rc.3"
   [ "$rc3" = 86 ] || fail "rank 3 exited $rc3, expected 86 (the injected fault)"
   # Bound on each rank's end after rank 3's: the collective timeout (3 s) + the wait for the
-  # peers' failure reports (1 s: max(1, 0.25 x timeout), core/dist_group's monitor window) + 2 s
+  # peers' failure reports (1 s: max(1, 0.25 x timeout), core/dist/group's monitor window) + 2 s
   # for LibTorch's teardown and the agent's SIGTERM on a loaded 2-core machine.
   for r in 0 1 2; do
     read -r _ t < "$tmp/rc.$r"

@@ -27,7 +27,7 @@ def checkpoint_peak_decreasing(doc):
         if r["rng"] == "restored":
             assert r["max_abs_diff"] == 0.0, r
             assert r["peak_bytes"] <= none["peak_bytes"], r
-    kernel = doc["env"]["dropout"]  # which dropout kernel the run's p got (core/models' dropout_kernel)
+    kernel = doc["env"]["dropout"]  # which dropout kernel the run's p got (core/models/mlp' dropout_kernel)
     assert kernel.split(" ")[0] in ("mpt", "aten") and "(" in kernel, kernel
     print(f"ok: peaks {peaks} strictly decreasing; gradients bitwise equal; dropout kernel: {kernel}")
 

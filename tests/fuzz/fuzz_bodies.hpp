@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "core/compare.hpp"
-#include "core/config.hpp"
+#include "core/io/compare.hpp"
+#include "core/io/config.hpp"
 #include "core/errors.hpp"
-#include "core/results.hpp"
+#include "core/io/results.hpp"
 
 namespace mpt::fuzz {
 

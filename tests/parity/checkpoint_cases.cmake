@@ -10,7 +10,7 @@ parity_case(checkpoint_fp16 checkpoint_ref.py checkpoint --set model.precision=f
             --set timing.repeats=1 --set checkpoint.sweep=false)
 parity_case(checkpoint_bf16 checkpoint_ref.py checkpoint --set model.precision=bf16 --set model.depth=12
             --set timing.repeats=1 --set checkpoint.sweep=false)
-# Dropout probabilities outside the five mpt::dropout checks at start-up (core/models'
+# Dropout probabilities outside the five mpt::dropout checks at start-up (core/models/mlp'
 # dropout_kernel), an odd batch and width (sizes not a multiple of the 4-word tempering or the
 # 512-draw block): mpt's own Bernoulli loop against nn.Dropout's bernoulli_.
 parity_case(checkpoint_p095_odd checkpoint_ref.py checkpoint --seed 7 --set model.dropout=0.95 --set model.depth=10

@@ -1,4 +1,4 @@
-"""Fashion-MNIST as mpt's core/data reads it (IDX files, gzip), for the PyTorch-Python twins:
+"""Fashion-MNIST as mpt's core/io/data reads it (IDX files, gzip), for the PyTorch-Python twins:
 tests/parity/accumulate_ref.py, bench/mlp_train.py, bench/dataparallel_ddp.py.
 
     images, labels = fmnist.load(DIR, "train", N)   # the first N: float (N,1,28,28), int64 (N)

@@ -10,7 +10,7 @@ torch.manual_seed(seed) then nn.Linear's init) on the same batches (torch.randpe
 seed + 1000003*(epoch + 1)) with the same SGD steps on fp32 master weights, as fp8_ref.py does.
 Each Linear is a torch.autograd.Function whose three GEMMs (out = x W^T + b, dgrad = dy W,
 wgrad = dy^T x) multiply quantize-dequantized operands in fp32 with torch.mm / torch.addmm.
-The quantizers are written here from their definitions, on values, not ported from core/quant's
+The quantizers are written here from their definitions, on values, not ported from core/numerics/quant's
 bit manipulation:
 
   E2M1 (FP4), round to nearest even: the grid 0, 0.5, 1, 1.5, 2, 3, 4, 6; with E = floor(log2 |t|)
@@ -35,7 +35,7 @@ bit manipulation:
       powers of [[1, 1], [1, -1]]), sign j negative when the top bit of SplitMix64(seed, j) is set.
   bf16: t.to(torch.bfloat16).to(torch.float32) (round to nearest even).
 
-Seeds as mpt derives them (core/quant.cpp): layer l's recipe seed is seed + 7919*(l + 1); a GEMM
+Seeds as mpt derives them (core/numerics/quant.cpp): layer l's recipe seed is seed + 7919*(l + 1); a GEMM
 g (out 0, dgrad 1, wgrad 2) of step t gets gs = SplitMix64(rs ^ SplitMix64(3t + g)); operand A
 rounds with SplitMix64(gs + 1), B with SplitMix64(gs + 2), the RHT signs use
 SplitMix64(gs ^ 0x52485431). SplitMix64 and random_bits are underflow_ref.py's.

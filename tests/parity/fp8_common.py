@@ -1,5 +1,5 @@
 """The fp8 twins' quantized Linear (tests/parity/fp8_ref.py for the MLP, fp8_gpt_ref.py for the
-tiny GPT): mpt's core/quant tensorwise recipe written with PyTorch's own fp8 dtypes, as
+tiny GPT): mpt's core/numerics/quant tensorwise recipe written with PyTorch's own fp8 dtypes, as
 torchao's float8 tensorwise path does (hp_tensor_and_scale_to_float8 with amax_to_scale):
 
     s = float32(fp8_max / max(amax, 1e-12))   (the division in float64)
@@ -13,7 +13,7 @@ import torch
 
 
 def quant(t, kind):
-    """The dequantized operand as mpt's core/quant gives it (fp8: a contiguous copy first)."""
+    """The dequantized operand as mpt's core/numerics/quant gives it (fp8: a contiguous copy first)."""
     if kind == "fp32":
         return t
     if kind == "bf16":

@@ -33,7 +33,7 @@ if not hasattr(torch, "float8_e4m3fn"):
 
 def quantized(kinds):
     """The GPT's Linear runner (TinyGpt.forward's lin): mod (nn.Linear) on x [B, T, in] through
-    QLinear on the folded [B*T, in] operand, as core/quant's quantized_linear folds it."""
+    QLinear on the folded [B*T, in] operand, as core/numerics/quant's quantized_linear folds it."""
     def lin(mod, x):
         y = QLinear.apply(x.reshape(-1, x.shape[-1]), mod.weight, mod.bias, kinds)
         return y.reshape(*x.shape[:-1], mod.weight.shape[0])

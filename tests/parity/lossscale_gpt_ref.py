@@ -2,9 +2,9 @@
 """PyTorch-Python reference for section 3 of `mpt lossscale` (the tiny GPT), fp32 policy.
 
 Reads the resolved config from an mpt result file and trains, as mpt does: the fortunes
-corpus cleaned as core/data's clean_fortune_text (separator lines dropped, a backspace takes
+corpus cleaned as core/io/data's clean_fortune_text (separator lines dropped, a backspace takes
 back the character before it, tabs to spaces, printable ASCII and newlines kept), a sorted
-character vocabulary, the first 90% for training; the tiny GPT of core/gpt written as nanoGPT
+character vocabulary, the first 90% for training; the tiny GPT of core/models/gpt written as nanoGPT
 writes it (pre-LayerNorm, causal self-attention spelled out, GELU MLP, no dropout, no tying)
 built in the same module order from torch.manual_seed(seed); nanoGPT's get_batch from
 torch.Generator().manual_seed(seed); torch.optim.SGD with momentum. Prints the per-step losses

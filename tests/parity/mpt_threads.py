@@ -5,7 +5,7 @@ machine's mpt processes, or the config's /threads); a reduction split across thr
 in another order, so a bit-for-bit reference must run with the same count. Call use() once,
 before any tensor work, with the mpt result file the reference reads. use() also resolves
 oneMKL's VML dispatch in one thread first, as every mpt process does (resolve_vml_dispatch in
-src/core/runtime.hpp): a VML function's first call made on two threads at once can run a
+src/core/runtime/runtime.hpp): a VML function's first call made on two threads at once can run a
 low-accuracy kernel on one thread's chunk (pytorch/pytorch#188792).
 """
 import json
@@ -25,7 +25,7 @@ def use(result_path, per_rank=False):
 
 
 # The ATen unary ops whose float and double kernels call oneMKL's VML (ATen/cpu/vml.h), the
-# list mpt warms (src/core/runtime.cpp, resolve_vml_dispatch).
+# list mpt warms (src/core/runtime/runtime.cpp, resolve_vml_dispatch).
 VML_OPS = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "log", "log10", "log2", "sin", "sqrt",
            "tan", "tanh", "trunc")
 

@@ -4,7 +4,7 @@ Python of the LibTorch mpt was built against: MPT_REF_PYTHON).
 
 Reads the resolved config from an mpt result file and trains the one-process reference of
 mpt's equivalence table in PyTorch-Python, as shard_ref.py does for the MLP: the fortunes corpus
-and the tiny GPT of lossscale_gpt_ref.py (core/data's cleaning, nanoGPT's model in core/gpt's
+and the tiny GPT of lossscale_gpt_ref.py (core/io/data's cleaning, nanoGPT's model in core/models/gpt's
 module order from torch.manual_seed(seed)); every step's global batch of sequences drawn by
 nanoGPT's get_batch from torch.Generator().manual_seed(seed); rank r's sequences r, r+N, ...
 of it accumulated over the micro-batches, each rank's gradient divided by N and summed in rank
@@ -42,7 +42,7 @@ ids = torch.tensor([index[c] for c in text], dtype=torch.long)
 train_ids = ids[: int(math.floor(0.9 * len(ids)))]
 gen = torch.Generator().manual_seed(seed)
 batches = []
-for _ in range(steps):  # core/data's text_batch: nanoGPT's get_batch
+for _ in range(steps):  # core/io/data's text_batch: nanoGPT's get_batch
     ix = torch.randint(len(train_ids) - T, (gb,), generator=gen)
     offsets = ix.unsqueeze(1) + torch.arange(T, dtype=torch.long).unsqueeze(0)
     batches.append((train_ids[offsets], train_ids[offsets + 1]))

@@ -4,7 +4,7 @@ against: MPT_REF_PYTHON).
 
 Reads the resolved config from an mpt result file and trains the one-process reference of
 mpt's equivalence table in PyTorch-Python: nn.Sequential MLP after torch.manual_seed, the
-Fashion-MNIST permutation of core/data (torch.randperm with its own generator), every rank's
+Fashion-MNIST permutation of core/io/data (torch.randperm with its own generator), every rank's
 local batch (indices r, r+N, ... of it) accumulated over the micro-batches, each rank's gradient
 divided by N and summed in rank order, then torch.optim.SGD; and the whole-batch run. Prints the
 reference `results`: the loss curve (the "single" column, and every stage's column, which equal

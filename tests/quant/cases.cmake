@@ -1,4 +1,4 @@
-# core/quant's reference tables (tests/quant/*.rle, fp32_cases.txt, blocks.txt) regenerated with this
+# core/numerics/quant's reference tables (tests/quant/*.rle, fp32_cases.txt, blocks.txt) regenerated with this
 # route's reference Python and compared with the committed ones. Skipped (77) where that torch has no
 # float8 dtypes (Debian's torch 1.13): the unit tests [quant] still check mpt against the committed tables.
 # blocks.txt is regenerated with torchao 0.18.0 (pinned in scripts/torch2-requirements.txt); on a torch

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference tables for mpt's quantizers (src/core/quant.*), from PyTorch's own casts and torchao.
+"""Reference tables for mpt's quantizers (src/core/numerics/quant.*), from PyTorch's own casts and torchao.
 
     make_tables.py --out DIR     write the tables into DIR
     make_tables.py --check DIR   regenerate them and compare with DIR's; exit 0 equal, 1 different,

@@ -1,0 +1,34 @@
+// Timing: the median of repeated runs, the statistic mpt reports for every measured time
+// (a shared machine gives some runs a late start; the median ignores them, the mean does not).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "core/runtime/runtime.hpp"
+
+namespace mpt {
+
+/// Runs `fn` `warmup` times untimed (first-touch allocations, lazy initialisation), then
+/// `repeats` times timed with now_seconds() (steady clock); returns the median duration in
+/// seconds — element repeats/2 of the sorted times (the upper median for an even count).
+/// Throws std::invalid_argument when repeats < 1. Synchronise a device inside `fn` if its work
+/// is asynchronous (sync_device).
+template <class Fn>
+double median_seconds(Fn&& fn, int64_t repeats, int64_t warmup = 0) {
+  if (repeats < 1) throw std::invalid_argument("median_seconds: repeats must be >= 1");
+  for (int64_t i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  t.reserve(static_cast<std::size_t>(repeats));
+  for (int64_t i = 0; i < repeats; ++i) {
+    const double t0 = now_seconds();
+    fn();
+    t.push_back(now_seconds() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace mpt
