@@ -58,7 +58,7 @@ stop_test() {
   pid=$(worker_pid "$rank") || fail "no worker with rank $rank"
   # Stop it only after its start-up: its threads (the heartbeat's first, from the store connection
   # on) show that it has begun to beat. A rank stopped before its first heartbeat is waited for the
-  # start allowance (60 s under mpt's launcher, dist_group.cpp's start_allowance_s), not the
+  # start allowance (60 s under mpt's launcher, group.cpp's start_allowance_s), not the
   # timeout; an ASan build on a loaded machine took more than DELAY_S to get there (CI, stop 34).
   local i
   for i in $(seq 600); do

@@ -524,7 +524,7 @@ TEST_CASE("Reducer on two Gloo ranks: the bucketed all-reduce of the gradients i
 // The ring collectives (Group::ring_reduce_scatter / ring_all_gather)
 // ----------------------------------------------------------------------------
 namespace {
-// Chunk j of the ring reduce-scatter as dist_group.hpp documents it: rank order starting after
+// Chunk j of the ring reduce-scatter as group.hpp documents it: rank order starting after
 // j, left to right: ((in_{j+1} ⊕ in_{j+2}) ⊕ ...) ⊕ in_j.
 torch::Tensor ring_order(const std::vector<torch::Tensor>& in, int j, dist::ReduceOp op) {
   const int n = static_cast<int>(in.size());

@@ -12,6 +12,7 @@
 #include "dist/two_ranks.hpp"
 #include "core/dist/dist.hpp"
 #include "core/models/gpt.hpp"
+#include "core/numerics/bounds.hpp"
 #include "core/parallel/tp.hpp"
 
 using namespace mpt;
@@ -39,7 +40,7 @@ TEST_CASE("qkv_shard keeps whole heads of q, k and v, contiguous_shard and padde
   CHECK(tp::padded_vocab_size(65, 1, 2) == 66);
   CHECK(tp::padded_vocab_size(65, 128, 2) == 256);
   CHECK(tp::padded_vocab_size(64, 1, 2) == 64);
-  CHECK(tp::gamma_n(1) == Approx(std::ldexp(1.0, -24)).epsilon(1e-6));
+  CHECK(bounds::gamma(1) == Approx(std::ldexp(1.0, -24)).epsilon(1e-6));
 }
 
 TEST_CASE("f, g and the sequence-parallel pair on two Gloo ranks: forward and backward as Megatron's mappings",
@@ -139,7 +140,7 @@ TEST_CASE("vocab_parallel_cross_entropy over an odd vocabulary (padded) equals F
       .backward();
   // Each softmax entry is computed from the same logits with the same max shift: exp(l − m)/S differs
   // only through S (relative error ≤ the δ of ce_reorder_bound, twice) and the final rounding: ≤ 4δ + 2u.
-  const double u = std::ldexp(1.0, -24), gam = tp::gamma_n(V - 1), delta = gam + 2 * u * (1 + gam);
+  const double u = std::ldexp(1.0, -24), gam = bounds::gamma(V - 1), delta = gam + 2 * u * (1 + gam);
   CHECK(max_abs(g, x.grad()) <= 4 * delta + 2 * u);
 }
 

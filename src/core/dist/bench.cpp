@@ -1,4 +1,4 @@
-// Definitions of nccl-tests' measurements and verifiable data. See dist_bench.hpp.
+// Definitions of nccl-tests' measurements and verifiable data. See bench.hpp.
 #include "core/dist/bench.hpp"
 
 #include <algorithm>

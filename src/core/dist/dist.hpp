@@ -16,8 +16,8 @@
 //    hooks during backward (overlap) or after it, as torch.nn.parallel.DistributedDataParallel
 //    does (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training").
 //
-// The module is split by job: dist_launch.hpp (launch), dist_group.hpp (the job's connection:
-// store and heartbeat, in a Job; groups, collectives, point to point), dist_reducer.hpp (the reducer), dist_shard.hpp (ZeRO stages 0-3,
+// The module is split by job: launch.hpp (launch), group.hpp (the job's connection:
+// store and heartbeat, in a Job; groups, collectives, point to point), parallel/ddp.hpp (the reducer), parallel/zero.hpp (ZeRO stages 0-3,
 // FSDP2-style dim-0 shards). This header includes all four.
 
 #pragma once

@@ -1,4 +1,4 @@
-// core/dist, groups: the job's connection (store, heartbeat), Group and Work. See dist_group.hpp.
+// core/dist, groups: the job's connection (store, heartbeat), Group and Work. See group.hpp.
 #define USE_C10D_GLOO 1
 #define MPT_COMPAT_C10D 1
 #include "core/dist/group.hpp"
@@ -291,7 +291,7 @@ namespace {
 
 namespace detail {
 
-/// What a Job owns (see dist_group.hpp). Members are destroyed in reverse order: the heartbeat
+/// What a Job owns (see group.hpp). Members are destroyed in reverse order: the heartbeat
 /// thread is joined while the store, and the counters it publishes, are still there.
 struct JobState {
   LaunchInfo launch;                         // this process in the job (rank, world size, master)
@@ -1289,7 +1289,7 @@ void Group::reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp 
 }
 
 // ----------------------------------------------------------------------------
-// Ring collectives from point-to-point messages (see dist_group.hpp for the exact schedule)
+// Ring collectives from point-to-point messages (see group.hpp for the exact schedule)
 // ----------------------------------------------------------------------------
 GlooAlgorithm gloo_algorithm_from_name(const std::string& name) {
   if (name == "native") return GlooAlgorithm::Native;

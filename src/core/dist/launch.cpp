@@ -1,4 +1,4 @@
-// core/dist, launch: the launcher environments and spawn_local. See dist_launch.hpp.
+// core/dist, launch: the launcher environments and spawn_local. See launch.hpp.
 #include "core/dist/launch.hpp"
 
 #include <arpa/inet.h>

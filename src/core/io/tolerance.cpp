@@ -9,17 +9,17 @@
 #include <fmt/format.h>
 
 #include "core/io/config.hpp"
+#include "core/numerics/bounds.hpp"
 #include "core/errors.hpp"
 
 namespace mpt {
 
 double unit_roundoff(const std::string& format) {
-  if (format == "fp64") return std::ldexp(1.0, -53);
-  if (format == "fp32") return std::ldexp(1.0, -24);
-  if (format == "tf32") return std::ldexp(1.0, -11);
-  if (format == "fp16") return std::ldexp(1.0, -11);
-  if (format == "bf16") return std::ldexp(1.0, -8);
-  throw ConfigError(fmt::format("unknown format \"{}\" (expected fp64, fp32, tf32, fp16 or bf16)", format));
+  try {
+    return bounds::unit_roundoff(format);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// Shared models. See models.hpp.
+// Shared models. See mlp.hpp.
 #include "core/models/mlp.hpp"
 
 #include "core/runtime/runtime.hpp"

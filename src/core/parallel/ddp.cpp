@@ -1,4 +1,4 @@
-// core/dist, reducer: DDP's bucketed all-reduce. See dist_reducer.hpp.
+// core/parallel, reducer: DDP's bucketed all-reduce. See parallel/ddp.hpp.
 #include "core/parallel/ddp.hpp"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// core/dist, reducer: DDP's bucketed gradient all-reduce, overlapped with backward. See
+// core/parallel, reducer: DDP's bucketed gradient all-reduce, overlapped with backward. See
 // dist.hpp for the whole module.
 #pragma once
 

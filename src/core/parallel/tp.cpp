@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/numerics/bounds.hpp"
 #include "core/runtime/memory.hpp"
 
 namespace mpt::tp {
@@ -645,27 +646,21 @@ std::vector<int64_t> TpGptStages::output_shape(int /*chunk*/, const std::vector<
 // Bounds
 // ----------------------------------------------------------------------------
 
-double gamma_n(int64_t n) {
-  const double u = std::ldexp(1.0, -24), nu = static_cast<double>(n) * u;
-  if (nu >= 1) throw std::invalid_argument("gamma_n: n*u must be < 1, n = " + std::to_string(n));
-  return nu / (1 - nu);
-}
-
 torch::Tensor reorder_bound(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b) {
   const int64_t k = x.size(-1);
   auto s = torch::matmul(x.detach().to(torch::kDouble).abs(), a.detach().to(torch::kDouble).abs().t());
   if (b.defined()) s = s + b.detach().to(torch::kDouble).abs();
-  return 2.0 * gamma_n(k + (b.defined() ? 1 : 0)) * s;
+  return 2.0 * bounds::gamma(k + (b.defined() ? 1 : 0)) * s;
 }
 
 torch::Tensor sum_reorder_bound(const torch::Tensor& x, int64_t dim) {
-  return 2.0 * gamma_n(std::max<int64_t>(x.size(dim) - 1, 1)) * x.detach().to(torch::kDouble).abs().sum(dim);
+  return 2.0 * bounds::gamma(std::max<int64_t>(x.size(dim) - 1, 1)) * x.detach().to(torch::kDouble).abs().sum(dim);
 }
 
 torch::Tensor ce_reorder_bound(const torch::Tensor& logits, const torch::Tensor& targets) {
-  const double u = std::ldexp(1.0, -24);
+  const double u = bounds::kFp32UnitRoundoff;
   const int64_t v = logits.size(1);
-  const double g = gamma_n(std::max<int64_t>(v - 1, 1)), delta = g + 2 * u * (1 + g);
+  const double g = bounds::gamma(std::max<int64_t>(v - 1, 1)), delta = g + 2 * u * (1 + g);
   auto l = logits.detach().to(torch::kDouble);
   auto m = std::get<0>(l.max(1));
   auto log_s = (l - m.unsqueeze(1)).exp().sum(1).log();

@@ -319,9 +319,7 @@ torch::Tensor unshard(const std::vector<torch::Tensor>& shards, const std::vecto
 // Bounds
 // ----------------------------------------------------------------------------
 
-/// γ_n = n·u / (1 − n·u) with u = 2^-24 (fp32 unit roundoff) — Higham, "Accuracy and Stability
-/// of Numerical Algorithms", §3.1. Throws std::invalid_argument when n·u ≥ 1.
-double gamma_n(int64_t n);
+// γ_n below is bounds::gamma (core/numerics/bounds.hpp), fp32's unit roundoff.
 
 /// The elementwise bound on |Y_tp − Y_1| for Y = X Aᵀ + b computed two ways (one length-K dot
 /// product plus the bias, or t partial dot products summed across ranks plus the bias): any

@@ -1,4 +1,4 @@
-// core/dist, sharding: ZeRO stages 0-3 with FSDP2's dim-0 sharding. See dist_shard.hpp.
+// core/parallel, sharding: ZeRO stages 0-3 with FSDP2's dim-0 sharding. See parallel/zero.hpp.
 #include "core/parallel/zero.hpp"
 
 #include <algorithm>
@@ -7,6 +7,8 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "core/numerics/bounds.hpp"
 
 namespace mpt::dist {
 
@@ -262,28 +264,6 @@ void allreduce_flat(Group& g, const std::vector<torch::Tensor>& ins, const std::
   }
 }
 
-namespace {
-
-// γ_k = k·u / (1 − k·u) for unit roundoff u (Higham §3.1). tp::gamma_n is fp32's; the reduce
-// dtype may be bf16 (u = 2^-8) here.
-double gamma_k(int64_t k, double u) {
-  const double ku = static_cast<double>(k) * u;
-  if (ku >= 1.0) throw std::invalid_argument(fmt::format("gamma_k: k·u = {} >= 1", ku));
-  return ku / (1.0 - ku);
-}
-
-double unit_roundoff(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32: return std::ldexp(1.0, -24);
-    case torch::kBFloat16: return std::ldexp(1.0, -8);
-    case torch::kFloat16: return std::ldexp(1.0, -11);
-    case torch::kFloat64: return std::ldexp(1.0, -53);
-    default: throw std::invalid_argument("reduction_error: expected a floating reduce dtype");
-  }
-}
-
-}  // namespace
-
 ReductionError reduction_error(Group& g, const std::vector<ReductionRecord>& records) {
   torch::NoGradGuard ng;
   const int n = g.size();
@@ -308,7 +288,8 @@ ReductionError reduction_error(Group& g, const std::vector<ReductionRecord>& rec
       exact = exact.view({n, c})[g.rank()];
       abs_sum = abs_sum.view({n, c})[g.rank()];
     }
-    const double gam = gamma_k(n - 1, unit_roundoff(rec.terms.scalar_type())) + gamma_k(n - 1, std::ldexp(1.0, -53));
+    const double gam = bounds::gamma(n - 1, bounds::unit_roundoff(rec.terms.scalar_type())) +
+                      bounds::gamma(n - 1, bounds::unit_roundoff(torch::kFloat64));
     auto bound = abs_sum * gam;
     auto diff = (rec.reduced.to(torch::kFloat64) - exact).abs();
     // diff / bound with 0 / 0 = 0 (all terms zero: the sum must be exactly zero) and x / 0 = inf.

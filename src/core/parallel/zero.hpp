@@ -1,4 +1,4 @@
-// core/dist, sharding: sharded data parallelism — ZeRO stages 0-3 (Rajbhandari et al. 2020,
+// core/parallel, sharding: sharded data parallelism — ZeRO stages 0-3 (Rajbhandari et al. 2020,
 // "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models") with FSDP2's
 // per-parameter dim-0 sharding (torch.distributed.fsdp.fully_shard: every parameter a DTensor
 // with placement Shard(0); rank r holds torch.chunk(param, N, dim=0)[r], padded to

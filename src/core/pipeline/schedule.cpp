@@ -1,4 +1,4 @@
-// Pipeline schedules as data: programs, the bubble theory, the replay. See pipeline_schedule.hpp.
+// Pipeline schedules as data: programs, the bubble theory, the replay. See schedule.hpp.
 #include "core/pipeline/schedule.hpp"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Pipeline timelines. See pipeline_trace.hpp.
+// Pipeline timelines. See trace.hpp.
 #include "core/pipeline/trace.hpp"
 
 #include <map>

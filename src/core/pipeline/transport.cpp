@@ -1,4 +1,4 @@
-// Stage-to-stage transport: in-process mailbox and c10d send/recv. See pipeline_transport.hpp.
+// Stage-to-stage transport: in-process mailbox and c10d send/recv. See transport.hpp.
 #include "core/pipeline/transport.hpp"
 #include "core/pipeline/trace.hpp"
 
@@ -20,7 +20,7 @@ namespace mpt {
 // ----------------------------------------------------------------------------
 
 void QueueTransport::send(int src, int dst, char kind, int microbatch, const torch::Tensor& t, int boundary) {
-  const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (pipeline_trace.hpp)
+  const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (trace.hpp)
   {
     std::lock_guard<std::mutex> lock(mu_);
     box_[Key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary}] = t;
@@ -38,7 +38,7 @@ std::string recv_timeout_message(int dst, char kind, int microbatch, int src, do
 }
 
 torch::Tensor QueueTransport::recv(int src, int dst, char kind, int microbatch, int boundary) {
-  const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (pipeline_trace.hpp)
+  const double trace_t0 = trace::enabled() ? trace::now_us() : 0;  // timeline (trace.hpp)
   std::unique_lock<std::mutex> lock(mu_);
   const Key key{src, dst, kind, microbatch, boundary < 0 ? std::min(src, dst) : boundary};
   const auto start = std::chrono::steady_clock::now();

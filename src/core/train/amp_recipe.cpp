@@ -1,4 +1,4 @@
-// The mixed-precision recipe engine: see core/amp_recipe.hpp.
+// The mixed-precision recipe engine: see core/train/amp_recipe.hpp.
 #include "core/train/amp_recipe.hpp"
 
 #include <algorithm>
