@@ -251,206 +251,378 @@ void remove_dirs_on_signal(const std::vector<std::string>& dirs) {
   g_signal_ndirs = n;
 }
 
-// run_experiment's body; `made_dirs` receives the --out folders it created.
+// --nproc on a single-process experiment: refused, naming the experiments it is for.
+void refuse_nproc_for_single(const Experiment& exp, const RunOptions& opts) {
+  if (!opts.nproc || exp.processes == Processes::Multi) return;
+  std::string multis;
+  for (const auto& e : experiments())
+    if (e.processes == Processes::Multi) multis += (multis.empty() ? "" : ", ") + e.name;
+  throw ConfigError(fmt::format("--nproc '{}': {} runs in one process; --nproc is for the multi-process "
+                                "experiments ({})", printable_text(*opts.nproc), exp.name, multis));
+}
+
+// The launcher this process runs under (mpt --nproc, torchrun, SLURM), if any. Its environment is
+// input like --nproc: malformed, larger than /nproc's cap or disagreeing with an explicit --nproc
+// is a usage error (ConfigError).
+std::optional<dist::LaunchInfo> launcher_of(const ConfigSpec& spec, const Config& cfg, const RunOptions& opts) {
+  std::optional<dist::LaunchInfo> launch;
+  try {
+    launch = dist::launch_from_environment();
+  } catch (const RuntimeFailure& e) {
+    throw ConfigError(e.what());
+  }
+  const Param* np = spec.find("/nproc");
+  if (launch && np->max && launch->world_size > *np->max)
+    throw ConfigError(fmt::format("{}={} ({} environment): expected at most {:g} processes (the cap of /nproc), "
+                                  "got {}", launch->world_size_var, launch->world_size, launch->launcher,
+                                  *np->max, launch->world_size));
+  // An explicit --nproc must agree with the launcher (mpt's own workers get the same argv).
+  if (launch && opts.nproc && cfg.integer("/nproc") != launch->world_size)
+    throw ConfigError(fmt::format("--nproc {}: expected the world size of the {} environment ({}={}); drop "
+                                  "--nproc under a launcher, or unset {} to spawn {} processes here",
+                                  cfg.integer("/nproc"), launch->launcher, launch->world_size_var,
+                                  launch->world_size, launch->world_size_var, cfg.integer("/nproc")));
+  return launch;
+}
+
+// The last --set of the key at `pointer` (it won), or null.
+const std::string* last_set(const RunOptions& opts, const std::string& pointer) {
+  for (auto it = opts.sets.rbegin(); it != opts.sets.rend(); ++it) {
+    const std::size_t eq = it->find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    try {
+      if (to_pointer(it->substr(0, eq)) == pointer) return &*it;
+    } catch (const ConfigError&) {
+    }
+  }
+  return nullptr;
+}
+
+// What a validate error is about, for a multi-process experiment whose world size came from the
+// command line or a launcher: when the same config passes with the world size it holds itself
+// (its file's /nproc, else the default), the world size is the cause, whatever key the message
+// names (a batch that does not divide, an op that needs 2 processes), and it is blamed first.
+void blame_world_size(const Experiment& exp, const ConfigSpec& spec, const RunOptions& opts,
+                      const std::optional<dist::LaunchInfo>& launch, int planned, const std::string& what) {
+  const std::string* set_nproc = last_set(opts, "/nproc");
+  std::string cause;
+  if (launch)
+    cause = fmt::format("the {} environment's world size ({}={})", launch->launcher, launch->world_size_var,
+                        launch->world_size);
+  else if (opts.nproc)
+    cause = "--nproc " + printable_text(*opts.nproc, 40);
+  else if (set_nproc)
+    cause = "--set '" + printable_text(*set_nproc, 200) + "'";
+  if (cause.empty()) return;
+  RunOptions own = opts;
+  own.nproc.reset();
+  own.sets.erase(std::remove_if(own.sets.begin(), own.sets.end(),
+                                [&](const std::string& x) { return set_nproc && x == *set_nproc; }),
+                 own.sets.end());
+  bool fits_own = false;
+  try {
+    const Config own_cfg = resolve_for(spec, own);
+    const int own_n = static_cast<int>(own_cfg.integer("/nproc"));
+    if (own_n != planned) {
+      exp.validate(own_cfg, own_n);
+      fits_own = true;
+    }
+  } catch (const ConfigError&) {
+  }
+  if (fits_own)
+    throw ConfigError(fmt::format("{}: {} does not fit {} process{}: {}", cause,
+                                  opts.config_file.empty() ? std::string("the config")
+                                                           : printable_text(opts.config_file, 200),
+                                  planned, planned == 1 ? "" : "es", what));
+}
+
+// exp.validate(cfg, planned), before any work and before any worker exists. A cross-key error
+// (it starts with a JSON pointer) says where its value came from, as single-key errors do: the
+// last --set of that key, else the config file; one about the world size (/nproc) names its
+// source when that was not the config file (--nproc, a --set of nproc, a launcher).
+void validate_naming_sources(const Experiment& exp, const ConfigSpec& spec, const Config& cfg, const RunOptions& opts,
+                             const std::optional<dist::LaunchInfo>& launch, bool multi, int planned) {
+  try {
+    exp.validate(cfg, planned);
+  } catch (const ConfigError& e) {
+    std::string what = e.what();
+    if (multi) blame_world_size(exp, spec, opts, launch, planned, what);
+    if (multi && what.find("/nproc") != std::string::npos) {
+      if (launch)
+        what += fmt::format(" [/nproc: the world size {} of the {} environment, {}]", planned, launch->launcher,
+                            launch->world_size_var);
+      else if (opts.nproc)
+        what += fmt::format(" [/nproc = {} from --nproc {}]", planned, printable_text(*opts.nproc, 40));
+      else if (const std::string* set = last_set(opts, "/nproc"))
+        what += fmt::format(" [/nproc = {} from --set '{}']", planned, printable_text(*set, 200));
+    }
+    const std::size_t colon = what.find(':');
+    if (!what.empty() && what[0] == '/' && colon != std::string::npos)
+      if (const std::string* set = last_set(opts, what.substr(0, colon)))
+        throw ConfigError("--set '" + printable_text(*set, 200) + "': " + what);
+    if (opts.config_file.empty()) throw ConfigError(what);
+    throw ConfigError(fmt::format("{}{}: {}", opts.config_file, opts.sets.empty() ? "" : " with --set", what));
+  }
+}
+
+// Before anything is allocated: does the config fit in this machine's memory? Checked once, for
+// all the workers, by the process that spawns them (not again in each worker, whose MemAvailable
+// already lacks what its siblings took); each rank under torchrun/SLURM checks its own share.
+void check_memory_fits(const Experiment& exp, const Config& cfg, const std::optional<dist::LaunchInfo>& launch,
+                       const ProcessPlan& plan, int planned) {
+  if (!exp.memory || (launch && launch->launcher == "mpt")) return;
+  std::string source;
+  const int64_t available = available_memory_bytes(&source);
+  const MemoryEstimate need = exp.memory(cfg, launch || !plan.one_process_because.empty() ? 1 : planned);
+  spdlog::debug("memory estimate {} of {} available ({})", human_bytes(need.total()),
+                available < 0 ? std::string("unknown") : human_bytes(static_cast<double>(available)), source);
+  check_memory(need, available, source);
+}
+
+// The result file (and --trace) must be writable before the run, not found unwritable after it,
+// and neither may replace the config or each other. Rank 0 (or the only process) makes their
+// folders (`made_dirs`) and arms the signal handler that removes them with a staged result.
+void check_outputs(const RunOptions& opts, const std::string& out, const std::optional<dist::LaunchInfo>& launch,
+                   std::vector<std::string>& made_dirs) {
+  if (opts.trace_given && opts.trace.empty()) throw ConfigError("--trace: expected a file path, got an empty string");
+  if (!opts.trace.empty() && same_file(opts.trace, out))
+    throw ConfigError(fmt::format("--trace {}: expected a file other than the result file (--out {}): the trace "
+                                  "would replace the result",
+                                  printable_text(opts.trace, 200), printable_text(out, 200)));
+  // An output over the config it was run from would lose the config (a result file is no config).
+  if (!opts.config_file.empty()) {
+    if (same_file(out, opts.config_file))
+      throw ConfigError(fmt::format("--out {}: expected a file other than the config (--config {}): the result "
+                                    "would replace the config",
+                                    printable_text(out, 200), printable_text(opts.config_file, 200)));
+    if (!opts.trace.empty() && same_file(opts.trace, opts.config_file))
+      throw ConfigError(fmt::format("--trace {}: expected a file other than the config (--config {}): the trace "
+                                    "would replace the config",
+                                    printable_text(opts.trace, 200), printable_text(opts.config_file, 200)));
+  }
+  if (launch && launch->rank != 0) return;
+  try {
+    made_dirs = check_writable(out);
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("--out {}", e.what()));
+  }
+  if (!opts.trace.empty()) {  // so must the trace (rank 0 writes it, after gathering every rank's events)
+    try {
+      for (auto& d : check_writable(opts.trace)) made_dirs.push_back(std::move(d));
+    } catch (const std::exception& e) {
+      throw ConfigError(fmt::format("--trace {}", e.what()));
+    }
+  }
+  remove_dirs_on_signal(made_dirs);  // Ctrl-C or a kill before the result: the folders go too,
+  remove_outputs_on_signal();        // and a result staged but not yet renamed
+}
+
+// What every rank must share, checked against rank 0's when the job connects: the experiment,
+// the versions and the config, less the data folders (another machine may keep the same files
+// elsewhere).
+std::string launch_fingerprint(const Experiment& exp, const Config& cfg, int world_size) {
+  json shared = cfg.json_value();
+  std::function<void(json&)> drop_dirs = [&](json& j) {
+    if (!j.is_object()) return;
+    for (auto it = j.begin(); it != j.end();) {
+      const std::string& k = it.key();
+      const bool dir = k == "dir" || (k.size() > 4 && k.compare(k.size() - 4, 4, "_dir") == 0);
+      if (dir && it->is_string()) {
+        it = j.erase(it);
+      } else {
+        drop_dirs(*it);
+        ++it;
+      }
+    }
+  };
+  drop_dirs(shared);
+  return json{{"experiment", exp.name}, {"world_size", world_size}, {"mpt", MPT_VERSION},
+              {"libtorch", compat::torch_version()}, {"config", shared}}.dump();
+}
+
+// This rank's World (its device, the store and groups on first use, the fault point), with how
+// Gloo groups (the CPU's; experiments may form them beside NCCL's) run reduce_scatter and
+// all_gather (/dist/gloo_algorithm where the experiment has it, else native) recorded as env.dist.
+void make_world(std::optional<World>& world, const Experiment& exp, const Config& cfg, const ProcessPlan& plan,
+                const std::optional<dist::LaunchInfo>& launch, const torch::Device& device, json& env) {
+  world.emplace(launch.value_or(dist::LaunchInfo{}), device,
+                std::chrono::milliseconds(static_cast<int64_t>(plan.timeout_s * 1000)), plan.fault);
+  const dist::GlooAlgorithm algo = dist::gloo_algorithm_from_name(plan.gloo_algorithm);
+  world->set_gloo_algorithm(algo);
+  env["dist"] = {{"gloo_algorithm", dist::gloo_algorithm_name(algo)},
+                 {"reduce_scatter", dist::collective_algorithm("gloo", algo, "reduce_scatter")},
+                 {"all_gather", dist::collective_algorithm("gloo", algo, "all_gather")}};
+  if (device.is_cuda())
+    env["dist"]["nccl"] = dist::collective_algorithm("nccl", algo, "reduce_scatter") + "; " +
+                          dist::collective_algorithm("nccl", algo, "all_gather");
+  world->set_launch_fingerprint(launch_fingerprint(exp, cfg, world->size()));
+}
+
+// --trace: every rank records; with several processes each measures its clock against rank 0's
+// first (through the store; the world group connects it).
+struct Recording {
+  bool on = false;
+  trace::ClockSync clock;
+  double t0_us = 0;
+};
+Recording start_recording(const RunOptions& opts, int rank, World* world, const torch::Device& device) {
+  Recording r;
+  r.on = !opts.trace.empty();
+  if (!r.on) return r;
+  trace::start(rank);
+  trace::set_metadata("device", device.str());
+  if (world && world->size() > 1) {
+    world->group();
+    r.clock = trace::clock_from_exchanges(rank, world->job()->clock_exchanges(kClockRounds));
+  }
+  r.t0_us = trace::now_us();
+  return r;
+}
+
+// Ends the recording; rank 0 gets the Chrome Trace file's text and event count, gathered from
+// every rank; other ranks get nothing.
+std::optional<std::pair<std::string, std::size_t>> finish_recording(const Recording& r, const Experiment& exp,
+                                                                    const Config& cfg, World* world, int rank,
+                                                                    int world_size, const torch::Device& device,
+                                                                    const std::string& launcher) {
+  if (!r.on) return std::nullopt;
+  trace::complete(trace::Track::Compute, "mpt " + exp.name, r.t0_us, trace::now_us(), {{"rank", rank}});
+  trace::stop();
+  const json mine = trace_part(world, device, r.clock);
+  std::vector<json> parts;
+  std::vector<std::string> events;  // rank 0: every other rank's events (events_json text)
+  if (world && world->size() > 1) {
+    for (const auto& s : world->job()->gather_on_rank0("trace", mine.dump())) parts.push_back(json::parse(s));
+    std::string own;
+    if (rank != 0) trace::write_events_json(own);
+    events = world->job()->gather_on_rank0("trace_events", own);
+  } else {
+    parts.push_back(mine);
+  }
+  if (rank != 0) return std::nullopt;
+  return trace_document(exp, cfg, parts, events, world_size, launcher);
+}
+
+// Where the ranks ran: each rank's host, node and local rank, gathered on rank 0 through the
+// job's store (one small value per rank) and recorded as env.launch, so a result says whether its
+// N ranks shared a machine (mpt --nproc) or spanned nodes (torchrun, SLURM).
+void record_launch(World& world, const std::optional<dist::LaunchInfo>& launch, int rank, int world_size, json& env) {
+  const dist::LaunchInfo li = launch.value_or(dist::LaunchInfo{});
+  const json mine = {{"rank", rank}, {"host", env.at("host")}, {"node_rank", li.node_rank},
+                     {"local_rank", li.local_rank}, {"local_world_size", li.local_world_size}};
+  std::vector<json> ranks;
+  if (world.size() > 1) {
+    for (const auto& s : world.job()->gather_on_rank0("launch", mine.dump())) ranks.push_back(json::parse(s));
+  } else {
+    ranks.push_back(mine);
+  }
+  if (rank != 0) return;
+  std::set<int> nodes;
+  for (const auto& r : ranks) nodes.insert(r.at("node_rank").get<int>());
+  env["launch"] = {{"launcher", li.launcher}, {"world_size", world_size}, {"nodes", nodes.size()},
+                   {"master_addr", li.master_addr}, {"ranks", ranks}};
+}
+
+// Rank 0's end of a run: the tables on stdout (a closed or full stdout: the result is still
+// written), the result file and its trace written together (core/io/results' write_files_atomic:
+// a trace that cannot be written leaves the result file as it was, and the other way round),
+// divergence and failed checks said on stderr (the tables' notes are not printed under --quiet).
+int report_and_write(const Experiment& exp, const Config& cfg, const RunOptions& opts, const std::string& prog,
+                     const std::string& out, const Report& report, const json& env, double wall,
+                     std::optional<std::pair<std::string, std::size_t>> trace_doc) {
+  if (!opts.quiet) print_report(report);
+  auto doc = result_document(exp, cfg, report, env, wall);
+  std::vector<std::pair<std::string, std::string>> files{{out, doc.dump(2) + "\n"}};
+  if (trace_doc) {
+    trace_doc->first += '\n';
+    files.emplace_back(opts.trace, std::move(trace_doc->first));
+  }
+  try {
+    write_files_atomic(files);
+  } catch (const std::exception& e) {
+    spdlog::error("{}: cannot write the {}: {}", prog, trace_doc ? "result and trace files" : "result file", e.what());
+    return kExitRuntime;
+  }
+  spdlog::info("wrote {} ({:.2f} s)", out, wall);
+  if (trace_doc)
+    spdlog::info("wrote the timeline {} ({} events; open it in ui.perfetto.dev)", opts.trace, trace_doc->second);
+  if (report.results.contains("diverged")) {
+    std::vector<std::string> runs;
+    for (const auto& d : report.results["diverged"])
+      runs.push_back(d["step"].is_null() ? fmt::format("{} (after training)", d["name"].get<std::string>())
+                                         : fmt::format("{} (step {})", d["name"].get<std::string>(),
+                                                       d["step"].get<std::int64_t>()));
+    spdlog::warn("{}: diverged (a loss became nan or inf): {}; see results.diverged and the tables' notes", prog,
+                 fmt::join(runs, ", "));
+  }
+  if (!report.all_checks_ok()) {
+    for (const auto& c : report.checks)
+      if (!c.ok) spdlog::error("{}: check failed: {} = {:g} > {:g}", prog, c.name, c.value, c.tolerance);
+    return kExitCheckFailed;
+  }
+  return kExitOk;
+}
+
+// run_experiment's body, in the order a run takes: every check that needs no work (the config,
+// the launcher, validate, the fault plan, memory, the outputs), then spawn the workers or become
+// a rank, then the device, threads and seed, the World, the run, and rank 0's report and files.
+// `made_dirs` receives the --out folders it created.
 int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector<std::string>& made_dirs) {
   // Each rank of a multi-process run says which it is: a failure every rank meets (a corrupt data
   // file) is printed once per rank, and the lines must not read as one process repeating itself.
   std::string prog = "mpt " + exp.name;
-  ConfigSpec spec;
   try {
-    spec = full_spec(exp);
-    if (opts.nproc && exp.processes != Processes::Multi) {
-      std::string multis;
-      for (const auto& e : experiments())
-        if (e.processes == Processes::Multi) multis += (multis.empty() ? "" : ", ") + e.name;
-      throw ConfigError(fmt::format("--nproc '{}': {} runs in one process; --nproc is for the multi-process "
-                                    "experiments ({})", printable_text(*opts.nproc), exp.name, multis));
-    }
-    Config cfg = resolve_for(spec, opts);
+    const ConfigSpec spec = full_spec(exp);
+    refuse_nproc_for_single(exp, opts);
+    const Config cfg = resolve_for(spec, opts);
     if (opts.out_given && !opts.print_config && opts.out.empty())
       throw ConfigError("--out: expected a file path, got an empty string");
     const std::string out = opts.out.empty() ? "results/" + exp.name + ".json" : opts.out;
-
     // Multi-process experiments: under a launcher (mpt --nproc, torchrun, SLURM) this process
-    // is one rank; otherwise spawn /nproc workers of ourselves and wait.
+    // is one rank; otherwise it spawns /nproc workers of itself and waits.
     const bool multi = exp.processes == Processes::Multi;
     if (!exp.validate) throw std::logic_error("experiment " + exp.name + " has no validate (core/experiment.hpp)");
     if (multi && (!spec.find("/nproc") || !exp.plan))
       throw std::logic_error("multi-process experiment " + exp.name + " needs /nproc in its schema and a plan");
-    int rank = 0, world_size = 1;
-    std::optional<dist::LaunchInfo> launch;
-    if (multi) {
-      // A launcher's environment is input like --nproc: malformed or too large is a usage error.
-      try {
-        launch = dist::launch_from_environment();
-      } catch (const RuntimeFailure& e) {
-        throw ConfigError(e.what());
-      }
-      const Param* np = spec.find("/nproc");
-      if (launch && np->max && launch->world_size > *np->max)
-        throw ConfigError(fmt::format("{}={} ({} environment): expected at most {:g} processes (the cap of /nproc), "
-                                      "got {}", launch->world_size_var, launch->world_size, launch->launcher,
-                                      *np->max, launch->world_size));
-      // An explicit --nproc must agree with the launcher (mpt's own workers get the same argv).
-      if (launch && opts.nproc && cfg.integer("/nproc") != launch->world_size)
-        throw ConfigError(fmt::format("--nproc {}: expected the world size of the {} environment ({}={}); drop "
-                                      "--nproc under a launcher, or unset {} to spawn {} processes here",
-                                      cfg.integer("/nproc"), launch->launcher, launch->world_size_var,
-                                      launch->world_size, launch->world_size_var, cfg.integer("/nproc")));
-    }
+    const std::optional<dist::LaunchInfo> launch = multi ? launcher_of(spec, cfg, opts) : std::nullopt;
     const int planned = launch ? launch->world_size : multi ? static_cast<int>(cfg.integer("/nproc")) : 1;
-    // A bad MPT_SIMD (core/numerics/rounding_simd) is refused here, once, like a config error: before any
-    // worker exists and under --print-config too (each worker would otherwise refuse it alone).
+    // A bad MPT_SIMD (core/numerics/rounding_simd) is refused here, once, like a config error:
+    // before any worker exists and under --print-config too.
     (void)simd::active_level();
-    try {
-      exp.validate(cfg, planned);  // before any work and before any worker exists
-    } catch (const ConfigError& e) {
-      // Cross-key errors start with a JSON pointer; say where its value came from, as single-key
-      // errors do: the last --set of that key (it won), else the config file.
-      auto last_set = [&opts](const std::string& pointer) -> const std::string* {
-        for (auto it = opts.sets.rbegin(); it != opts.sets.rend(); ++it) {
-          const std::size_t eq = it->find('=');
-          if (eq == std::string::npos || eq == 0) continue;
-          try {
-            if (to_pointer(it->substr(0, eq)) == pointer) return &*it;
-          } catch (const ConfigError&) {
-          }
-        }
-        return nullptr;
-      };
-      std::string what = e.what();
-      // A world size from the command line or a launcher that the config does not fit: when the
-      // same config passes with the world size it holds itself (its file's /nproc, else the
-      // default), the world size is the cause, whatever key the message names (a batch that does
-      // not divide, an op that needs 2 processes): blame it first.
-      if (multi) {
-        const std::string* set_nproc = last_set("/nproc");
-        std::string cause;
-        if (launch)
-          cause = fmt::format("the {} environment's world size ({}={})", launch->launcher, launch->world_size_var,
-                              launch->world_size);
-        else if (opts.nproc)
-          cause = "--nproc " + printable_text(*opts.nproc, 40);
-        else if (set_nproc)
-          cause = "--set '" + printable_text(*set_nproc, 200) + "'";
-        if (!cause.empty()) {
-          RunOptions own = opts;
-          own.nproc.reset();
-          own.sets.erase(std::remove_if(own.sets.begin(), own.sets.end(),
-                                        [&](const std::string& x) { return set_nproc && x == *set_nproc; }),
-                         own.sets.end());
-          bool fits_own = false;
-          try {
-            const Config own_cfg = resolve_for(spec, own);
-            const int own_n = static_cast<int>(own_cfg.integer("/nproc"));
-            if (own_n != planned) {
-              exp.validate(own_cfg, own_n);
-              fits_own = true;
-            }
-          } catch (const ConfigError&) {
-          }
-          if (fits_own)
-            throw ConfigError(fmt::format("{}: {} does not fit {} process{}: {}", cause,
-                                          opts.config_file.empty() ? std::string("the config")
-                                                                   : printable_text(opts.config_file, 200),
-                                          planned, planned == 1 ? "" : "es", what));
-        }
-      }
-      // A message that speaks of the world size (/nproc) says where it came from when that was
-      // not the config file: --nproc, a --set of nproc, or a launcher's environment (probe, stop
-      // 32: "--config F --nproc 3" was reported as F's error alone).
-      if (multi && what.find("/nproc") != std::string::npos) {
-        if (launch)
-          what += fmt::format(" [/nproc: the world size {} of the {} environment, {}]", planned, launch->launcher,
-                              launch->world_size_var);
-        else if (opts.nproc)
-          what += fmt::format(" [/nproc = {} from --nproc {}]", planned, printable_text(*opts.nproc, 40));
-        else if (const std::string* set = last_set("/nproc"))
-          what += fmt::format(" [/nproc = {} from --set '{}']", planned, printable_text(*set, 200));
-      }
-      const std::size_t colon = what.find(':');
-      if (!what.empty() && what[0] == '/' && colon != std::string::npos)
-        if (const std::string* set = last_set(what.substr(0, colon)))
-          throw ConfigError("--set '" + printable_text(*set, 200) + "': " + what);
-      if (opts.config_file.empty()) throw ConfigError(what);
-      throw ConfigError(fmt::format("{}{}: {}", opts.config_file, opts.sets.empty() ? "" : " with --set", what));
-    }
+    validate_naming_sources(exp, spec, cfg, opts, launch, multi, planned);
     const ProcessPlan plan = multi ? exp.plan(cfg) : ProcessPlan{};
     // A failed rank is found by its peers; alone, a rank that exits or hangs on purpose tests nothing.
     if (plan.fault.rank >= 0 && planned < 2)
       throw ConfigError(fmt::format("/fault/rank: expected -1 with one process (a fault is detected by the other "
                                     "ranks: run with --nproc 2 or more), got {}",
                                     plan.fault.rank));
-    // Before anything is allocated: does the config fit in this machine's memory? Checked once,
-    // for all the workers, by the process that spawns them (not again in each worker, whose
-    // MemAvailable already lacks what its siblings took); each rank under torchrun/SLURM checks
-    // its own share.
-    if (exp.memory && !(launch && launch->launcher == "mpt")) {
-      std::string source;
-      const int64_t available = available_memory_bytes(&source);
-      const MemoryEstimate need = exp.memory(cfg, launch || !plan.one_process_because.empty() ? 1 : planned);
-      spdlog::debug("memory estimate {} of {} available ({})", human_bytes(need.total()),
-                    available < 0 ? std::string("unknown") : human_bytes(static_cast<double>(available)), source);
-      check_memory(need, available, source);
-    }
+    check_memory_fits(exp, cfg, launch, plan, planned);
     // --print-config prints a config only once it passed every check a run makes before its work
-    // (the schema, validate, the fault plan, the memory estimate: all without side effects), so a
-    // printed config is one that runs; the output files are not the config's and are not checked.
+    // (all without side effects), so a printed config is one that runs; the output files are not
+    // the config's and are not checked.
     if (opts.print_config) {
       emit(cfg.json_value().dump(2) + "\n");  // a lost write is exit 3 (finish_stdout)
       return kExitOk;
     }
-    // The result file must be writable before the run, not found unwritable after it (rank 0 writes).
-    if (opts.trace_given && opts.trace.empty()) throw ConfigError("--trace: expected a file path, got an empty string");
-    if (!opts.trace.empty() && same_file(opts.trace, out))
-      throw ConfigError(fmt::format("--trace {}: expected a file other than the result file (--out {}): the trace "
-                                    "would replace the result",
-                                    printable_text(opts.trace, 200), printable_text(out, 200)));
-    // An output over the config it was run from would lose the config (a result file is no config).
-    if (!opts.config_file.empty()) {
-      if (same_file(out, opts.config_file))
-        throw ConfigError(fmt::format("--out {}: expected a file other than the config (--config {}): the result "
-                                      "would replace the config",
-                                      printable_text(out, 200), printable_text(opts.config_file, 200)));
-      if (!opts.trace.empty() && same_file(opts.trace, opts.config_file))
-        throw ConfigError(fmt::format("--trace {}: expected a file other than the config (--config {}): the trace "
-                                      "would replace the config",
-                                      printable_text(opts.trace, 200), printable_text(opts.config_file, 200)));
-    }
-    if (!launch || launch->rank == 0) {
-      try {
-        made_dirs = check_writable(out);
-      } catch (const std::exception& e) {
-        throw ConfigError(fmt::format("--out {}", e.what()));
-      }
-      if (!opts.trace.empty()) {  // so must the trace (rank 0 writes it, after gathering every rank's events)
-        try {
-          for (auto& d : check_writable(opts.trace)) made_dirs.push_back(std::move(d));
-        } catch (const std::exception& e) {
-          throw ConfigError(fmt::format("--trace {}", e.what()));
-        }
-      }
-      remove_dirs_on_signal(made_dirs);  // Ctrl-C or a kill before the result: the folders go too,
-      remove_outputs_on_signal();        // and a result staged but not yet renamed
-    }
-    if (multi) {
-      if (!launch && cfg.integer("/nproc") > 1 && !plan.one_process_because.empty())
+    check_outputs(opts, out, launch, made_dirs);
+    int rank = 0, world_size = 1;
+    if (multi && !launch && cfg.integer("/nproc") > 1) {
+      if (!plan.one_process_because.empty()) {
         spdlog::info("{}: {}, so nothing runs across processes: running in this one process, not spawning the {} "
                      "of /nproc", exp.name, plan.one_process_because, cfg.integer("/nproc"));
-      else if (!launch && cfg.integer("/nproc") > 1) {
+      } else {
         choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
-        // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
-        const double grace = plan.timeout_s + 10.0;
         if (stdout_closed()) ::setenv("MPT_STDOUT_CLOSED", "1", 1);  // rank 0 prints the tables
-        return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, grace);
+        // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
+        return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, plan.timeout_s + 10.0);
       }
-      if (launch) {
-        rank = launch->rank;
-        world_size = launch->world_size;
-        if (world_size > 1) prog += fmt::format(" (rank {} of {})", rank, world_size);
-        if (rank != 0 && !opts.verbose) spdlog::set_level(spdlog::level::warn);
-        spdlog::debug("rank {} of {} (launcher: {})", rank, world_size, launch->launcher);
-      }
+    }
+    if (launch) {
+      rank = launch->rank;
+      world_size = launch->world_size;
+      if (world_size > 1) prog += fmt::format(" (rank {} of {})", rank, world_size);
+      if (rank != 0 && !opts.verbose) spdlog::set_level(spdlog::level::warn);
+      spdlog::debug("rank {} of {} (launcher: {})", rank, world_size, launch->launcher);
     }
 
     torch::Device device = choose_device(cfg.str("/device"));
@@ -460,145 +632,26 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
     env["threads_policy"] = to_json(threads);
     spdlog::debug("device {} (fp16 compute {}), LibTorch {}", device.str(), env["fp16_compute"].get<std::string>(),
                   compat::torch_version());
-
+    // The groups end with the run, before the report is printed, as they did inside the experiment.
+    std::optional<World> world;
+    if (multi) make_world(world, exp, cfg, plan, launch, device, env);
+    World* w = world ? &*world : nullptr;
     // Progress lines only where a person watches: stderr a terminal, not -q, rank 0.
     const bool tty = isatty(2) != 0 && !opts.quiet && rank == 0;
-    // This rank's World (its device, the store and groups on first use, the fault point); the
-    // groups end with the run, before the report is printed, as they did inside the experiment.
-    std::optional<World> world;
-    if (multi) {
-      world.emplace(launch.value_or(dist::LaunchInfo{}), device,
-                    std::chrono::milliseconds(static_cast<int64_t>(plan.timeout_s * 1000)), plan.fault);
-      // How Gloo groups (the CPU's; experiments may form them beside NCCL's) run reduce_scatter and
-      // all_gather (/dist/gloo_algorithm where the experiment has it, else native): env.dist.
-      const dist::GlooAlgorithm algo = dist::gloo_algorithm_from_name(plan.gloo_algorithm);
-      world->set_gloo_algorithm(algo);
-      env["dist"] = {{"gloo_algorithm", dist::gloo_algorithm_name(algo)},
-                     {"reduce_scatter", dist::collective_algorithm("gloo", algo, "reduce_scatter")},
-                     {"all_gather", dist::collective_algorithm("gloo", algo, "all_gather")}};
-      if (device.is_cuda())
-        env["dist"]["nccl"] = dist::collective_algorithm("nccl", algo, "reduce_scatter") + "; " +
-                              dist::collective_algorithm("nccl", algo, "all_gather");
-      // What every rank must share, checked against rank 0's when the job connects: the
-      // experiment, the versions and the config, less the data folders (another machine may
-      // keep the same files elsewhere).
-      json shared = cfg.json_value();
-      std::function<void(json&)> drop_dirs = [&](json& j) {
-        if (!j.is_object()) return;
-        for (auto it = j.begin(); it != j.end();) {
-          const std::string& k = it.key();
-          const bool dir = k == "dir" || (k.size() > 4 && k.compare(k.size() - 4, 4, "_dir") == 0);
-          if (dir && it->is_string()) {
-            it = j.erase(it);
-          } else {
-            drop_dirs(*it);
-            ++it;
-          }
-        }
-      };
-      drop_dirs(shared);
-      world->set_launch_fingerprint(json{{"experiment", exp.name}, {"world_size", world->size()}, {"mpt", MPT_VERSION},
-                                         {"libtorch", compat::torch_version()}, {"config", shared}}.dump());
-    }
-    Context ctx{cfg, device, tty, rank, world_size, world ? &*world : nullptr};
-    // --trace: every rank records; with several processes each measures its clock against
-    // rank 0's first (through the store; the world group connects it).
-    const bool tracing = !opts.trace.empty();
-    const bool several = world && world->size() > 1;
-    trace::ClockSync clock;
-    if (tracing) {
-      trace::start(rank);
-      trace::set_metadata("device", device.str());
-      if (several) {
-        world->group();
-        clock = trace::clock_from_exchanges(rank, world->job()->clock_exchanges(kClockRounds));
-      }
-    }
+    Context ctx{cfg, device, tty, rank, world_size, w};
+    const Recording recording = start_recording(opts, rank, w, device);
     const double t0 = now_seconds();
-    const double trace_t0 = tracing ? trace::now_us() : 0;
     Report report = exp.run(ctx);
     const double wall = now_seconds() - t0;
-    std::optional<std::pair<std::string, std::size_t>> trace_doc;  // the file's text, its event count
-    if (tracing) {
-      trace::complete(trace::Track::Compute, "mpt " + exp.name, trace_t0, trace::now_us(), {{"rank", rank}});
-      trace::stop();
-      const json mine = trace_part(world ? &*world : nullptr, device, clock);
-      std::vector<json> parts;
-      std::vector<std::string> events;  // rank 0: every other rank's events (events_json text)
-      if (several) {
-        for (const auto& s : world->job()->gather_on_rank0("trace", mine.dump())) parts.push_back(json::parse(s));
-        std::string own;
-        if (rank != 0) trace::write_events_json(own);
-        events = world->job()->gather_on_rank0("trace_events", own);
-      } else {
-        parts.push_back(mine);
-      }
-      if (rank == 0)
-        trace_doc = trace_document(exp, cfg, parts, events, world_size,
-                                   launch ? launch->launcher : std::string("none"));
-    }
-    // Where the ranks ran: each rank's host, node and local rank, gathered on rank 0 through the
-    // job's store (one small value per rank) and recorded as env.launch, so a result says
-    // whether its N ranks shared a machine (mpt --nproc) or spanned nodes (torchrun, SLURM).
-    if (world && world->connected()) {
-      const dist::LaunchInfo li = launch.value_or(dist::LaunchInfo{});
-      const json mine = {{"rank", rank}, {"host", env.at("host")}, {"node_rank", li.node_rank},
-                         {"local_rank", li.local_rank}, {"local_world_size", li.local_world_size}};
-      std::vector<json> ranks;
-      if (several) {
-        for (const auto& s : world->job()->gather_on_rank0("launch", mine.dump())) ranks.push_back(json::parse(s));
-      } else {
-        ranks.push_back(mine);
-      }
-      if (rank == 0) {
-        std::set<int> nodes;
-        for (const auto& r : ranks) nodes.insert(r.at("node_rank").get<int>());
-        env["launch"] = {{"launcher", li.launcher}, {"world_size", world_size}, {"nodes", nodes.size()},
-                         {"master_addr", li.master_addr}, {"ranks", ranks}};
-      }
-    }
+    auto trace_doc = finish_recording(recording, exp, cfg, w, rank, world_size, device,
+                                      launch ? launch->launcher : std::string("none"));
+    if (world && world->connected()) record_launch(*world, launch, rank, world_size, env);
     // The job's connection (store, heartbeat) outlives the groups until this rank returns: a
     // TCPStore that rank 0 hosts (SLURM, torchrun without the agent's) serves its peers' last calls.
     const std::shared_ptr<dist::Job> job = world && world->connected() ? world->job() : nullptr;
     world.reset();
     if (rank != 0) return report.all_checks_ok() ? kExitOk : kExitCheckFailed;  // rank 0 prints and writes
-
-    if (!opts.quiet) print_report(report);  // a closed or full stdout: the result is still written
-    auto doc = result_document(exp, cfg, report, env, wall);
-    // The result and its trace together: a trace that cannot be written leaves the result file
-    // as it was, and the other way round (core/io/results' write_files_atomic).
-    std::vector<std::pair<std::string, std::string>> files{{out, doc.dump(2) + "\n"}};
-    if (trace_doc) {
-      trace_doc->first += '\n';
-      files.emplace_back(opts.trace, std::move(trace_doc->first));
-    }
-    try {
-      write_files_atomic(files);
-    } catch (const std::exception& e) {
-      spdlog::error("{}: cannot write the {}: {}", prog,
-                    trace_doc ? "result and trace files" : "result file", e.what());
-      return kExitRuntime;
-    }
-    spdlog::info("wrote {} ({:.2f} s)", out, wall);
-    if (trace_doc)
-      spdlog::info("wrote the timeline {} ({} events; open it in ui.perfetto.dev)", opts.trace,
-                   trace_doc->second);
-    // Divergence is said on stderr too (the tables' notes are not printed under --quiet).
-    if (report.results.contains("diverged")) {
-      std::vector<std::string> runs;
-      for (const auto& d : report.results["diverged"])
-        runs.push_back(d["step"].is_null() ? fmt::format("{} (after training)", d["name"].get<std::string>())
-                                           : fmt::format("{} (step {})", d["name"].get<std::string>(),
-                                                         d["step"].get<std::int64_t>()));
-      spdlog::warn("{}: diverged (a loss became nan or inf): {}; see results.diverged and the tables' notes", prog,
-                   fmt::join(runs, ", "));
-    }
-    if (!report.all_checks_ok()) {
-      for (const auto& c : report.checks)
-        if (!c.ok) spdlog::error("{}: check failed: {} = {:g} > {:g}", prog, c.name, c.value, c.tolerance);
-      return kExitCheckFailed;
-    }
-    return kExitOk;
+    return report_and_write(exp, cfg, opts, prog, out, report, env, wall, std::move(trace_doc));
   } catch (const ConfigError& e) {
     spdlog::error("{}: config error: {}", prog, e.what());
     return kExitUsage;
