@@ -417,6 +417,26 @@ void check_outputs(const RunOptions& opts, const std::string& out, const std::op
   remove_outputs_on_signal();        // and a result staged but not yet renamed
 }
 
+// mpt --nproc N outside a launcher: N workers of this same command line, waited for. Workers
+// notice a failed peer within the experiment's timeout; the launcher gives them 10 s more.
+int spawn_workers(const Config& cfg, const ProcessPlan& plan, const RunOptions& opts) {
+  choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
+  if (stdout_closed()) ::setenv("MPT_STDOUT_CLOSED", "1", 1);  // rank 0 prints the tables
+  return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, plan.timeout_s + 10.0);
+}
+
+// This process's threads and seed; returns the env facts (hardware, kernels, thread policy) that
+// say what produced the result.
+json set_up_process(const Config& cfg, const torch::Device& device) {
+  const ThreadPolicy threads = apply_threads(cfg.integer("/threads"));
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  json env = environment(device);
+  env["threads_policy"] = to_json(threads);
+  spdlog::debug("device {} (fp16 compute {}), LibTorch {}", device.str(), env["fp16_compute"].get<std::string>(),
+                compat::torch_version());
+  return env;
+}
+
 // What every rank must share, checked against rank 0's when the job connects: the experiment,
 // the versions and the config, less the data folders (another machine may keep the same files
 // elsewhere).
@@ -605,33 +625,19 @@ int run_experiment_in(const Experiment& exp, const RunOptions& opts, std::vector
       return kExitOk;
     }
     check_outputs(opts, out, launch, made_dirs);
-    int rank = 0, world_size = 1;
-    if (multi && !launch && cfg.integer("/nproc") > 1) {
-      if (!plan.one_process_because.empty()) {
-        spdlog::info("{}: {}, so nothing runs across processes: running in this one process, not spawning the {} "
-                     "of /nproc", exp.name, plan.one_process_because, cfg.integer("/nproc"));
-      } else {
-        choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
-        if (stdout_closed()) ::setenv("MPT_STDOUT_CLOSED", "1", 1);  // rank 0 prints the tables
-        // Workers notice a failed peer within the experiment's timeout; then they get 10 s more.
-        return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, plan.timeout_s + 10.0);
-      }
-    }
+    if (multi && !launch && cfg.integer("/nproc") > 1 && plan.one_process_because.empty())
+      return spawn_workers(cfg, plan, opts);
+    if (multi && !launch && cfg.integer("/nproc") > 1)
+      spdlog::info("{}: {}, so nothing runs across processes: running in this one process, not spawning the {} "
+                   "of /nproc", exp.name, plan.one_process_because, cfg.integer("/nproc"));
+    const int rank = launch ? launch->rank : 0, world_size = launch ? launch->world_size : 1;
     if (launch) {
-      rank = launch->rank;
-      world_size = launch->world_size;
       if (world_size > 1) prog += fmt::format(" (rank {} of {})", rank, world_size);
       if (rank != 0 && !opts.verbose) spdlog::set_level(spdlog::level::warn);
       spdlog::debug("rank {} of {} (launcher: {})", rank, world_size, launch->launcher);
     }
-
-    torch::Device device = choose_device(cfg.str("/device"));
-    const ThreadPolicy threads = apply_threads(cfg.integer("/threads"));
-    seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
-    json env = environment(device);
-    env["threads_policy"] = to_json(threads);
-    spdlog::debug("device {} (fp16 compute {}), LibTorch {}", device.str(), env["fp16_compute"].get<std::string>(),
-                  compat::torch_version());
+    const torch::Device device = choose_device(cfg.str("/device"));
+    json env = set_up_process(cfg, device);
     // The groups end with the run, before the report is printed, as they did inside the experiment.
     std::optional<World> world;
     if (multi) make_world(world, exp, cfg, plan, launch, device, env);
