@@ -35,6 +35,7 @@
 
 #include "core/io/data.hpp"
 #include "core/dist/dist.hpp"
+#include "core/parallel/ddp.hpp"
 #include "core/errors.hpp"
 #include "core/models/mlp.hpp"
 #include "core/runtime/runtime.hpp"

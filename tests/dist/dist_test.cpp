@@ -18,6 +18,7 @@
 #include "catch.hpp"
 #include "dist/two_ranks.hpp"
 #include "core/dist/dist.hpp"
+#include "core/parallel/ddp.hpp"
 #include "core/dist/detail.hpp"
 #include "core/runtime/compat.hpp"
 #include "core/errors.hpp"

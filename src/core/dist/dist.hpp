@@ -1,5 +1,5 @@
 // Distributed processes through PyTorch's own engine (c10d): launch, rendezvous,
-// process groups, collectives, and a DDP-style gradient reducer.
+// process groups and their collectives.
 //
 //  - Launch: `mpt <experiment> --nproc N` makes the harness spawn N workers of mpt
 //    itself (/proc/self/exe, same argv) with MPT_RANK / MPT_WORLD_SIZE / MASTER_ADDR /
@@ -11,18 +11,15 @@
 //  - Collectives: c10d::ProcessGroupGloo on CPU (a Gloo TCP device on the master's
 //    interface), every call bounded by a timeout, so no rank waits forever.
 //  - Point to point: send/recv between two ranks (pipeline stages), same timeout.
-//  - Reducer: gradients bucketed in reverse parameter order (first bucket 1 MB, then
-//    25 MB caps), each bucket flattened and all-reduced (sum), launched from gradient
-//    hooks during backward (overlap) or after it, as torch.nn.parallel.DistributedDataParallel
-//    does (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training").
 //
-// The module is split by job: launch.hpp (launch), group.hpp (the job's connection:
-// store and heartbeat, in a Job; groups, collectives, point to point), parallel/ddp.hpp (the reducer), parallel/zero.hpp (ZeRO stages 0-3,
-// FSDP2-style dim-0 shards). This header includes all four.
+// The module is split by job: launch.hpp (launch), group.hpp (the job's connection: store and
+// heartbeat, in a Job; groups, collectives, point to point). This header includes both: the
+// rest of dist/ (world.hpp: the harness's World; bench.hpp: collective benchmarks) and the
+// parallelisms built on it (core/parallel/: the DDP reducer, ZeRO/FSDP, tensor parallelism)
+// are included by name where needed, as dist/ never includes parallel/ (docs/architecture.md).
+// The .cpp files' internals: job_state.hpp and group_impl.hpp (private to dist/).
 
 #pragma once
 
 #include "core/dist/group.hpp"
 #include "core/dist/launch.hpp"
-#include "core/parallel/ddp.hpp"
-#include "core/parallel/zero.hpp"

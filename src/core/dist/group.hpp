@@ -38,7 +38,7 @@ namespace mpt::dist {
 std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds timeout);
 
 namespace detail {
-struct JobState;  // group.cpp: the store and the heartbeat thread
+struct JobState;  // job_state.hpp: the store and the heartbeat thread
 }
 
 /// This process's connection to its job, as torch.distributed's default store is for

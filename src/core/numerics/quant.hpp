@@ -381,4 +381,17 @@ TORCH_MODULE(QuantLinear);
 torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                                QuantLinearImpl& layer);
 
+namespace detail {
+
+/// SplitMix64 (Steele, Lea, Flood 2014; the seeding generator of xoshiro): a counter-based
+/// generator, so element i's random bits depend only on (seed, i).
+inline std::uint64_t splitmix64(std::uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace detail
+
 }  // namespace mpt::quant

@@ -1,0 +1,38 @@
+// core/io internals shared by config.cpp and config_json.cpp: the checked JSON parse behind
+// config files and --set values, and the one way a config error is thrown. Private to
+// src/core/io: not part of mpt's API.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/errors.hpp"
+#include "core/io/config.hpp"
+
+namespace mpt::config_detail {
+
+// Thrown by the parser callback when the nesting gets too deep (before nlohmann builds, or
+// anyone dumps or copies, a value deep enough to overflow the stack).
+struct TooDeep {
+  std::size_t depth;
+};
+
+/// Whether `s` is valid UTF-8 (no overlong forms, surrogates or code points beyond U+10FFFF).
+bool valid_utf8(const std::string& s);
+
+// json::parse, and the JSON pointer of the first key that appears twice in one object
+// ("" when none): nlohmann keeps the last value of a repeated key without a word. Linear in
+// the text. Throws TooDeep for nesting beyond max_depth, json::exception for invalid JSON.
+// `exact_integers`: see JsonLimits::exact_integers.
+nlohmann::json parse_rejecting_duplicates(const std::string& text, std::string* duplicate, std::size_t max_depth,
+                                          bool exact_integers = false);
+
+// A message echoes user input (keys, values, file names): no control character of it reaches
+// the terminal raw (each piece is cut and escaped where it is inserted; this is the safety net).
+[[noreturn]] inline void config_error(const std::string& msg) {
+  throw ConfigError(printable_text(msg, std::string::npos));
+}
+
+}  // namespace mpt::config_detail
