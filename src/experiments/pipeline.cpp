@@ -44,6 +44,10 @@
  *     the same rows, and checks the gradients against the full batch and against the threaded
  *     executor (bitwise).
  *
+ *  Sections 3 and 4 (the sweep, the step-end barrier, the processes' check) live in
+ *  src/experiments/pipeline_sweep.cpp; every schedule trait is read from the schedule table
+ *  (core/pipeline/schedule.hpp).
+ *
  *   mpt pipeline
  *   mpt pipeline --config configs/pipeline_uneven.json     (one stage 3x slower)
  *   mpt pipeline --config configs/pipeline_split3.json     (the lesson's 3-stage exercise)
@@ -62,8 +66,9 @@
 #include "core/runtime/runtime.hpp"
 #include "core/runtime/trace.hpp"
 #include "core/experiment.hpp"
+#include "experiments/pipeline_parts.hpp"
 
-namespace mpt {
+namespace mpt::pipe {
 
 namespace {
 
@@ -80,8 +85,7 @@ ConfigSpec pipeline_spec() {
   s.integer("/pipeline/stages", 4, "pipeline stages p (layers split as evenly as possible)", 1, 64);
   s.integer("/pipeline/batch", 64, "samples per step (split into m microbatches)", 1, 1 << 20);
   s.integers("/pipeline/microbatches", {1, 2, 4, 8, 16}, "microbatch counts m of the sweep", 1, 4096);
-  s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b", "zb-h1"},
-            {"naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"},
+  s.strings("/pipeline/schedules", {"naive", "gpipe", "1f1b", "zb-h1"}, schedule_names(),
             "schedules of the sweep (naive: the whole batch as one microbatch; interleaved-1f1b: Megatron-LM's, "
             "/pipeline/chunks model chunks per stage; zb-h1: zero bubble, B and W split, Qi et al. 2023; zb-v: "
             "zero bubble with 2 chunks per stage in a V, Qi et al. 2023 section 6)");
@@ -119,24 +123,16 @@ ConfigSpec pipeline_spec() {
   return s;
 }
 
-// Whether /pipeline/schedules asks for `name`.
+}  // namespace
+
 bool wants(const Config& cfg, const std::string& name) {
   const auto names = cfg.strings("/pipeline/schedules");
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-// Whether /pipeline/schedules asks for interleaved-1f1b (the schedule with /pipeline/chunks model chunks).
-bool wants_interleaved(const Config& cfg) { return wants(cfg, "interleaved-1f1b"); }
-
-// Model chunks per stage of a schedule: v interleaved, 2 for zb-v (a V), else 1.
-int chunks_of(ScheduleKind kind, int v) {
-  return kind == ScheduleKind::Interleaved1F1B ? v : kind == ScheduleKind::ZBV ? 2 : 1;
-}
-
-// Config lists are long long; LibTorch sizes are int64_t (long on Linux).
 std::vector<int64_t> i64(const std::vector<long long>& v) { return {v.begin(), v.end()}; }
 
-constexpr double kMicrobatchTol = 1e-6;  // microbatched vs full-batch gradient: fp32 roundoff
+namespace {
 
 std::vector<std::string> param_names(const std::vector<torch::nn::Linear>& layers) {
   std::vector<std::string> names;
@@ -147,16 +143,6 @@ std::vector<std::string> param_names(const std::vector<torch::nn::Linear>& layer
   return names;
 }
 
-
-// When each stage's last op ends, in ms: "27,27,27,27". `per_ms`: the run's time unit per ms
-// (1e3 for the time model in µs, 1e-3 for a measured run in seconds).
-std::string stage_ends_ms(const PipelineRun& run, int p, double per_ms = 1e3) {
-  std::vector<double> ends(static_cast<std::size_t>(p), 0.0);
-  for (const auto& e : run.events) ends[static_cast<std::size_t>(e.stage)] = std::max(ends[static_cast<std::size_t>(e.stage)], e.end_s);
-  std::vector<std::string> parts;
-  for (double e : ends) parts.push_back(fmt::format("{:.3g}", e / per_ms));
-  return fmt::format("{}", fmt::join(parts, ","));
-}
 
 // ----------------------------------------------------------------------------
 // 1. The exact split
@@ -258,12 +244,12 @@ Table schedules_table(int p, int m, int v, const std::vector<std::string>& kinds
            int_col("peak_held", "peak held", "mb"), text_col("program", "program (F/B/W of microbatch j)")}};
   bool skipped = false;
   for (const auto& k : kinds) {
-    const auto kind = parse_schedule(k);
-    if (kind == ScheduleKind::Interleaved1F1B && m % p != 0) {
+    const ScheduleSpec& spec = schedule_spec(k);
+    if (spec.microbatches_in_groups && m % p != 0) {
       skipped = true;
       continue;
     }
-    const auto sched = make_schedule(kind, p, m, chunks_of(kind, v));
+    const auto sched = make_schedule(spec.kind, p, m, spec.chunks_for(v));
     const auto peaks = peak_in_flight(sched);
     for (int s = 0; s < p; ++s)
       t.rows.push_back({{"name", fmt::format("{}.s{}", k, s)}, {"schedule", k}, {"stage", s},
@@ -332,7 +318,7 @@ void validate_pipeline(const Config& cfg, int world_size) {
     throw ConfigError(fmt::format("/gantt/microbatches: expected a divisor of /pipeline/batch ({}) with /sync/enabled "
                                   "(the step-end barrier is timed at this m), got {}; or set sync.enabled=false",
                                   batch, gm));
-  if (wants_interleaved(cfg)) {
+  if (wants(cfg, "interleaved-1f1b")) {
     const int v = static_cast<int>(cfg.integer("/pipeline/chunks"));
     if (p < 2)
       throw ConfigError(fmt::format("/pipeline/stages: expected at least 2 with interleaved-1f1b in "
@@ -396,13 +382,13 @@ void validate_pipeline(const Config& cfg, int world_size) {
     const int64_t n_steps = cfg.integer("/pipeline/steps");
     int64_t steps = 1;
     for (const auto& k : cfg.strings("/pipeline/schedules")) {
-      if (k == "naive") {
+      const ScheduleSpec& spec = schedule_spec(k);
+      if (spec.one_microbatch) {
         steps += n_steps;
         continue;
       }
-      for (auto m : ms) steps += k != "interleaved-1f1b" || m % p == 0 ? n_steps : 0;
-      if (cfg.boolean("/sync/enabled") && (k == "gpipe" || k == "1f1b" || k == "zb-h1" || k == "zb-v"))
-        steps += 2 * n_steps;
+      for (auto m : ms) steps += !spec.microbatches_in_groups || m % p == 0 ? n_steps : 0;
+      if (cfg.boolean("/sync/enabled") && spec.step_sync) steps += 2 * n_steps;
     }
     if (cfg.integer("/fault/step") >= steps)
       throw ConfigError(fmt::format("/fault/step: expected a step 0 .. {} (the run's last step: the warm-up, "
@@ -421,552 +407,139 @@ ProcessPlan pipeline_plan(const Config& cfg) {
   return p;
 }
 
-// ----------------------------------------------------------------------------
-// 3. The sweep, run for real
-// ----------------------------------------------------------------------------
-Report run_pipeline_experiment(const Context& ctx) {
-  const auto& cfg = ctx.cfg;
-  Report report;  // the harness has called validate_pipeline
-  const auto widths = i64(cfg.integers("/pipeline/widths"));
-  const int layers_n = static_cast<int>(widths.size()) - 1;
-  const int p = static_cast<int>(cfg.integer("/pipeline/stages"));
-  const int64_t batch = cfg.integer("/pipeline/batch");
-  const auto ms = cfg.integers("/pipeline/microbatches");
-  const int heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
-  const double timeout_s = cfg.number("/pipeline/timeout_s");
+}  // namespace
 
-  // --- processes: this process is stage `rank` of p; rank 0 reports ---
+// ----------------------------------------------------------------------------
+// The bench of sections 3 and 4
+// ----------------------------------------------------------------------------
+Bench open_bench(const Context& ctx, Report& report) {
+  const auto& cfg = ctx.cfg;
+  Bench b;
+  b.cfg = &cfg;
+  b.layers_n = static_cast<int>(cfg.integers("/pipeline/widths").size()) - 1;
+  b.p = static_cast<int>(cfg.integer("/pipeline/stages"));
+  b.v = static_cast<int>(cfg.integer("/pipeline/chunks"));
+  b.n_steps = static_cast<int>(cfg.integer("/pipeline/steps"));
+  b.gantt_m = static_cast<int>(cfg.integer("/gantt/microbatches"));
+  b.heavy = static_cast<int>(cfg.integer("/cost/heavy_stage"));
+  b.timeout_s = cfg.number("/pipeline/timeout_s");
   // Where the stages run: the chosen device (threads: every stage on it); with one process per
   // stage on CUDA each rank takes its own GPU (the World's device: local rank) and the stages
   // talk over NCCL, as Megatron-LM's pipeline ranks do; on the CPU over Gloo.
-  const bool processes = cfg.str("/executor") == "processes";
-  const bool lead = ctx.rank == 0;
-  World& world = *ctx.world;
-  std::shared_ptr<dist::Group> group;
-  ProcessPipelineOptions popts;
-  const torch::Device device = processes ? world.device() : ctx.device;
-  const bool interleaved = wants_interleaved(cfg);
-  if (processes && device.is_cuda() && wants(cfg, "zb-v"))
+  b.processes = cfg.str("/executor") == "processes";
+  b.lead = ctx.rank == 0;
+  b.world = ctx.world;
+  b.device = b.processes ? b.world->device() : ctx.device;
+  if (b.processes && b.device.is_cuda() && wants(cfg, "zb-v"))
     throw ConfigError("/pipeline/schedules: zb-v with /executor = \"processes\" on CUDA is not supported: between two "
                       "neighbour ranks activations go both ways (chunk 0 down the V, chunk 1 up) on one NCCL stream "
                       "(it needs batched send/recv); run it with executor=threads or on the CPU (Gloo)");
-  if (processes && device.is_cuda() && interleaved)
+  if (b.processes && b.device.is_cuda() && wants(cfg, "interleaved-1f1b"))
     throw ConfigError("/pipeline/schedules: interleaved-1f1b with /executor = \"processes\" on CUDA is not "
                       "supported: with p = 2 both directions of a lap share one NCCL stream (it needs batched "
                       "send/recv); run it with executor=threads or on the CPU (Gloo)");
-  if (processes) {
-    group = world.new_group("pipeline/", ctx.world_size, device);
+  if (b.processes) {
+    b.group = b.world->new_group("pipeline/", ctx.world_size, b.device);
     // Gradients on a group of their own: one stream per direction (see ProcessGroupTransport).
-    popts.backward_group = world.new_group("pipeline_bwd/", ctx.world_size, device);
+    b.popts.backward_group = b.world->new_group("pipeline_bwd/", ctx.world_size, b.device);
     // Every stage's events on rank 0's clock (NTP-style exchanges through the store, as --trace
     // does; error ± rtt/2, tens of microseconds on one host), so that a step's span does not
     // depend on when each rank left the step's barrier (milliseconds apart under load).
-    const trace::ClockSync clock = trace::clock_from_exchanges(ctx.rank, world.job()->clock_exchanges(8, "pipeline/"));
-    popts.clock_offset_us = clock.offset_us;
+    const trace::ClockSync clock =
+        trace::clock_from_exchanges(ctx.rank, b.world->job()->clock_exchanges(8, "pipeline/"));
+    b.popts.clock_offset_us = clock.offset_us;
   }
-  report.env["pipeline_device"] = device.is_cuda() ? "cuda" : "cpu";
-  report.env["pipeline_transport"] = processes ? group->backend() : "in-process queue";
+  report.env["pipeline_device"] = b.device.is_cuda() ? "cuda" : "cpu";
+  report.env["pipeline_transport"] = b.processes ? b.group->backend() : "in-process queue";
   // Threads executor: how many threads run the p stages. A synthetic cost stands for a device's
   // compute time, so each stage keeps a thread of its own (a sleep must not hold another stage);
   // with none, the stages' real work shares the usable cores, and more computing threads than
   // cores only adds context switches (4 stage threads on 2 cores: docs/pipeline.md).
-  const int workers_cfg = static_cast<int>(cfg.integer("/pipeline/workers"));
-  const int workers = processes ? 0
-                      : workers_cfg > 0 ? std::min(workers_cfg, p)
-                      : cfg.number("/cost/forward_us") > 0 ? p
-                                                           : std::min(p, usable_cores());
-  // env.pipeline_workers: set after the sweep, with how the threads sat in its last step.
-  auto note_workers = [&] {
-    if (processes) return;
-    report.env["pipeline_workers"] = fmt::format(
-        "{} thread(s) for {} stages ({}); last step: {}", workers, p,
-        workers_cfg > 0                       ? "/pipeline/workers"
-        : cfg.number("/cost/forward_us") > 0 ? "auto: one per stage, synthetic cost"
-                                              : fmt::format("auto: min(stages, {} usable cores)", usable_cores()),
-        stage_threads_binding());
-  };
+  b.workers_cfg = static_cast<int>(cfg.integer("/pipeline/workers"));
+  b.workers = b.processes ? 0
+              : b.workers_cfg > 0 ? std::min(b.workers_cfg, b.p)
+              : cfg.number("/cost/forward_us") > 0 ? b.p
+                                                   : std::min(b.p, usable_cores());
+  return b;
+}
+
+void build_model(Bench& b, Report& report) {
+  const auto& cfg = *b.cfg;
+  const auto widths = i64(cfg.integers("/pipeline/widths"));
+  const int64_t batch = cfg.integer("/pipeline/batch");
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  b.layers = mlp_layers(widths);
+  for (auto& l : b.layers) l->to(b.device);
+  b.x = torch::randn({batch, widths.front()}).to(b.device);
+  b.y = torch::randn({batch, widths.back()}).to(b.device);
+  // The reference: the whole batch through the whole model in one graph.
+  auto full_loss = torch::mse_loss(stage_forward(b.layers, 0, b.layers_n, b.x), b.y);
+  full_loss.backward();
+  b.full = param_grads(b.layers);
+  report.results["full_batch_loss"] = full_loss.item<double>();
+
+  b.cost.forward_us = cfg.number("/cost/forward_us");
+  b.cost.backward_factor = cfg.number("/cost/backward_factor");
+  b.cost.weight_factor = cfg.number("/cost/weight_factor");
+  b.cost.spin = cfg.str("/cost/mode") == "spin";
+  b.cost.stage_factor.assign(static_cast<std::size_t>(b.p), 1.0);
+  if (b.heavy >= 0) b.cost.stage_factor[static_cast<std::size_t>(b.heavy)] = cfg.number("/cost/heavy_factor");
+}
+
+void warm_up(Bench& b) {
+  // --trace: the sweep's metadata; each group of steps is labelled with its row name.
+  trace_pipeline_sweep(b.processes ? "processes" : "threads", b.p, b.cfg->strings("/pipeline/schedules"));
+  PipelineTraceRun traced("warmup", "gpipe", 1, 1, Placement::Loop);
+  b.step(make_schedule(ScheduleKind::GPipe, b.p, 1), 1, b.ranges(1), b.x, b.y, Placement::Loop);
+}
+
+void note_workers(const Bench& b, Report& report) {
+  if (b.processes) return;
+  const auto& cfg = *b.cfg;
+  report.env["pipeline_workers"] = fmt::format(
+      "{} thread(s) for {} stages ({}); last step: {}", b.workers, b.p,
+      b.workers_cfg > 0                     ? "/pipeline/workers"
+      : cfg.number("/cost/forward_us") > 0 ? "auto: one per stage, synthetic cost"
+                                            : fmt::format("auto: min(stages, {} usable cores)", usable_cores()),
+      stage_threads_binding());
+}
+
+namespace {
+
+// ----------------------------------------------------------------------------
+// The run: sections 1 to 4, each a function returning its table(s)
+// ----------------------------------------------------------------------------
+Report run_pipeline_experiment(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;  // the harness has called validate_pipeline
+  Bench bench = open_bench(ctx, report);
 
   // --- 1. exact split (in one process: rank 0) ---
   double t0 = now_seconds();
-  if (lead) report.add(exact_split_table(cfg, device, report));
+  if (bench.lead) report.add(exact_split_table(cfg, bench.device, report));
   report.timings["exact_split_s"] = now_seconds() - t0;
 
   // --- 2. schedules ---
   std::vector<std::string> kinds;
   for (const auto& k : cfg.strings("/pipeline/schedules"))
-    if (k != "naive") kinds.push_back(k);
-  const int gantt_m = static_cast<int>(cfg.integer("/gantt/microbatches"));
-  const int v = static_cast<int>(cfg.integer("/pipeline/chunks"));
-  if (!kinds.empty() && lead) report.add(schedules_table(p, gantt_m, v, kinds));
+    if (!schedule_spec(k).one_microbatch) kinds.push_back(k);
+  if (!kinds.empty() && bench.lead) report.add(schedules_table(bench.p, bench.gantt_m, bench.v, kinds));
 
-  // --- 3. sweep ---
+  // --- 3. sweep, 4. the step-end barrier, the processes against the threads ---
   t0 = now_seconds();
-  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
-  auto layers = mlp_layers(widths);
-  for (auto& l : layers) l->to(device);
-  auto x = torch::randn({batch, widths.front()}).to(device);
-  auto y = torch::randn({batch, widths.back()}).to(device);
-  const auto ranges = stage_ranges(layers_n, balanced_cuts(layers_n, p));
-
-  // The reference: the whole batch through the whole model in one graph.
-  auto full_loss = torch::mse_loss(stage_forward(layers, 0, layers_n, x), y);
-  full_loss.backward();
-  const auto full = param_grads(layers);
-  report.results["full_batch_loss"] = full_loss.item<double>();
-
-  SyntheticCost cost;
-  cost.forward_us = cfg.number("/cost/forward_us");
-  cost.backward_factor = cfg.number("/cost/backward_factor");
-  cost.weight_factor = cfg.number("/cost/weight_factor");
-  cost.spin = cfg.str("/cost/mode") == "spin";
-  cost.stage_factor.assign(static_cast<std::size_t>(p), 1.0);
-  if (heavy >= 0) cost.stage_factor[static_cast<std::size_t>(heavy)] = cfg.number("/cost/heavy_factor");
-
-  // One training step with the chosen executor. Steps are counted (0 = the warm-up) so that
-  // /fault/step can stop a stage process in the middle of one.
-  int step_index = 0;
-  // `step_ranges`: the layer ranges of the virtual stages (p, or p·v interleaved).
-  // `xx`, `yy`: the batch (x, y; both doubled for two steps' programs in one run).
-  // `placement`: where the chunks sit (zb-v: a V).
-  auto one_step_on = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
-                         const std::vector<std::pair<int, int>>& step_ranges, const torch::Tensor& xx,
-                         const torch::Tensor& yy, Placement placement) {
-    if (!processes) {
-      QueueTransport transport(timeout_s);
-      ++step_index;
-      return run_pipeline(MlpStage(layers, step_ranges), sched, m, xx, yy, cost, transport, placement, workers);
-    }
-    popts.placement = placement;
-    const int64_t step = step_index++;
-    popts.after_op = [&world, step](int done) {
-      if (done >= 1) world.fault_point(step);  // /fault/rank stops in the middle of step /fault/step
-    };
-    return run_pipeline_process(group, MlpStage(layers, step_ranges), sched, m, xx, yy, cost, popts);
-  };
-  auto one_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m,
-                      const std::vector<std::pair<int, int>>& step_ranges, Placement placement) {
-    return one_step_on(sched, m, step_ranges, x, y, placement);
-  };
-
-  // One untimed warm-up step (thread or process start-up, first allocations, lazy initialisation).
-  const int n_steps = static_cast<int>(cfg.integer("/pipeline/steps"));
-  // --trace: the sweep's metadata; each group of steps below is labelled with its row name.
-  trace_pipeline_sweep(processes ? "processes" : "threads", p, cfg.strings("/pipeline/schedules"));
-  {
-    PipelineTraceRun traced("warmup", "gpipe", 1, 1, Placement::Loop);
-    one_step(make_schedule(ScheduleKind::GPipe, p, 1), 1, ranges, Placement::Loop);
-  }
-
-  Table sweep{"sweep", fmt::format("Microbatched step on {} stages ({} layers, batch {}): gradients and memory", p,
-                                   layers_n, batch),
-              {text_col("name", "name"), text_col("schedule", "schedule"), int_col("microbatches", "m"),
-               pct_col("bubble_theory", "bubble theory", 1), float_col("step_model_ms", "step model", "ms"),
-               int_col("peak_held", "peak held", "mb"),
-               text_col("peak_held_per_stage", "per stage"), int_col("peak_bytes", "peak act", "bytes"),
-               sci_col("grad_max_abs_diff", "max|g-g_full|"), sci_col("loss", "loss")}};
-  const std::string runs_on = processes       ? "one process per stage"
-                              : workers >= p    ? "one thread per stage"
-                                                : fmt::format("{} threads for the {} stages", workers, p);
-  const std::string cost_text = cfg.number("/cost/forward_us") > 0 ? "synthetic cost" : "no synthetic cost";
-  Table measured{"measured", fmt::format("Measured ({}, {}): bubble = idle / step time, per stage mean", runs_on,
-                                         cost_text),
-                 {text_col("name", "name"), float_col("step_ms", "step", "ms"), float_col("step_model_ms", "model", "ms"),
-                  pct_col("bubble", "bubble", 1),
-                  pct_col("bubble_theory", "theory", 1), float_col("slowest_stage_busy_ms", "slowest busy", "ms"),
-                  float_col("wait_ms", "total wait", "ms")}};
-  // Zero bubble (zb-h1 next to 1f1b): Qi et al.'s per-stage bubble formula, the executor's time
-  // model, and (timings) the measured idle time per stage.
-  const auto all_kinds = cfg.strings("/pipeline/schedules");
-  const bool wants_zb = std::find(all_kinds.begin(), all_kinds.end(), "zb-h1") != all_kinds.end() ||
-                        std::find(all_kinds.begin(), all_kinds.end(), "zb-v") != all_kinds.end();
-  const bool zbv_wanted = wants(cfg, "zb-v");
-  Table zb_table{"zero_bubble", fmt::format("Zero bubble: {} against 1F1B on {} stages, per-stage bubble (idle "
-                                            "time) from the formula and from the time model",
-                                            zbv_wanted ? "ZB-H1 and ZB-V" : "ZB-H1", p),
-                 {text_col("name", "name"), text_col("schedule", "schedule"), int_col("microbatches", "m"),
-                  float_col("f_ms", "F", "ms"), float_col("b_ms", "B", "ms"), float_col("w_ms", "W", "ms"),
-                  float_col("idle_formula_ms", "idle formula", "ms"), float_col("idle_model_ms", "idle model", "ms"),
-                  float_col("step_model_ms", "step model", "ms"), pct_col("bubble_model", "bubble model", 1),
-                  int_col("peak_held", "peak held", "mb"), int_col("peak_bytes", "peak act", "bytes"),
-                  text_col("stage_ends_model_ms", "stage ends ms")}};
-  Table zb_measured{"zero_bubble_measured", "Zero bubble, measured: idle time per stage (mean over stages of step - "
-                                            "busy) against the formula and the time model",
-                    {text_col("name", "name"), float_col("idle_formula_ms", "formula", "ms"),
-                     float_col("idle_model_ms", "model", "ms"), float_col("idle_ms", "idle", "ms"),
-                     float_col("step_ms", "step", "ms"), pct_col("bubble", "bubble", 1),
-                     text_col("stage_ends_ms", "stage ends ms")}};
-  std::vector<TextBlock> charts;
-  json events = json::object();
-  std::map<int, std::vector<torch::Tensor>> gpipe_grads;
-  std::vector<std::tuple<std::string, ScheduleKind, int, std::vector<torch::Tensor>>> process_grads;  // name, kind, m, grads
-  // Interleaved 1F1B: the model cut into p·v virtual stages; stage s runs chunks s, s + p, ...
-  const auto chunk_ranges = interleaved ? stage_ranges(layers_n, balanced_cuts(layers_n, p * v)) : ranges;
-  // ZB-V: the model cut into 2p virtual stages; rank s runs s and 2p - 1 - s (a V).
-  const auto v_ranges = zbv_wanted ? stage_ranges(layers_n, balanced_cuts(layers_n, 2 * p)) : ranges;
-  std::vector<long long> skipped_m;
-  for (const auto& k : cfg.strings("/pipeline/schedules")) {
-    const auto kind = parse_schedule(k);
-    const bool interleaved_k = kind == ScheduleKind::Interleaved1F1B, zbv = kind == ScheduleKind::ZBV;
-    const bool chunked = interleaved_k || zbv;  // more than one model chunk per stage
-    const int chunks = chunks_of(kind, v);
-    const Placement placement = schedule_placement(kind);
-    const auto& run_ranges = interleaved_k ? chunk_ranges : zbv ? v_ranges : ranges;
-    std::vector<long long> mlist = ms;
-    if (kind == ScheduleKind::Naive) mlist = {1};
-    for (auto m64 : mlist) {
-      const int m = static_cast<int>(m64);
-      if (interleaved_k && m % p != 0) {  // Megatron's requirement: microbatches in groups of p
-        skipped_m.push_back(m);
-        continue;
-      }
-      const auto sched = make_schedule(kind, p, m, chunks);
-      const std::string name = kind == ScheduleKind::Naive ? "naive" : fmt::format("{}.m{}", k, m);
-      // Several identical steps; timings from the median one (the machine may be shared),
-      // numbers checked to be bitwise the same in every step.
-      std::vector<PipelineRun> steps;
-      {
-        PipelineTraceRun traced(name, k, m, chunks, placement);
-        for (int i = 0; i < n_steps; ++i) steps.push_back(one_step(sched, m, run_ranges, placement));
-      }
-      std::vector<std::size_t> order(steps.size());
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::sort(order.begin(), order.end(), [&](auto a, auto b) { return steps[a].step_s < steps[b].step_s; });
-      const PipelineRun& run = steps[order[order.size() / 2]];
-
-      double gdiff = 0;
-      for (std::size_t i = 0; i < full.size(); ++i) gdiff = nan_max(gdiff, max_abs_diff(full[i], run.grads[i]));
-      report.check(name + ": microbatched == full-batch gradient, max abs diff", gdiff, kMicrobatchTol);
-      double repeat = 0;
-      for (const auto& st : steps)
-        for (std::size_t i = 0; i < full.size(); ++i) repeat = nan_max(repeat, max_abs_diff(steps[0].grads[i], st.grads[i]));
-      report.check(name + ": every step gives the same gradient (bitwise)", repeat, 0.0);
-      if (processes) process_grads.emplace_back(name, kind, m, run.grads);
-      if (kind == ScheduleKind::GPipe) gpipe_grads[m] = run.grads;
-      if ((kind == ScheduleKind::OneFOneB || chunked || kind == ScheduleKind::ZBH1) && gpipe_grads.count(m)) {
-        // Every layer accumulates its microbatch gradients in the same order (B0, B1, ...;
-        // zb-h1, zb-v: W0, W1, ... per chunk) in every schedule, and a cut (interleaved and zb-v cut
-        // into more chunks than gpipe's stages) changes no arithmetic, so the
-        // results are bitwise identical. zb-h1's W runs the fused backward's weight-gradient
-        // kernels (the same AddmmBackward node) on the same numbers.
-        double d = 0;
-        for (std::size_t i = 0; i < full.size(); ++i) d = nan_max(d, max_abs_diff(gpipe_grads[m][i], run.grads[i]));
-        report.check(name + fmt::format(": {} gradient == gpipe gradient (bitwise)", k), d, 0.0);
-      }
-      // Peak activations: the measured count must equal the schedule's, and obey the bound.
-      const auto expect = peak_in_flight(sched);
-      int mismatch = 0, peak = 0;
-      int64_t peak_bytes = 0;  // measured: the most activation bytes a stage held at once
-      for (int s = 0; s < p; ++s) {
-        mismatch += run.peak_held[static_cast<std::size_t>(s)] != expect[static_cast<std::size_t>(s)];
-        peak = std::max(peak, run.peak_held[static_cast<std::size_t>(s)]);
-        peak_bytes = std::max(peak_bytes, run.peak_bytes[static_cast<std::size_t>(s)]);
-      }
-      report.check(name + ": stages whose measured peak differs from the schedule's", mismatch, 0.0);
-      // GPipe holds all m; 1F1B at most p; interleaved at most its warm-up + 1 (microbatch, chunk)
-      // pairs on stage 0: 2(p-1) + (v-1)p + 1, or all m*v when m = p.
-      // zb-h1: every stage up to 1F1B's peak, p (a microbatch is held until its W). zb-v: every
-      // rank min(2p, 2m, m + 1 + s) chunk pairs (zbv_peak_theory), at most 2p = 1F1B's p stages.
-      const int bound = kind == ScheduleKind::OneFOneB || kind == ScheduleKind::ZBH1 ? std::min(p, m)
-                        : zbv                                                        ? std::min(2 * p, 2 * m)
-                        : chunked ? std::min(m * v, 2 * (p - 1) + (v - 1) * p + 1)
-                                  : m;
-      if (zbv) {
-        int off = 0;  // ranks whose measured peak is not the theory's
-        for (int s = 0; s < p; ++s) off += run.peak_held[static_cast<std::size_t>(s)] != zbv_peak_theory(p, m, s);
-        report.check(name + ": ranks whose measured peak differs from min(2p, 2m, m+1+s)", off, 0.0);
-      }
-      report.check(name + fmt::format(": peak {} held - bound ({})", chunked ? "(microbatch, chunk) pairs" : "microbatches",
-                                      bound),
-                   std::max(0, peak - bound), 0.0);
-
-      // Time model from the synthetic cost alone: the first microbatch crosses the first p
-      // virtual stages, then the slowest (virtual) stage adds one F+B per further microbatch
-      // and chunk: Σ_{c<p} t_c + (m·v − 1)·max_c t_c — (m + p − 1)·t for p equal stages,
-      // (m·v + p − 1)·t/v interleaved.
-      double sum_us = 0, max_us = 0;
-      for (std::size_t c = 0; c < run_ranges.size(); ++c) {
-        const auto [b, e] = run_ranges[c];
-        const double us = cost.forward_us *
-                          cost.stage_factor[static_cast<std::size_t>(stage_rank(static_cast<int>(c), p, placement))] *
-                          (e - b) * (1 + cost.backward_factor);
-        if (c < static_cast<std::size_t>(p)) sum_us += us;
-        max_us = std::max(max_us, us);
-      }
-      // The executor's time model (simulate_schedule: the programs replayed with the synthetic
-      // cost of each op, communication free). zb-h1's step is not the formula above (W fills
-      // the cool-down), so its model is the simulation; F, B, W per virtual stage in µs.
-      std::vector<double> f_us, b_us, w_us;
-      for (std::size_t c = 0; c < run_ranges.size(); ++c) {
-        const auto [b, e] = run_ranges[c];
-        const double fc = cost.forward_us *
-                          cost.stage_factor[static_cast<std::size_t>(stage_rank(static_cast<int>(c), p, placement))] *
-                          (e - b);
-        f_us.push_back(fc);
-        b_us.push_back(fc * (cost.backward_factor - cost.weight_factor));
-        w_us.push_back(fc * cost.weight_factor);
-      }
-      const PipelineRun sim = simulate_schedule(sched, f_us, b_us, w_us, placement);
-      double sim_idle_us = 0;  // per stage, mean
-      for (double busy : sim.busy_s) sim_idle_us += (sim.step_s - busy) / p;
-      const bool zb = kind == ScheduleKind::ZBH1 || zbv;
-      const double model_ms = zb ? sim.step_s / 1e3 : (sum_us + (m * chunks - 1) * max_us) / 1e3;
-      // With no synthetic cost (/cost/forward_us = 0) the model's step is 0 s and its bubble has no value.
-      const json sim_bubble = sim.step_s > 0 ? json(sim_idle_us / sim.step_s) : json(nullptr);
-      const json theory = zb ? sim_bubble : json(bubble_theory(p, m, chunks));
-      if (wants_zb && (zb || kind == ScheduleKind::OneFOneB)) {
-        // Qi et al. 2023's per-stage bubble, for the slowest stage's F, B, W (equal stages: every stage's).
-        // zb-v: F, B, W of a whole stage, its two chunks (virtual stages s and 2p - 1 - s).
-        std::vector<double> fs = f_us, bs = b_us, ws = w_us;
-        if (zbv) {
-          fs.assign(static_cast<std::size_t>(p), 0.0);
-          bs = ws = fs;
-          for (int c = 0; c < 2 * p; ++c) {
-            const auto r = static_cast<std::size_t>(stage_rank(c, p, placement));
-            fs[r] += f_us[static_cast<std::size_t>(c)];
-            bs[r] += b_us[static_cast<std::size_t>(c)];
-            ws[r] += w_us[static_cast<std::size_t>(c)];
-          }
-        }
-        const std::size_t slow = static_cast<std::size_t>(std::max_element(fs.begin(), fs.end()) - fs.begin());
-        // Equal stages only: under /cost/heavy_stage the formula does not apply ("-"); zb-v's
-        // closed form needs equal chunks and F = B = W (else "-": the idle model replays it).
-        const bool equal_chunks = std::adjacent_find(f_us.begin(), f_us.end(), std::not_equal_to<>()) == f_us.end();
-        const bool formula_ok =
-            heavy < 0 && (!zbv || (equal_chunks && fs[slow] == bs[slow] && bs[slow] == ws[slow]));
-        const json formula_ms = !formula_ok ? json(nullptr)
-                                            : json(bubble_time_theory(kind, p, m, fs[slow], bs[slow], ws[slow]) / 1e3);
-        zb_table.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"f_ms", fs[slow] / 1e3},
-                           {"b_ms", bs[slow] / 1e3}, {"w_ms", ws[slow] / 1e3},
-                           {"idle_formula_ms", formula_ms}, {"idle_model_ms", sim_idle_us / 1e3},
-                           {"step_model_ms", sim.step_s / 1e3}, {"bubble_model", sim_bubble},
-                           {"peak_held", peak}, {"peak_bytes", peak_bytes},
-                           {"stage_ends_model_ms", stage_ends_ms(sim, p)}});
-        zb_measured.rows.push_back({{"name", name}, {"idle_formula_ms", formula_ms},
-                                    {"idle_model_ms", sim_idle_us / 1e3}, {"idle_ms", 0.0}});
-        double idle = 0;
-        for (double busy : run.busy_s) idle += (run.step_s - busy) / p;
-        zb_measured.rows.back()["idle_ms"] = idle * 1e3;
-        zb_measured.rows.back()["step_ms"] = run.step_s * 1e3;
-        zb_measured.rows.back()["bubble"] = measured_bubble(run);
-        zb_measured.rows.back()["stage_ends_ms"] = stage_ends_ms(run, p, 1e-3);
-      }
-      sweep.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"step_model_ms", model_ms},
-                            {"bubble_theory", theory}, {"peak_held", peak},
-                            {"peak_held_per_stage", fmt::format("{}", fmt::join(run.peak_held, ","))},
-                            {"peak_bytes", peak_bytes}, {"grad_max_abs_diff", gdiff}, {"loss", run.loss}});
-      double slowest = 0, wait = 0;
-      for (double b : run.busy_s) slowest = std::max(slowest, b);
-      json ev = json::array();
-      for (const auto& e : run.events) {
-        wait += e.wait_s;
-        ev.push_back({{"stage", e.stage},
-                      {"op", chunked ? fmt::format("{}{}.{}", e.op.kind, e.op.microbatch, e.op.chunk)
-                                     : fmt::format("{}{}", e.op.kind, e.op.microbatch)},
-                      {"start_s", e.start_s}, {"end_s", e.end_s}, {"wait_s", e.wait_s}});
-      }
-      events[name] = ev;
-      measured.rows.push_back({{"name", name}, {"step_ms", run.step_s * 1e3}, {"step_model_ms", model_ms}, {"bubble", measured_bubble(run)},
-                               {"bubble_theory", theory},
-                               {"slowest_stage_busy_ms", slowest * 1e3},
-                               {"wait_ms", wait * 1e3}});
-      if (kind == ScheduleKind::Naive || m == gantt_m)
-        charts.push_back({fmt::format("Timeline {} (p = {}, m = {}{}): {} + microbatch, '.' idle", name, p, m,
-                                      chunked ? fmt::format(", v = {}; {}", chunks,
-                                                          zbv ? "f/b/w: chunk 1 = virtual stage 2p-1-s"
-                                                              : "f/b: odd chunks")
-                                              : "",
-                                      zb ? "F/B/W (B input gradient, W weight gradient)" : "F/B"),
-                          render_gantt(run, p, static_cast<int>(cfg.integer("/gantt/width")))});
-    }
-  }
-  // --- 4. the step-end synchronisation (Qi et al. 2023, §4) ---
-  // Two steps back to back. With a barrier between them (an all-reduce over the stages before the
-  // optimizer step: gradient-norm clipping, GradScaler's inf-check), no stage starts step 2 before
-  // every stage ended step 1: two steps take twice one step. Without one, each stage starts step 2
-  // as soon as its own step 1 is done (repeat_steps): what the barrier costs is the difference.
-  Table sync{"step_sync",
-             fmt::format("Step-end synchronisation (time model): two steps at m = {} with a barrier between them (a "
-                         "gradient-norm or inf-check all-reduce over the stages) and without",
-                         gantt_m),
-             {text_col("name", "name"), text_col("schedule", "schedule"), int_col("microbatches", "m"),
-              float_col("step_model_ms", "one step", "ms"), float_col("barrier_ms", "2 steps, barrier", "ms"),
-              float_col("free_ms", "2 steps, none", "ms"), float_col("sync_cost_ms", "cost/step", "ms"),
-              pct_col("sync_cost", "of a step", 1), text_col("stage_ends_model_ms", "stage ends ms")}};
-  Table sync_measured{"step_sync_measured",
-                      fmt::format("Step-end synchronisation, measured (median of {} runs): two steps with a barrier "
-                                  "(two separate steps, first start to last end each) and without (one run of both "
-                                  "steps' programs)",
-                                  n_steps),
-                      {text_col("name", "name"), float_col("barrier_ms", "2 steps, barrier", "ms"),
-                       float_col("free_ms", "2 steps, none", "ms"), float_col("sync_cost_ms", "cost/step", "ms"),
-                       float_col("sync_cost_model_ms", "model", "ms")}};
-  if (cfg.boolean("/sync/enabled")) {
-    const auto x2 = torch::cat({x, x}), y2 = torch::cat({y, y});  // step 2 sees the same microbatches
-    auto median_step = [&](const std::vector<std::vector<PipeOp>>& sched, int m, const torch::Tensor& xx,
-                           const torch::Tensor& yy, const std::vector<std::pair<int, int>>& step_ranges,
-                           Placement placement) {
-      std::vector<double> t;
-      for (int i = 0; i < n_steps; ++i) t.push_back(one_step_on(sched, m, step_ranges, xx, yy, placement).step_s);
-      std::sort(t.begin(), t.end());
-      return t[t.size() / 2];
-    };
-    for (const auto& k : kinds) {
-      const auto kind = parse_schedule(k);
-      if (kind != ScheduleKind::GPipe && kind != ScheduleKind::OneFOneB && kind != ScheduleKind::ZBH1 &&
-          kind != ScheduleKind::ZBV)
-        continue;
-      const int m = gantt_m;
-      const Placement placement = schedule_placement(kind);
-      const auto& sync_ranges = kind == ScheduleKind::ZBV ? v_ranges : ranges;  // zb-v: 2p chunks in a V
-      const auto one = make_schedule(kind, p, m, chunks_of(kind, v));
-      const auto two = repeat_steps(one, 2, m);
-      std::vector<double> f_us, b_us, w_us;  // F, B, W of each virtual stage, µs (as in the zero-bubble table)
-      for (std::size_t c = 0; c < sync_ranges.size(); ++c) {
-        const auto [lo, hi] = sync_ranges[c];
-        const double fc = cost.forward_us *
-                          cost.stage_factor[static_cast<std::size_t>(stage_rank(static_cast<int>(c), p, placement))] *
-                          (hi - lo);
-        f_us.push_back(fc);
-        b_us.push_back(fc * (cost.backward_factor - cost.weight_factor));
-        w_us.push_back(fc * cost.weight_factor);
-      }
-      const PipelineRun sim1 = simulate_schedule(one, f_us, b_us, w_us, placement),
-                        sim2 = simulate_schedule(two, f_us, b_us, w_us, placement);
-      const double barrier_us = 2 * sim1.step_s, free_us = sim2.step_s, cost_us = (barrier_us - free_us) / 2;
-      const std::string name = fmt::format("{}.m{}", k, m);
-      sync.rows.push_back({{"name", name}, {"schedule", k}, {"microbatches", m}, {"step_model_ms", sim1.step_s / 1e3},
-                           {"barrier_ms", barrier_us / 1e3}, {"free_ms", free_us / 1e3},
-                           {"sync_cost_ms", cost_us / 1e3},
-                           {"sync_cost", sim1.step_s > 0 ? json(cost_us / sim1.step_s) : json(nullptr)},
-                           {"stage_ends_model_ms", stage_ends_ms(sim1, p)}});
-      double barrier_s = 0, free_s = 0;
-      {
-        PipelineTraceRun traced("step_sync." + name + ".barrier", k, m, chunks_of(kind, v), placement);
-        barrier_s = 2 * median_step(one, m, x, y, sync_ranges, placement);
-      }
-      {
-        PipelineTraceRun traced("step_sync." + name + ".free", k, 2 * m, chunks_of(kind, v), placement);
-        free_s = median_step(two, 2 * m, x2, y2, sync_ranges, placement);
-      }
-      sync_measured.rows.push_back({{"name", name}, {"barrier_ms", barrier_s * 1e3}, {"free_ms", free_s * 1e3},
-                                    {"sync_cost_ms", (barrier_s - free_s) / 2 * 1e3},
-                                    {"sync_cost_model_ms", cost_us / 1e3}});
-    }
-    if (sync.rows.empty())
-      measured.notes.push_back("step_sync: not timed, /pipeline/schedules has none of gpipe, 1f1b, zb-h1, zb-v (the schedules "
-                             "it compares); /sync/enabled has no effect");
-    sync.notes.push_back("cost/step = (barrier - none) / 2: the idle time a step-end all-reduce over the stages adds "
-                         "to each step, its own latency not counted (communication free in the model)");
-    sync.notes.push_back("gpipe, 1f1b: 0 - every stage's last op is a backward whose gradient came from the stage "
-                         "after it, so stage 0 ends last and no stage could start step 2 earlier anyway; zb-h1: the "
-                         "last ops are W's, which wait for nothing: a stage that ends later than stage 0 (unequal "
-                         "stages, /cost/heavy_stage) holds every stage at the barrier, while without it stage 0 "
-                         "starts step 2's forwards during that stage's W's");
-    sync.notes.push_back("zb-v: rank s ends (p-1-s) chunk times before the last rank (rank 0 first), and without a "
-                         "barrier it starts step 2's forwards then, the V's fill overlapping the other ranks' last "
-                         "W's; the barrier takes that back. ZB-H2 and ZB-V start step 2's warm-up during step 1's "
-                         "cool-down by design, so Qi et al. 2023 (§4) replace the barrier with post-validation: each "
-                         "stage steps at once and a later all-reduce of the gradient norm and inf/nan flag rolls the "
-                         "step back when it fails");
-  }
-  if (processes && lead) {
-    // The same steps with one thread per stage (no synthetic cost: only the gradients
-    // matter here): the two executors run the same stage code in the same order.
-    SyntheticCost no_cost;
-    for (const auto& [name, kind, m, grads] : process_grads) {
-      QueueTransport transport(timeout_s);
-      const auto& rr = kind == ScheduleKind::Interleaved1F1B ? chunk_ranges : kind == ScheduleKind::ZBV ? v_ranges : ranges;
-      // On rank 0's timeline these steps are the threads of lanes 1..p: named as a run of their own.
-      PipelineTraceRun traced("threads_check." + name, schedule_name(kind), m, chunks_of(kind, v), schedule_placement(kind));
-      const auto threaded = run_pipeline(MlpStage(layers, rr), make_schedule(kind, p, m, chunks_of(kind, v)), m, x, y,
-                                         no_cost, transport, schedule_placement(kind));
-      double d = 0;
-      for (std::size_t i = 0; i < grads.size(); ++i) d = nan_max(d, max_abs_diff(threaded.grads[i], grads[i]));
-      report.check(name + ": processes gradient == threads gradient (bitwise)", d, 0.0,
-                   fmt::format("{} processes, c10d send/recv over {}", p, group->backend()));
-    }
-  }
-  if (!skipped_m.empty())
-    sweep.notes.push_back(fmt::format("interleaved-1f1b skipped for m = {}: not a multiple of p = {} (Megatron-LM runs "
-                                      "microbatches through the chunks in groups of p)", fmt::join(skipped_m, ", "), p));
-  if (zbv_wanted)
-    sweep.notes.push_back(fmt::format("zb-v: the {} layers cut evenly into 2p = {} virtual stages placed in a V, rank s "
-                                      "runs s and {}-s (the turn p-1 -> p inside rank {}, the loss on rank 0); peak "
-                                      "held counts (microbatch, chunk) pairs, at most 2p = {} (1F1B's p stages)",
-                                      layers_n, 2 * p, 2 * p - 1, p - 1, 2 * p));
-  if (interleaved)
-    sweep.notes.push_back(fmt::format("interleaved-1f1b: the {} layers cut evenly into p*v = {} virtual stages, stage "
-                                      "s runs chunks s, s+{}, ...; peak held counts (microbatch, chunk) pairs; bubble "
-                                      "theory (p-1)/(v*m+p-1)", layers_n, p * v, p));
-  if (!lead) {
+  build_model(bench, report);
+  warm_up(bench);
+  SweepTables st = run_sweep(bench, report);
+  auto sync = step_sync_tables(bench, kinds, st.measured);
+  if (bench.processes && bench.lead) check_processes_against_threads(bench, st.process_grads, report);
+  add_sweep_notes(bench, st);
+  if (!bench.lead) {
     report.timings["sweep_s"] = now_seconds() - t0;
     return report;  // rank 0 prints and writes
   }
-  if (processes)
-    sweep.notes.push_back(fmt::format("executor: {} processes, one per stage; activations and gradients sent with "
-                                      "c10d send/recv ({}; gradients on a second group), tag = 2*microbatch + "
-                                      "(backward)", p, group->backend()));
-  sweep.notes.push_back("each microbatch loss is divided by m once: the sum of microbatch gradients is the mean-loss "
-                        "gradient of the full batch (differences are fp32 roundoff)");
-  sweep.notes.push_back(interleaved ? "step model: sum over the first p virtual stages of F+B (synthetic cost) + "
-                                      "(m*v-1) x the slowest virtual stage's F+B (v = 1 but for interleaved-1f1b)"
-                                    : "step model: sum over stages of F+B (synthetic cost) + (m-1) x the slowest "
-                                      "stage's F+B");
-  sweep.notes.push_back(fmt::format("peak act: the most activation bytes a stage held at once, measured (largest "
-                                    "stage); gpipe holds m microbatches, 1f1b at most p = {}", p));
-  measured.notes.push_back(fmt::format("median of {} steps after one warm-up step; theory (p-1)/(m+p-1){} assumes "
-                                       "equal stages and free communication{}", n_steps,
-                                       interleaved ? ", interleaved (p-1)/(v*m+p-1)," : "",
-                                       wants_zb ? "; zb-h1, zb-v: the time model's idle / step (zero_bubble)" : ""));
-  if (heavy >= 0)
-    measured.notes.push_back(fmt::format("stage {} costs {}x: the slowest stage sets the pace of every other stage",
-                                         heavy, cfg.number("/cost/heavy_factor")));
-  report.add(std::move(sweep));
-  if (wants_zb) {
-    zb_table.notes.push_back("formula (Qi et al. 2023): 1f1b (p-1)(F+B+W), zb-h1 (p-1)(F+B-W) idle per stage for "
-                             "m >= p ((p-1)(F+B) - (m-1)W for m < p: fewer W's to fill the cool-down); idle model: mean over stages of step - busy when the programs are replayed with "
-                             "the synthetic cost (simulate_schedule, communication free)");
-    if (heavy >= 0)
-      zb_table.notes.push_back(fmt::format("idle formula '-': the formula assumes equal stages, and stage {} costs {}x "
-                                           "(/cost/heavy_stage); the idle model replays the unequal costs",
-                                           heavy, cfg.number("/cost/heavy_factor")));
-    if (zbv_wanted)
-      zb_table.notes.push_back("zb-v (Qi et al. 2023 section 6; torch's ScheduleZBVZeroBubble): F, B, W of a whole stage "
-                               "(its 2 chunks). The authors give a bubble rate of 0 for F = B = W; the construction "
-                               "replayed leaves the fill of the V's first leg, max(p-1, 4p-2-2m) x F/2 per rank (rank "
-                               "s waits s chunk forwards for its first input, then never idles); formula '-' unless "
-                               "the chunks are equal and F = B = W (no closed form: the idle model replays it)");
-    zb_table.notes.push_back("B = input gradient (backward_factor - weight_factor) x F, W = weight gradient "
-                             "(weight_factor x F); 1f1b runs B and W fused, zb-h1 apart (autograd::grad on the stage "
-                             "input and each Linear's output, then on each Linear's weight and bias)");
-    zb_table.notes.push_back("peak held: microbatches whose F ran and whose W (1f1b: fused B) did not; zb-h1 holds p "
-                             "on every stage, 1f1b p - s on stage s: the same peak, p");
-    zb_table.notes.push_back("stage ends (model): when each stage's last op ends; with F = B = W zb-h1's stages end "
-                             "together, so a step-end synchronisation (grad-norm or inf-check all-reduce) adds no "
-                             "idle time to it; it does to schedules whose next step starts before the last stage "
-                             "ends (ZB-H2, ZB-V: Qi et al. 2023 §4, post-validation)");
-    report.add(std::move(zb_table));
-    zb_measured.notes.push_back("measured idle = step - busy per stage, mean over stages; formula and model as in "
-                                "zero_bubble; stage ends: when each stage's last op ended (a step-end all-reduce "
-                                "waits for the latest)");
-    report.add(std::move(zb_measured), Store::Timings);
-  }
-  if (!sync.rows.empty()) {
-    report.add(std::move(sync));
-    report.add(std::move(sync_measured), Store::Timings);
-  }
-  // Measured values vary run to run: printed, and stored under timings (not results).
-  report.timings["events"] = events;
-  // The charts are drawn at m = /gantt/microbatches only: say so when the sweep has no such m.
-  const auto sweep_ms = cfg.integers("/pipeline/microbatches");
-  if (std::find(sweep_ms.begin(), sweep_ms.end(), static_cast<long long>(gantt_m)) == sweep_ms.end())
-    measured.notes.push_back(fmt::format("no Gantt chart for the schedules but naive: they are drawn at "
-                                         "/gantt/microbatches = {}, which /pipeline/microbatches does not hold",
-                                         gantt_m));
-  report.add(std::move(measured), Store::Timings);
-  for (auto& c : charts) report.add(std::move(c));
+  add_sweep_report(bench, st, sync, report);
   report.timings["sweep_s"] = now_seconds() - t0;
-  note_workers();
+  note_workers(bench, report);
   return report;
 }
 
@@ -994,11 +567,15 @@ MemoryEstimate pipeline_memory(const Config& cfg, int world_size) {
 
 }  // namespace
 
+}  // namespace mpt::pipe
+
+namespace mpt {
+
 Experiment pipeline_experiment() {
   return {"pipeline", "Model split across stages: exact gradients, GPipe/1F1B/interleaved/ZB-H1/ZB-V schedules, the bubble "
           "measured",
-          pipeline_spec, run_pipeline_experiment, validate_pipeline, pipeline_memory, Processes::Multi,
-          pipeline_plan};
+          pipe::pipeline_spec, pipe::run_pipeline_experiment, pipe::validate_pipeline, pipe::pipeline_memory,
+          Processes::Multi, pipe::pipeline_plan};
 }
 
 }  // namespace mpt

@@ -55,6 +55,35 @@ TEST_CASE("GPipe for p=4, m=8: every forward, then every backward, on every stag
   CHECK(peak_in_flight(s) == std::vector<int>{8, 8, 8, 8});
 }
 
+TEST_CASE("the schedule table: one row per ScheduleKind, looked up by kind and by name", "[pipeline]") {
+  const auto& table = schedule_table();
+  REQUIRE(table.size() == 6);
+  CHECK(schedule_names() == std::vector<std::string>{"naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"});
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const auto& row = table[i];
+    CHECK(static_cast<std::size_t>(row.kind) == i);  // in ScheduleKind's order
+    CHECK(&schedule_spec(row.kind) == &row);
+    CHECK(&schedule_spec(std::string(row.name)) == &row);
+    CHECK(parse_schedule(row.name) == row.kind);
+    CHECK(schedule_name(row.kind) == row.name);
+    REQUIRE(row.program != nullptr);
+    REQUIRE(row.idle_time != nullptr);
+    REQUIRE(row.peak_bound != nullptr);
+    // Every program of the row splits the backward exactly when the row says so.
+    const int v = row.chunks_for(2);
+    const auto sched = make_schedule(row.kind, 2, 2, v);
+    for (const auto& ops : sched) CHECK(splits_backward(ops) == row.splits_w);
+    CHECK(peak_in_flight(sched)[0] <= row.peak_bound(2, row.one_microbatch ? 1 : 2, v));
+  }
+  CHECK(schedule_spec(ScheduleKind::ZBV).chunks_for(5) == 2);
+  CHECK(schedule_spec(ScheduleKind::Interleaved1F1B).chunks_for(3) == 3);
+  CHECK_THROWS_WITH(schedule_spec(std::string("zb")),
+                    "unknown schedule 'zb' (expected naive, gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v)");
+  CHECK_THROWS_WITH(make_schedule(ScheduleKind::ZBV, 2, 4, 3),
+                    "make_schedule: zb-v runs exactly 2 model chunks per stage (a V), got 3");
+  CHECK_THROWS_WITH(make_schedule(ScheduleKind::ZBH1, 2, 4, 2), "make_schedule: zb-h1 runs one model chunk per stage, got 2");
+}
+
 TEST_CASE("1F1B for p=4, m=8: warm-up p-s-1 forwards, steady 1F1B, cool-down", "[pipeline]") {
   const auto s = make_schedule(ScheduleKind::OneFOneB, 4, 8);
   REQUIRE(s.size() == 4);

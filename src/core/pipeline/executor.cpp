@@ -1,6 +1,7 @@
-// The pipeline executor: one stage's program, one thread or one process per stage, the Gantt
-// chart. See pipeline.hpp.
+// The pipeline executor: runs a step's stage programs, one thread or one process per stage.
+// See executor.hpp.
 #include "core/pipeline/executor.hpp"
+#include "core/pipeline/stage_threads.hpp"
 #include "core/pipeline/trace.hpp"
 
 #include <algorithm>
@@ -361,188 +362,9 @@ std::vector<torch::Tensor> all_parameters(const PipelineStage& model) {
 }  // namespace
 
 // ----------------------------------------------------------------------------
-// Executor: one thread per stage
+// Executor: one thread per stage (on the kept, bound threads of core/pipeline/stage_threads)
 // ----------------------------------------------------------------------------
 
-std::vector<int> stage_thread_cpus(int threads) {
-  std::vector<int> cpus;
-#ifdef __linux__
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (threads < 1 || sched_getaffinity(0, sizeof(set), &set) != 0) return {};
-  for (int c = 0; c < CPU_SETSIZE && static_cast<int>(cpus.size()) < threads; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  if (static_cast<int>(cpus.size()) < threads || CPU_COUNT(&set) < 2) return {};
-#else
-  (void)threads;
-#endif
-  return cpus;
-}
-
-namespace {
-
-/// The threads executor's threads, kept from one step to the next: a step's stages run on
-/// threads that have run stages before, so thread start-up and first-use costs (LibTorch's
-/// thread-local state, a malloc arena) stay out of every step but the first.
-///
-/// Binding. When a step has no more threads than usable CPUs, thread i is bound to the i-th
-/// of them (stage_thread_cpus), as OMP_PROC_BIND=close binds OpenMP's: waiting threads poll
-/// with sched_yield, and two of them left on one CPU take turns on it while the other CPU
-/// idles (4 stages on 2 threads, 2 vCPUs: a 1F1B step 2.1-2.7 ms unbound, 1.4-1.6 ms bound).
-/// A bound thread cannot leave a CPU another process is busy on, though (4-10 ms with a busy
-/// loop on one of the 2 CPUs, against 2.1-2.5 ms unbound; docs/pipeline.md). So each bound
-/// thread measures its share of its CPU (its CPU time / wall time, summed over steps until
-/// kWindowS of wall time), and once a share falls below kMinShare the threads are unbound for
-/// good (this process's later steps).
-/// One step at a time: run() holds the set for the whole step (a second caller waits).
-class StageThreads {
- public:
-  static StageThreads& instance() {
-    static StageThreads threads;
-    return threads;
-  }
-
-  /// A bound thread with less than this share of its CPU (its CPU time / wall time over its
-  /// tasks of at least kWindowS) has company there.
-  static constexpr double kMinShare = 0.6;
-  static constexpr double kWindowS = 0.003;
-
-  /// Runs tasks[i] on thread i, all at once; returns when every one has returned. The tasks
-  /// must not throw (run_pipeline's catch everything).
-  void run(const std::vector<std::function<void()>>& tasks) {
-    std::lock_guard<std::mutex> step(step_mu_);
-    std::unique_lock<std::mutex> lock(mu_);
-    while (threads_.size() < tasks.size()) {
-      const std::size_t i = threads_.size();
-      threads_.emplace_back([this, i] { loop(i); });
-    }
-    tasks_ = &tasks;
-    cpus_ = unbound_why_.empty() ? stage_thread_cpus(static_cast<int>(tasks.size())) : std::vector<int>{};
-    shares_.assign(tasks.size(), {0.0, 0.0});
-    running_ = tasks.size();
-    ++generation_;
-    work_.notify_all();
-    done_.wait(lock, [&] { return running_ == 0; });
-    tasks_ = nullptr;
-    ++steps_;
-    // Each bound thread's share of its CPU, over steps adding up to kWindowS of its wall time
-    // (one step's share moves with a single timer tick or page fault; a busy neighbour halves it).
-    if (cpus_ != last_cpus_) {
-      cpu_s_.assign(cpus_.size(), 0.0);
-      wall_s_.assign(cpus_.size(), 0.0);
-    }
-    bool window = !cpus_.empty();
-    for (std::size_t i = 0; i < cpus_.size(); ++i) {
-      cpu_s_[i] += shares_[i].first;
-      wall_s_[i] += shares_[i].second;
-      window = window && wall_s_[i] >= kWindowS;
-    }
-    if (window) {
-      for (std::size_t i = 0; i < cpus_.size() && unbound_why_.empty(); ++i)
-        if (cpu_s_[i] < kMinShare * wall_s_[i])
-          unbound_why_ = fmt::format("unbound after step {} of this process: thread {} had {:.0f} % of CPU {} over "
-                                     "{:.1f} ms (it waited: for a message, a synthetic sleep or another process on that CPU)", steps_, i,
-                                     100 * cpu_s_[i] / wall_s_[i], cpus_[i], 1e3 * wall_s_[i]);
-      std::fill(cpu_s_.begin(), cpu_s_.end(), 0.0);
-      std::fill(wall_s_.begin(), wall_s_.end(), 0.0);
-    }
-    last_cpus_ = cpus_;
-  }
-
-  /// How the last step's threads sat: "bound to CPUs 0,1", "not bound (...)" with the reason.
-  std::string binding() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!last_cpus_.empty()) return fmt::format("bound to CPUs {}", fmt::join(last_cpus_, ","));
-    if (!unbound_why_.empty()) return "not bound: " + unbound_why_;
-    return steps_ == 0 ? "no step run" : "not bound (more threads than usable CPUs, or one CPU)";
-  }
-
-  ~StageThreads() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    work_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-
- private:
-  StageThreads() = default;
-
-  static double thread_cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  }
-
-  void loop(std::size_t i) {
-    uint64_t seen = 0;
-    int bound = -1;  // the CPU this thread is bound to (-1: the process's set)
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      work_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (tasks_ == nullptr || i >= tasks_->size()) continue;
-      const auto& task = (*tasks_)[i];
-      const int cpu = cpus_.empty() ? -1 : cpus_[i];
-      lock.unlock();
-      if (cpu != bound) bound = bind_this_thread(cpu) ? cpu : bound;
-      const double cpu0 = thread_cpu_seconds();
-      const auto wall0 = Clock::now();
-      task();
-      const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
-      const double cpu_s = thread_cpu_seconds() - cpu0;
-      lock.lock();
-      shares_[i] = {cpu_s, wall};
-      if (--running_ == 0) done_.notify_all();
-    }
-  }
-
-  /// Binds the calling thread to `cpu` (-1: every CPU of the process's own affinity, as it was
-  /// when this was first called). False when the system refuses (the thread stays as it was).
-  static bool bind_this_thread(int cpu) {
-#ifdef __linux__
-    static const cpu_set_t process_set = [] {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      if (sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);
-      return set;
-    }();
-    cpu_set_t set;
-    if (cpu >= 0) {
-      CPU_ZERO(&set);
-      CPU_SET(cpu, &set);
-    } else {
-      set = process_set;
-      if (CPU_COUNT(&set) == 0) return false;
-    }
-    return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
-#else
-    (void)cpu;
-    return false;
-#endif
-  }
-
-  std::mutex step_mu_;  // one step at a time
-  std::mutex mu_;
-  std::condition_variable work_, done_;
-  std::vector<std::thread> threads_;
-  const std::vector<std::function<void()>>* tasks_ = nullptr;
-  std::vector<int> cpus_;       // this step's binding: thread i on cpus_[i] (empty: none)
-  std::vector<int> last_cpus_;  // the last finished step's
-  std::vector<std::pair<double, double>> shares_;  // each thread's CPU and wall seconds in this step's task
-  std::vector<double> cpu_s_, wall_s_;             // bound threads' sums over the current window
-  std::string unbound_why_;     // set once a bound thread shared its CPU: no binding from then on
-  uint64_t steps_ = 0;
-  std::size_t running_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-};
-
-}  // namespace
-
-std::string stage_threads_binding() { return StageThreads::instance().binding(); }
 
 PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vector<PipeOp>>& schedule, int m,
                          const torch::Tensor& x, const torch::Tensor& y, const SyntheticCost& cost,
@@ -641,7 +463,7 @@ PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vect
       });
     }
   }
-  StageThreads::instance().run(tasks);
+  run_on_stage_threads(tasks);
   for (int s = 0; s < p; ++s)
     if (!errors[static_cast<std::size_t>(s)].empty()) {
       // Report the stage that failed first, not the ones that were woken by the abort.
@@ -790,35 +612,6 @@ PipelineRun run_pipeline_process(const std::shared_ptr<dist::Group>& group, cons
     at += prm.numel();
   }
   return assemble_run(parts, std::move(grads));
-}
-
-double measured_bubble(const PipelineRun& run) {
-  if (run.busy_s.empty() || run.step_s <= 0) return 0;
-  double sum = 0;
-  for (double b : run.busy_s) sum += 1.0 - b / run.step_s;
-  return sum / static_cast<double>(run.busy_s.size());
-}
-
-std::string render_gantt(const PipelineRun& run, int stages, int width) {
-  if (run.step_s <= 0 || width < 1) return "";
-  const double col = run.step_s / width;
-  std::vector<std::string> rows(static_cast<std::size_t>(stages), std::string(static_cast<std::size_t>(width), '.'));
-  const char* digits = "0123456789abcdefghijklmnopqrstuvwxyz";
-  for (const auto& ev : run.events) {
-    int a = static_cast<int>(ev.start_s / col + 0.5), b = static_cast<int>(ev.end_s / col + 0.5);
-    a = std::clamp(a, 0, width - 1);
-    b = std::clamp(b, a + 1, width);
-    auto& row = rows[static_cast<std::size_t>(ev.stage)];
-    const char fill = ev.op.kind == 'F' ? '-' : ev.op.kind == 'W' ? '~' : '=';
-    for (int c = a; c < b; ++c) row[static_cast<std::size_t>(c)] = fill;
-    // Odd model chunks (interleaved 1F1B) in lower case: F/B/W chunk 0, 2, ...; f/b/w chunk 1, 3, ...
-    row[static_cast<std::size_t>(a)] = ev.op.chunk % 2 == 1 ? static_cast<char>(ev.op.kind - 'A' + 'a') : ev.op.kind;
-    if (b - a >= 2) row[static_cast<std::size_t>(a + 1)] = digits[ev.op.microbatch % 36];
-  }
-  std::string out;
-  for (int s = 0; s < stages; ++s) out += fmt::format("stage {} |{}|\n", s, rows[static_cast<std::size_t>(s)]);
-  out += fmt::format("         0{:>{}}\n", fmt::format("{:.1f} ms", run.step_s * 1e3), width);
-  return out;
 }
 
 }  // namespace mpt

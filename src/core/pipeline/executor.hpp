@@ -11,7 +11,9 @@
 //  core/pipeline/stage.hpp  the stage function the executor calls (forward of a chunk, its
 //                           parameters, the loss of the last chunk, weight-gradient roots)
 //  core/pipeline/executor   the executor: run_stage (one stage's program), run_pipeline,
-//                           run_pipeline_process; measured_bubble and the Gantt chart
+//                           run_pipeline_process
+//  core/pipeline/stage_threads  the threads executor's threads, kept between steps, bound to CPUs
+//  core/pipeline/timeline   a run read back: measured_bubble and the Gantt chart
 //  core/models/mlp          the stage functions themselves (MlpStage) and the splitting
 //                           (mlp_layers, stage_ranges, balanced_cuts, stage_forward)
 //

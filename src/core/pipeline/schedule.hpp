@@ -123,6 +123,48 @@ std::string schedule_name(ScheduleKind k);
 /// The chunk placement a schedule runs with: V for ZBV, Loop otherwise.
 Placement schedule_placement(ScheduleKind k);
 
+/// One schedule as data: a row of the schedule table (schedule_table), in the spirit of
+/// torch.distributed.pipelining, where each schedule is a class whose attributes carry its traits
+/// and which is looked up by name. parse_schedule, schedule_name, make_schedule,
+/// bubble_time_theory and the pipeline experiment read only this row, so adding a schedule is a
+/// ScheduleKind, one row and its program builder (docs/pipeline.md).
+struct ScheduleSpec {
+  ScheduleKind kind = ScheduleKind::GPipe;
+  const char* name = "";   ///< the config name ("1f1b", "zb-v", ...)
+  int chunks = 1;          ///< model chunks per stage; 0: the caller's v (interleaved 1F1B, v >= 2)
+  Placement placement = Placement::Loop;  ///< where the chunks sit (V: ZB-V)
+  bool splits_w = false;   ///< B and W apart (zero-bubble schedules): B is the input gradient only
+  bool one_microbatch = false;      ///< the whole batch as one microbatch (naive): make_schedule uses m = 1
+  bool microbatches_in_groups = false;  ///< m must be a multiple of p (Megatron's interleaved schedule)
+  bool gradient_reference = false;  ///< its gradients are the ones the others are checked against (GPipe)
+  bool matches_reference = false;   ///< gradients bitwise the reference's at the same m (same accumulation order)
+  bool zero_bubble_table = false;   ///< compared in the experiment's zero_bubble table (zero-bubble and 1F1B)
+  bool step_sync = false;           ///< the experiment times its step-end barrier (step_sync)
+  bool formula_needs_equal_fbw = false;  ///< idle_time's closed form holds only for equal chunks and F = B = W
+  /// Throws std::invalid_argument when the schedule cannot run p stages, m microbatches, v chunks
+  /// (make_schedule has checked p >= 1, m >= 1).
+  void (*check)(int p, int m, int v) = nullptr;
+  /// Rank s's program for p ranks, m microbatches, v chunks per rank (after check).
+  std::vector<PipeOp> (*program)(int s, int p, int m, int v) = nullptr;
+  /// Idle time per stage of a balanced pipeline, F, B, W any unit (bubble_time_theory).
+  double (*idle_time)(int p, int m, double f, double b, double w, int v) = nullptr;
+  /// The most (microbatch, chunk) pairs a stage may hold at once.
+  int (*peak_bound)(int p, int m, int v) = nullptr;
+  /// The exact peak of rank s, or nullptr when there is no closed form per rank (zbv_peak_theory).
+  int (*rank_peak)(int p, int m, int s) = nullptr;
+  /// Model chunks per stage with `v` configured: `chunks`, or v where chunks is 0.
+  int chunks_for(int v) const { return chunks == 0 ? v : chunks; }
+};
+
+/// Every schedule mpt knows, in ScheduleKind's order (the config's list of choices).
+const std::vector<ScheduleSpec>& schedule_table();
+/// The row of `kind`.
+const ScheduleSpec& schedule_spec(ScheduleKind kind);
+/// The row named `name`; throws std::invalid_argument as parse_schedule.
+const ScheduleSpec& schedule_spec(const std::string& name);
+/// Every schedule's config name, in the table's order.
+std::vector<std::string> schedule_names();
+
 /// Per-stage operation lists for `stages` stages and `microbatches` microbatches
 /// (Naive ignores `microbatches` and uses 1). Result[s] is stage s's program, in order.
 /// Interleaved1F1B with v = `chunks` model chunks per stage (the model cut into p·v
