@@ -29,18 +29,18 @@ TEST_CASE("reference::shard_of: indices[rank:total:replicas] after DistributedSa
           "[parallel][reference]") {
   const auto idx = torch::arange(10, torch::kLong);
   // drop_last: total = 9, the tail element 9 dropped
-  CHECK(values(reference::shard_of(idx, 0, 3)) == std::vector<int64_t>{0, 3, 6});
-  CHECK(values(reference::shard_of(idx, 1, 3)) == std::vector<int64_t>{1, 4, 7});
-  CHECK(values(reference::shard_of(idx, 2, 3)) == std::vector<int64_t>{2, 5, 8});
+  CHECK((values(reference::shard_of(idx, 0, 3)) == std::vector<int64_t>{0, 3, 6}));
+  CHECK((values(reference::shard_of(idx, 1, 3)) == std::vector<int64_t>{1, 4, 7}));
+  CHECK((values(reference::shard_of(idx, 2, 3)) == std::vector<int64_t>{2, 5, 8}));
   // padding: total = 12, indices + indices[:2]
-  CHECK(values(reference::shard_of(idx, 0, 3, false)) == std::vector<int64_t>{0, 3, 6, 9});
-  CHECK(values(reference::shard_of(idx, 1, 3, false)) == std::vector<int64_t>{1, 4, 7, 0});
-  CHECK(values(reference::shard_of(idx, 2, 3, false)) == std::vector<int64_t>{2, 5, 8, 1});
+  CHECK((values(reference::shard_of(idx, 0, 3, false)) == std::vector<int64_t>{0, 3, 6, 9}));
+  CHECK((values(reference::shard_of(idx, 1, 3, false)) == std::vector<int64_t>{1, 4, 7, 0}));
+  CHECK((values(reference::shard_of(idx, 2, 3, false)) == std::vector<int64_t>{2, 5, 8, 1}));
   // padding longer than the list: (indices * ceil(pad / n))[:pad]
   const auto two = torch::tensor({7, 8}, torch::kLong);
   std::vector<int64_t> got;
   for (int64_t r = 0; r < 5; ++r) got.push_back(values(reference::shard_of(two, r, 5, false)).at(0));
-  CHECK(got == std::vector<int64_t>{7, 8, 7, 8, 7});
+  CHECK((got == std::vector<int64_t>{7, 8, 7, 8, 7}));
   CHECK(values(reference::shard_of(idx, 0, 1)) == values(idx));
   CHECK_THROWS_AS(reference::shard_of(idx, 3, 3), std::invalid_argument);
   CHECK_THROWS_AS(reference::shard_of(idx, 0, 0), std::invalid_argument);
