@@ -23,8 +23,8 @@
  *  Timings per N: compute, all-reduce, exposed all-reduce, algbw/busbw (nccl-tests:
  *  busbw = algbw · 2(N−1)/N), scaling efficiency T_1 / (N · T_N).
  *
- * Same seed and construction order as tests/parity/dataparallel_ref.py (model, then
- * inputs, then targets), so section 1 and 2 agree with PyTorch-Python bit for bit.
+ * Sections 1-2 (dataparallel_equivalence.cpp) draw in tests/parity/dataparallel_ref.py's
+ * order (model, inputs, targets), so they agree with PyTorch-Python bit for bit.
  *
  *   mpt dataparallel                      # 4 processes on this machine, sweep N = 1, 2, 4
  *   mpt dataparallel --nproc 2 --set train.nprocs=[1,2]
@@ -42,12 +42,13 @@
 #include "core/experiment.hpp"
 #include "core/process_plan.hpp"
 #include "core/runtime/trace.hpp"
+#include "core/parallel/reference.hpp"
+#include "experiments/dataparallel_parts.hpp"
 
 namespace mpt {
 
 namespace {
 
-using torch::indexing::None;
 using torch::indexing::Slice;
 
 ConfigSpec dataparallel_spec() {
@@ -93,127 +94,9 @@ ConfigSpec dataparallel_spec() {
 }
 
 // ----------------------------------------------------------------------------
-// 1-2. Equivalence in one process
-// ----------------------------------------------------------------------------
-torch::nn::Sequential small_net(int64_t in_dim, int64_t hidden) {
-  // push_back one by one: the arguments of one call may be evaluated in any order (GCC: right
-  // to left), which would draw the second layer's weights first.
-  torch::nn::Sequential net;
-  net->push_back(torch::nn::Linear(in_dim, hidden));
-  net->push_back(torch::nn::ReLU());
-  net->push_back(torch::nn::Linear(hidden, 1));
-  return net;
-}
-
-/// Gradients of mean-MSE of `net` on (x, y), by parameter name, on a fresh copy of `net`.
-std::vector<std::pair<std::string, torch::Tensor>> grads_on_copy(const torch::nn::Sequential& net,
-                                                                 const torch::Tensor& x, const torch::Tensor& y) {
-  auto copy = torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone()));
-  auto loss = torch::mse_loss(copy->forward(x), y);
-  loss.backward();
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& kv : copy->named_parameters()) out.emplace_back(kv.key(), kv.value().grad().detach().clone());
-  return out;
-}
-
-struct ShardGrads {
-  std::vector<std::pair<std::string, torch::Tensor>> whole;
-  std::vector<torch::Tensor> naive, weighted;  // per parameter
-  std::vector<int64_t> sizes;
-};
-
-ShardGrads shard_grads(int64_t seed, int64_t in_dim, int64_t hidden, int64_t n, int64_t shards) {
-  seed_all(static_cast<std::uint64_t>(seed));
-  auto net = small_net(in_dim, hidden);
-  auto x = torch::randn({n, in_dim});
-  auto y = torch::randn({n, 1});
-  ShardGrads r;
-  r.whole = grads_on_copy(net, x, y);
-  auto xs = x.tensor_split(shards), ys = y.tensor_split(shards);
-  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> per;
-  for (std::size_t k = 0; k < xs.size(); ++k) {
-    per.push_back(grads_on_copy(net, xs[k], ys[k]));
-    r.sizes.push_back(xs[k].size(0));
-  }
-  // Sums in shard order, as tests/parity/dataparallel_ref.py does.
-  for (std::size_t p = 0; p < r.whole.size(); ++p) {
-    auto naive = per[0][p].second.clone();
-    auto weighted = per[0][p].second * static_cast<double>(r.sizes[0]);
-    for (std::size_t k = 1; k < per.size(); ++k) {
-      naive += per[k][p].second;
-      weighted += per[k][p].second * static_cast<double>(r.sizes[k]);
-    }
-    r.naive.push_back(naive / static_cast<double>(per.size()));
-    r.weighted.push_back(weighted / static_cast<double>(n));
-  }
-  return r;
-}
-
-Table equivalence_table(const Config& cfg, Report& report) {
-  const int64_t n = cfg.integer("/equivalence/batch"), k = cfg.integer("/equivalence/shards");  // k <= n: validate
-  ShardGrads g = shard_grads(cfg.integer("/seed"), cfg.integer("/equivalence/in_dim"),
-                             cfg.integer("/equivalence/hidden"), n, k);
-  Table t{"equivalence",
-          fmt::format("Equivalence: whole-batch gradient vs average of {} shard gradients (batch {}, MSE)", k, n),
-          {text_col("name", "parameter"), text_col("shape", "shape"), sci_col("max_abs_grad", "max|g|"),
-           sci_col("max_abs_diff", "max|g - avg|")}};
-  double worst = 0;
-  for (std::size_t p = 0; p < g.whole.size(); ++p) {
-    const auto& w = g.whole[p].second;
-    const double d = max_abs_diff(w, g.naive[p]);
-    worst = std::max(worst, d);
-    std::string shape = w.dim() == 2 ? fmt::format("{}x{}", w.size(0), w.size(1)) : fmt::format("{}", w.size(0));
-    t.rows.push_back({{"name", g.whole[p].first}, {"shape", shape}, {"max_abs_grad", w.abs().max().item<double>()},
-                      {"max_abs_diff", d}});
-  }
-  t.notes.push_back("every shard holds b = B/K samples, so the mean of shard means is the whole-batch mean: "
-                    "the difference is fp32 roundoff, not a discrepancy");
-  report.check("even shards: max |whole-batch grad - shard average|", worst, 1e-6);
-  return t;
-}
-
-Table uneven_table(const Config& cfg, Report& report) {
-  const int64_t n = cfg.integer("/equivalence/uneven_samples"), k = cfg.integer("/equivalence/uneven_shards");
-  ShardGrads g = shard_grads(cfg.integer("/seed"), cfg.integer("/equivalence/in_dim"),
-                             cfg.integer("/equivalence/hidden"), n, k);
-  std::string sizes;
-  for (auto s : g.sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(s);
-  Table t{"uneven",
-          fmt::format("Uneven shards: {} samples in {} shards ({}): naive vs sample-weighted average", n, k, sizes),
-          {text_col("name", "parameter"), sci_col("max_abs_grad", "max|g|"), sci_col("naive_diff", "naive diff"),
-           sci_col("weighted_diff", "weighted diff")}};
-  double worst_naive = 0, worst_weighted = 0;
-  for (std::size_t p = 0; p < g.whole.size(); ++p) {
-    const auto& w = g.whole[p].second;
-    const double dn = max_abs_diff(w, g.naive[p]), dw = max_abs_diff(w, g.weighted[p]);
-    worst_naive = std::max(worst_naive, dn);
-    worst_weighted = std::max(worst_weighted, dw);
-    t.rows.push_back({{"name", g.whole[p].first}, {"max_abs_grad", w.abs().max().item<double>()},
-                      {"naive_diff", dn}, {"weighted_diff", dw}});
-  }
-  t.notes.push_back("naive = (1/K) sum_k g_k, what DDP computes: it divides the summed gradients by the world size, "
-                    "so a rank with fewer samples weighs as much as a full one and the gradient is biased");
-  t.notes.push_back("weighted = sum_k (n_k/N) g_k restores the whole-batch gradient; in DDP: equal shards "
-                    "(drop_last / padding in DistributedSampler), or scale each rank's loss by n_k*K/N before backward");
-  report.results["uneven_shard_sizes"] = g.sizes;
-  report.check("uneven shards: max |whole-batch grad - weighted average|", worst_weighted, 1e-6);
-  // The naive average must be measurably biased when shards differ (else the lesson shows nothing).
-  bool differ = false;
-  for (std::size_t i = 1; i < g.sizes.size(); ++i) differ |= g.sizes[i] != g.sizes[0];
-  if (differ) report.check("uneven shards: naive average is biased (1 = not biased beyond 1e-6)",
-                           worst_naive > 1e-6 ? 0.0 : 1.0, 0.0);
-  return t;
-}
-
-// ----------------------------------------------------------------------------
 // 3-4. Real data-parallel training across processes
 // ----------------------------------------------------------------------------
-torch::Tensor flat_params(const torch::nn::Sequential& net) {
-  std::vector<torch::Tensor> v;
-  for (const auto& p : net->parameters()) v.push_back(p.detach().reshape({-1}).to(torch::kCPU));
-  return torch::cat(v);
-}
-
+/// The options of a training run (/seed, /train/*, /ddp/*), where it runs and who fails.
 struct TrainSetup {
   int64_t seed = 1, global_batch = 64, max_steps = 0, hidden = 128, micro_steps = 1;
   double lr = 0.05;
@@ -223,6 +106,7 @@ struct TrainSetup {
   torch::Device device = torch::kCPU;  // this rank's device: CPU (Gloo) or its own GPU (NCCL)
 };
 
+/// What a training run measured: steps, buckets, losses, replica spread, final parameters, times.
 struct TrainOut {
   int64_t steps = 0, used = 0, dropped = 0, buckets = 0, bytes = 0;
   double final_loss = 0, replica_dev = 0;
@@ -231,10 +115,49 @@ struct TrainOut {
   double step_s = 0, compute_s = 0, exposed_s = 0, allreduce_s = 0;  // per step, after a warm-up step
 };
 
-/// Rank r of `g` reads shard r of the permutation (DistributedSampler without padding:
-/// indices r, r+N, r+2N, ...) in local batches of global_batch/N.
-torch::Tensor shard_of(const torch::Tensor& perm, int64_t r, int64_t n) { return perm.index({Slice(r, None, n)}); }
+/// One step's micro-steps on this rank's local batch (x, y): forward, backward (the overlapped
+/// buckets' all-reduces start from the gradient hooks) and the reducer's wait, communicating on
+/// every micro-step or, with no_sync, on the last only. Returns {exposed seconds, loss sum}.
+std::pair<double, double> micro_steps(torch::nn::Sequential& net, dist::Reducer& reducer, const torch::Tensor& x,
+                                      const torch::Tensor& y, const TrainSetup& ts) {
+  clear_grads(net->parameters());  // zero_grad(set_to_none=True)
+  auto xs = x.tensor_split(ts.micro_steps), ys = y.tensor_split(ts.micro_steps);
+  double exposed = 0, loss_sum = 0;
+  for (int64_t m = 0; m < ts.micro_steps; ++m) {
+    const bool last = m + 1 == ts.micro_steps;
+    reducer.set_sync(last || ts.sync_every_micro_step);
+    torch::Tensor loss;
+    {
+      trace::Scope f(trace::Track::Compute, "forward");  // timeline slices (--trace; core/runtime/trace)
+      loss = torch::cross_entropy_loss(net->forward(xs[m]), ys[m]) / static_cast<double>(ts.micro_steps);
+    }
+    {
+      trace::Scope bw(trace::Track::Compute, "backward");  // the overlapped buckets' all-reduces start here
+      loss.backward();
+    }
+    loss_sum += loss.item<double>();
+    trace::Scope waiting(trace::Track::Compute, "wait all-reduce");  // Reducer::finalize: the exposed part
+    exposed += reducer.finalize();
+  }
+  return {exposed, loss_sum};
+}
 
+/// The spread of a parameter checksum across the ranks of `g` (max − min; 0 = identical
+/// replicas, NaN once diverged), one all-reduce of (c, −c) with MAX.
+double replica_spread(const torch::nn::Sequential& net, dist::Group& g, const torch::TensorOptions& on_device) {
+  double c = 0;
+  {
+    torch::NoGradGuard ng;
+    for (const auto& p : net->parameters()) c += p.to(torch::kFloat64).sum().item<double>();
+  }
+  auto cs = torch::tensor({c, -c}, on_device.dtype(torch::kFloat64));
+  g.allreduce(cs, dist::ReduceOp::Max);
+  return cs[0].item<double>() + cs[1].item<double>();
+}
+
+/// Rank r of `g` trains on its DistributedSampler shard of the permutation
+/// (reference::shard_of, drop_last) in local batches of global_batch/N, until a rank has no
+/// full local batch left or /train/max_steps; gradients averaged by the DDP-style reducer.
 TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared_ptr<dist::Group>& g,
                const TrainSetup& ts) {
   const int64_t n = g->size(), r = g->rank(), b = ts.global_batch / n;
@@ -244,7 +167,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
   const auto on_device = torch::TensorOptions().device(ts.device);
   dist::Reducer reducer(net->parameters(), g, ts.ropts);  // broadcasts rank 0's parameters
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ts.lr));
-  const torch::Tensor shard = shard_of(perm, r, n);
+  const torch::Tensor shard = reference::shard_of(perm, r, n);
   TrainOut out;
   out.buckets = static_cast<int64_t>(reducer.buckets().size());
   out.bytes = reducer.total_bytes();
@@ -260,25 +183,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     const double t0 = now_seconds();
     auto idx = shard.index({Slice(s * b, (s + 1) * b)});
     auto x = data.images.index_select(0, idx).to(ts.device), y = data.labels.index_select(0, idx).to(ts.device);
-    clear_grads(net->parameters());  // zero_grad(set_to_none=True)
-    auto xs = x.tensor_split(ts.micro_steps), ys = y.tensor_split(ts.micro_steps);
-    double exposed = 0, loss_sum = 0;
-    for (int64_t m = 0; m < ts.micro_steps; ++m) {
-      const bool last = m + 1 == ts.micro_steps;
-      reducer.set_sync(last || ts.sync_every_micro_step);
-      torch::Tensor loss;
-      {
-        trace::Scope f(trace::Track::Compute, "forward");  // timeline slices (--trace; core/runtime/trace)
-        loss = torch::cross_entropy_loss(net->forward(xs[m]), ys[m]) / static_cast<double>(ts.micro_steps);
-      }
-      {
-        trace::Scope bw(trace::Track::Compute, "backward");  // the overlapped buckets' all-reduces start here
-        loss.backward();
-      }
-      loss_sum += loss.item<double>();
-      trace::Scope waiting(trace::Track::Compute, "wait all-reduce");  // Reducer::finalize: the exposed part
-      exposed += reducer.finalize();
-    }
+    const auto [exposed, loss_sum] = micro_steps(net, reducer, x, y, ts);
     const double t1 = now_seconds();  // finalize() waited for the device
     {
       trace::Scope o(trace::Track::Optimizer, "optimizer.step");
@@ -286,15 +191,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
       sync_device(ts.device);
     }
     const double t2 = now_seconds();  // the step ends here; what follows is checking
-    // Replicas must stay identical: compare a checksum across ranks (max and -min in one all-reduce).
-    double c = 0;
-    {
-      torch::NoGradGuard ng;
-      for (const auto& p : net->parameters()) c += p.to(torch::kFloat64).sum().item<double>();
-    }
-    auto cs = torch::tensor({c, -c}, on_device.dtype(torch::kFloat64));
-    g->allreduce(cs, dist::ReduceOp::Max);
-    out.replica_dev = nan_max(out.replica_dev, cs[0].item<double>() + cs[1].item<double>());  // nan: diverged
+    out.replica_dev = nan_max(out.replica_dev, replica_spread(net, *g, on_device));  // 0: identical; nan: diverged
     auto l = torch::tensor({loss_sum / n}, on_device.dtype(torch::kFloat64));
     g->allreduce(l);
     out.final_loss = l.item<double>();
@@ -311,12 +208,12 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
   out.compute_s = t_comp / timed;
   out.exposed_s = t_exp / timed;
   out.allreduce_s = reducer.time_allreduce(5);
-  // Samples the sampler could not use: what is left once the shortest shard has no full local batch.
-  int64_t data_steps = perm.size(0);
-  for (int64_t q = 0; q < n; ++q) data_steps = std::min(data_steps, shard_of(perm, q, n).size(0) / b);
+  // Samples the sampler could not use: what is left once a shard has no full local batch (every
+  // shard holds floor(samples / N): drop_last).
+  const int64_t data_steps = shard.size(0) / b;
   out.used = out.steps * ts.global_batch;
   out.dropped = perm.size(0) - data_steps * ts.global_batch;
-  out.params = flat_params(net);
+  out.params = reference::flat(net->parameters());
   return out;
 }
 
@@ -339,7 +236,8 @@ double hidden_behind_backward(const std::vector<trace::Event>& ev, double* allre
   return trace::overlap_fraction(comm, backward);
 }
 
-/// The same global batches in one process: the concatenation of every rank's local batch.
+/// The same global batches in one process (reference::replay, WholeBatch): the concatenation of
+/// every rank's local batch, one backward, the same SGD; the final parameters, flattened.
 /// `w`: this rank's World, whose peers wait meanwhile (they see each step as progress).
 torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int64_t n, int64_t steps,
                              const TrainSetup& ts, const World& w) {
@@ -349,21 +247,23 @@ torch::Tensor single_process(const Dataset& data, const torch::Tensor& perm, int
   net->to(ts.device);  // the same device as the ranks: the same kernels
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ts.lr));
   std::vector<torch::Tensor> shards;
-  for (int64_t r = 0; r < n; ++r) shards.push_back(shard_of(perm, r, n));
-  for (int64_t s = 0; s < steps; ++s) {
-    w.note_progress();
-    std::vector<torch::Tensor> parts;
-    for (const auto& sh : shards) parts.push_back(sh.index({Slice(s * b, (s + 1) * b)}));
-    auto idx = torch::cat(parts);
-    opt.zero_grad();
-    torch::cross_entropy_loss(net->forward(data.images.index_select(0, idx).to(ts.device)),
-                              data.labels.index_select(0, idx).to(ts.device))
-        .backward();
-    opt.step();
-  }
-  return flat_params(net);
+  for (int64_t r = 0; r < n; ++r) shards.push_back(reference::shard_of(perm, r, n));
+  reference::ReplaySpec spec;
+  spec.ranks = n;
+  spec.steps = steps;
+  spec.mode = reference::Mode::WholeBatch;
+  spec.every_step = false;
+  spec.on_step = [&w] { w.note_progress(); };
+  const auto local = [&](int64_t r, int64_t s) {
+    auto idx = shards[static_cast<std::size_t>(r)].index({Slice(s * b, (s + 1) * b)});
+    return std::make_pair(data.images.index_select(0, idx).to(ts.device),
+                          data.labels.index_select(0, idx).to(ts.device));
+  };
+  const auto loss = [&](const auto& x, const auto& y) { return torch::cross_entropy_loss(net->forward(x), y); };
+  return reference::replay(net->parameters(), opt, loss, local, spec).params.back();
 }
 
+/// The training options of the config (no fault point, the CPU: run_training sets them).
 TrainSetup train_setup(const Config& cfg) {
   TrainSetup ts;
   ts.seed = cfg.integer("/seed");
@@ -378,128 +278,141 @@ TrainSetup train_setup(const Config& cfg) {
   return ts;
 }
 
-/// Sections 3-4: the N sweep, the no_sync comparison and the real fp16 all-reduce rows.
-void run_training(const Context& ctx, Report& report, Table& fp16) {
-  const auto& cfg = ctx.cfg;
-  const int64_t world = ctx.world_size, rank = ctx.rank, gb = cfg.integer("/train/global_batch");
-  std::vector<int64_t> ns;
-  for (int64_t n : cfg.integers("/train/nprocs"))  // validate_dataparallel checked that N divides the batch
-    if (n <= world) ns.push_back(n);
-  World& w = *ctx.world;
-  const std::shared_ptr<dist::Group> world_group = w.group();  // every rank, Gloo
+/// The tables of sections 3-4 (rank 0 fills them) and the worst values of their checks.
+struct TrainingTables {
+  Table t, tm, ov;
+  double t1 = 0, worst_dev = 0, worst_match = 0;  // t1: the step time at N = 1
+};
 
-  Dataset data = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/train/samples"));
-  const torch::Tensor perm = shuffled_indices(data.size(), static_cast<std::uint64_t>(cfg.integer("/seed")));
-  TrainSetup ts = train_setup(cfg);
-  ts.faults = &w;
-  // On CUDA every rank trains on its own GPU (the World's device: local rank) over NCCL, as DDP
-  // does; the world group (flags, barriers, the fp16 demonstration) stays on Gloo.
-  ts.device = w.device();
-
-  Table t{"training",
-          fmt::format("Data-parallel training on Fashion-MNIST (MLP 784-{}-10, global batch {}, SGD lr {:g})",
-                      ts.hidden, gb, ts.lr),
-          {text_col("name", "N"), int_col("buckets", "buckets"), int_col("bytes", "grad", "bytes"),
-           int_col("steps", "steps"), int_col("dropped", "dropped", "samples"), float_col("final_loss", "loss"),
-           sci_col("replica_dev", "replica dev"), sci_col("vs_single", "vs 1-proc")}};
-  Table tm{"per_n", "Step time per N (run-dependent: stored under timings)",
-           {text_col("name", "N"), float_col("step_ms", "step", "ms"), float_col("compute_ms", "compute", "ms"),
-            float_col("allreduce_ms", "all-reduce", "ms"), float_col("exposed_ms", "exposed", "ms"),
-            float_col("algbw", "algbw", "GB/s"), float_col("busbw", "busbw", "GB/s"),
-            pct_col("efficiency", "efficiency", 1)}};
+/// The tables of sections 3-4, empty: titles and columns (global batch gb).
+TrainingTables training_tables(const TrainSetup& ts, int64_t gb) {
+  TrainingTables tt;
+  tt.t = Table{"training",
+               fmt::format("Data-parallel training on Fashion-MNIST (MLP 784-{}-10, global batch {}, SGD lr {:g})",
+                           ts.hidden, gb, ts.lr),
+               {text_col("name", "N"), int_col("buckets", "buckets"), int_col("bytes", "grad", "bytes"),
+                int_col("steps", "steps"), int_col("dropped", "dropped", "samples"), float_col("final_loss", "loss"),
+                sci_col("replica_dev", "replica dev"), sci_col("vs_single", "vs 1-proc")}};
+  tt.tm = Table{"per_n", "Step time per N (run-dependent: stored under timings)",
+                {text_col("name", "N"), float_col("step_ms", "step", "ms"), float_col("compute_ms", "compute", "ms"),
+                 float_col("allreduce_ms", "all-reduce", "ms"), float_col("exposed_ms", "exposed", "ms"),
+                 float_col("algbw", "algbw", "GB/s"), float_col("busbw", "busbw", "GB/s"),
+                 pct_col("efficiency", "efficiency", 1)}};
   // Overlap from the timeline (recorded with or without --trace: trace::Capture): the fraction
   // of the buckets' all-reduce time that ran while backward was still computing, per N, with
   // the configured /ddp/overlap, and once with it flipped for the largest N > 1.
-  Table ov{"overlap", "All-reduce hidden behind backward, from the recorded timeline (rank 0; run-dependent)",
-           {text_col("name", "run"), int_col("n", "N"), text_col("overlap", "overlap"),
-            int_col("steps", "steps"), float_col("allreduce_ms", "all-reduce/step", "ms"),
-            float_col("exposed_ms", "exposed/step", "ms"), pct_col("hidden", "hidden", 1)}};
-  auto overlap_row = [&](int64_t n, const TrainSetup& setup, const TrainOut& o, const std::vector<trace::Event>& ev) {
-    double ar_us = 0;
-    const double hidden = hidden_behind_backward(ev, &ar_us);
-    const double steps = static_cast<double>(std::max<int64_t>(1, o.steps));
-    ov.rows.push_back({{"name", fmt::format("n{}.overlap_{}", n, setup.ropts.overlap ? "on" : "off")}, {"n", n},
-                       {"overlap", setup.ropts.overlap ? "on" : "off"}, {"steps", o.steps},
-                       {"allreduce_ms", ar_us / steps / 1e3}, {"exposed_ms", o.exposed_s * 1e3},
-                       {"hidden", hidden}});
-  };
-  double t1 = 0, worst_dev = 0, worst_match = 0;
+  tt.ov = Table{"overlap", "All-reduce hidden behind backward, from the recorded timeline (rank 0; run-dependent)",
+                {text_col("name", "run"), int_col("n", "N"), text_col("overlap", "overlap"),
+                 int_col("steps", "steps"), float_col("allreduce_ms", "all-reduce/step", "ms"),
+                 float_col("exposed_ms", "exposed/step", "ms"), pct_col("hidden", "hidden", 1)}};
+  return tt;
+}
+
+/// A row of the overlap table: run `o` with N = n under `setup`, from its timeline `ev`.
+void overlap_row(Table& ov, int64_t n, const TrainSetup& ts, const TrainOut& o, const std::vector<trace::Event>& ev) {
+  double ar_us = 0;
+  const double hidden = hidden_behind_backward(ev, &ar_us);
+  const double steps = static_cast<double>(std::max<int64_t>(1, o.steps));
+  ov.rows.push_back({{"name", fmt::format("n{}.overlap_{}", n, ts.ropts.overlap ? "on" : "off")}, {"n", n},
+                     {"overlap", ts.ropts.overlap ? "on" : "off"}, {"steps", o.steps},
+                     {"allreduce_ms", ar_us / steps / 1e3}, {"exposed_ms", o.exposed_s * 1e3}, {"hidden", hidden}});
+}
+
+/// Section 3: a run for every N of the sweep on ranks 0 .. N-1 (the others wait in the
+/// barrier), rank 0 checking it against one process; rows of the training, per-N and overlap tables.
+void sweep(World& w, const Dataset& data, const torch::Tensor& perm, const TrainSetup& ts,
+           const std::vector<int64_t>& ns, TrainingTables& tt, Report& report) {
+  const int64_t rank = w.rank();
   for (int64_t n : ns) {
     TrainOut o;
     if (rank < n) {
       auto g = w.new_group(fmt::format("train_n{}/", n), static_cast<int>(n), ts.device);
       trace::Capture cap(fmt::format("n{}.overlap_{}", n, ts.ropts.overlap ? "on" : "off"));
       o = train(data, perm, g, ts);
-      if (rank == 0 && n > 1) overlap_row(n, ts, o, cap.events());
+      if (rank == 0 && n > 1) overlap_row(tt.ov, n, ts, o, cap.events());
     }
     // Rank 0 checks against one process (as long again as its training): the other ranks wait
     // in the barrier below, which waits as long as rank 0 makes progress (heartbeats), however
     // long that is compared with /dist/timeout_s.
     if (rank == 0) {
-      const double match = (o.params - single_process(data, perm, n, o.steps, ts, w)).abs().max().item<double>();
+      const double match = max_abs_diff(o.params, single_process(data, perm, n, o.steps, ts, w));
       // nan_max: a diverged run's nan must fail the checks below, not vanish in std::max
-      worst_dev = nan_max(worst_dev, o.replica_dev);
-      worst_match = nan_max(worst_match, match);
-      note_divergence(report, t, fmt::format("N={}", n), o.losses);
-      t.rows.push_back({{"name", fmt::format("n{}", n)}, {"buckets", o.buckets}, {"bytes", o.bytes},
-                        {"steps", o.steps}, {"dropped", o.dropped}, {"final_loss", o.final_loss},
-                        {"replica_dev", o.replica_dev}, {"vs_single", match}});
-      if (n == 1) t1 = o.step_s;
+      tt.worst_dev = nan_max(tt.worst_dev, o.replica_dev);
+      tt.worst_match = nan_max(tt.worst_match, match);
+      note_divergence(report, tt.t, fmt::format("N={}", n), o.losses);
+      tt.t.rows.push_back({{"name", fmt::format("n{}", n)}, {"buckets", o.buckets}, {"bytes", o.bytes},
+                           {"steps", o.steps}, {"dropped", o.dropped}, {"final_loss", o.final_loss},
+                           {"replica_dev", o.replica_dev}, {"vs_single", match}});
+      if (n == 1) tt.t1 = o.step_s;
       const double algbw = o.allreduce_s > 0 ? o.bytes / o.allreduce_s / 1e9 : 0.0;
       const double busbw = algbw * 2.0 * (n - 1) / n;
-      const double eff = t1 > 0 ? t1 / (n * o.step_s) : 0.0;
-      json row = {{"name", fmt::format("n{}", n)}, {"step_ms", o.step_s * 1e3}, {"compute_ms", o.compute_s * 1e3},
-                  {"allreduce_ms", o.allreduce_s * 1e3}, {"exposed_ms", o.exposed_s * 1e3}, {"algbw", algbw},
-                  {"busbw", busbw}, {"efficiency", eff}};
-      tm.rows.push_back(row);
+      const double eff = tt.t1 > 0 ? tt.t1 / (n * o.step_s) : 0.0;
+      tt.tm.rows.push_back({{"name", fmt::format("n{}", n)}, {"step_ms", o.step_s * 1e3},
+                            {"compute_ms", o.compute_s * 1e3}, {"allreduce_ms", o.allreduce_s * 1e3},
+                            {"exposed_ms", o.exposed_s * 1e3}, {"algbw", algbw}, {"busbw", busbw}, {"efficiency", eff}});
     }
-    world_group->barrier();
+    w.group()->barrier();
   }
-  // The same training with /ddp/overlap flipped, for the largest N > 1: overlap on vs off.
+}
+
+/// The same training with /ddp/overlap flipped, for the largest N > 1: overlap on vs off.
+void overlap_flipped(World& w, const Dataset& data, const torch::Tensor& perm, const TrainSetup& ts,
+                     const std::vector<int64_t>& ns, TrainingTables& tt) {
   const int64_t n_max = ns.empty() ? 1 : *std::max_element(ns.begin(), ns.end());
-  if (n_max > 1) {
-    TrainSetup flipped = ts;
-    flipped.ropts.overlap = !ts.ropts.overlap;
-    flipped.faults = nullptr;
-    if (rank < n_max) {
-      auto g = w.new_group(fmt::format("train_n{}_flipped/", n_max), static_cast<int>(n_max), ts.device);
-      trace::Capture cap(fmt::format("n{}.overlap_{}", n_max, flipped.ropts.overlap ? "on" : "off"));
-      const TrainOut o = train(data, perm, g, flipped);
-      if (rank == 0) overlap_row(n_max, flipped, o, cap.events());
-    }
-    world_group->barrier();
+  if (n_max <= 1) return;
+  TrainSetup flipped = ts;
+  flipped.ropts.overlap = !ts.ropts.overlap;
+  flipped.faults = nullptr;
+  if (w.rank() < n_max) {
+    auto g = w.new_group(fmt::format("train_n{}_flipped/", n_max), static_cast<int>(n_max), ts.device);
+    trace::Capture cap(fmt::format("n{}.overlap_{}", n_max, flipped.ropts.overlap ? "on" : "off"));
+    const TrainOut o = train(data, perm, g, flipped);
+    if (w.rank() == 0) overlap_row(tt.ov, n_max, flipped, o, cap.events());
   }
-  // 4. no_sync: accumulate micro-steps locally, communicate on the last one only.
+  w.group()->barrier();
+}
+
+/// Section 4, no_sync: accumulate micro-steps locally, communicate on the last one only, against
+/// communicating on every micro-step, on all the processes (results.no_sync and a check).
+void no_sync_check(const Config& cfg, Report& report, World& w, const Dataset& data, const torch::Tensor& perm,
+                   const TrainSetup& ts, int64_t world) {
   const int64_t nsteps = cfg.integer("/train/nosync_steps");
-  if (nsteps > 0) {
-    TrainSetup a = ts, b = ts;
-    a.max_steps = b.max_steps = nsteps;
-    a.micro_steps = b.micro_steps = cfg.integer("/train/micro_steps");
-    a.faults = b.faults = nullptr;
-    a.device = b.device = world_group->device();  // the world group is Gloo: CPU tensors
-    b.sync_every_micro_step = false;
-    TrainOut oa = train(data, perm, world_group, a), ob = train(data, perm, world_group, b);
-    const double d = (oa.params - ob.params).abs().max().item<double>();
-    report.results["no_sync"] = {{"world_size", world}, {"micro_steps", a.micro_steps}, {"steps", oa.steps},
-                                 {"max_abs_diff", d}};
-    report.check(fmt::format("no_sync (N={}, {} micro-steps): max |params sync-every - sync-last|", world,
-                             a.micro_steps),
-                 d, cfg.number("/check/tolerance"));
-  }
-  // 5. fp16 gradients through a real Gloo all-reduce among all processes.
-  if (world > 1) {
-    const double gval = std::max(cfg.number("/fp16/grad"), 65504.0 / world * 1.25);
-    auto h = torch::full({1024}, gval, torch::kFloat16);
-    auto sum_first = h.clone();
-    world_group->allreduce(sum_first);
-    sum_first = sum_first / static_cast<double>(world);
-    auto div_first = h / static_cast<double>(world);
-    world_group->allreduce(div_first);
-    fp16.rows.push_back({{"name", fmt::format("gloo_{}_ranks", world)}, {"ranks", world},
-                         {"grad", h[0].item<double>()}, {"sum_then_divide", sum_first[0].item<double>()},
-                         {"divide_then_sum", div_first[0].item<double>()}});
-  }
-  if (rank != 0) return;
+  if (nsteps <= 0) return;
+  const std::shared_ptr<dist::Group> world_group = w.group();
+  TrainSetup a = ts, b = ts;
+  a.max_steps = b.max_steps = nsteps;
+  a.micro_steps = b.micro_steps = cfg.integer("/train/micro_steps");
+  a.faults = b.faults = nullptr;
+  a.device = b.device = world_group->device();  // the world group is Gloo: CPU tensors
+  b.sync_every_micro_step = false;
+  TrainOut oa = train(data, perm, world_group, a), ob = train(data, perm, world_group, b);
+  const double d = max_abs_diff(oa.params, ob.params);
+  report.results["no_sync"] = {{"world_size", world}, {"micro_steps", a.micro_steps}, {"steps", oa.steps},
+                               {"max_abs_diff", d}};
+  report.check(fmt::format("no_sync (N={}, {} micro-steps): max |params sync-every - sync-last|", world,
+                           a.micro_steps),
+               d, cfg.number("/check/tolerance"));
+}
+
+/// Section 5 across processes: fp16 gradients through a real Gloo all-reduce among all of them,
+/// raised to 1.25·65504/N where needed so that the sum overflows.
+void fp16_gloo_row(const Config& cfg, World& w, int64_t world, Table& fp16) {
+  if (world <= 1) return;
+  const double gval = std::max(cfg.number("/fp16/grad"), 65504.0 / world * 1.25);
+  auto h = torch::full({1024}, gval, torch::kFloat16);
+  auto sum_first = h.clone();
+  w.group()->allreduce(sum_first);
+  sum_first = sum_first / static_cast<double>(world);
+  auto div_first = h / static_cast<double>(world);
+  w.group()->allreduce(div_first);
+  fp16.rows.push_back({{"name", fmt::format("gloo_{}_ranks", world)}, {"ranks", world},
+                       {"grad", h[0].item<double>()}, {"sum_then_divide", sum_first[0].item<double>()},
+                       {"divide_then_sum", div_first[0].item<double>()}});
+}
+
+/// Rank 0: the notes, checks and tables of sections 3-4 (the per-N and overlap tables under timings).
+void report_training(const Config& cfg, Report& report, TrainingTables& tt, int64_t world) {
+  Table& t = tt.t;
   t.notes.push_back("replica dev: max over steps of (max - min across ranks) of a parameter checksum; 0 = identical");
   t.notes.push_back("vs 1-proc: max |param| difference from one process training on the same global batches "
                     "(summation order differs: roundoff)");
@@ -508,47 +421,58 @@ void run_training(const Context& ctx, Report& report, Table& fp16) {
   for (int64_t n : cfg.integers("/train/nprocs"))
     if (n > world) t.notes.push_back(fmt::format("N = {} skipped: only {} process(es); run with --nproc {}", n, world, n));
   report.add(std::move(t));
-  report.check("replicas identical after every step (checksum max - min across ranks)", worst_dev, 0.0);
-  report.check("data-parallel vs single-process parameters (max abs diff)", worst_match,
+  report.check("replicas identical after every step (checksum max - min across ranks)", tt.worst_dev, 0.0);
+  report.check("data-parallel vs single-process parameters (max abs diff)", tt.worst_match,
                cfg.number("/check/tolerance"));
-  tm.notes.push_back("compute = forward+backward (overlapped all-reduce runs meanwhile); exposed = waiting for the "
-                     "all-reduce after backward; all-reduce = the buckets all-reduced alone (5 iterations)");
-  tm.notes.push_back("algbw = bytes / all-reduce time; busbw = algbw * 2(N-1)/N (nccl-tests); efficiency = T1/(N*TN)");
-  report.add(std::move(tm), Store::TimingsByName);  // timings.per_n.n<N>
-  if (!ov.rows.empty()) {
-    ov.notes.push_back("all-reduce: each bucket's slice from its start (posted, and the group's previous collective "
-                       "done: Gloo runs them in order) to its completion (the Work's future); hidden = the part of "
-                       "it inside backward / all of it, over every step (trace::overlap_fraction)");
-    ov.notes.push_back("overlap on: buckets launched from the gradient hooks during backward (DDP); off: after "
-                       "backward, so nothing can hide (hidden ~ 0)");
-    report.add(std::move(ov), Store::TimingsByName);  // timings.overlap.n<N>.overlap_<on|off>
+  tt.tm.notes.push_back("compute = forward+backward (overlapped all-reduce runs meanwhile); exposed = waiting for the "
+                        "all-reduce after backward; all-reduce = the buckets all-reduced alone (5 iterations)");
+  tt.tm.notes.push_back("algbw = bytes / all-reduce time; busbw = algbw * 2(N-1)/N (nccl-tests); efficiency = T1/(N*TN)");
+  report.add(std::move(tt.tm), Store::TimingsByName);  // timings.per_n.n<N>
+  if (!tt.ov.rows.empty()) {
+    tt.ov.notes.push_back("all-reduce: each bucket's slice from its start (posted, and the group's previous collective "
+                          "done: Gloo runs them in order) to its completion (the Work's future); hidden = the part of "
+                          "it inside backward / all of it, over every step (trace::overlap_fraction)");
+    tt.ov.notes.push_back("overlap on: buckets launched from the gradient hooks during backward (DDP); off: after "
+                          "backward, so nothing can hide (hidden ~ 0)");
+    report.add(std::move(tt.ov), Store::TimingsByName);  // timings.overlap.n<N>.overlap_<on|off>
   }
+}
+
+/// Sections 3-5 across processes: the N sweep, the overlap comparison, the no_sync comparison
+/// and the real fp16 all-reduce row.
+void run_training(const Context& ctx, Report& report, Table& fp16) {
+  const auto& cfg = ctx.cfg;
+  const int64_t world = ctx.world_size;
+  std::vector<int64_t> ns;
+  for (int64_t n : cfg.integers("/train/nprocs"))  // validate_dataparallel checked that N divides the batch
+    if (n <= world) ns.push_back(n);
+  World& w = *ctx.world;
+  w.group();  // every rank, Gloo: formed before the data loads
+  const Dataset data = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/train/samples"));
+  const torch::Tensor perm = shuffled_indices(data.size(), static_cast<std::uint64_t>(cfg.integer("/seed")));
+  TrainSetup ts = train_setup(cfg);
+  ts.faults = &w;
+  // On CUDA every rank trains on its own GPU (the World's device: local rank) over NCCL, as DDP
+  // does; the world group (flags, barriers, the fp16 demonstration) stays on Gloo.
+  ts.device = w.device();
+  TrainingTables tt = training_tables(ts, cfg.integer("/train/global_batch"));
+  sweep(w, data, perm, ts, ns, tt, report);
+  overlap_flipped(w, data, perm, ts, ns, tt);
+  no_sync_check(cfg, report, w, data, perm, ts, world);
+  fp16_gloo_row(cfg, w, world, fp16);
+  if (ctx.rank == 0) report_training(cfg, report, tt, world);
 }
 
 Report run_dataparallel(const Context& ctx) {
   Report report;
   double t0 = now_seconds();
-  report.add(equivalence_table(ctx.cfg, report));
-  report.add(uneven_table(ctx.cfg, report));
+  report.add(dataparallel::equivalence_table(ctx.cfg, report));
+  report.add(dataparallel::uneven_table(ctx.cfg, report));
   report.timings["equivalence_s"] = now_seconds() - t0;
 
   // 5. fp16: sum-then-divide overflows where divide-then-sum stays finite (in one process;
   // run_training adds a row through a real Gloo all-reduce).
-  Table fp16{"fp16", "fp16 gradients: sum then divide by N vs divide then sum",
-             {text_col("name", "case"), int_col("ranks", "ranks"), float_col("grad", "grad per rank"),
-              float_col("sum_then_divide", "sum/N"), float_col("divide_then_sum", "sum(g/N)")}};
-  {
-    const int64_t k = ctx.cfg.integer("/fp16/ranks");
-    auto h = torch::full({1}, ctx.cfg.number("/fp16/grad"), torch::kFloat16);
-    auto sum = h.clone(), sum_div = h / static_cast<double>(k);
-    for (int64_t i = 1; i < k; ++i) {
-      sum = sum + h;  // fp16 + fp16 rounds to fp16: overflows to inf past 65504
-      sum_div = sum_div + h / static_cast<double>(k);
-    }
-    sum = sum / static_cast<double>(k);
-    fp16.rows.push_back({{"name", fmt::format("in_process_{}_ranks", k)}, {"ranks", k}, {"grad", h.item<double>()},
-                         {"sum_then_divide", sum.item<double>()}, {"divide_then_sum", sum_div.item<double>()}});
-  }
+  Table fp16 = dataparallel::fp16_table(ctx.cfg);
   if (ctx.cfg.boolean("/train/enabled")) {
     t0 = now_seconds();
     run_training(ctx, report, fp16);

@@ -12,6 +12,7 @@
 #include "dist/two_ranks.hpp"
 #include "core/runtime/compat.hpp"
 #include "core/dist/dist.hpp"
+#include "core/parallel/reference.hpp"
 #include "core/parallel/zero.hpp"
 #include "core/models/gpt.hpp"
 
@@ -165,28 +166,21 @@ TEST_CASE("ShardedDataParallel: stages 0-3 on two Gloo ranks equal one process's
   const std::vector<torch::Tensor> ys = {torch::randint(0, 3, {4}), torch::randint(0, 3, {4})};
   const int steps = 3, micro = 2;
   // The reference: one process, LibTorch's modules and Adam; the gradient of a step is
-  // g_0/2 + g_1/2, g_r accumulated over rank r's two micro-batches.
+  // g_0/2 + g_1/2, g_r accumulated over rank r's two micro-batches (reference::replay, RankByRank).
   std::vector<torch::Tensor> want;
   {
     auto net = small_mlp();
     auto opt = adam(net->parameters());
-    for (int s = 0; s < steps; ++s) {
-      std::vector<torch::Tensor> sum;
-      for (std::size_t r = 0; r < 2; ++r) {
-        for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-        auto xm = xs[r].tensor_split(micro), ym = ys[r].tensor_split(micro);
-        for (int m = 0; m < micro; ++m)
-          (torch::cross_entropy_loss(net->forward(xm[m]), ym[m]) / static_cast<double>(micro)).backward();
-        const auto ps = net->parameters();
-        for (std::size_t i = 0; i < ps.size(); ++i) {
-          auto t = ps[i].grad() / 2.0;
-          if (r == 0) sum.push_back(t); else sum[i] = sum[i] + t;
-        }
-      }
-      const auto ps = net->parameters();
-      for (std::size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = sum[i];
-      opt->step();
-    }
+    reference::ReplaySpec spec;
+    spec.ranks = 2;
+    spec.steps = steps;
+    spec.micro_batches = micro;
+    spec.every_step = false;
+    reference::replay(
+        net->parameters(), *opt,
+        [&](const torch::Tensor& x, const torch::Tensor& y) { return torch::cross_entropy_loss(net->forward(x), y); },
+        [&](int64_t r, int64_t) { return std::make_pair(xs[static_cast<std::size_t>(r)], ys[static_cast<std::size_t>(r)]); },
+        spec);
     for (const auto& p : net->parameters()) want.push_back(p.detach().clone());
   }
   for (int stage = 0; stage <= 3; ++stage) {
