@@ -140,26 +140,16 @@ void validate_checkpoint(const Config& cfg, int /*world_size*/) {
   for (std::size_t i = 0; i < seg_cfg.size(); ++i) parse_segments(seg_cfg[i], n, i);
 }
 
-Report run_checkpoint(const Context& ctx) {
+/// The net and batch of /model/* and /data/batch, built on the CPU from /seed and moved to the
+/// device. Installs the counting allocator first and records env.dropout (before any draw: its
+/// check borrows the generator).
+Setup build_setup(const Context& ctx, Report& report) {
   const auto& cfg = ctx.cfg;
-  Report report;
   const int64_t n = cfg.integer("/model/depth"), w = cfg.integer("/model/width"), batch = cfg.integer("/data/batch");
   const double p = cfg.number("/model/dropout");
-  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
-  const int64_t repeats = cfg.integer("/timing/repeats");
-
-  // The segment counts to compare (validate_checkpoint has checked them).
-  std::vector<std::pair<std::string, int64_t>> variants;
-  const auto seg_cfg = cfg.strings("/checkpoint/segments");
-  for (std::size_t i = 0; i < seg_cfg.size(); ++i) variants.emplace_back(seg_cfg[i], parse_segments(seg_cfg[i], n, i));
-  const int64_t s_sqrt = parse_segments("sqrt", n, 0);
-
-  // ---------------------------------------------------------------------------
-  // Model and data (built on CPU from the seed, then moved).
-  // ---------------------------------------------------------------------------
   install_counting_allocator();
-  report.env["dropout"] = dropout_kernel(p);  // before any draw: its check borrows the generator
-  seed_all(seed);
+  report.env["dropout"] = dropout_kernel(p);
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
   Setup su;
   su.n = n;
   const Format compute = parse_format(cfg.str("/model/precision"));
@@ -170,23 +160,42 @@ Report run_checkpoint(const Context& ctx) {
   su.net->train();
   su.x = su.x.to(ctx.device);
   su.y = su.y.to(ctx.device);
-  int64_t param_bytes = 0;
-  for (auto& t : su.net->parameters()) param_bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  const double block_flops = 2.0 * static_cast<double>(batch) * static_cast<double>(w) * static_cast<double>(w);
-  const double fwd_flops = block_flops * static_cast<double>(n);
-  const double tol = ctx.device.is_cpu() ? 0.0 : 1e-6;
+  return su;
+}
 
-  // ---------------------------------------------------------------------------
-  // 1. The segment counts side by side.
-  // ---------------------------------------------------------------------------
-  double t0 = now_seconds();
-  step(su, 0, true, ctx.device, seed);  // warm-up: first-touch allocations, kernels
-  StepResult plain = step(su, 0, true, ctx.device, seed);
-  double g_scale = 0;  // max |g| over every plain gradient, for relative differences
-  for (const auto& g : plain.grads) g_scale = nan_max(g_scale, g.abs().max().item<double>());  // keeps a nan
+/// A row of the segments table: its name, segment count and whether the RNG state is restored.
+struct Variant {
+  std::string name;
+  int64_t s;
+  bool rng;
+};
+
+/// The checkpointed variants of /checkpoint/segments (validate_checkpoint has checked them;
+/// names that repeat are measured once), then s = sqrt(n) without RNG restoration when
+/// /checkpoint/no_rng_row.
+std::vector<Variant> segment_variants(const Config& cfg) {
+  const int64_t n = cfg.integer("/model/depth");
+  const auto seg_cfg = cfg.strings("/checkpoint/segments");
+  std::vector<Variant> rows;
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < seg_cfg.size(); ++i) {
+    const int64_t s = parse_segments(seg_cfg[i], n, i);
+    std::string name = fmt::format("s={}", s);
+    if (seg_cfg[i] == "sqrt") name += " (sqrt n)";
+    if (seg_cfg[i] == "n" || s == n) name += " (n)";
+    if (seen.insert(name).second) rows.push_back({name, s, true});
+  }
+  const int64_t s_sqrt = parse_segments("sqrt", n, 0);
+  if (cfg.boolean("/checkpoint/no_rng_row")) rows.push_back({fmt::format("s={} no rng restore", s_sqrt), s_sqrt, false});
+  return rows;
+}
+
+/// The segments table's header and its first row, the plain step (no checkpointing).
+Table segments_table(const Config& cfg, const StepResult& plain) {
   Table t{"segments",
           fmt::format("Checkpointing a {}-block MLP (width {}, batch {}, dropout {:g}, {}): gradients and peak memory",
-                      n, w, batch, p, cfg.str("/model/precision")),
+                      cfg.integer("/model/depth"), cfg.integer("/model/width"), cfg.integer("/data/batch"),
+                      cfg.number("/model/dropout"), cfg.str("/model/precision")),
           {text_col("name", "variant"), int_col("segments", "s"), text_col("rng", "rng"),
            sci_col("max_abs_diff", "max|dg|"), sci_col("rel_diff", "rel", "-", 2), int_col("peak_bytes", "peak", "bytes"),
            float_col("peak_ratio", "vs none", "x", 3), int_col("recomputed_blocks", "recomp", "blocks"),
@@ -194,20 +203,31 @@ Report run_checkpoint(const Context& ctx) {
   t.rows.push_back({{"name", "none"}, {"segments", 0}, {"rng", "-"}, {"max_abs_diff", 0.0}, {"rel_diff", 0.0},
                     {"peak_bytes", plain.peak_bytes}, {"peak_ratio", 1.0}, {"recomputed_blocks", 0},
                     {"extra_fwd_flops", 0.0}, {"extra_fwd_ratio", 0.0}});
+  return t;
+}
+
+/// Section 1: the plain step against every variant of segment_variants (gradients equal, peak
+/// bytes, recomputed blocks); adds table segments, the checks, results (param_bytes, loss, the
+/// no-RNG row's differences) and timings.step_time_s. Returns the plain step (the sweep's reference).
+StepResult segments_section(const Context& ctx, Setup& su, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const int64_t n = su.n, w = cfg.integer("/model/width");
+  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  const int64_t repeats = cfg.integer("/timing/repeats");
+  int64_t param_bytes = 0;
+  for (auto& t : su.net->parameters()) param_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  const double block_flops = 2.0 * static_cast<double>(cfg.integer("/data/batch")) * static_cast<double>(w) * static_cast<double>(w);
+  const double tol = ctx.device.is_cpu() ? 0.0 : 1e-6;
+
+  step(su, 0, true, ctx.device, seed);  // warm-up: first-touch allocations, kernels
+  StepResult plain = step(su, 0, true, ctx.device, seed);
+  double g_scale = 0;  // max |g| over every plain gradient, for relative differences
+  for (const auto& g : plain.grads) g_scale = nan_max(g_scale, g.abs().max().item<double>());  // keeps a nan
+  Table t = segments_table(cfg, plain);
   json times = json::object();
   const double t_plain = median_step_time(su, 0, ctx.device, seed, repeats);
   times["none"] = {{"step_s", t_plain}, {"vs_none", 1.0}};
-  struct Row { std::string name; int64_t s; bool rng; };
-  std::vector<Row> rows;
-  std::set<std::string> seen;
-  for (auto& [label, s] : variants) {
-    std::string name = fmt::format("s={}", s);
-    if (label == "sqrt") name += " (sqrt n)";
-    if (label == "n" || s == n) name += " (n)";
-    if (seen.insert(name).second) rows.push_back({name, s, true});
-  }
-  if (cfg.boolean("/checkpoint/no_rng_row")) rows.push_back({fmt::format("s={} no rng restore", s_sqrt), s_sqrt, false});
-  for (const auto& row : rows) {
+  for (const auto& row : segment_variants(cfg)) {
     StepResult r = step(su, row.s, row.rng, ctx.device, seed);
     const double diff = max_abs_diff(r.grads, plain.grads);
     const int64_t recomputed = recomputed_modules(n, row.s);
@@ -232,8 +252,8 @@ Report run_checkpoint(const Context& ctx) {
                     "are checkpointed, the last one runs normally; s=1 is no checkpointing");
   t.notes.push_back(fmt::format("rel: max|dg| / max|g| (max|g| = {:.3g})", g_scale));
   t.notes.push_back(fmt::format("extra fwd: FLOPs of the recomputed blocks (2*batch*width^2 each), one forward = {:.3g} FLOP",
-                                fwd_flops));
-  if (p > 0)
+                                block_flops * static_cast<double>(n)));
+  if (cfg.number("/model/dropout") > 0)
     t.notes.push_back("no rng restore: recomputation draws new dropout masks, so the gradients belong to another "
                       "network than the forward pass used");
   // A forward that overflowed the emulated format (fp16: beyond 65504) gives an inf or nan loss:
@@ -243,33 +263,49 @@ Report run_checkpoint(const Context& ctx) {
   report.results["param_bytes"] = param_bytes;
   report.results["loss"] = plain.loss;
   report.timings["step_time_s"] = times;
+  return plain;
+}
+
+/// Section 2: peak bytes for every segment count s from 1 to n against the plain step's
+/// (`plain_peak`); results.best_segments and best_peak_bytes. Returns table sweep.
+Table sweep_section(const Context& ctx, Setup& su, int64_t plain_peak, Report& report) {
+  const int64_t n = su.n;
+  const auto seed = static_cast<std::uint64_t>(ctx.cfg.integer("/seed"));
+  Table sw{"sweep", fmt::format("Peak bytes for every segment count s (n = {} blocks; sqrt(n) = {:.2f})", n,
+                                std::sqrt(static_cast<double>(n))),
+           {text_col("name", "s"), int_col("segments", "s"), int_col("peak_bytes", "peak", "bytes"),
+            float_col("peak_ratio", "vs none", "x", 3), int_col("recomputed_blocks", "recomp", "blocks")}};
+  int64_t best_s = 1, best = std::numeric_limits<int64_t>::max();
+  for (int64_t s = 1; s <= n; ++s) {
+    StepResult r = step(su, s, true, ctx.device, seed);
+    if (r.peak_bytes < best) best = r.peak_bytes, best_s = s;
+    sw.rows.push_back({{"name", fmt::format("s={}", s)}, {"segments", s}, {"peak_bytes", r.peak_bytes},
+                       {"peak_ratio", static_cast<double>(r.peak_bytes) / static_cast<double>(plain_peak)},
+                       {"recomputed_blocks", recomputed_modules(n, s)}});
+  }
+  sw.notes.push_back(fmt::format("minimum at s = {} ({} bytes, {:.3f} of no checkpointing); Chen et al.: near "
+                                 "sqrt(a*n) for a saved tensors per block",
+                                 best_s, best, static_cast<double>(best) / static_cast<double>(plain_peak)));
+  sw.notes.push_back("the curve is jagged because the last segment takes the remainder n - (s-1)*floor(n/s) "
+                     "blocks and keeps their activations");
+  report.results["best_segments"] = best_s;
+  report.results["best_peak_bytes"] = best;
+  return sw;
+}
+
+Report run_checkpoint(const Context& ctx) {
+  Report report;
+  Setup su = build_setup(ctx, report);
+
+  // 1. The segment counts side by side.
+  double t0 = now_seconds();
+  const StepResult plain = segments_section(ctx, su, report);
   report.timings["segments_s"] = now_seconds() - t0;
 
-  // ---------------------------------------------------------------------------
   // 2. Sweep over every segment count: where is the minimum?
-  // ---------------------------------------------------------------------------
-  if (cfg.boolean("/checkpoint/sweep")) {
+  if (ctx.cfg.boolean("/checkpoint/sweep")) {
     t0 = now_seconds();
-    Table sw{"sweep", fmt::format("Peak bytes for every segment count s (n = {} blocks; sqrt(n) = {:.2f})", n,
-                                  std::sqrt(static_cast<double>(n))),
-             {text_col("name", "s"), int_col("segments", "s"), int_col("peak_bytes", "peak", "bytes"),
-              float_col("peak_ratio", "vs none", "x", 3), int_col("recomputed_blocks", "recomp", "blocks")}};
-    int64_t best_s = 1, best = std::numeric_limits<int64_t>::max();
-    for (int64_t s = 1; s <= n; ++s) {
-      StepResult r = step(su, s, true, ctx.device, seed);
-      if (r.peak_bytes < best) best = r.peak_bytes, best_s = s;
-      sw.rows.push_back({{"name", fmt::format("s={}", s)}, {"segments", s}, {"peak_bytes", r.peak_bytes},
-                         {"peak_ratio", static_cast<double>(r.peak_bytes) / static_cast<double>(plain.peak_bytes)},
-                         {"recomputed_blocks", recomputed_modules(n, s)}});
-    }
-    sw.notes.push_back(fmt::format("minimum at s = {} ({} bytes, {:.3f} of no checkpointing); Chen et al.: near "
-                                   "sqrt(a*n) for a saved tensors per block",
-                                   best_s, best, static_cast<double>(best) / static_cast<double>(plain.peak_bytes)));
-    sw.notes.push_back("the curve is jagged because the last segment takes the remainder n - (s-1)*floor(n/s) "
-                       "blocks and keeps their activations");
-    report.results["best_segments"] = best_s;
-    report.results["best_peak_bytes"] = best;
-    report.add(std::move(sw));
+    report.add(sweep_section(ctx, su, plain.peak_bytes, report));
     report.timings["sweep_s"] = now_seconds() - t0;
   }
   return report;

@@ -160,16 +160,11 @@ struct OpResult {
   double avg_busbw = 0;
 };
 
-// Every size of `op` (nccl-tests' TimeTest): one row each, the footer's "Out of bounds values"
-// and "Avg bus bandwidth". `step` counts the measurements of the run (the fault point's index).
-// `ring`: also time mpt's ring (Group::ring_*) beside the group's own algorithm, per size.
-OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, const std::string& type,
-                    const std::string& redop, bool ring, World& w, int64_t& step, Progress& progress) {
+/// The table of `op` (nccl-tests' columns; `via` for reduce-scatter and all-gather, the ring's
+/// columns with `ring`), rows: one per size.
+Table op_table(const Bench& b, Coll op, bool ring) {
   const int n = b.g->size();
   const std::string name = dist::coll_name(op);
-  const int64_t elem = static_cast<int64_t>(b.opts.dtype().itemsize());
-  const bool in_place = dist::coll_in_place(op);
-  OpResult r;
   std::vector<Column> cols{int_col("size", "size", "B"),
                            int_col("count", "count", "elements"),
                            text_col("type", "type"),
@@ -180,19 +175,80 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
                            float_col("algbw_gbps", "algbw", "GB/s"),
                            float_col("busbw_gbps", "busbw", "GB/s"),
                            int_col("wrong", "#wrong")};
-  const bool chunked = op == Coll::ReduceScatter || op == Coll::AllGather;
-  const std::string kind = op == Coll::ReduceScatter ? "reduce_scatter" : "all_gather";
-  if (chunked) cols.push_back(text_col("via", "via"));
+  if (op == Coll::ReduceScatter || op == Coll::AllGather) cols.push_back(text_col("via", "via"));
   if (ring) {
     cols.push_back(float_col("ring_time_us", "ring time", "us", 5));
     cols.push_back(float_col("ring_busbw_gbps", "ring busbw", "GB/s"));
     cols.push_back(float_col("ring_speedup", "native/ring", "x"));
   }
-  r.timed = Table{name,
-                  fmt::format("{}: {} ranks, {}, {} iters after {} warm-up per size, busbw = algbw x {:.4g}{}", name, n,
-                              b.g->backend(), b.iters, b.warmup, dist::busbw_factor(op, n),
-                              ring ? "; beside it mpt's send/recv ring" : ""),
-                  cols};
+  return Table{name,
+               fmt::format("{}: {} ranks, {}, {} iters after {} warm-up per size, busbw = algbw x {:.4g}{}", name, n,
+                           b.g->backend(), b.iters, b.warmup, dist::busbw_factor(op, n),
+                           ring ? "; beside it mpt's send/recv ring" : ""),
+               cols};
+}
+
+/// The notes under `op`'s table: sizes skipped, in-place and ring remarks, and nccl-tests' footer
+/// (out-of-bounds values, average bus bandwidth).
+void add_op_notes(const Bench& b, Coll op, bool ring, const std::vector<int64_t>& skipped, int64_t elem, OpResult& r) {
+  const std::string name = dist::coll_name(op);
+  const bool chunked = op == Coll::ReduceScatter || op == Coll::AllGather;
+  const std::string kind = op == Coll::ReduceScatter ? "reduce_scatter" : "all_gather";
+  auto& notes = r.timed.notes;
+  if (!skipped.empty()) {
+    std::string list;
+    for (auto s : skipped) list += (list.empty() ? "" : ", ") + std::to_string(s);
+    notes.push_back(fmt::format("sizes {} B skipped: less than one {}-byte element per rank's chunk", list, elem));
+  }
+  if (dist::coll_in_place(op))
+    notes.push_back("place in: c10d's " + name + " works on one tensor (torch.distributed." + name +
+                    "); nccl-tests times out-of-place and in-place, c10d offers only this one");
+  if (chunked && b.g->uses_ring(kind))
+    notes.push_back(op == Coll::ReduceScatter && !compat::kGlooHasReduceScatter &&
+                            b.g->gloo_algorithm() == dist::GlooAlgorithm::Native
+                        ? "via ring: LibTorch 1.13's Gloo has no reduce_scatter; mpt's ring from send/recv runs it "
+                          "((n-1) steps, (n-1)/n x size sent per rank, chunk j summed in rank order from j+1)"
+                        : "via ring: dist.gloo_algorithm = ring (mpt's send/recv ring, (n-1)/n x size sent per rank)");
+  if (ring)
+    notes.push_back("ring: the same call as mpt's send/recv ring (n-1 steps, one chunk each; verified like the row, "
+                    "#wrong includes it); native/ring > 1: the ring is faster. " +
+                    std::string(op == Coll::ReduceScatter
+                                    ? dist::kGlooNativeReduceScatter
+                                    : "c10d Gloo's own allgather takes another algorithm, one of the reasons the same "
+                                      "bytes cost different times"));
+  notes.push_back(fmt::format("{:<20} : {} {}", "Out of bounds values", r.wrong_rows, r.wrong_rows ? "FAILED" : "OK"));
+  notes.push_back(fmt::format("{:<20} : {:.4g} GB/s (mean busbw of the rows)", "Avg bus bandwidth", r.avg_busbw));
+}
+
+/// The deterministic columns of one size's row (results.<op>): counts, type, redop, root,
+/// place, wrong elements (and the ring's, with `ring`).
+json size_row(const Bench& b, Coll op, const dist::CollCounts& c, const std::string& type, const std::string& redop,
+              bool ring, const Measurement& m, const Measurement& mr) {
+  json det = {{"name", std::to_string(c.size_bytes)},
+              {"size", c.size_bytes},
+              {"count", c.count},
+              {"send_count", c.send_count},
+              {"recv_count", c.recv_count},
+              {"type", type},
+              {"redop", dist::coll_reduces(op) ? redop : "none"},
+              {"root", dist::coll_has_root(op) ? b.root : -1},
+              {"place", dist::coll_in_place(op) ? "in" : "out"},
+              {"wrong", m.wrong}};
+  if (op == Coll::ReduceScatter || op == Coll::AllGather)
+    det["via"] = b.g->uses_ring(op == Coll::ReduceScatter ? "reduce_scatter" : "all_gather") ? "ring" : "native";
+  if (ring) det["ring_wrong"] = mr.wrong;
+  return det;
+}
+
+// Every size of `op` (nccl-tests' TimeTest): one row each, the footer's "Out of bounds values"
+// and "Avg bus bandwidth". `step` counts the measurements of the run (the fault point's index).
+// `ring`: also time mpt's ring (Group::ring_*) beside the group's own algorithm, per size.
+OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, const std::string& type,
+                    const std::string& redop, bool ring, World& w, int64_t& step, Progress& progress) {
+  const int n = b.g->size();
+  const int64_t elem = static_cast<int64_t>(b.opts.dtype().itemsize());
+  OpResult r;
+  r.timed = op_table(b, op, ring);
   std::vector<int64_t> skipped;
   double busbw_sum = 0;
   for (int64_t bytes : sizes) {
@@ -211,21 +267,10 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
       b.g->set_gloo_algorithm(was);
     }
     ++step;
-    progress.update(step, fmt::format("{} {} B", name, c.size_bytes));
+    progress.update(step, fmt::format("{} {} B", dist::coll_name(op), c.size_bytes));
     const double algbw = dist::algbw_gbps(c.size_bytes, m.seconds);
     const double busbw = algbw * dist::busbw_factor(op, n);
-    json det = {{"name", std::to_string(c.size_bytes)},
-                {"size", c.size_bytes},
-                {"count", c.count},
-                {"send_count", c.send_count},
-                {"recv_count", c.recv_count},
-                {"type", type},
-                {"redop", dist::coll_reduces(op) ? redop : "none"},
-                {"root", dist::coll_has_root(op) ? b.root : -1},
-                {"place", in_place ? "in" : "out"},
-                {"wrong", m.wrong}};
-    if (chunked) det["via"] = b.g->uses_ring(kind) ? "ring" : "native";
-    if (ring) det["ring_wrong"] = mr.wrong;
+    json det = size_row(b, op, c, type, redop, ring, m, mr);
     r.rows.push_back(det);
     json row = det;
     row["time_us"] = m.seconds * 1e6;
@@ -242,29 +287,7 @@ OpResult measure_op(const Bench& b, Coll op, const std::vector<int64_t>& sizes, 
     busbw_sum += busbw;
   }
   r.avg_busbw = r.timed.rows.empty() ? 0.0 : busbw_sum / static_cast<double>(r.timed.rows.size());
-  auto& notes = r.timed.notes;
-  if (!skipped.empty()) {
-    std::string list;
-    for (auto s : skipped) list += (list.empty() ? "" : ", ") + std::to_string(s);
-    notes.push_back(fmt::format("sizes {} B skipped: less than one {}-byte element per rank's chunk", list, elem));
-  }
-  if (in_place) notes.push_back("place in: c10d's " + name + " works on one tensor (torch.distributed." + name +
-                                "); nccl-tests times out-of-place and in-place, c10d offers only this one");
-  if (chunked && b.g->uses_ring(kind))
-    notes.push_back(op == Coll::ReduceScatter && !compat::kGlooHasReduceScatter &&
-                            b.g->gloo_algorithm() == dist::GlooAlgorithm::Native
-                        ? "via ring: LibTorch 1.13's Gloo has no reduce_scatter; mpt's ring from send/recv runs it "
-                          "((n-1) steps, (n-1)/n x size sent per rank, chunk j summed in rank order from j+1)"
-                        : "via ring: dist.gloo_algorithm = ring (mpt's send/recv ring, (n-1)/n x size sent per rank)");
-  if (ring)
-    notes.push_back("ring: the same call as mpt's send/recv ring (n-1 steps, one chunk each; verified like the row, "
-                    "#wrong includes it); native/ring > 1: the ring is faster. " +
-                    std::string(op == Coll::ReduceScatter
-                                    ? dist::kGlooNativeReduceScatter
-                                    : "c10d Gloo's own allgather takes another algorithm, one of the reasons the same "
-                                      "bytes cost different times"));
-  notes.push_back(fmt::format("{:<20} : {} {}", "Out of bounds values", r.wrong_rows, r.wrong_rows ? "FAILED" : "OK"));
-  notes.push_back(fmt::format("{:<20} : {:.4g} GB/s (mean busbw of the rows)", "Avg bus bandwidth", r.avg_busbw));
+  add_op_notes(b, op, ring, skipped, elem, r);
   return r;
 }
 

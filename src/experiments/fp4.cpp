@@ -22,6 +22,7 @@
  */
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "core/io/data.hpp"
@@ -238,6 +239,104 @@ json memory_json(const std::string& name, const MemoryRow& r) {
                                           : json(nullptr)}};
 }
 
+/// Mean relative error of each GEMM (out, dgrad, wgrad) at the ledger step over the layers that
+/// `counted` marks; find(i, gemm) is layer i's ledger entry (null when it has none). NaN for a
+/// GEMM no counted layer has.
+std::map<std::string, double> mean_gemm_errors(const std::vector<bool>& counted,
+                                               const std::function<const q::GemmLedger*(std::size_t, const char*)>& find) {
+  std::map<std::string, double> errors;
+  for (const char* gemm : {"out", "dgrad", "wgrad"}) {
+    double sum = 0;
+    int count = 0;
+    for (std::size_t i = 0; i < counted.size(); ++i) {
+      if (!counted[i]) continue;
+      if (const q::GemmLedger* e = find(i, gemm)) {
+        sum += e->rel_error;
+        ++count;
+      }
+    }
+    errors[gemm] = count ? sum / count : NAN;
+  }
+  return errors;
+}
+
+/// The layers whose GEMM errors a variant's row averages: the 4-bit ones (the bf16 edges of the
+/// 4-bit variants left out), all of them for fp32 and bf16.
+std::vector<bool> counted_layers(const std::string& v, const std::vector<q::QuantRecipe>& rs) {
+  std::vector<bool> counted;
+  for (const auto& r : rs) counted.push_back(v == "fp32" || v == "bf16" || r.out.a.element == q::Element::E2M1);
+  return counted;
+}
+
+/// A cost table: emulated step time per variant against fp32's (run-dependent: timings).
+Table cost_table(const std::string& name, const std::string& title) {
+  return {name, title,
+          {text_col("name", "variant"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
+}
+json cost_row(const std::string& v, double step_s, double fp32_step_s) {
+  return {{"name", v}, {"step_ms", step_s * 1e3}, {"vs_fp32", num(step_s / fp32_step_s)}, {"step_time_s", step_s}};
+}
+
+/// A memory table's header (rows: memory_json).
+Table memory_table(const std::string& name, const std::string& title) {
+  return {name, title,
+          {text_col("name", "variant"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
+           int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes"),
+           int_col("measured", "measured", "bytes")}};
+}
+
+/// A loss curve: one row every `every` steps (from step 0), one column per variant.
+template <class Runs>
+Table loss_curve(const std::string& name, const std::string& title, const std::vector<std::string>& variants, int64_t steps,
+                 int64_t every, Runs& runs) {
+  Table curve{name, title, {int_col("step", "step")}};
+  for (const auto& v : variants) curve.columns.push_back(float_col(v, v));
+  for (int64_t s = 0; s < steps; s += every) {
+    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
+    for (const auto& v : variants) row[v] = num(runs[v].loss[static_cast<std::size_t>(s)]);
+    curve.rows.push_back(row);
+  }
+  return curve;
+}
+
+/// A variant's training losses, for results.history / gpt_history.
+json loss_history(const std::vector<double>& loss) {
+  json h = json::array();
+  for (double x : loss) h.push_back(num(x));
+  return h;
+}
+
+/// The GPT's runs and mean GEMM errors per variant.
+struct GptRuns {
+  std::map<std::string, q::GptTrainRun> runs;
+  std::map<std::string, std::map<std::string, double>> errors;
+};
+
+/// Trains the tiny GPT under every variant of /variants from the same weights (seeded before
+/// each) on the same batches; fills `mem` with each variant's stored bytes.
+GptRuns train_gpt_variants(const Context& ctx, const TextCorpus& corpus, const GptConfig& g, const q::GptTrainPlan& plan,
+                           Table& mem) {
+  const auto& cfg = ctx.cfg;
+  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  const int64_t ledger_step = cfg.integer("/gpt/ledger_step");
+  const auto shapes = q::gpt_linear_shapes(g);
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (const auto& sh : shapes) dims.emplace_back(sh.in, sh.out);
+  GptRuns out;
+  for (const auto& v : cfg.strings("/variants")) {
+    seed_all(seed);
+    TinyGpt model(g);  // the same weights for every variant
+    const auto rs = gpt_variant_recipes(v, g, seed);
+    q::QuantGptLinears lin = q::make_quant_gpt_linears(g, rs);
+    const q::GptTrainRun& run = out.runs[v] = q::train_gpt(model, lin, corpus, plan, ctx.tty, "fp4: gpt " + v);
+    out.errors[v] = mean_gemm_errors(counted_layers(v, rs), [&](std::size_t i, const char* gemm) {
+      return q::find_gemm(run.ledger.at(shapes[i].name), ledger_step, gemm);
+    });
+    mem.rows.push_back(memory_json(v, memory_row(rs, gpt_tokens(cfg), dims)));
+  }
+  return out;
+}
+
 /// The tiny GPT section: the ablation grid on the GPT's block Linears (core/train/quant_train's
 /// train_gpt, as fp8's GPT section), from one seed on the same batches. Adds tables gpt_variants,
 /// gpt_memory, gpt_loss_curve, timings gpt_cost, results.gpt_history.
@@ -245,55 +344,15 @@ void gpt_section(const Context& ctx, Report& report) {
   const auto& cfg = ctx.cfg;
   const TextCorpus corpus = load_text_corpus_at(cfg, "/gpt");
   const GptConfig g = gpt_config_at(cfg, kGptModel, corpus.vocab());
-  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
-  const int64_t steps = cfg.integer("/gpt/steps"), ledger_step = cfg.integer("/gpt/ledger_step");
+  const int64_t steps = cfg.integer("/gpt/steps");
   const int64_t last = std::min<int64_t>(cfg.integer("/gpt/mean_of_last"), steps);
   const auto variants = cfg.strings("/variants");
-  const auto shapes = q::gpt_linear_shapes(g);
-  std::vector<std::pair<int64_t, int64_t>> dims;
-  for (const auto& sh : shapes) dims.emplace_back(sh.in, sh.out);
-  const q::GptTrainPlan plan = q::gpt_train_plan_at(cfg, "/gpt", seed);
-
-  Table t{"gpt_variants",
-          fmt::format("4-bit ablation grid on the tiny GPT {}x{} ({} heads, T = {}, vocab {}, {} parameters) on fortunes, {} steps "
-                      "of {} sequences, SGD lr {:g} momentum {:g}; the blocks' Linears in the variant, the rest fp32",
-                      g.layers, g.width, g.heads, g.context, g.vocab, gpt_num_params(g), steps, plan.batch, plan.lr,
-                      plan.momentum),
-          {text_col("name", "variant"), float_col("train_loss", "train loss"), float_col("val_loss", "val loss"),
-           float_col("val_gap_bf16", "val - bf16", "-", 3), float_col("val_gap_nvfp4", "val - nvfp4", "-", 3),
-           sci_col("out_error", "out err", "-", 3), sci_col("dgrad_error", "dgrad err", "-", 3),
-           sci_col("wgrad_error", "wgrad err", "-", 3)}};
-  Table mem{"gpt_memory",
-            fmt::format("Tiny GPT: bytes stored per variant by the blocks' Linears (computed at the formats' widths, and "
-                        "measured in LibTorch's low-bit dtypes), {} tokens a step", gpt_tokens(cfg)),
-            {text_col("name", "variant"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
-             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes"),
-             int_col("measured", "measured", "bytes")}};
-  Table cost{"gpt_cost", "Tiny GPT: emulation cost per variant (run-dependent: timings; emulation in software, not a speed claim)",
-             {text_col("name", "variant"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
-  std::map<std::string, q::GptTrainRun> runs;
-  std::map<std::string, std::map<std::string, double>> errors;
-  for (const auto& v : variants) {
-    seed_all(seed);
-    TinyGpt model(g);  // the same weights for every variant
-    const auto rs = gpt_variant_recipes(v, g, seed);
-    q::QuantGptLinears lin = q::make_quant_gpt_linears(g, rs);
-    runs[v] = q::train_gpt(model, lin, corpus, plan, ctx.tty, "fp4: gpt " + v);
-    for (const char* gemm : {"out", "dgrad", "wgrad"}) {
-      double sum = 0;
-      int count = 0;
-      for (std::size_t i = 0; i < shapes.size(); ++i) {
-        const bool four_bit = rs[i].out.a.element == q::Element::E2M1;
-        if (v != "fp32" && v != "bf16" && !four_bit) continue;
-        if (const q::GemmLedger* e = q::find_gemm(runs[v].ledger.at(shapes[i].name), ledger_step, gemm)) {
-          sum += e->rel_error;
-          ++count;
-        }
-      }
-      errors[v][gemm] = count ? sum / count : NAN;
-    }
-    mem.rows.push_back(memory_json(v, memory_row(rs, gpt_tokens(cfg), dims)));
-  }
+  const q::GptTrainPlan plan = q::gpt_train_plan_at(cfg, "/gpt", static_cast<std::uint64_t>(cfg.integer("/seed")));
+  Table mem = memory_table("gpt_memory", fmt::format("Tiny GPT: bytes stored per variant by the blocks' Linears (computed at "
+                                                     "the formats' widths, and measured in LibTorch's low-bit dtypes), {} "
+                                                     "tokens a step", gpt_tokens(cfg)));
+  GptRuns gr = train_gpt_variants(ctx, corpus, g, plan, mem);
+  auto& runs = gr.runs;
   auto tail_mean = [&](const q::GptTrainRun& r) {
     double sum = 0;
     for (std::size_t i = r.loss.size() - static_cast<std::size_t>(last); i < r.loss.size(); ++i) sum += r.loss[i];
@@ -307,28 +366,29 @@ void gpt_section(const Context& ctx, Report& report) {
     if (!runs.count(base)) return nullptr;
     return diverged(runs[v]) || diverged(runs[base]) ? num(std::nan("")) : num(runs[v].val_loss - runs[base].val_loss);
   };
+  Table t{"gpt_variants",
+          fmt::format("4-bit ablation grid on the tiny GPT {}x{} ({} heads, T = {}, vocab {}, {} parameters) on fortunes, {} steps "
+                      "of {} sequences, SGD lr {:g} momentum {:g}; the blocks' Linears in the variant, the rest fp32",
+                      g.layers, g.width, g.heads, g.context, g.vocab, gpt_num_params(g), steps, plan.batch, plan.lr,
+                      plan.momentum),
+          {text_col("name", "variant"), float_col("train_loss", "train loss"), float_col("val_loss", "val loss"),
+           float_col("val_gap_bf16", "val - bf16", "-", 3), float_col("val_gap_nvfp4", "val - nvfp4", "-", 3),
+           sci_col("out_error", "out err", "-", 3), sci_col("dgrad_error", "dgrad err", "-", 3),
+           sci_col("wgrad_error", "wgrad err", "-", 3)}};
+  Table cost = cost_table("gpt_cost", "Tiny GPT: emulation cost per variant (run-dependent: timings; emulation in software, "
+                                      "not a speed claim)");
   json history = json::object();
-  Table curve{"gpt_loss_curve", fmt::format("Tiny GPT training loss every {} steps", cfg.integer("/gpt/log_every")),
-              {int_col("step", "step")}};
   for (const auto& v : variants) {
     const q::GptTrainRun& r = runs[v];
+    auto& errors = gr.errors[v];
     t.rows.push_back({{"name", v}, {"train_loss", num(tail_mean(r))}, {"val_loss", num(r.val_loss)},
                       {"val_gap_bf16", gap("bf16", v)}, {"val_gap_nvfp4", gap("nvfp4", v)},
-                      {"out_error", num(errors[v]["out"])}, {"dgrad_error", num(errors[v]["dgrad"])},
-                      {"wgrad_error", num(errors[v]["wgrad"])}, {"first_loss", num(r.loss.front())},
+                      {"out_error", num(errors["out"])}, {"dgrad_error", num(errors["dgrad"])},
+                      {"wgrad_error", num(errors["wgrad"])}, {"first_loss", num(r.loss.front())},
                       {"last_loss", num(r.loss.back())}});
-    json h = json::array();
-    for (double x : r.loss) h.push_back(num(x));
-    history[v] = h;
-    cost.rows.push_back({{"name", v}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", num(r.step_s / runs.at("fp32").step_s)},
-                         {"step_time_s", r.step_s}});
-    curve.columns.push_back(float_col(v, v));
+    history[v] = loss_history(r.loss);
+    cost.rows.push_back(cost_row(v, r.step_s, runs.at("fp32").step_s));
     if (!note_divergence(report, t, "gpt " + v, r.loss)) note_eval_divergence(report, t, "gpt " + v, "validation loss", r.val_loss);
-  }
-  for (int64_t s = 0; s < steps; s += cfg.integer("/gpt/log_every")) {
-    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
-    for (const auto& v : variants) row[v] = num(runs[v].loss[static_cast<std::size_t>(s)]);
-    curve.rows.push_back(row);
   }
   t.notes.push_back(fmt::format("train loss: the mean of the last {} training losses; val loss: {} batch{} of the validation "
                                 "split under the variant's forward; gaps: val loss - bf16's / - nvfp4's (null without it)",
@@ -337,114 +397,73 @@ void gpt_section(const Context& ctx, Report& report) {
                     "the first (h0.c_attn) and the last (h<L-1>.mlp_proj) of them (nvfp4_no_bf16: those in 4 bits too); "
                     "embeddings, LayerNorm, softmax, attention's q·k^T and p·v, lm_head and the loss stay fp32 in every row");
   t.notes.push_back(fmt::format("errors: ||C - C_fp32|| / ||C_fp32|| of each GEMM at step {}, mean over the 4-bit Linears (all "
-                                "of them for fp32 and bf16)", ledger_step));
+                                "of them for fp32 and bf16)", cfg.integer("/gpt/ledger_step")));
   mem.notes.push_back("as the MLP's memory table, for the block Linears only (x: the [tokens, in] activation; lm_head and "
                       "the embeddings stay fp32 and are not counted)");
   report.add(std::move(t));
   report.add(std::move(mem));
-  report.add(std::move(curve));
+  report.add(loss_curve("gpt_loss_curve", fmt::format("Tiny GPT training loss every {} steps", cfg.integer("/gpt/log_every")),
+                        variants, steps, cfg.integer("/gpt/log_every"), runs));
   report.results["gpt_history"] = history;
   report.add(std::move(cost), Store::TimingsByName);
 }
 
-Report run_fp4(const Context& ctx) {
-  const auto& cfg = ctx.cfg;
-  Report report;
-  Dataset train_set = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/data/train_samples"));
-  Dataset test_set = load_fashion_mnist(cfg.str("/data/dir"), "test", cfg.integer("/data/test_samples"));
-  const auto w = widths(cfg);
-  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
-  seed_all(seed);
+/// The initial weights of every variant's MLP (W1, b1, W2, b2, ... as mlp(784, hidden, 10) builds
+/// them after seeding with /seed; detached fp32 copies).
+std::vector<torch::Tensor> initial_weights(const Config& cfg, const std::vector<int64_t>& w) {
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
   std::vector<torch::Tensor> init;
-  {
-    auto net = mlp(784, std::vector<int64_t>(w.begin() + 1, w.end() - 1), 10);
-    for (auto& lin : linear_layers(net)) {
-      init.push_back(lin->weight.detach().clone());
-      init.push_back(lin->bias.detach().clone());
-    }
+  auto net = mlp(784, std::vector<int64_t>(w.begin() + 1, w.end() - 1), 10);
+  for (auto& lin : linear_layers(net)) {
+    init.push_back(lin->weight.detach().clone());
+    init.push_back(lin->bias.detach().clone());
   }
-  const std::size_t L = w.size() - 1;
-  const int64_t steps = cfg.integer("/train/steps"), ledger_step = cfg.integer("/ledger/step");
-  const auto variants = cfg.strings("/variants");
-  Table t{"variants",
-          fmt::format("4-bit ablation grid: MLP {} on Fashion-MNIST, {} steps of {}, SGD lr {:g}", fmt::join(w, "-"), steps,
-                      cfg.integer("/train/batch"), cfg.number("/train/lr")),
-          {text_col("name", "variant"), float_col("test_loss", "test loss"), pct_col("test_accuracy", "test acc"),
-           float_col("loss_gap_bf16", "loss - bf16", "-", 3), float_col("loss_gap_nvfp4", "loss - nvfp4", "-", 3),
-           pct_col("accuracy_gap_bf16", "acc - bf16", 2), sci_col("out_error", "out err", "-", 3),
-           sci_col("dgrad_error", "dgrad err", "-", 3), sci_col("wgrad_error", "wgrad err", "-", 3)}};
-  Table cost{"cost", "Emulation cost per variant (run-dependent: timings; emulation in software, not a speed claim)",
-             {text_col("name", "variant"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
-  Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
-  Table mem{"memory", fmt::format("Bytes stored per variant (computed at the formats' widths, and measured in LibTorch's low-bit dtypes), batch {}", cfg.integer("/train/batch")),
-            {text_col("name", "variant"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
-             int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes"),
-             int_col("measured", "measured", "bytes")}};
+  return init;
+}
+
+/// The MLP's runs and mean GEMM errors per variant.
+struct MlpRuns {
   std::map<std::string, q::TrainRun> runs;
   std::map<std::string, std::map<std::string, double>> errors;
-  for (const auto& v : variants) {
-    q::QuantMlp n = q::make_quant_mlp(init, variant_recipes(v, L, seed));
-    q::TrainPlan plan;
-    plan.steps = steps;
-    plan.batch = cfg.integer("/train/batch");
-    plan.lr = cfg.number("/train/lr");
-    plan.seed = seed;
-    plan.ledger_steps = {ledger_step};
-    runs[v] = q::train(n, train_set, test_set, plan, ctx.tty, "fp4: " + v);
-    // Mean GEMM error over the 4-bit layers (the bf16 edges of the 4-bit variants left out).
-    for (const char* g : {"out", "dgrad", "wgrad"}) {
-      double sum = 0;
-      int count = 0;
-      for (std::size_t l = 0; l < L; ++l) {
-        const auto& r = n.layers[l]->recipe();
-        const bool four_bit = r.out.a.element == q::Element::E2M1;
-        if (v != "fp32" && v != "bf16" && !four_bit) continue;
-        if (const q::GemmLedger* e = q::find_gemm(runs[v].ledger[l], ledger_step, g)) {
-          sum += e->rel_error;
-          ++count;
-        }
-      }
-      errors[v][g] = count ? sum / count : NAN;
-    }
-    // Memory: every layer under its own recipe (4-bit, or the bf16 of the kept layers), as fp8's table.
-    std::vector<std::pair<int64_t, int64_t>> dims;
-    for (std::size_t l = 0; l < L; ++l) dims.emplace_back(w[l], w[l + 1]);
+};
+
+/// Trains the MLP under every variant of /variants from `init` on the same batches; fills `mem`
+/// with each variant's stored bytes (every layer under its own recipe, as fp8's table).
+MlpRuns train_mlp_variants(const Context& ctx, const std::vector<torch::Tensor>& init, const Dataset& train_set,
+                           const Dataset& test_set, const std::vector<int64_t>& w, Table& mem) {
+  const auto& cfg = ctx.cfg;
+  const std::size_t L = w.size() - 1;
+  const int64_t ledger_step = cfg.integer("/ledger/step");
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (std::size_t l = 0; l < L; ++l) dims.emplace_back(w[l], w[l + 1]);
+  q::TrainPlan plan;
+  plan.steps = cfg.integer("/train/steps");
+  plan.batch = cfg.integer("/train/batch");
+  plan.lr = cfg.number("/train/lr");
+  plan.seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  plan.ledger_steps = {ledger_step};
+  MlpRuns out;
+  for (const auto& v : cfg.strings("/variants")) {
+    q::QuantMlp n = q::make_quant_mlp(init, variant_recipes(v, L, plan.seed));
+    const q::TrainRun& run = out.runs[v] = q::train(n, train_set, test_set, plan, ctx.tty, "fp4: " + v);
     std::vector<q::QuantRecipe> rs;
     for (std::size_t l = 0; l < L; ++l) rs.push_back(n.layers[l]->recipe());
+    out.errors[v] = mean_gemm_errors(counted_layers(v, rs), [&](std::size_t l, const char* gemm) {
+      return q::find_gemm(run.ledger[l], ledger_step, gemm);
+    });
     mem.rows.push_back(memory_json(v, memory_row(rs, plan.batch, dims)));
-    curve.columns.push_back(float_col(v, v));
   }
-  // A gap to a diverged run (a training or test loss not finite) is nan, not a number that reads as a result.
-  auto gap = [&](const std::string& base, const std::string& v, double q::Evaluation::*m = &q::Evaluation::loss) -> json {
-    if (!runs.count(base)) return nullptr;
-    return q::diverged(runs[v]) || q::diverged(runs[base]) ? num(std::nan("")) : num(runs[v].test.*m - runs[base].test.*m);
-  };
-  json history = json::object();
-  for (const auto& v : variants) {
-    const q::TrainRun& r = runs[v];
-    t.rows.push_back({{"name", v}, {"test_loss", num(r.test.loss)}, {"test_accuracy", num(r.test.accuracy)},
-                      {"loss_gap_bf16", gap("bf16", v)}, {"loss_gap_nvfp4", gap("nvfp4", v)},
-                      {"accuracy_gap_bf16", gap("bf16", v, &q::Evaluation::accuracy)},
-                      {"out_error", num(errors[v]["out"])}, {"dgrad_error", num(errors[v]["dgrad"])},
-                      {"wgrad_error", num(errors[v]["wgrad"])}, {"last_loss", num(r.loss.back())}});
-    json h = json::array();
-    for (double x : r.loss) h.push_back(num(x));
-    history[v] = h;
-    const double base = runs.at("fp32").step_s;  // validate_fp4: fp32 is among the variants
-    cost.rows.push_back({{"name", v}, {"step_ms", r.step_s * 1e3}, {"vs_fp32", num(r.step_s / base)}, {"step_time_s", r.step_s}});
-    // a loss that became nan or inf, and at which step; or a test loss that did after training
-    if (!note_divergence(report, t, v, r.loss)) note_eval_divergence(report, t, v, "test loss", r.test.loss);
-  }
-  for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {
-    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
-    for (const auto& v : variants) row[v] = num(runs[v].loss[static_cast<std::size_t>(s)]);
-    curve.rows.push_back(row);
-  }
+  return out;
+}
+
+/// The MLP tables' notes: what the variants and the errors are (variants), what is measured and
+/// counted (memory).
+void add_mlp_notes(const Config& cfg, Table& t, Table& mem) {
   t.notes.push_back("nvfp4: E2M1 1x16 blocks, UE4M3 scales under an fp32 tensor scale, 16x16 weight blocks, SR on dy, RHT on "
                     "wgrad, first and last Linear in bf16; each no_* variant drops one of these; mxfp4: E2M1 1x32, E8M0 FLOOR");
   t.notes.push_back(fmt::format("errors: ||C - C_fp32|| / ||C_fp32|| of each GEMM at step {}, mean over the 4-bit layers (all "
                                 "layers for fp32 and bf16); the last Linear stays bf16 everywhere (10 outputs fit no 16-block)",
-                                ledger_step));
+                                cfg.integer("/ledger/step")));
   mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
                       "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
                       "and counted by mpt's CPU allocator (core/numerics/quant's measured_stored_bytes); \"-\" (null in the "
@@ -453,11 +472,62 @@ Report run_fp4(const Context& ctx) {
                       "serves W and W^T; 1x16 / 1x32 blocks: a row-wise and a column-wise copy); activations: x saved for "
                       "the weight gradient in wgrad's format; gradients: fp32; scales: UE4M3 / E8M0 1 byte a block, plus "
                       "4 for an NVFP4 tensor scale (core/numerics/quant's stored_bytes; emulation itself holds fp32)");
+}
+
+/// The MLP section: the ablation grid on Fashion-MNIST. Adds tables variants, memory,
+/// loss_curve, results.history and the timings table cost.
+void mlp_section(const Context& ctx, const Dataset& train_set, const Dataset& test_set, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const auto w = widths(cfg);
+  const auto init = initial_weights(cfg, w);
+  const int64_t steps = cfg.integer("/train/steps");
+  const auto variants = cfg.strings("/variants");
+  Table mem = memory_table("memory", fmt::format("Bytes stored per variant (computed at the formats' widths, and measured in "
+                                                 "LibTorch's low-bit dtypes), batch {}", cfg.integer("/train/batch")));
+  MlpRuns mr = train_mlp_variants(ctx, init, train_set, test_set, w, mem);
+  auto& runs = mr.runs;
+  // A gap to a diverged run (a training or test loss not finite) is nan, not a number that reads as a result.
+  auto gap = [&](const std::string& base, const std::string& v, double q::Evaluation::*m = &q::Evaluation::loss) -> json {
+    if (!runs.count(base)) return nullptr;
+    return q::diverged(runs[v]) || q::diverged(runs[base]) ? num(std::nan("")) : num(runs[v].test.*m - runs[base].test.*m);
+  };
+  Table t{"variants",
+          fmt::format("4-bit ablation grid: MLP {} on Fashion-MNIST, {} steps of {}, SGD lr {:g}", fmt::join(w, "-"), steps,
+                      cfg.integer("/train/batch"), cfg.number("/train/lr")),
+          {text_col("name", "variant"), float_col("test_loss", "test loss"), pct_col("test_accuracy", "test acc"),
+           float_col("loss_gap_bf16", "loss - bf16", "-", 3), float_col("loss_gap_nvfp4", "loss - nvfp4", "-", 3),
+           pct_col("accuracy_gap_bf16", "acc - bf16", 2), sci_col("out_error", "out err", "-", 3),
+           sci_col("dgrad_error", "dgrad err", "-", 3), sci_col("wgrad_error", "wgrad err", "-", 3)}};
+  Table cost = cost_table("cost", "Emulation cost per variant (run-dependent: timings; emulation in software, not a speed claim)");
+  json history = json::object();
+  for (const auto& v : variants) {
+    const q::TrainRun& r = runs[v];
+    auto& errors = mr.errors[v];
+    t.rows.push_back({{"name", v}, {"test_loss", num(r.test.loss)}, {"test_accuracy", num(r.test.accuracy)},
+                      {"loss_gap_bf16", gap("bf16", v)}, {"loss_gap_nvfp4", gap("nvfp4", v)},
+                      {"accuracy_gap_bf16", gap("bf16", v, &q::Evaluation::accuracy)},
+                      {"out_error", num(errors["out"])}, {"dgrad_error", num(errors["dgrad"])},
+                      {"wgrad_error", num(errors["wgrad"])}, {"last_loss", num(r.loss.back())}});
+    history[v] = loss_history(r.loss);
+    cost.rows.push_back(cost_row(v, r.step_s, runs.at("fp32").step_s));  // validate_fp4: fp32 is among the variants
+    // a loss that became nan or inf, and at which step; or a test loss that did after training
+    if (!note_divergence(report, t, v, r.loss)) note_eval_divergence(report, t, v, "test loss", r.test.loss);
+  }
+  add_mlp_notes(cfg, t, mem);
   report.add(std::move(t));
   report.add(std::move(mem));
-  report.add(std::move(curve));
+  report.add(loss_curve("loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), variants,
+                        steps, cfg.integer("/train/log_every"), runs));
   report.results["history"] = history;
   report.add(std::move(cost), Store::TimingsByName);
+}
+
+Report run_fp4(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  Dataset train_set = load_fashion_mnist(cfg.str("/data/dir"), "train", cfg.integer("/data/train_samples"));
+  Dataset test_set = load_fashion_mnist(cfg.str("/data/dir"), "test", cfg.integer("/data/test_samples"));
+  mlp_section(ctx, train_set, test_set, report);
   if (cfg.boolean("/gpt/enabled")) {
     const double t0 = now_seconds();
     gpt_section(ctx, report);

@@ -27,6 +27,7 @@
  * 1x32 block under FLOOR and RCEIL on the same fp32 operands; the limited-precision accumulator
  * at K = 4096 without and with promotion every N_C = 128 (DeepSeek-V3 §3.3.2); the bytes each
  * recipe stores. Times (emulated step / fp32 step) go to timings: emulation cost, no speed claim.
+ * The MX and accumulator sections live in src/experiments/fp8_blocks.cpp.
  *
  * Section 3 (gpt.enabled, off by default: src/experiments/fp8_gpt.cpp): the same recipes on the
  * tiny GPT's block Linears (c_attn, attn_proj, c_fc, mlp_proj), the rest of the GPT in fp32.
@@ -125,6 +126,7 @@ namespace q = mpt::quant;
 using fp8::core_recipe;
 using fp8::delayed_options;
 using fp8::is_fp8;
+using fp8::layer_name;
 using fp8::recipe_options;
 
 const std::vector<std::string> kRecipes = {"fp32", "bf16", "tensorwise", "delayed", "rowwise", "blockwise", "mxfp8", "mxfp8_floor"};
@@ -261,123 +263,6 @@ q::TrainPlan base_plan(const Config& cfg) {
 // Sections
 // ----------------------------------------------------------------------------
 
-std::string layer_name(std::size_t l, const std::vector<int64_t>& w) { return fmt::format("L{} {}x{}", l + 1, w[l], w[l + 1]); }
-
-/// The limited-precision accumulator at K (DeepSeek-V3 §3.3.2). Operands from U[0,1) (seeded): fp32 ones,
-/// whose bits below the accumulator's last place are uniform (the derivation's assumption; the checks),
-/// and the same cast to E4M3 (what an fp8 GEMM multiplies: every product exact in fp32, on a coarse grid).
-/// The reference is the float64 GEMM of the same operands.
-void accumulator_section(const Context& ctx, Report& report) {
-  const auto& cfg = ctx.cfg;
-  const int64_t K = cfg.integer("/accumulator/k"), m = cfg.integer("/accumulator/m"), n = cfg.integer("/accumulator/n");
-  const int p = static_cast<int>(cfg.integer("/accumulator/significand_bits"));
-  const int c = static_cast<int>(cfg.integer("/accumulator/chunk"));
-  const int nc = static_cast<int>(std::min<int64_t>(cfg.integer("/accumulator/promote_every"), K));
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(cfg.integer("/seed")) + 4096);
-  const auto a32 = torch::rand({m, K}, gen), b32 = torch::rand({n, K}, gen);
-  Table t{"accumulator",
-          fmt::format("Accumulator precision: C = A·Bᵀ, A [{},{}], B [{},{}] from U[0,1) (seeded), against float64", m, K, n, K),
-          {text_col("name", "operands / accumulation"), sci_col("mean_rel_error", "mean rel err", "-", 3),
-           sci_col("max_rel_error", "max rel err", "-", 3), sci_col("expected_low", "expected from", "-", 3),
-           sci_col("expected_high", "to", "-", 3)}};
-  // Each truncation to p bits loses on average half an ulp of the accumulator a, and ulp(a)/a ∈ (2^-p, 2^-(p-1)].
-  // Over j = 1..s adds of equal expected size a_j = (j/s)·S, so the losses sum to (s+1)/2 half-ulps of S:
-  // rel error ∈ (s+1)/2 · [2^-(p+1), 2^-p], s = K/c adds (no promotion) or N_C/c per promoted partial sum.
-  auto range = [&](int64_t len) {
-    const double adds = std::ceil(static_cast<double>(len) / c);
-    return std::make_pair((adds + 1) / 2 * std::ldexp(1.0, -(p + 1)), (adds + 1) / 2 * std::ldexp(1.0, -p));
-  };
-  const auto [lo, hi] = range(K);
-  const auto [lo_p, hi_p] = range(nc);
-  double checked[2] = {0, 0};
-  for (const bool fp8 : {false, true}) {
-    const auto a = fp8 ? q::cast(a32, q::Element::E4M3) : a32, b = fp8 ? q::cast(b32, q::Element::E4M3) : b32;
-    const auto ref = a.to(torch::kDouble).mm(b.to(torch::kDouble).t());
-    auto err = [&](const torch::Tensor& got) {
-      auto r = (got.to(torch::kDouble) - ref).abs() / ref.abs();
-      return std::make_pair(r.mean().item<double>(), r.max().item<double>());
-    };
-    const std::string op = fp8 ? "E4M3" : "fp32";
-    const auto [f_mean, f_max] = err(q::gemm(a, b, q::Accumulator{}));
-    const auto [t_mean, t_max] = err(q::gemm(a, b, q::Accumulator{p, c, 0}));
-    const auto [pr_mean, pr_max] = err(q::gemm(a, b, q::Accumulator{p, c, nc}));
-    t.rows.push_back({{"name", op + ", fp32"}, {"mean_rel_error", num(f_mean)}, {"max_rel_error", num(f_max)},
-                      {"expected_low", nullptr}, {"expected_high", nullptr}});
-    t.rows.push_back({{"name", fmt::format("{}, {}-bit", op, p)}, {"mean_rel_error", num(t_mean)}, {"max_rel_error", num(t_max)},
-                      {"expected_low", fp8 ? json(nullptr) : json(lo)}, {"expected_high", fp8 ? json(nullptr) : json(hi)}});
-    t.rows.push_back({{"name", fmt::format("{}, {}-bit, promote every {}", op, p, nc)}, {"mean_rel_error", num(pr_mean)},
-                      {"max_rel_error", num(pr_max)}, {"expected_low", fp8 ? json(nullptr) : json(lo_p)},
-                      {"expected_high", fp8 ? json(nullptr) : json(hi_p)}});
-    if (!fp8) {
-      checked[0] = t_mean;
-      checked[1] = pr_mean;
-    }
-  }
-  t.notes.push_back(fmt::format("{}-bit: products of {} consecutive k summed in fp32, added to the accumulator, the sum truncated "
-                                "to {} significant bits (DeepSeek-V3 §3.3.2 measured about 14 bits on H800); promotion: the "
-                                "accumulator added into an fp32 sum and cleared every N_C = {} elements of K", p, c, p, nc));
-  t.notes.push_back("expected: (s+1)/2 · [2^-(p+1), 2^-p] for s accumulator adds (K/c, or N_C/c with promotion): half an ulp "
-                    "lost per add on an accumulator that grows linearly; shown for fp32 operands, whose low bits are uniform. "
-                    "E4M3 products sit on a coarse grid, so short sums lose less than half an ulp");
-  auto outside = [](double v, double l, double h) { return std::max({0.0, l - v, v - h}); };
-  report.check("accumulator: mean error of the truncated sum in its expected range", outside(checked[0], lo, hi), 0.0,
-               fmt::format("{:.3e} in [{:.3e}, {:.3e}]", checked[0], lo, hi));
-  report.check("accumulator: mean error with promotion every N_C in its expected range", outside(checked[1], lo_p, hi_p), 0.0,
-               fmt::format("{:.3e} in [{:.3e}, {:.3e}]", checked[1], lo_p, hi_p));
-  report.add(std::move(t));
-}
-
-/// MXFP8 per 1x32 block, FLOOR against RCEIL, on the same fp32 operands.
-void mx_section(const Context& ctx, const q::Operands& ops, const std::vector<int64_t>& w, Report& report) {
-  const auto& cfg = ctx.cfg;
-  const int64_t block = cfg.integer("/mx/block");
-  const q::Element grad = cfg.str("/format") == "hybrid" ? q::Element::E5M2 : q::Element::E4M3;
-  Table t{"mx_saturation",
-          fmt::format("MXFP8 1x{} blocks, E8M0 scales, FLOOR vs RCEIL: the fp32 run's operands at step {}", block,
-                      cfg.integer("/ledger/step")),
-          {text_col("name", "operand"), int_col("blocks", "blocks"), int_col("floor_saturated_blocks", "FLOOR sat blk"),
-           pct_col("floor_saturated", "FLOOR sat", 3), sci_col("floor_rel_error", "FLOOR err", "-", 3),
-           int_col("rceil_saturated_blocks", "RCEIL sat blk"), pct_col("rceil_saturated", "RCEIL sat", 3),
-           sci_col("rceil_rel_error", "RCEIL err", "-", 3), pct_col("rceil_flushed", "RCEIL ->0", 3)}};
-  int64_t floor_blocks = 0, rceil_blocks = 0;
-  for (std::size_t l = 0; l < ops.x.size(); ++l) {
-    struct Op {
-      std::string what;
-      torch::Tensor t;
-      q::Element e;
-    };
-    // Blocks along the reduction dim of the out GEMM (x, W) and of dgrad (dy).
-    for (const Op& o : {Op{"x", ops.x[l], q::Element::E4M3}, Op{"W", ops.w[l], q::Element::E4M3}, Op{"dy", ops.dy[l], grad}}) {
-      if (o.t.size(-1) % block != 0) continue;
-      q::QuantSpec s;
-      s.element = o.e;
-      s.block = {1, block};
-      s.scale = q::ScaleFormat::E8M0;
-      s.rule = q::E8M0Rule::FLOOR;
-      const q::Quantized f = q::quantize(o.t, s);
-      s.rule = q::E8M0Rule::RCEIL;
-      const q::Quantized r = q::quantize(o.t, s);
-      floor_blocks += f.saturated_blocks;
-      rceil_blocks += r.saturated_blocks;
-      t.rows.push_back({{"name", fmt::format("{} {} ({})", layer_name(l, w), o.what, q::element_info(o.e).name)},
-                        {"blocks", f.blocks},
-                        {"floor_saturated_blocks", f.saturated_blocks},
-                        {"floor_saturated", static_cast<double>(f.saturated) / static_cast<double>(f.numel)},
-                        {"floor_rel_error", num(relative_error(f.values, o.t))},
-                        {"rceil_saturated_blocks", r.saturated_blocks},
-                        {"rceil_saturated", static_cast<double>(r.saturated) / static_cast<double>(r.numel)},
-                        {"rceil_rel_error", num(relative_error(r.values, o.t))},
-                        {"rceil_flushed", static_cast<double>(r.flushed) / static_cast<double>(r.numel)}});
-    }
-  }
-  t.notes.push_back("FLOOR (OCP MX v1.0 §6.3): 2^(floor(log2 amax) - emax_elem); a block whose amax has a mantissa above the "
-                    "element max's (amax/2^floor > 1.75 for E4M3) clips at ±max. RCEIL (torchao): 2^ceil(log2(amax/max)) never "
-                    "clips in exact arithmetic, at up to one binade less resolution");
-  t.notes.push_back("operands whose last dimension the block does not divide (784 inputs, 10 outputs) are left out");
-  report.results["mx_saturated_blocks"] = {{"floor", floor_blocks}, {"rceil", rceil_blocks}};
-  report.add(std::move(t));
-}
-
 /// The outlier: tensorwise current scaling against delayed scaling (both amax algorithms), step by step.
 void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init, const Dataset& tr, const Dataset& te,
                      const std::vector<int64_t>& w, Report& report) {
@@ -450,94 +335,122 @@ void outlier_section(const Context& ctx, const std::vector<torch::Tensor>& init,
   report.add(std::move(t));
 }
 
-Report run_fp8(const Context& ctx) {
-  const auto& cfg = ctx.cfg;
-  Report report;
-  if (ctx.device.type() != torch::kCPU) report.env["fp8_note"] = "core/numerics/quant emulates on the CPU; the run uses the CPU";
-  const std::string dir = cfg.str("/data/dir");
-  Dataset train_set = load_fashion_mnist(dir, "train", cfg.integer("/data/train_samples"));
-  Dataset test_set = load_fashion_mnist(dir, "test", cfg.integer("/data/test_samples"));
-  const auto w = widths(cfg);
+/// The initial weights of every recipe's MLP (W1, b1, W2, b2, ... as mlp(784, hidden, 10) builds
+/// them after seeding with /seed; detached fp32 copies).
+std::vector<torch::Tensor> initial_weights(const Config& cfg, const std::vector<int64_t>& w) {
   seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
   std::vector<torch::Tensor> init;
-  {
-    std::vector<int64_t> hidden(w.begin() + 1, w.end() - 1);
-    auto net = mlp(784, hidden, 10);
-    for (auto& lin : linear_layers(net)) {
-      init.push_back(lin->weight.detach().clone());
-      init.push_back(lin->bias.detach().clone());
-    }
+  std::vector<int64_t> hidden(w.begin() + 1, w.end() - 1);
+  auto net = mlp(784, hidden, 10);
+  for (auto& lin : linear_layers(net)) {
+    init.push_back(lin->weight.detach().clone());
+    init.push_back(lin->bias.detach().clone());
   }
-  const std::size_t L = w.size() - 1;
-  const int64_t steps = cfg.integer("/train/steps"), ledger_step = cfg.integer("/ledger/step");
-  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train_set.size());
-  const auto recipes = cfg.strings("/recipes");
+  return init;
+}
 
-  // 1. The recipes.
-  Table t{"recipes",
+/// The recipes table's header (rows: one per recipe).
+Table recipes_table(const Config& cfg, const std::vector<int64_t>& w, int64_t batch) {
+  return {"recipes",
           fmt::format("fp8 recipes ({}): MLP {} on Fashion-MNIST, {} steps of {}, SGD lr {:g}; {} layers in fp8", cfg.str("/format"),
-                      fmt::join(w, "-"), steps, batch, cfg.number("/train/lr"),
+                      fmt::join(w, "-"), cfg.integer("/train/steps"), batch, cfg.number("/train/lr"),
                       cfg.str("/model/fp8_layers") == "all" ? std::string("all") : std::string("inner (first, last: bf16)")),
           {text_col("name", "recipe"), float_col("test_loss", "test loss"), pct_col("test_accuracy", "test acc"),
            float_col("loss_gap_bf16", "loss - bf16", "-", 3), pct_col("accuracy_gap_bf16", "acc - bf16", 2),
            float_col("last_loss", "last step loss")}};
-  Table cost{"cost", "Emulation cost per recipe (run-dependent: timings; emulation in software, not a speed claim)",
-             {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}};
+}
+
+/// The GEMM ledger at /ledger/step, with its notes (rows: add_ledger_rows).
+Table ledger_table(int64_t ledger_step) {
+  Table ledger{"ledger",
+               fmt::format("GEMM ledger at step {}: A and B operands (out: x, W; dgrad: dy, W^T; wgrad: dy^T, x^T)", ledger_step),
+               fp8::ledger_columns()};
+  ledger.notes.push_back("scale: the s of q = cast(x·s) (TE / torchao's scale) of the block with the largest amax, i.e. the "
+                         "smallest s over the blocks (E8M0: 2^-e of the largest block exponent; bf16: 1)");
+  ledger.notes.push_back("sat: elements clamped at the element max; ->0: nonzero elements quantized to 0; rel err: "
+                         "||C - C_fp32|| / ||C_fp32|| against the fp32 GEMM of the unquantized operands");
+  return ledger;
+}
+
+/// The bytes each recipe stores, with its notes (rows: memory_row).
+Table memory_table(int64_t batch) {
   Table mem{"memory", fmt::format("Bytes stored per recipe (computed at the formats' widths, and measured in LibTorch's low-bit dtypes), batch {}", batch),
             {text_col("name", "recipe"), int_col("weights", "weights", "bytes"), int_col("activations", "activations", "bytes"),
              int_col("gradients", "gradients", "bytes"), int_col("scales", "scales", "bytes"), int_col("total", "total", "bytes"),
              int_col("measured", "measured", "bytes")}};
-  Table ledger{"ledger",
-               fmt::format("GEMM ledger at step {}: A and B operands (out: x, W; dgrad: dy, W^T; wgrad: dy^T, x^T)", ledger_step),
-               fp8::ledger_columns()};
-  Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
-  std::map<std::string, q::TrainRun> runs;
-  for (const auto& name : recipes) {
-    std::vector<bool> fp8;
-    q::QuantMlp n = make_net(cfg, init, name, &fp8);
-    q::TrainPlan plan = base_plan(cfg);
-    plan.ledger_steps = {ledger_step};
-    if (name == "fp32") plan.capture_step = ledger_step;
-    runs[name] = q::train(n, train_set, test_set, plan, ctx.tty, "fp8: " + name);
-    const q::TrainRun& r = runs[name];
-    // Memory: every layer under its own recipe (fp8 or the bf16 of the edges).
-    q::StoredBytes total, measured;
-    bool measurable = true;
-    for (std::size_t l = 0; l < L; ++l) {
-      if (const auto mb = q::measured_stored_bytes(n.layers[l]->recipe(), batch, w[l], w[l + 1])) {
-        measured.weights += mb->weights;
-        measured.activations += mb->activations;
-        measured.gradients += mb->gradients;
-        measured.scales += mb->scales;
-      } else {
-        measurable = false;
-      }
-      const q::StoredBytes b = q::stored_bytes(n.layers[l]->recipe(), batch, w[l], w[l + 1]);
-      total.weights += b.weights;
-      total.activations += b.activations;
-      total.gradients += b.gradients;
-      total.scales += b.scales;
-      if (!fp8[l]) continue;
-      const q::GemmLedger* gs[] = {q::find_gemm(r.ledger[l], ledger_step, "out"), q::find_gemm(r.ledger[l], ledger_step, "dgrad"),
-                                   q::find_gemm(r.ledger[l], ledger_step, "wgrad")};
-      for (const q::GemmLedger* g : gs) {
-        if (!g) continue;
-        ledger.rows.push_back(fp8::ledger_row(fmt::format("{} / {} / {}", name, layer_name(l, w), g->gemm), name, l + 1, *g));
-      }
+  mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
+                      "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
+                      "and counted by mpt's CPU allocator (core/numerics/quant's measured_stored_bytes); \"-\" (null in the "
+                      "result file) where this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
+  mem.notes.push_back("weights: fp32 master W, b plus the quantized copies the GEMMs read (two for rowwise and MX: row- and "
+                      "column-wise); activations: x kept for wgrad in its format; gradients: fp32; scales: every stored "
+                      "quantized tensor's scales (fp32 4 bytes, E8M0 1)");
+  return mem;
+}
+
+/// The ledger rows of recipe `name`: the out, dgrad and wgrad GEMMs of each fp8 layer at `ledger_step`.
+void add_ledger_rows(Table& ledger, const std::string& name, const q::TrainRun& r, const std::vector<bool>& fp8,
+                     const std::vector<int64_t>& w, int64_t ledger_step) {
+  for (std::size_t l = 0; l + 1 < w.size(); ++l) {
+    if (!fp8[l]) continue;
+    const q::GemmLedger* gs[] = {q::find_gemm(r.ledger[l], ledger_step, "out"), q::find_gemm(r.ledger[l], ledger_step, "dgrad"),
+                                 q::find_gemm(r.ledger[l], ledger_step, "wgrad")};
+    for (const q::GemmLedger* g : gs) {
+      if (!g) continue;
+      ledger.rows.push_back(fp8::ledger_row(fmt::format("{} / {} / {}", name, layer_name(l, w), g->gemm), name, l + 1, *g));
     }
-    mem.rows.push_back({{"name", name}, {"weights", total.weights}, {"activations", total.activations},
-                        {"gradients", total.gradients}, {"scales", total.scales},
-                        {"total", total.weights + total.activations + total.gradients + total.scales},
-                        {"measured", measurable ? json(measured.weights + measured.activations + measured.gradients +
-                                                       measured.scales)
-                                                : json(nullptr)},
-                        {"measured_parts", measurable ? json{{"weights", measured.weights},
-                                                             {"activations", measured.activations},
-                                                             {"gradients", measured.gradients},
-                                                             {"scales", measured.scales}}
-                                                      : json(nullptr)}});
-    curve.columns.push_back(float_col(name, name));
   }
+}
+
+/// The memory row of recipe `name`: every layer of `n` under its own recipe (fp8 or the bf16 of
+/// the edges), computed at the formats' widths and measured (null where a dtype is missing).
+json memory_row(const std::string& name, const q::QuantMlp& n, const std::vector<int64_t>& w, int64_t batch) {
+  q::StoredBytes total, measured;
+  bool measurable = true;
+  for (std::size_t l = 0; l + 1 < w.size(); ++l) {
+    if (const auto mb = q::measured_stored_bytes(n.layers[l]->recipe(), batch, w[l], w[l + 1])) {
+      measured.weights += mb->weights;
+      measured.activations += mb->activations;
+      measured.gradients += mb->gradients;
+      measured.scales += mb->scales;
+    } else {
+      measurable = false;
+    }
+    const q::StoredBytes b = q::stored_bytes(n.layers[l]->recipe(), batch, w[l], w[l + 1]);
+    total.weights += b.weights;
+    total.activations += b.activations;
+    total.gradients += b.gradients;
+    total.scales += b.scales;
+  }
+  return {{"name", name}, {"weights", total.weights}, {"activations", total.activations},
+          {"gradients", total.gradients}, {"scales", total.scales},
+          {"total", total.weights + total.activations + total.gradients + total.scales},
+          {"measured", measurable ? json(measured.weights + measured.activations + measured.gradients + measured.scales)
+                                  : json(nullptr)},
+          {"measured_parts", measurable ? json{{"weights", measured.weights},
+                                               {"activations", measured.activations},
+                                               {"gradients", measured.gradients},
+                                               {"scales", measured.scales}}
+                                        : json(nullptr)}};
+}
+
+/// The loss curve: one row every /train/log_every steps (from step 0), one column per recipe.
+Table loss_curve_table(const Config& cfg, const std::vector<std::string>& recipes,
+                       std::map<std::string, q::TrainRun>& runs) {
+  Table curve{"loss_curve", fmt::format("Training loss every {} steps", cfg.integer("/train/log_every")), {int_col("step", "step")}};
+  for (const auto& name : recipes) curve.columns.push_back(float_col(name, name));
+  for (int64_t s = 0; s < cfg.integer("/train/steps"); s += cfg.integer("/train/log_every")) {
+    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
+    for (const auto& name : recipes) row[name] = num(runs[name].loss[static_cast<std::size_t>(s)]);
+    curve.rows.push_back(row);
+  }
+  return curve;
+}
+
+/// The recipes table's rows (gaps to bf16), the cost rows and the divergence notes; returns
+/// results.history (each recipe's training losses).
+json add_recipe_rows(Report& report, Table& t, Table& cost, const std::vector<std::string>& recipes,
+                     std::map<std::string, q::TrainRun>& runs) {
   const bool have_bf16 = runs.count("bf16") > 0;
   // A gap to a diverged run (a training or test loss not finite) is nan, not a number that reads as a result.
   auto gap = [&](const q::TrainRun& r, double q::Evaluation::*m) -> json {
@@ -560,44 +473,79 @@ Report run_fp8(const Context& ctx) {
     // a loss that became nan or inf, and at which step; or a test loss that did after training
     if (!note_divergence(report, t, name, r.loss)) note_eval_divergence(report, t, name, "test loss", r.test.loss);
   }
-  for (int64_t s = 0; s < steps; s += cfg.integer("/train/log_every")) {
-    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
-    for (const auto& name : recipes) row[name] = num(runs[name].loss[static_cast<std::size_t>(s)]);
-    curve.rows.push_back(row);
+  return history;
+}
+
+/// Every recipe's training run (for the outlier and MX sections) and the cost table (added last,
+/// under timings).
+struct RecipeRuns {
+  std::map<std::string, q::TrainRun> runs;
+  Table cost;
+};
+
+/// Section 1: trains the MLP under each recipe of /recipes from the same initial weights; adds
+/// tables recipes, loss_curve, ledger (when an fp8 layer has GEMMs at /ledger/step) and memory,
+/// and results.history.
+RecipeRuns recipes_section(const Context& ctx, const std::vector<torch::Tensor>& init, const Dataset& train_set,
+                           const Dataset& test_set, const std::vector<int64_t>& w, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const int64_t ledger_step = cfg.integer("/ledger/step");
+  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train_set.size());
+  const auto recipes = cfg.strings("/recipes");
+  Table ledger = ledger_table(ledger_step), mem = memory_table(batch);
+  RecipeRuns out{{},
+                 {"cost", "Emulation cost per recipe (run-dependent: timings; emulation in software, not a speed claim)",
+                  {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3)}}};
+  for (const auto& name : recipes) {
+    std::vector<bool> fp8;
+    q::QuantMlp n = make_net(cfg, init, name, &fp8);
+    q::TrainPlan plan = base_plan(cfg);
+    plan.ledger_steps = {ledger_step};
+    if (name == "fp32") plan.capture_step = ledger_step;
+    out.runs[name] = q::train(n, train_set, test_set, plan, ctx.tty, "fp8: " + name);
+    add_ledger_rows(ledger, name, out.runs[name], fp8, w, ledger_step);
+    mem.rows.push_back(memory_row(name, n, w, batch));
   }
+  Table t = recipes_table(cfg, w, batch);
+  const json history = add_recipe_rows(report, t, out.cost, recipes, out.runs);
   t.notes.push_back("test loss and accuracy: the final weights on the test subset, forward under the recipe (delayed: its "
                     "last scales, no amax recorded), in chunks of 1000; gaps: recipe - bf16 (null without bf16); last step "
                     "loss: the training batch's loss at the last step");
   t.notes.push_back("delayed: " + fmt::format("amax_history_len {}, margin {}, amax_compute_algo {}",
                                               cfg.integer("/delayed/amax_history_len"), cfg.integer("/delayed/margin"),
                                               cfg.str("/delayed/amax_compute_algo")));
-  ledger.notes.push_back("scale: the s of q = cast(x·s) (TE / torchao's scale) of the block with the largest amax, i.e. the "
-                         "smallest s over the blocks (E8M0: 2^-e of the largest block exponent; bf16: 1)");
-  ledger.notes.push_back("sat: elements clamped at the element max; ->0: nonzero elements quantized to 0; rel err: "
-                         "||C - C_fp32|| / ||C_fp32|| against the fp32 GEMM of the unquantized operands");
-  mem.notes.push_back("measured: the same tensors allocated in LibTorch's own dtypes (fp32, bf16, float8_e4m3fn, "
-                      "float8_e5m2, float4_e2m1fn_x2 two codes a byte; scales float8_e8m0fnu, UE4M3 as float8_e4m3fn) "
-                      "and counted by mpt's CPU allocator (core/numerics/quant's measured_stored_bytes); \"-\" (null in the "
-                      "result file) where this LibTorch lacks a dtype (1.13 has none; no LibTorch has FP6)");
-  mem.notes.push_back("weights: fp32 master W, b plus the quantized copies the GEMMs read (two for rowwise and MX: row- and "
-                      "column-wise); activations: x kept for wgrad in its format; gradients: fp32; scales: every stored "
-                      "quantized tensor's scales (fp32 4 bytes, E8M0 1)");
   report.add(std::move(t));
-  report.add(std::move(curve));
+  report.add(loss_curve_table(cfg, recipes, out.runs));
   if (!ledger.rows.empty()) report.add(std::move(ledger));
   report.add(std::move(mem));
   report.results["history"] = history;
+  return out;
+}
+
+Report run_fp8(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  if (ctx.device.type() != torch::kCPU) report.env["fp8_note"] = "core/numerics/quant emulates on the CPU; the run uses the CPU";
+  const std::string dir = cfg.str("/data/dir");
+  Dataset train_set = load_fashion_mnist(dir, "train", cfg.integer("/data/train_samples"));
+  Dataset test_set = load_fashion_mnist(dir, "test", cfg.integer("/data/test_samples"));
+  const auto w = widths(cfg);
+  const auto init = initial_weights(cfg, w);
+
+  // 1. The recipes.
+  RecipeRuns recipes = recipes_section(ctx, init, train_set, test_set, w, report);
 
   // 2. The outlier, the MX blocks, the accumulator.
+  const std::size_t L = w.size() - 1;
   const bool has_fp8_layer = [&] {
     for (std::size_t l = 0; l < L; ++l)
       if (layer_is_fp8(cfg, l, L)) return true;
     return false;
   }();
   if (cfg.boolean("/outlier/enabled") && has_fp8_layer) outlier_section(ctx, init, train_set, test_set, w, report);
-  mx_section(ctx, runs["fp32"].captured, w, report);
-  accumulator_section(ctx, report);
-  report.add(std::move(cost), Store::TimingsByName);
+  fp8::mx_section(ctx, recipes.runs["fp32"].captured, w, report);
+  fp8::accumulator_section(ctx, report);
+  report.add(std::move(recipes.cost), Store::TimingsByName);
 
   // 3. The tiny GPT under the same recipes (fp8_gpt.cpp).
   if (cfg.boolean("/gpt/enabled")) {

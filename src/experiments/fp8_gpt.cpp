@@ -119,25 +119,79 @@ MemoryEstimate gpt_memory(const Config& cfg) {
   return e;
 }
 
-void gpt_section(const Context& ctx, Report& report) {
-  const auto& cfg = ctx.cfg;
-  const TextCorpus corpus = load_text_corpus_at(cfg, "/gpt");
-  const GptConfig g = gpt_config_at(cfg, kModel, corpus.vocab());  // validate_gpt checked the split against the context
-  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
-  const int64_t steps = cfg.integer("/gpt/steps"), ledger_step = cfg.integer("/gpt/ledger_step");
-  const int64_t last = std::min<int64_t>(cfg.integer("/gpt/mean_of_last"), steps);
-  const auto recipes = cfg.strings("/recipes");
-  const q::GptTrainPlan plan = q::gpt_train_plan_at(cfg, "/gpt", seed);
+namespace {
 
+/// Trains the tiny GPT under every recipe of /recipes from the same weights (seeded before each)
+/// on the same batches; `linear_names` receives the quantized Linears' names (the ledger's keys).
+std::map<std::string, q::GptTrainRun> train_gpt_recipes(const Context& ctx, const TextCorpus& corpus, const GptConfig& g,
+                                                        const q::GptTrainPlan& plan,
+                                                        std::vector<std::string>& linear_names) {
+  const auto& cfg = ctx.cfg;
+  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
   std::map<std::string, q::GptTrainRun> runs;
-  std::vector<std::string> linear_names;
-  for (const auto& name : recipes) {
+  for (const auto& name : cfg.strings("/recipes")) {
     seed_all(seed);
     TinyGpt model(g);  // the same weights for every recipe; the QuantLinears draw after it
     q::QuantGptLinears lin = make_linears(cfg, g, name);
     linear_names = lin.names;
     runs[name] = q::train_gpt(model, lin, corpus, plan, ctx.tty, "fp8: gpt " + name);
   }
+  return runs;
+}
+
+/// Table gpt_ledger: the out, dgrad and wgrad GEMMs of every quantized Linear of each fp8
+/// recipe at /gpt/ledger_step.
+Table gpt_ledger_table(const Config& cfg, const std::vector<std::string>& recipes,
+                       const std::map<std::string, q::GptTrainRun>& runs, const std::vector<std::string>& linear_names) {
+  const int64_t ledger_step = cfg.integer("/gpt/ledger_step");
+  Table ledger{"gpt_ledger",
+               fmt::format("Tiny GPT GEMM ledger at step {}: A and B operands (out: x, W; dgrad: dy, W^T; wgrad: dy^T, x^T), "
+                           "x [{} tokens, in]", ledger_step, tokens_per_step(cfg)),
+               ledger_columns()};
+  for (const auto& name : recipes) {
+    if (!is_fp8(name)) continue;
+    const q::GptTrainRun& r = runs.at(name);
+    for (const auto& lin : linear_names)
+      for (const char* gemm : {"out", "dgrad", "wgrad"})
+        if (const q::GemmLedger* e = q::find_gemm(r.ledger.at(lin), ledger_step, gemm))
+          ledger.rows.push_back(ledger_row(fmt::format("{} / {} / {}", name, lin, gemm), name, lin, *e));
+  }
+  ledger.notes.push_back("scale: the s of q = cast(x·s) of the block with the largest amax (E8M0: 2^-e of the largest block "
+                         "exponent); sat: elements clamped at the element max; ->0: nonzero elements quantized to 0; rel err: "
+                         "||C - C_fp32|| / ||C_fp32|| against the fp32 GEMM of the same (unquantized) operands");
+  return ledger;
+}
+
+/// Table gpt_loss_curve: one row every /gpt/log_every steps (from step 0), one column per recipe.
+Table gpt_loss_curve(const Config& cfg, const std::vector<std::string>& recipes,
+                     const std::map<std::string, q::GptTrainRun>& runs) {
+  Table curve{"gpt_loss_curve", fmt::format("Tiny GPT training loss every {} steps", cfg.integer("/gpt/log_every")),
+              {int_col("step", "step")}};
+  for (const auto& name : recipes) curve.columns.push_back(float_col(name, name));
+  for (int64_t s = 0; s < cfg.integer("/gpt/steps"); s += cfg.integer("/gpt/log_every")) {
+    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
+    for (const auto& name : recipes) row[name] = num(runs.at(name).loss[static_cast<std::size_t>(s)]);
+    curve.rows.push_back(row);
+  }
+  return curve;
+}
+
+}  // namespace
+
+// gpt_section (documented in fp8_parts.hpp): train, then the recipes table, the loss curve, the
+// ledger and the cost table.
+void gpt_section(const Context& ctx, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const TextCorpus corpus = load_text_corpus_at(cfg, "/gpt");
+  const GptConfig g = gpt_config_at(cfg, kModel, corpus.vocab());  // validate_gpt checked the split against the context
+  const auto seed = static_cast<std::uint64_t>(cfg.integer("/seed"));
+  const int64_t steps = cfg.integer("/gpt/steps");
+  const int64_t last = std::min<int64_t>(cfg.integer("/gpt/mean_of_last"), steps);
+  const auto recipes = cfg.strings("/recipes");
+  const q::GptTrainPlan plan = q::gpt_train_plan_at(cfg, "/gpt", seed);
+
+  std::vector<std::string> linear_names;
+  std::map<std::string, q::GptTrainRun> runs = train_gpt_recipes(ctx, corpus, g, plan, linear_names);
 
   Table t{"gpt_recipes",
           fmt::format("fp8 recipes ({}) on the tiny GPT {}x{} ({} heads, T = {}, vocab {}, {} parameters) on fortunes, {} steps "
@@ -181,33 +235,10 @@ void gpt_section(const Context& ctx, Report& report) {
                                               "role (x, W, dy)", cfg.integer("/delayed/amax_history_len"),
                                               cfg.integer("/delayed/margin"), cfg.str("/delayed/amax_compute_algo")));
 
-  Table ledger{"gpt_ledger",
-               fmt::format("Tiny GPT GEMM ledger at step {}: A and B operands (out: x, W; dgrad: dy, W^T; wgrad: dy^T, x^T), "
-                           "x [{} tokens, in]", ledger_step, tokens_per_step(cfg)),
-               ledger_columns()};
-  for (const auto& name : recipes) {
-    if (!is_fp8(name)) continue;
-    const q::GptTrainRun& r = runs[name];
-    for (const auto& lin : linear_names)
-      for (const char* gemm : {"out", "dgrad", "wgrad"})
-        if (const q::GemmLedger* e = q::find_gemm(r.ledger.at(lin), ledger_step, gemm))
-          ledger.rows.push_back(ledger_row(fmt::format("{} / {} / {}", name, lin, gemm), name, lin, *e));
-  }
-  ledger.notes.push_back("scale: the s of q = cast(x·s) of the block with the largest amax (E8M0: 2^-e of the largest block "
-                         "exponent); sat: elements clamped at the element max; ->0: nonzero elements quantized to 0; rel err: "
-                         "||C - C_fp32|| / ||C_fp32|| against the fp32 GEMM of the same (unquantized) operands");
-
-  Table curve{"gpt_loss_curve", fmt::format("Tiny GPT training loss every {} steps", cfg.integer("/gpt/log_every")),
-              {int_col("step", "step")}};
-  for (const auto& name : recipes) curve.columns.push_back(float_col(name, name));
-  for (int64_t s = 0; s < steps; s += cfg.integer("/gpt/log_every")) {
-    json row = {{"name", fmt::format("step{}", s)}, {"step", s}};
-    for (const auto& name : recipes) row[name] = num(runs[name].loss[static_cast<std::size_t>(s)]);
-    curve.rows.push_back(row);
-  }
   report.add(std::move(t));
-  report.add(std::move(curve));
-  if (!ledger.rows.empty()) report.add(std::move(ledger));
+  report.add(gpt_loss_curve(cfg, recipes, runs));
+  if (Table ledger = gpt_ledger_table(cfg, recipes, runs, linear_names); !ledger.rows.empty())
+    report.add(std::move(ledger));
   report.results["gpt_history"] = history;
   report.add(std::move(cost), Store::TimingsByName);
 }

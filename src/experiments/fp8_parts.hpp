@@ -1,5 +1,6 @@
-// The parts of `mpt fp8` that live in their own file (src/experiments/fp8_gpt.cpp: the tiny GPT
-// under each recipe) and the helpers both files use. Included by fp8*.cpp only.
+// The parts of `mpt fp8` that live in their own files (src/experiments/fp8_gpt.cpp: the tiny GPT
+// under each recipe; fp8_blocks.cpp: MXFP8 saturation per block and the accumulator) and the
+// helpers they share. Included by fp8*.cpp only.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "core/experiment.hpp"
 #include "core/numerics/quant.hpp"
 #include "core/io/results.hpp"
+#include "core/train/quant_train.hpp"
 
 namespace mpt::fp8 {
 
@@ -26,10 +28,21 @@ quant::DelayedScaling delayed_options(const Config& cfg);
 /// "/blockwise/tile" or "/blockwise/weight_block" (blockwise), "/mx/block" (mxfp8*), `other` else.
 std::string block_key(const std::string& recipe, const quant::RecipeOptions& o, std::int64_t m, std::int64_t k,
                       std::int64_t n, const std::string& other);
+/// "L<l+1> <in>x<out>": the name of Linear layer l (0-based) of the MLP whose widths are `w`.
+std::string layer_name(std::size_t l, const std::vector<std::int64_t>& w);
 /// The GEMM ledger's columns (A and B operands' amax, scale, % saturated, % flushed; rel. error).
 std::vector<Column> ledger_columns();
 /// One ledger row: `name`, its recipe and layer, and the GEMM's ledger entry.
 json ledger_row(const std::string& name, const std::string& recipe, const json& layer, const quant::GemmLedger& g);
+
+/// Table mx_saturation: MXFP8 per 1x/mx/block block, FLOOR against RCEIL (OCP MX v1.0, torchao),
+/// on the fp32 run's captured operands `ops` (x, W, dy per layer of the MLP of widths `w`);
+/// operands the block does not divide are left out; results.mx_saturated_blocks.
+void mx_section(const Context& ctx, const quant::Operands& ops, const std::vector<std::int64_t>& w, Report& report);
+/// Table accumulator: C = A·Bᵀ with a /accumulator/significand_bits accumulator, without and with
+/// promotion every /accumulator/promote_every elements (DeepSeek-V3 §3.3.2), fp32 and E4M3
+/// operands, against float64; two checks that the mean errors fall in their expected ranges.
+void accumulator_section(const Context& ctx, Report& report);
 
 /// The GPT section's keys (/gpt/...): enabled, the model (core/models/gpt_spec), the corpus, the run.
 void add_gpt_spec(ConfigSpec& s);

@@ -8,7 +8,8 @@
  *               underflows to 0 and the fraction that overflows to inf, and the error of the
  *               unscaled gradient fp16(S·g)·(1/S) against fp32's g. The safe window is
  *               [smallest S with no first-layer underflow, largest S with no overflow]; when
- *               it is empty no static scale works and dynamic scaling is the answer.
+ *               it is empty no static scale works and dynamic scaling is the answer
+ *               (src/experiments/lossscale_sweep.cpp).
  *  2. recipes:  an MLP trained on Fashion-MNIST from the same initial weights on the same
  *               batches with: fp32; fp16 (weights, gradients, update all fp16); fp16+master
  *               (fp32 master weights); fp16+master+static (fixed S); fp16+master+dynamic
@@ -24,6 +25,8 @@
  *               Default: ReLU MLP 784-64x2-10, plain SGD at a small learning rate (0.01), so
  *               that many updates fall below half an ulp of the stored weight — pure bf16
  *               loses most of them and lags fp32; the master-weight recipes match fp32.
+ *               /train/gemm_ceiling adds the device's GEMM ceilings and a verdict per narrow
+ *               format (src/experiments/lossscale_ceiling.cpp).
  *
  *  3. gpt:      a tiny GPT (core/models/gpt) trained on Debian's fortunes text under per-operation
  *               precision policies — which intermediates are stored in fp16/bf16 and which
@@ -139,166 +142,6 @@ ConfigSpec lossscale_spec() {
   return s;
 }
 
-std::string scale_name(double s) {
-  int e = 0;
-  const double m = std::frexp(s, &e);
-  if (m == 0.5) return fmt::format("2^{}", e - 1);
-  return fmt::format("{:g}", s);
-}
-
-// ----------------------------------------------------------------------------
-// 1. Static loss-scale sweep
-// ----------------------------------------------------------------------------
-struct Frac {
-  double underflow = 0, overflow = 0;
-};
-
-Frac fractions(const torch::Tensor& g) {
-  CastStats c = cast_stats(g, Format::FP16);
-  const double n = static_cast<double>(c.numel);
-  return {c.underflow / n, c.overflow / n};
-}
-
-// Gradients computed in fp16 (`low`) against the same gradients computed in fp32 (`ref`):
-// underflow = nonzero in fp32, zero in fp16; overflow = finite in fp32, inf/NaN in fp16.
-Frac fractions_vs(const torch::Tensor& low, const torch::Tensor& ref) {
-  const double n = static_cast<double>(low.numel());
-  return {((ref != 0) & (low == 0)).sum().item<double>() / n,
-          (torch::isfinite(ref) & torch::isfinite(low).logical_not()).sum().item<double>() / n};
-}
-
-// ||fp16(gs)·inv − g||₂ / ||g||₂ (inf when anything overflowed).
-double unscaled_error(const torch::Tensor& scaled, float inv, const torch::Tensor& ref) {
-  auto back = round_to(scaled, Format::FP16) * inv;
-  if (!torch::isfinite(back).all().item<bool>()) return INFINITY;
-  return relative_error(back, ref);
-}
-
-void sweep_section(const Context& ctx, Report& report) {
-  const auto& cfg = ctx.cfg;
-  const int64_t in_dim = cfg.integer("/sweep/model/input_dim");
-  // Same construction order as `mpt underflow` and the reference: seed, model, x, y.
-  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
-  auto net = deep_sigmoid_net(in_dim, cfg.integer("/sweep/model/width"), cfg.integer("/sweep/model/depth"));
-  auto x = torch::randn({cfg.integer("/sweep/data/batch"), in_dim});
-  auto y = torch::randn({cfg.integer("/sweep/data/batch"), 1});
-  auto layers = linear_layers(net);
-  auto first = layers.front();
-  // "cast": the lesson's table (backward in fp32, gradients cast to fp16), on the CPU where it
-  // equals PyTorch-Python bit for bit. Otherwise forward and backward run in fp16 on the
-  // chosen device, natively or emulated, and are compared with the fp32 run.
-  const std::string mode = cfg.str("/sweep/compute");
-  const bool computed = mode != "cast";
-  Compute compute = Compute::Emulated;
-  try {
-    if (computed) compute = resolve_compute(mode, Format::FP16, ctx.device);
-  } catch (const RuntimeFailure& e) {
-    throw RuntimeFailure(std::string("/sweep/compute: ") + e.what());
-  }
-  if (computed) {
-    net->to(ctx.device);
-    x = x.to(ctx.device);
-    y = y.to(ctx.device);
-  }
-  auto collect = [&] {
-    std::vector<torch::Tensor> flat;
-    for (const auto& p : net->parameters()) flat.push_back(p.grad().detach().flatten().to(torch::kCPU, torch::kFloat));
-    // .clone(): .to() returns the gradient itself when it is already a CPU fp32 tensor, and the
-    // next zero_grad() would zero it in place.
-    return std::make_pair(first->weight.grad().detach().to(torch::kCPU, torch::kFloat).clone(), torch::cat(flat));
-  };
-  // The same net in fp16: parameters, every layer's output and every activation stored in
-  // fp16, the loss (MSE) in fp32 as autocast computes it; S·loss flows back through fp16.
-  auto fp16_grads_for = [&](double s) {
-    net->zero_grad();
-    auto h = store_as(x, Format::FP16, compute);
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      auto w = store_as(layers[i]->weight, Format::FP16, compute);
-      auto b = store_as(layers[i]->bias, Format::FP16, compute);
-      h = store_as(torch::linear(h, w, b), Format::FP16, compute);
-      if (i + 1 < layers.size()) h = activation_as(h, "sigmoid", Format::FP16, compute);
-    }
-    auto loss = torch::mse_loss(h.to(torch::kFloat), y);
-    (loss * static_cast<float>(s)).backward();
-    return collect();
-  };
-
-  auto grads_for = [&](double s) {
-    net->zero_grad();
-    auto loss = torch::mse_loss(net->forward(x), y);
-    // scaler.scale(loss): loss × S as an fp32 tensor
-    (loss * static_cast<float>(s)).backward();
-    return collect();
-  };
-  auto [ref_first, ref_all] = grads_for(1.0);
-
-  Table t{"sweep",
-          computed ? fmt::format("Static loss scale: forward and backward of S*loss in fp16 ({}), against fp32 "
-                                 "(deep sigmoid net of `mpt underflow`)", compute_name(compute))
-                   : std::string("Static loss scale: gradients of S*loss cast to fp16 (deep sigmoid net of `mpt underflow`)"),
-          {text_col("name", "scale"), sci_col("scale", "S"), pct_col("first_underflow", "L1 ->0"),
-           pct_col("first_overflow", "L1 ->inf"), pct_col("all_underflow", "all ->0"),
-           pct_col("all_overflow", "all ->inf"), sci_col("first_error", "L1 err", "-", 3),
-           sci_col("all_error", "all err", "-", 3)}};
-  double lowest = NAN, highest = NAN, first_overflow = NAN, linearity = 0;
-  std::vector<double> scales = cfg.numbers("/sweep/scales");
-  std::sort(scales.begin(), scales.end());
-  const bool ref_normal = (ref_all.abs() >= format_info(Format::FP32).min_normal).logical_or(ref_all == 0).all().item<bool>();
-  for (double s : scales) {
-    auto [gf, ga] = grads_for(s);
-    // GradScaler.unscale_: the reciprocal of the fp32 scale, computed in double.
-    const float inv = static_cast<float>(1.0 / static_cast<double>(static_cast<float>(s)));
-    Frac f, a;
-    double first_err, all_err;
-    if (computed) {
-      auto [lf, la] = fp16_grads_for(s);
-      f = fractions_vs(lf, gf);
-      a = fractions_vs(la, ga);
-      first_err = unscaled_error(lf, inv, ref_first);
-      all_err = unscaled_error(la, inv, ref_all);
-    } else {
-      f = fractions(gf);
-      a = fractions(ga);
-      first_err = unscaled_error(gf, inv, ref_first);
-      all_err = unscaled_error(ga, inv, ref_all);
-    }
-    t.rows.push_back({{"name", scale_name(s)}, {"scale", s}, {"first_underflow", f.underflow},
-                      {"first_overflow", f.overflow}, {"all_underflow", a.underflow}, {"all_overflow", a.overflow},
-                      {"first_error", num(first_err)}, {"all_error", num(all_err)}});
-    // the first layer is clean only when nothing underflows *and* nothing overflows there (a
-    // first layer all inf has no zeros, but that is no fix)
-    if (f.underflow == 0 && f.overflow == 0 && std::isnan(lowest)) lowest = s;
-    if (a.overflow == 0) highest = s;
-    if (a.overflow > 0 && std::isnan(first_overflow)) first_overflow = s;
-    // Before any cast, scaling by a power of two is exact in fp32: (S·g)·(1/S) == g, as long as
-    // nothing leaves fp32's normal range. This is what makes loss scaling free of error.
-    int e = 0;
-    if (std::frexp(s, &e) == 0.5 && ref_normal && torch::isfinite(ga).all().item<bool>() &&
-        (ga.abs() >= format_info(Format::FP32).min_normal).logical_or(ga == 0).all().item<bool>())
-      linearity = std::max(linearity, (ga * inv - ref_all).abs().max().item<double>());
-  }
-  report.check("sweep: (S*g)/S == g in fp32 for power-of-two S", linearity, 0.0,
-               "loss scaling by a power of two is exact before the fp16 cast");
-  const bool empty = std::isnan(lowest) || std::isnan(highest) || lowest > highest;
-  report.results["safe_window"] = {{"lowest", num(lowest)}, {"highest", num(highest)}, {"empty", empty}};
-  if (empty)
-    t.notes.push_back(fmt::format(
-        "safe window: EMPTY - {}; no static scale works here: use dynamic loss scaling",
-        std::isnan(lowest) ? std::string("no scale in the sweep removes first-layer underflow")
-        : std::isnan(highest) ? std::string("every scale in the sweep overflows somewhere")
-                              : fmt::format("layer 1 stops underflowing at {} but overflow starts at {}",
-                                            scale_name(lowest), scale_name(first_overflow))));
-  else
-    t.notes.push_back(fmt::format("safe window: [{}, {}] - no first-layer underflow and no overflow anywhere",
-                                  scale_name(lowest), scale_name(highest)));
-  t.notes.push_back(computed ? "->0: nonzero in the fp32 run, zero in the fp16 run; ->inf: finite in fp32, inf or NaN in "
-                              "fp16; err: ||g16(S)/S - g|| / ||g|| (inf once anything overflows)"
-                            : "->0: nonzero in fp32, zero in fp16; ->inf: finite in fp32, inf in fp16; "
-                              "err: ||fp16(S*g)/S - g|| / ||g|| (inf once anything overflows)");
-  report.results["sweep_compute"] = computed ? compute_name(compute) : "cast";
-  report.add(std::move(t));
-}
-
 }  // namespace
 
 GradScaler::Options scaler_options(const Config& cfg) {
@@ -358,16 +201,9 @@ RecipeTraining recipe_training(const Context& ctx) {
   return o;
 }
 
-void training_section(const Context& ctx, Report& report) {
-  const auto& cfg = ctx.cfg;
-  const std::string dir = cfg.str("/train/data_dir");
-  Dataset train = load_fashion_mnist(dir, "train", cfg.integer("/train/train_samples"));
-  Dataset test = load_fashion_mnist(dir, "test", cfg.integer("/train/test_samples"));
-
-  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
-  const auto init = init_recipe_mlp(cfg.integer("/train/hidden/depth"), cfg.integer("/train/hidden/width"));
-
-  Table t{"recipes",
+/// The recipes table's header (rows: one per recipe).
+Table recipes_table(const Config& cfg) {
+  return {"recipes",
           fmt::format("Training recipes: MLP 784-{}x{}({})-10 on Fashion-MNIST, {} steps of {} samples, SGD lr {:g}",
                       cfg.integer("/train/hidden/width"), cfg.integer("/train/hidden/depth"),
                       cfg.str("/train/hidden/activation"), cfg.integer("/train/steps"), cfg.integer("/train/batch"),
@@ -376,94 +212,108 @@ void training_section(const Context& ctx, Report& report) {
            pct_col("test_accuracy", "test acc"), int_col("skipped_steps", "skipped", "steps"),
            sci_col("final_scale", "final S", "-", 3), pct_col("lost_updates", "lost upd", 3),
            pct_col("grad_underflow", "grad ->0", 3)}};
-  Table cost{"recipes", "Cost per recipe (run-dependent; stored under timings)",
-             {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3),
-              float_col("vs_fp32", "vs fp32", "x", 3), float_col("gflops", "GEMM rate", "GFLOP/s", 3),
-              int_col("weight_bytes", "weights", "bytes"), int_col("peak_bytes", "peak", "bytes"),
-              text_col("why", "where the time goes")}};
-  // The matrix products of one SGD step: forward y = xWᵀ per layer (2·B·in·out), the weight
-  // gradient (the same), the input gradient for every layer but the first (the images need none).
-  const int64_t width = cfg.integer("/train/hidden/width"), depth = cfg.integer("/train/hidden/depth");
-  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train.size());
+}
+
+/// The cost table's header (run-dependent: stored under timings).
+Table cost_table() {
+  return {"recipes", "Cost per recipe (run-dependent; stored under timings)",
+          {text_col("name", "recipe"), float_col("step_ms", "step", "ms", 3), float_col("vs_fp32", "vs fp32", "x", 3),
+           float_col("gflops", "GEMM rate", "GFLOP/s", 3), int_col("weight_bytes", "weights", "bytes"),
+           int_col("peak_bytes", "peak", "bytes"), text_col("why", "where the time goes")}};
+}
+
+/// One SGD step of the MLP: the FLOPs of its matrix products and its parameter count.
+struct StepShape {
   double flops = 0;
   int64_t params = 0;
+};
+
+/// The matrix products of one SGD step: forward y = xWᵀ per layer (2·B·in·out), the weight
+/// gradient (the same), the input gradient for every layer but the first (the images need none).
+StepShape step_shape(const Config& cfg, int64_t train_size) {
+  const int64_t width = cfg.integer("/train/hidden/width"), depth = cfg.integer("/train/hidden/depth");
+  const int64_t batch = std::min<int64_t>(cfg.integer("/train/batch"), train_size);
+  StepShape s;
   for (int64_t l = 0, in = 28 * 28; l <= depth; ++l) {
     const int64_t out = l == depth ? 10 : width;
-    flops += 2.0 * static_cast<double>(batch * in * out) * (l == 0 ? 2 : 3);
-    params += in * out + out;
+    s.flops += 2.0 * static_cast<double>(batch * in * out) * (l == 0 ? 2 : 3);
+    s.params += in * out + out;
     in = out;
   }
-  json history = json::object();
-  std::map<Format, double> best_rate;  // the highest GEMM rate of the recipes of each format
-  double fp32_step = NAN;
+  return s;
+}
+
+/// The compute mode of /train/compute for `format`; throws RuntimeFailure naming the key.
+Compute train_compute(const Context& ctx, Format format) {
+  try {
+    return resolve_compute(ctx.cfg.str("/train/compute"), format, ctx.device);
+  } catch (const RuntimeFailure& e) {
+    throw RuntimeFailure(std::string("/train/compute: ") + e.what());
+  }
+}
+
+/// The recipes table's row of recipe `n`.
+json recipe_row(const std::string& n, const PrecisionRecipe& r, Compute c, const RecipeRun& run) {
+  return {{"name", n},
+          {"format", format_name(r.format)},
+          {"compute", r.format == Format::FP32 ? "fp32" : compute_name(c)},
+          {"master_weights", r.master},
+          {"scaling", r.scaling == LossScaling::None ? "none" : r.scaling == LossScaling::Static ? "static" : "dynamic"},
+          {"final_train_loss", num(run.final_loss)},
+          {"test_accuracy", run.accuracy},
+          {"skipped_steps", run.skipped},
+          {"final_scale", run.final_scale},
+          {"lost_updates", run.updates ? static_cast<double>(run.lost) / run.updates : 0.0},
+          {"lost_update_count", run.lost},
+          {"grad_underflow", run.grads.total ? static_cast<double>(run.grads.underflow) / run.grads.total : 0.0},
+          {"first_loss", num(run.loss.front())},
+          {"last_loss", num(run.loss.back())}};
+}
+
+/// The cost table's row of recipe `n`: step time against fp32's (`fp32_step`, NaN before the
+/// fp32 recipe ran), GEMM rate, the bytes of weights kept between steps, and where the time goes.
+json cost_row(const Config& cfg, const std::string& n, const PrecisionRecipe& r, Compute c, const RecipeRun& run,
+              const StepShape& shape, double fp32_step) {
+  // Bytes of the weights a recipe keeps between steps: the stored format's width (fp32 masters:
+  // 4 bytes; the low-precision working copy is rebuilt every step). Emulated formats are held
+  // in fp32 tensors by mpt, but a real run stores them narrow: this counts the format.
+  // bf16+kahan keeps a bf16 compensation buffer beside the weights: 2 more bytes per parameter.
+  const int64_t weight_bytes =
+      shape.params * (r.master ? 4 : format_info(r.format).bits / 8 + (r.update == UpdateRounding::Kahan ? 2 : 0));
+  const std::string why = r.format == Format::FP32 ? "fp32 GEMMs (the baseline)"
+                          : c == Compute::Native
+                              ? fmt::format("native {} GEMMs ({})", format_name(r.format),
+                                            r.master                                 ? "plus fp32 master weights and casts"
+                                            : r.update == UpdateRounding::Stochastic ? "weights stored narrow, SR update"
+                                            : r.update == UpdateRounding::Kahan      ? "weights and compensation stored narrow"
+                                                                                     : "weights stored narrow")
+                              : fmt::format("emulated: fp32 GEMMs plus a rounding pass per stored tensor ({})",
+                                            cfg.str("/train/compute") == "emulated"
+                                                ? std::string("compute=emulated")
+                                                : fmt::format("no native kernels: env.{}_compute_reason",
+                                                              format_name(r.format)));
+  return {{"name", n}, {"step_ms", run.step_s * 1e3}, {"vs_fp32", num(run.step_s / fp32_step)},
+          {"gflops", shape.flops / run.step_s / 1e9}, {"weight_bytes", weight_bytes},
+          {"peak_bytes", run.peak_bytes}, {"why", why}, {"step_time_s", run.step_s},
+          {"gemm_flops_per_step", shape.flops}};
+}
+
+/// The loss curve: one row every /train/log_every steps, one column per recipe.
+Table loss_curve_table(const Config& cfg, const std::vector<std::string>& names, const std::vector<RecipeRun>& runs) {
   const int64_t every = cfg.integer("/train/log_every");
   Table curve{"loss_curve", fmt::format("Training loss every {} steps", every), {int_col("step", "step")}};
-  std::vector<RecipeRun> runs;
-  json compute_used = json::object();
-  const auto names = cfg.strings("/train/recipes");
-  const RecipeTraining training = recipe_training(ctx);
-  for (const auto& n : names) {
-    const PrecisionRecipe r = parse_precision_recipe(n);
-    Compute c;
-    try {
-      c = resolve_compute(cfg.str("/train/compute"), r.format, ctx.device);
-    } catch (const RuntimeFailure& e) {
-      throw RuntimeFailure(std::string("/train/compute: ") + e.what());
-    }
-    RecipeRun run = train_recipe(r, c, init, train, test, training);
-    if (r.format != Format::FP32) compute_used[format_name(r.format)] = compute_name(c);
-    t.rows.push_back({{"name", n},
-                      {"format", format_name(r.format)},
-                      {"compute", r.format == Format::FP32 ? "fp32" : compute_name(c)},
-                      {"master_weights", r.master},
-                      {"scaling", r.scaling == LossScaling::None ? "none" : r.scaling == LossScaling::Static ? "static" : "dynamic"},
-                      {"final_train_loss", num(run.final_loss)},
-                      {"test_accuracy", run.accuracy},
-                      {"skipped_steps", run.skipped},
-                      {"final_scale", run.final_scale},
-                      {"lost_updates", run.updates ? static_cast<double>(run.lost) / run.updates : 0.0},
-                      {"lost_update_count", run.lost},
-                      {"grad_underflow", run.grads.total ? static_cast<double>(run.grads.underflow) / run.grads.total : 0.0},
-                      {"first_loss", num(run.loss.front())},
-                      {"last_loss", num(run.loss.back())}});
-    json h = {{"loss", json::array()}, {"scale", json::array()}};
-    for (double v : run.loss) h["loss"].push_back(num(v));
-    for (double v : run.scale) h["scale"].push_back(v);
-    history[n] = h;
-    if (n == "fp32") fp32_step = run.step_s;
-    // Bytes of the weights a recipe keeps between steps: the stored format's width (fp32 masters:
-    // 4 bytes; the low-precision working copy is rebuilt every step). Emulated formats are held
-    // in fp32 tensors by mpt, but a real run stores them narrow: this counts the format.
-    // bf16+kahan keeps a bf16 compensation buffer beside the weights: 2 more bytes per parameter.
-    const int64_t weight_bytes =
-        params * (r.master ? 4 : format_info(r.format).bits / 8 + (r.update == UpdateRounding::Kahan ? 2 : 0));
-    const std::string why = r.format == Format::FP32 ? "fp32 GEMMs (the baseline)"
-                            : c == Compute::Native
-                                ? fmt::format("native {} GEMMs ({})", format_name(r.format),
-                                              r.master                       ? "plus fp32 master weights and casts"
-                                              : r.update == UpdateRounding::Stochastic ? "weights stored narrow, SR update"
-                                              : r.update == UpdateRounding::Kahan      ? "weights and compensation stored narrow"
-                                                                               : "weights stored narrow")
-                                : fmt::format("emulated: fp32 GEMMs plus a rounding pass per stored tensor ({})",
-                                              cfg.str("/train/compute") == "emulated"
-                                                  ? std::string("compute=emulated")
-                                                  : fmt::format("no native kernels: env.{}_compute_reason",
-                                                                format_name(r.format)));
-    best_rate[r.format] = std::max(best_rate[r.format], flops / run.step_s / 1e9);
-    cost.rows.push_back({{"name", n}, {"step_ms", run.step_s * 1e3}, {"vs_fp32", num(run.step_s / fp32_step)},
-                         {"gflops", flops / run.step_s / 1e9}, {"weight_bytes", weight_bytes},
-                         {"peak_bytes", run.peak_bytes}, {"why", why}, {"step_time_s", run.step_s},
-                         {"gemm_flops_per_step", flops}});
-    curve.columns.push_back(float_col(n, n));
-    note_divergence(report, t, n, run.loss, /*first_step=*/1);  // nan or inf, at which step (counted from 1, as the curve)
-    runs.push_back(std::move(run));
-  }
+  for (const auto& n : names) curve.columns.push_back(float_col(n, n));
   const int64_t steps = cfg.integer("/train/steps");
   for (int64_t s = 0; s < steps; s += every) {
     json row = {{"name", fmt::format("step{}", s + 1)}, {"step", s + 1}};
     for (std::size_t i = 0; i < names.size(); ++i) row[names[i]] = num(runs[i].loss[static_cast<std::size_t>(s)]);
     curve.rows.push_back(row);
   }
+  return curve;
+}
+
+/// The recipes table's notes: what its columns count, and the compute mode of each format.
+void add_recipe_notes(Table& t, const json& compute_used) {
   t.notes.push_back("train loss: cross-entropy over the training subset with the final weights, in the recipe's format");
   t.notes.push_back("lost upd: non-zero updates lr*g that left the stored weight unchanged (w - lr*g == w); bf16+sr: "
                     "the same count, but SR keeps them in expectation (a step rounds up a whole ulp with probability "
@@ -474,107 +324,48 @@ void training_section(const Context& ctx, Report& report) {
   if (!modes.empty())
     t.notes.push_back(fmt::format("compute: {} (native: the format's own kernels; emulated: fp32 math, every "
                                   "stored tensor rounded)", fmt::join(modes, ", ")));
-  report.add(std::move(t));
-  report.add(std::move(curve));
-  if (const int64_t n = cfg.integer("/train/gemm_ceiling"); n > 0) {
-    // What the device's kernels reach on a large square product, for fp32 and each format the
-    // recipes train in: a recipe far below its format's ceiling is overhead-bound (small
-    // matrices), and a format whose ceiling is below fp32's has no fast kernels here (e.g. no AMX
-    // or AVX512-FP16 on a CPU), so storing it narrow cannot make the step faster. Formats without
-    // native kernels (the probe's verdict: they would fail or abort) are not timed.
-    json ceilings = json::object();
-    std::vector<std::string> parts;
-    std::vector<Format> formats{Format::FP32};
-    for (const auto& name : names)
-      if (const Format f = parse_precision_recipe(name).format; std::find(formats.begin(), formats.end(), f) == formats.end())
-        formats.push_back(f);
-    for (const Format f : formats) {
-      if (f != Format::FP32) {
-        if (const KernelProbe probe = probe_kernels(ctx.device, storage_dtype(f)); !probe.native()) {
-          ceilings[format_name(f)] = {{"n", n}, {"skipped", probe.reason}};
-          parts.push_back(fmt::format("{} not timed (no native kernels: env.{}_compute_reason)", format_name(f),
-                                      format_name(f)));
-          continue;
-        }
-      }
-      torch::NoGradGuard ng;
-      auto opts = torch::TensorOptions().dtype(storage_dtype(f)).device(ctx.device);
-      auto a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts);
-      const double seconds = median_seconds(
-          [&] {
-            auto c = torch::mm(a, b);
-            sync_device(ctx.device);
-          },
-          /*repeats=*/3, /*warmup=*/1);
-      const double gflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds / 1e9;
-      ceilings[format_name(f)] = {{"n", n}, {"seconds", seconds}, {"gflops", gflops}};
-      const double reached = best_rate.count(f) ? best_rate[f] : 0.0;
-      parts.push_back(reached > gflops ? fmt::format("{} {:.3g} (below the {:.3g} a recipe reached: at N = {} this "
-                                                     "product is not the ceiling; take a larger N)",
-                                                     format_name(f), gflops, reached, n)
-                                       : fmt::format("{} {:.3g}", format_name(f), gflops));
-    }
-    report.timings["gemm_ceiling"] = ceilings;
-    cost.notes.push_back(fmt::format("GEMM ceilings of this device ({0}x{0}x{0} torch::mm, median of 3, GFLOP/s): {1}",
-                                     n, fmt::join(parts, "; ")));
-    // The verdict per narrow format: does storing it narrow make the step faster here, and if
-    // not, is it the kernels (a ceiling no higher than fp32's) or the size (a recipe far below its
-    // format's ceiling: casts, reorders and small GEMMs dominate)? Only where both ceilings are
-    // ceilings and a recipe ran the format natively; otherwise a note says why there is none.
-    const double fp32_ceiling = ceilings["fp32"].value("gflops", 0.0);
-    auto is_ceiling = [&](Format f) {  // no recipe of the format reached more than its product
-      return ceilings[format_name(f)].contains("gflops") &&
-             !(best_rate.count(f) && best_rate[f] > ceilings[format_name(f)]["gflops"].get<double>());
-    };
-    for (const Format f : formats) {
-      const std::string fname = format_name(f);
-      if (f == Format::FP32 || !ceilings[fname].contains("gflops")) continue;  // not timed: said above
-      if (!std::isfinite(fp32_step)) {
-        cost.notes.push_back(fname + ": no verdict: no fp32 recipe ran to compare its step with");
-        continue;
-      }
-      const json* best = nullptr;  // the fastest native recipe of the format
-      for (const auto& row : cost.rows)
-        if (parse_precision_recipe(row["name"].get<std::string>()).format == f &&
-            row["why"].get<std::string>().rfind("native", 0) == 0 &&
-            (!best || row["step_ms"].get<double>() < (*best)["step_ms"].get<double>()))
-          best = &row;
-      if (!best) {
-        cost.notes.push_back(fmt::format("{}: no verdict: no recipe ran {} natively (its ceiling is what its kernels "
-                                         "would reach)", fname, fname));
-        continue;
-      }
-      if (!is_ceiling(Format::FP32) || !is_ceiling(f)) {
-        cost.notes.push_back(fmt::format("{}: no verdict: at N = {} a recipe outran the product, so it is no ceiling; "
-                                         "take a larger N", fname, n));
-        continue;
-      }
-      const double ceiling = ceilings[fname]["gflops"].get<double>(), x = ceiling / fp32_ceiling;
-      const double vs = (*best)["step_ms"].get<double>() / (fp32_step * 1e3), share = (*best)["gflops"].get<double>() / ceiling;
-      const std::string name = (*best)["name"].get<std::string>();
-      std::string verdict;
-      if (vs < 0.9)
-        verdict = fmt::format("faster than fp32 here ({} at {:.2f}x fp32's step; the {} ceiling is {:.2g}x fp32's)", name,
-                              vs, fname, x);
-      else if (vs <= 1.1)
-        verdict = fmt::format("about as fast as fp32 ({} at {:.2f}x fp32's step: within the 10 % a single run varies by; "
-                              "the {} ceiling is {:.2g}x fp32's)", name, vs, fname, x);
-      else if (x < 0.9)
-        verdict = fmt::format("not faster ({} at {:.2f}x fp32's step): this device's {} kernels are slower than fp32's "
-                              "(ceiling {:.2g}x fp32's), so storing {} saves memory here, not time",
-                              name, vs, fname, x, fname);
-      else if (x < 1.5)
-        verdict = fmt::format("not faster ({} at {:.2f}x fp32's step): this device's {} kernels are about as fast as "
-                              "fp32's (ceiling {:.2g}x fp32's), so the casts to and from {} cost more than its GEMMs save",
-                              name, vs, fname, x, fname);
-      else
-        verdict = fmt::format("not faster at this size ({} at {:.2f}x fp32's step) although its ceiling is {:.2g}x "
-                              "fp32's: the recipe reached {:.0f} % of it, so casts, weight reorders and small GEMMs "
-                              "dominate (overhead-bound; larger layers or batches move it toward the ceiling)",
-                              name, vs, x, 100.0 * share);
-      cost.notes.push_back(fname + ": " + verdict);
-    }
+}
+
+/// Section 2: trains the MLP under each recipe of /train/recipes from the same initial weights;
+/// adds tables recipes, loss_curve and the timings table recipes (cost), results.history and
+/// env.lossscale_compute.
+void training_section(const Context& ctx, Report& report) {
+  const auto& cfg = ctx.cfg;
+  const std::string dir = cfg.str("/train/data_dir");
+  Dataset train = load_fashion_mnist(dir, "train", cfg.integer("/train/train_samples"));
+  Dataset test = load_fashion_mnist(dir, "test", cfg.integer("/train/test_samples"));
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  const auto init = init_recipe_mlp(cfg.integer("/train/hidden/depth"), cfg.integer("/train/hidden/width"));
+
+  Table t = recipes_table(cfg), cost = cost_table();
+  const StepShape shape = step_shape(cfg, train.size());
+  json history = json::object(), compute_used = json::object();
+  std::map<Format, double> best_rate;  // the highest GEMM rate of the recipes of each format
+  double fp32_step = NAN;
+  std::vector<RecipeRun> runs;
+  const auto names = cfg.strings("/train/recipes");
+  const RecipeTraining training = recipe_training(ctx);
+  for (const auto& n : names) {
+    const PrecisionRecipe r = parse_precision_recipe(n);
+    const Compute c = train_compute(ctx, r.format);
+    RecipeRun run = train_recipe(r, c, init, train, test, training);
+    if (r.format != Format::FP32) compute_used[format_name(r.format)] = compute_name(c);
+    t.rows.push_back(recipe_row(n, r, c, run));
+    json h = {{"loss", json::array()}, {"scale", json::array()}};
+    for (double v : run.loss) h["loss"].push_back(num(v));
+    for (double v : run.scale) h["scale"].push_back(v);
+    history[n] = h;
+    if (n == "fp32") fp32_step = run.step_s;
+    best_rate[r.format] = std::max(best_rate[r.format], shape.flops / run.step_s / 1e9);
+    cost.rows.push_back(cost_row(cfg, n, r, c, run, shape, fp32_step));
+    note_divergence(report, t, n, run.loss, /*first_step=*/1);  // nan or inf, at which step (counted from 1, as the curve)
+    runs.push_back(std::move(run));
   }
+  add_recipe_notes(t, compute_used);
+  report.add(std::move(t));
+  report.add(loss_curve_table(cfg, names, runs));
+  if (const int64_t n = cfg.integer("/train/gemm_ceiling"); n > 0)
+    add_gemm_ceilings(ctx, n, names, best_rate, fp32_step, cost, report);
   cost.notes.push_back("weights: bytes of the weights a recipe keeps between steps, in its storage format (emulated "
                        "formats count at their own width); peak: the allocator's peak during training, which counts "
                        "the fp32 and the narrow copy a cast makes, so narrow recipes can peak above fp32");

@@ -242,6 +242,33 @@ MemoryEstimate gpt_memory(const Config& cfg) {
   return e;
 }
 
+namespace {
+
+/// The gpt_sites row of low-precision policy `p`: what storing low flushed and overflowed over
+/// every site, the probabilities flushed, the largest |score| and |logit|; appends one entry per
+/// site to `per_site` (results.gpt_site_counts).
+json sites_row(const OpPolicy& p, const PolicyRun& run, json& per_site) {
+  SiteCounts all;
+  for (const auto& [site, c] : run.sites) {
+    all.values += c.values;
+    all.flushed += c.flushed;
+    all.overflowed += c.overflowed;
+    per_site.push_back({{"name", p.name + "/" + site}, {"policy", p.name}, {"site", site},
+                        {"values", c.values}, {"flushed_count", c.flushed}, {"overflowed", c.overflowed},
+                        {"max_abs", num(c.max_abs)}});
+  }
+  auto at = [&](const char* site) { return run.sites.count(site) ? run.sites.at(site) : SiteCounts{}; };
+  const SiteCounts probs = at("probs");
+  return {{"name", p.name}, {"flushed", all.values ? static_cast<double>(all.flushed) / static_cast<double>(all.values) : 0.0},
+          {"flushed_count", all.flushed}, {"overflowed", all.overflowed},
+          {"probs_flushed", probs.values ? static_cast<double>(probs.flushed) / static_cast<double>(probs.values) : 0.0},
+          {"max_scores", at("scores").values ? num(at("scores").max_abs) : json("nan")},
+          {"max_logits", at("logits").values ? num(at("logits").max_abs) : json("nan")}};
+}
+
+}  // namespace
+
+// gpt_section (documented in lossscale_parts.hpp): one training run per policy, then its rows.
 void gpt_section(const Context& ctx, Report& report) {
   const auto& cfg = ctx.cfg;
   TextCorpus corpus = load_text_corpus_at(cfg, "/gpt");  // validate_gpt checked its split against the context
@@ -284,23 +311,8 @@ void gpt_section(const Context& ctx, Report& report) {
     history[p.name] = {{"loss", h}};
     note_divergence(report, t, p.name, run.loss, /*first_step=*/1);  // counted from 1, as the MLP part's curve
     if (p.low == Format::FP32) continue;
-    SiteCounts all;
-    for (const auto& [site, c] : run.sites) {
-      all.values += c.values;
-      all.flushed += c.flushed;
-      all.overflowed += c.overflowed;
-      per_site.push_back({{"name", p.name + "/" + site}, {"policy", p.name}, {"site", site},
-                          {"values", c.values}, {"flushed_count", c.flushed}, {"overflowed", c.overflowed},
-                          {"max_abs", num(c.max_abs)}});
-    }
-    auto at = [&](const char* site) { return run.sites.count(site) ? run.sites.at(site) : SiteCounts{}; };
-    const SiteCounts probs = at("probs");
-    max_scores = std::max(max_scores, at("scores").max_abs);
-    sites.rows.push_back({{"name", p.name}, {"flushed", all.values ? static_cast<double>(all.flushed) / static_cast<double>(all.values) : 0.0},
-                          {"flushed_count", all.flushed}, {"overflowed", all.overflowed},
-                          {"probs_flushed", probs.values ? static_cast<double>(probs.flushed) / static_cast<double>(probs.values) : 0.0},
-                          {"max_scores", at("scores").values ? num(at("scores").max_abs) : json("nan")},
-                          {"max_logits", at("logits").values ? num(at("logits").max_abs) : json("nan")}});
+    sites.rows.push_back(sites_row(p, run, per_site));
+    if (run.sites.count("scores")) max_scores = std::max(max_scores, run.sites.at("scores").max_abs);
   }
   t.notes.push_back(fmt::format("train loss: the mean of the last {} training losses; val loss: {} fixed batches of the "
                                 "validation split, with the policy's forward; vs fp32: val loss minus the first fp32 "
