@@ -14,6 +14,7 @@
 #include "core/models/gpt.hpp"
 #include "core/numerics/bounds.hpp"
 #include "core/parallel/tp.hpp"
+#include "core/parallel/tp_gpt.hpp"
 
 using namespace mpt;
 using mpt::testing::on_two_ranks;
@@ -212,32 +213,4 @@ TEST_CASE("korthikanti_bytes and fp32_activation_bytes: the per-layer counts of 
   CHECK(tp::fp32_activation_bytes(s, b, h, a, 1, false) == double(64 * sbh + 4 * a * s * s * b));
   CHECK(tp::fp32_activation_bytes(s, b, h, a, 2, false) == 360448.0);
   CHECK(tp::fp32_activation_bytes(s, b, h, a, 2, true) == 327680.0);
-}
-
-TEST_CASE("MeshLayout: ranks as Megatron's tp-dp-pp order (tp fastest), the TP, DP and PP groups of a 2x2x2 mesh",
-          "[tensor_parallel]") {
-  const tp::MeshLayout m(/*dp=*/2, /*tp=*/2, /*pp=*/2);
-  REQUIRE(m.size() == 8);
-  // torch: init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp")) = arange(8).view(2, 2, 2);
-  // Megatron's initialize_model_parallel(tp=2, pp=2) on 8 ranks: TP groups [0,1] [2,3] [4,5] [6,7],
-  // DP groups [0,2] [1,3] [4,6] [5,7], PP groups [0,4] [1,5] [2,6] [3,7].
-  CHECK(m.rank_of(0, 0, 1) == 1);
-  CHECK(m.rank_of(0, 1, 0) == 2);
-  CHECK(m.rank_of(1, 0, 0) == 4);
-  CHECK(m.rank_of(1, 1, 1) == 7);
-  CHECK(m.tp_group(1, 0) == std::vector<int>{4, 5});
-  CHECK(m.dp_group(0, 1) == std::vector<int>{1, 3});
-  CHECK(m.dp_group(1, 0) == std::vector<int>{4, 6});
-  CHECK(m.pp_group(1, 1) == std::vector<int>{3, 7});
-  for (int r = 0; r < 8; ++r) {
-    const auto c = m.coord(r);
-    CHECK(m.rank_of(c.pp, c.dp, c.tp) == r);
-  }
-  // Uneven degrees: dp 1 x tp 2 x pp 3 — the PP group of tp-rank 1 is every other rank.
-  const tp::MeshLayout u(1, 2, 3);
-  CHECK(u.pp_group(0, 1) == std::vector<int>{1, 3, 5});
-  CHECK(u.coord(5).pp == 2);
-  CHECK_THROWS_AS(u.rank_of(3, 0, 0), std::out_of_range);
-  CHECK_THROWS_AS(u.coord(6), std::out_of_range);
-  CHECK_THROWS_AS(tp::MeshLayout(0, 1, 1), std::invalid_argument);
 }

@@ -60,14 +60,18 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) : heads(c.heads) {
 
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook, const GptLinear& lin,
                                     const std::string& prefix) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / heads;
+  const int64_t B = x.size(0), hd = x.size(2) / heads;
   // Attention: nanoGPT's CausalSelfAttention with the "slow" path written out.
   auto h = at_site(hook, ln_1->forward(x), "ln");
   auto qkv = at_site(hook, linear(c_attn, h, lin, prefix + "c_attn"), "qkv");
+  // Sequence, width and head count are qkv's: a tensor-parallel GptLinear (core/parallel/tp_gpt)
+  // returns this rank's heads [B, T, 3C/t] (of the whole sequence, also under sequence
+  // parallelism, where x is [B, T/t, C]); for the plain block T = x.size(1), C = width, nh = heads.
+  const int64_t T = qkv.size(1), C = qkv.size(2) / 3, nh = C / hd;
   auto parts = qkv.split(C, /*dim=*/2);
-  auto q = parts[0].view({B, T, heads, hd}).transpose(1, 2);  // [B, nh, T, hd]
-  auto k = parts[1].view({B, T, heads, hd}).transpose(1, 2);
-  auto v = parts[2].view({B, T, heads, hd}).transpose(1, 2);
+  auto q = parts[0].view({B, T, nh, hd}).transpose(1, 2);  // [B, nh, T, hd]
+  auto k = parts[1].view({B, T, nh, hd}).transpose(1, 2);
+  auto v = parts[2].view({B, T, nh, hd}).transpose(1, 2);
   auto att = at_site(hook, torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd))),
                      "scores");
   auto mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).tril();

@@ -66,7 +66,10 @@ using GptLinear = std::function<torch::Tensor(const torch::Tensor& x, const torc
 struct GptBlockImpl : torch::nn::Module {
   GptBlockImpl(const GptConfig& c);
   /// x [B, T, C] → [B, T, C]; `hook` as GptHook (may be empty); `linear` as GptLinear (empty:
-  /// torch::linear), called with names `prefix` + "c_attn", ... (TinyGpt passes "h<i>.").
+  /// torch::linear), called with names `prefix` + "c_attn", ... (TinyGpt passes "h<i>."). The
+  /// attention's sequence length, width and head count are read from c_attn's output, so that
+  /// tensor parallelism (core/parallel/tp_gpt) runs this block with its Linears replaced by
+  /// column/row-parallel ones returning this rank's heads.
   torch::Tensor forward(const torch::Tensor& x, const GptHook& hook, const GptLinear& linear = {},
                         const std::string& prefix = "");
   int64_t heads;

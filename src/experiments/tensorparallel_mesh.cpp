@@ -1,0 +1,323 @@
+// mpt tensorparallel, section 6 — the GPT on a DP x TP x PP mesh (/mesh/steps > 0: this section
+// alone): the mesh of core/parallel/mesh, each stage's blocks TP-sharded on the pipeline executor,
+// the DP mean by dataparallel's Reducer, SGD; checked after every step against the same TP model
+// without pipeline and DP, and reported against one process. See tensorparallel.cpp.
+#include <array>
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "core/errors.hpp"
+#include "core/models/mlp.hpp"
+#include "core/parallel/ddp.hpp"
+#include "core/parallel/mesh.hpp"
+#include "core/parallel/tp.hpp"
+#include "core/parallel/tp_gpt.hpp"
+#include "core/pipeline/executor.hpp"
+#include "core/runtime/runtime.hpp"
+#include "experiments/tensorparallel_parts.hpp"
+
+namespace mpt {
+
+namespace {
+
+// ----------------------------------------------------------------------------
+// 6. The DP x TP x PP mesh (/mesh/steps > 0: this section alone)
+// ----------------------------------------------------------------------------
+// Rank layout ("pp", "dp", "tp"), tp fastest (MeshLayout, core/parallel/mesh: Megatron-LM's default order,
+// torchtitan's DeviceMesh): rank = (pp_idx·dp + dp_idx)·tp + tp_idx. Each rank joins three
+// groups: its TP group (the Column/Row-parallel collectives of its stage), its PP group (the
+// pipeline executor's send/recv, tp-rank i of stage s to tp-rank i of stage s + 1) and its DP
+// group (the gradient all-reduce of dataparallel's dist::Reducer, then ÷ dp: DDP's mean). One step: the executor runs the
+// schedule over the DP rank's m microbatches (each loss ÷ m), the DP mean, SGD θ -= lr·g.
+//
+// The references, on every rank, same seed and global batch (dp·b sequences):
+//  (a) the same TP model on its TP group without pipeline and DP: for each DP shard d the m
+//      microbatches through all blocks in order (loss ÷ m, gradients accumulated in .grad as the
+//      executor's B's do, in microbatch order), then (G_0 + G_1 + ...) ÷ dp, the same SGD. A cut
+//      between stages changes no arithmetic (core/pipeline/stage.hpp) and a two-term all-reduce
+//      is a + b = b + a, so for dp <= 2 the mesh's parameters equal (a)'s bit for bit: bound 0,
+//      checked every step. (Gloo may add dp > 2 terms in another order: then reported.)
+//  (b) one process, the plain TinyGpt (torch::linear, F.cross_entropy), the same microbatches,
+//      the same mean and SGD: the mesh's shards gathered to full shape against it, reported
+//      (the TP arithmetic differs from it by the per-operation reordering bounds the TP
+//      sections check; propagated through the network and the steps there is no closed bound).
+
+/// Sum of microbatch gradients of one DP shard into every parameter's .grad (loss ÷ m each),
+/// through `forward` (idx [b, T] → loss), microbatch by microbatch in order, like the executor's B's.
+template <class F>
+double accumulate_shard(const torch::Tensor& x, const torch::Tensor& y, int m, F&& forward_loss) {
+  double total = 0;
+  const auto xs = x.chunk(m, 0), ys = y.chunk(m, 0);
+  for (int j = 0; j < m; ++j) {
+    torch::Tensor l = forward_loss(xs[static_cast<std::size_t>(j)], ys[static_cast<std::size_t>(j)]) / m;
+    total += l.item<double>();
+    l.backward();
+  }
+  return total;
+}
+
+std::vector<torch::Tensor> take_grads(const std::vector<torch::Tensor>& ps) {
+  std::vector<torch::Tensor> g;
+  for (const auto& p : ps) {
+    g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    p.mutable_grad() = torch::Tensor();
+  }
+  return g;
+}
+
+void sgd(const std::vector<torch::Tensor>& ps, const std::vector<torch::Tensor>& gs, double lr) {
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < ps.size(); ++i) ps[i].add_(gs[i], -lr);
+}
+
+
+
+/// The rank layout: one row per rank, its coordinates and its three groups.
+Table mesh_layout_table(const MeshLayout& mesh) {
+  Table lt{"mesh_layout", fmt::format("Rank layout of the dp {} x tp {} x pp {} mesh (ranks in pp, dp, tp order: tp fastest)",
+                                      mesh.dp, mesh.tp, mesh.pp),
+           {text_col("name", "rank"), int_col("pp", "pp"), int_col("dp", "dp"), int_col("tp", "tp"),
+            text_col("tp_group", "TP group"), text_col("dp_group", "DP group"), text_col("pp_group", "PP group")}};
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int r : v) out += (out.empty() ? "" : " ") + std::to_string(r);
+    return out;
+  };
+  for (int r = 0; r < mesh.size(); ++r) {
+    const auto c = mesh.coord(r);
+    lt.rows.push_back({{"name", fmt::format("rank{}", r)}, {"pp", static_cast<int64_t>(c.pp)},
+                       {"dp", static_cast<int64_t>(c.dp)}, {"tp", static_cast<int64_t>(c.tp)},
+                       {"tp_group", list(mesh.tp_group(c.pp, c.dp))}, {"dp_group", list(mesh.dp_group(c.pp, c.tp))},
+                       {"pp_group", list(mesh.pp_group(c.dp, c.tp))}});
+  }
+  lt.notes.push_back("rank = (pp_idx * dp + dp_idx) * tp + tp_idx: Megatron-LM's order tp-cp-ep-dp-pp, "
+                     "torch's init_device_mesh(..., (pp, dp, tp))");
+  return lt;
+}
+
+/// The three models of the mesh section, built on every rank from one seed, and their parameter
+/// lists in one order (pipeline chunk by chunk): the mesh's, the TP reference's (a), the plain
+/// model's (b), with where each TP shard goes back in the full model.
+struct MeshModels {
+  TinyGpt full{nullptr};  // the one-process model (reference b), trained in place
+  torch::Tensor idx, tgt;  // the global batch, dp·b sequences
+  std::unique_ptr<tp::TpGpt> mesh_model, ref_model;
+  std::unique_ptr<tp::TpGptStages> stages, ref_stages;
+  std::vector<torch::Tensor> mesh_ps, ref_ps, full_ps;
+  std::vector<const tp::ShardedParam*> sharded;
+};
+
+MeshModels build_mesh_models(const Config& cfg, const Mesh& mesh) {
+  const GptConfig gc = gpt_of(cfg);
+  const int64_t div = cfg.integer("/model/vocab_divisible_by"), b = cfg.integer("/data/batch"),
+                T = cfg.integer("/data/seq");
+  const int dp = mesh.layout().dp, pp = mesh.layout().pp;
+  MeshModels mm;
+  seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
+  mm.full = TinyGpt(gc);
+  mm.idx = torch::randint(gc.vocab, {dp * b, T}, torch::kLong);
+  mm.tgt = torch::randint(gc.vocab, {dp * b, T}, torch::kLong);
+  mm.mesh_model = std::make_unique<tp::TpGpt>(mm.full, mesh.tp(), div, false);
+  mm.ref_model = std::make_unique<tp::TpGpt>(mm.full, mesh.tp(), div, false);
+  mm.stages = std::make_unique<tp::TpGptStages>(*mm.mesh_model, pp);
+  mm.ref_stages = std::make_unique<tp::TpGptStages>(*mm.ref_model, pp);
+  for (int c = 0; c < pp; ++c)
+    for (auto& p : mm.stages->parameters(c)) mm.mesh_ps.push_back(p);
+  for (int c = 0; c < pp; ++c)
+    for (auto& p : mm.ref_stages->parameters(c)) mm.ref_ps.push_back(p);
+  for (int c = 0; c < pp; ++c)
+    for (std::size_t i = 0; i < mm.mesh_model->params().size(); ++i)
+      if (mm.stages->chunk_of(i) == c) mm.sharded.push_back(&mm.mesh_model->params()[i]);
+  const auto named = mm.full->named_parameters();
+  for (const auto* sp : mm.sharded) mm.full_ps.push_back(named[sp->name]);
+  return mm;
+}
+
+/// The single-process replay of one mesh step, on every rank: for each reference, every DP shard's
+/// microbatches in order, its gradients taken, summed over the shards, then divided by dp (as the
+/// mesh's DP all-reduce), the same SGD — (a) TP on the TP group without pipeline and DP, (b) the
+/// plain model. Returns (b)'s mean loss over the DP shards.
+double replay_references(MeshModels& mm, int dp, int pp, int m, int64_t b, double lr) {
+  auto shard_mean = [&](std::vector<torch::Tensor>& ps, const std::function<torch::Tensor(const torch::Tensor&,
+                                                                                         const torch::Tensor&)>& loss_of) {
+    double loss = 0;
+    std::vector<torch::Tensor> sum;
+    for (int d = 0; d < dp; ++d) {
+      loss += accumulate_shard(mm.idx.narrow(0, d * b, b), mm.tgt.narrow(0, d * b, b), m, loss_of);
+      auto g = take_grads(ps);
+      if (d == 0)
+        sum = g;
+      else
+        for (std::size_t k = 0; k < g.size(); ++k) sum[k] = sum[k] + g[k];
+    }
+    if (dp > 1)
+      for (auto& g : sum) g.div_(dp);
+    return std::make_pair(sum, loss);
+  };
+  // (a) TP on the TP group, no pipeline, no DP.
+  auto ref_g = shard_mean(mm.ref_ps, [&](const torch::Tensor& x, const torch::Tensor& y) {
+                 torch::Tensor h = x;
+                 for (int c = 0; c < pp; ++c) h = mm.ref_stages->forward(c, h);
+                 return mm.ref_stages->loss(h, y);
+               }).first;
+  sgd(mm.ref_ps, ref_g, lr);
+  // (b) one process, the plain model.
+  auto [full_g, loss1] = shard_mean(mm.full_ps, [&](const torch::Tensor& x, const torch::Tensor& y) {
+    return gpt_loss(mm.full->forward(x), y);
+  });
+  sgd(mm.full_ps, full_g, lr);
+  return loss1 / dp;
+}
+
+/// One step on the mesh: the pipeline over this rank's PP group, the DP mean of the gradients by
+/// dataparallel's dist::Reducer (one bucketed all-reduce, then ÷ dp; none when dp = 1), SGD.
+/// Returns the global batch's mean loss.
+double mesh_step(const Mesh& mesh, MeshModels& mm, dist::Reducer* reducer, const std::vector<std::vector<PipeOp>>& sched,
+                 int m, int64_t b, double lr) {
+  ProcessPipelineOptions popts;  // this rank's pipeline: its stages' job ranks key the trace's flows
+  popts.job_ranks = mesh.ranks("pp");
+  const int d = mesh.coord().dp;
+  const PipelineRun run = run_pipeline_process(mesh.pp(), *mm.stages, sched, m, mm.idx.narrow(0, d * b, b),
+                                               mm.tgt.narrow(0, d * b, b), SyntheticCost{}, popts);
+  auto loss_t = torch::tensor({run.loss}, torch::kFloat64);
+  std::vector<torch::Tensor> grads = run.grads;
+  if (reducer) {
+    // The Reducer all-reduces what .grad holds (DDP's path for gradients accumulated without
+    // sync): dp <= 2 terms per element, a + b = b + a, then one division — the same bits as
+    // summing one flat buffer.
+    for (std::size_t i = 0; i < mm.mesh_ps.size(); ++i) mm.mesh_ps[i].mutable_grad() = grads[i];
+    reducer->set_sync(true);
+    reducer->finalize();
+    reducer->set_sync(false);
+    for (std::size_t i = 0; i < mm.mesh_ps.size(); ++i) grads[i] = mm.mesh_ps[i].grad();
+    mesh.dp()->allreduce(loss_t);
+    loss_t.div_(mesh.layout().dp);
+  }
+  sgd(mm.mesh_ps, grads, lr);
+  return loss_t.item<double>();
+}
+
+/// Per step: max |θ_mesh − θ_(a)| (shard by shard), max |θ_mesh − θ_(b)| (the shards gathered over
+/// the TP group) and max |θ_(b)|, each the worst rank's.
+std::array<double, 3> compare_parameters(World& w, const Mesh& mesh, const MeshModels& mm) {
+  double da = 0, db = 0, theta = 0;
+  auto& tpg = *mesh.tp();
+  for (std::size_t i = 0; i < mm.mesh_ps.size(); ++i) {
+    da = nan_max(da, max_abs(mm.mesh_ps[i], mm.ref_ps[i]));
+    const auto* spar = mm.sharded[i];
+    auto shards = tp::all_gather_shards(mm.mesh_ps[i].detach(), tpg);
+    torch::Tensor whole = spar->dim < 0 ? shards[0]
+                                        : tp::unshard(shards, tp::all_gather_shards(spar->index, tpg), spar->dim,
+                                                      mm.full_ps[i].size(spar->dim));
+    db = nan_max(db, max_abs(whole, mm.full_ps[i]));
+    theta = nan_max(theta, mm.full_ps[i].detach().abs().max().item<double>());
+  }
+  return {max_over_ranks(w, da), max_over_ranks(w, db), theta};
+}
+
+/// The training table: each SGD step of the mesh against the references (checks: (a) bitwise).
+Table mesh_training_table(const Config& cfg, World& w, const Mesh& mesh, Report& report) {
+  const MeshLayout& lay = mesh.layout();
+  const int dp = lay.dp, pp = lay.pp, m = static_cast<int>(cfg.integer("/mesh/microbatches"));
+  const int64_t steps = cfg.integer("/mesh/steps"), b = cfg.integer("/data/batch");
+  const double lr = cfg.number("/mesh/lr");
+  MeshModels mm = build_mesh_models(cfg, mesh);
+  std::unique_ptr<dist::Reducer> reducer;
+  if (dp > 1) {
+    dist::ReducerOptions ro;
+    ro.overlap = false;        // the executor's backward runs with sync off; finalize() all-reduces
+    ro.divide_before = false;  // sum, then ÷ dp
+    reducer = std::make_unique<dist::Reducer>(mm.mesh_ps, mesh.dp(), ro);
+    reducer->set_sync(false);
+  }
+  const auto sched = make_schedule(parse_schedule(cfg.str("/mesh/schedule")), pp, m);
+  Table st{"mesh", fmt::format("GPT on the mesh dp {} x tp {} x pp {} ({} microbatches, {}), parameters after each SGD "
+                               "step vs the references", dp, lay.tp, pp, m, cfg.str("/mesh/schedule")),
+           {text_col("name", "step"), float_col("loss", "mesh loss", "nats", 7), sci_col("loss_vs_one", "vs 1-proc"),
+            sci_col("vs_tp_ref", "max|d theta| TP ref"), sci_col("bound", "bound"),
+            sci_col("vs_one_process", "max|d theta| 1-proc"), sci_col("max_theta", "max|theta|")}};
+  std::vector<double> mesh_losses;  // per step, for the divergence note
+  for (int64_t k = 0; k < steps; ++k) {
+    w.fault_point(k);
+    w.note_progress();
+    const double loss_mesh = mesh_step(mesh, mm, reducer.get(), sched, m, b, lr);
+    const double loss1 = replay_references(mm, dp, pp, m, b, lr);
+    const auto [da, db, theta] = compare_parameters(w, mesh, mm);
+    const double loss_diff = max_over_ranks(w, std::abs(loss_mesh - loss1));
+    st.rows.push_back({{"name", fmt::format("step{}", k + 1)}, {"loss", loss_mesh}, {"loss_vs_one", loss_diff},
+                       {"vs_tp_ref", da}, {"bound", 0.0}, {"vs_one_process", db}, {"max_theta", theta}});
+    report.check(fmt::format("mesh step {}: parameters bitwise equal to TP on {} rank(s) without pipeline and DP "
+                             "(same sums; dp <= 2)", k + 1, lay.tp),
+                 da, 0.0);
+    mesh_losses.push_back(loss_mesh);
+  }
+  note_divergence(report, st, "mesh", mesh_losses, /*first_step=*/1);  // the rows count steps from 1
+  st.notes.push_back("mesh loss: the global batch's mean loss before the step (the DP mean of each pipeline's "
+                     "sum of loss_j / m); vs 1-proc: |mesh loss - the plain model's|");
+  st.notes.push_back("TP ref: the same TP-sharded GPT on its TP group, no pipeline, no DP (all blocks in order, "
+                     "every DP shard's microbatches, (G_0 + ... + G_dp-1) / dp, the same SGD): bound 0 — a stage cut "
+                     "changes no arithmetic and a two-term all-reduce is a + b = b + a (checked for dp <= 2)");
+  st.notes.push_back("1-proc: the plain TinyGpt (torch::linear, F.cross_entropy) on the same microbatches; the TP "
+                     "shards gathered to full shape. Reported: TP's row-parallel partial sums and the vocab-parallel "
+                     "cross-entropy round differently (each operation within its reordering bound: the TP "
+                     "sections), and the differences propagate through the network and the steps");
+  return st;
+}
+
+}  // namespace
+
+Report run_mesh(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  World& w = *ctx.world;
+  const Mesh mesh(w, MeshLayout(static_cast<int>(cfg.integer("/mesh/dp")), static_cast<int>(cfg.integer("/mesh/tp")),
+                                static_cast<int>(cfg.integer("/mesh/pp"))));
+  const MeshLayout& lay = mesh.layout();
+  report.env["mesh"] = fmt::format("dp {} x tp {} x pp {}", lay.dp, lay.tp, lay.pp);
+  report.add(mesh_layout_table(lay));
+  report.add(mesh_training_table(cfg, w, mesh, report));
+  return report;
+}
+
+/// The mesh's cross-key checks (/mesh/steps > 0), before any worker starts.
+void validate_mesh(const Config& cfg, int world_size) {
+  const int64_t dp = cfg.integer("/mesh/dp"), tp = cfg.integer("/mesh/tp"), pp = cfg.integer("/mesh/pp");
+  if (dp * tp * pp != world_size)
+    throw ConfigError(fmt::format("/mesh: expected /mesh/dp x /mesh/tp x /mesh/pp = the world size {} (--nproc or the "
+                                  "launcher's WORLD_SIZE), got {} x {} x {} = {}",
+                                  world_size, dp, tp, pp, dp * tp * pp));
+  const int64_t a = cfg.integer("/model/heads"), h = cfg.integer("/model/width"), L = cfg.integer("/model/layers");
+  if (h % a != 0)
+    throw ConfigError(fmt::format("/model/heads: expected a divisor of /model/width = {}, got {}", h, a));
+  if (a % tp != 0)
+    throw ConfigError(fmt::format("/mesh/tp: expected a divisor of /model/heads = {} (every TP rank owns whole heads), "
+                                  "got {}", a, tp));
+  const int64_t mh = cfg.integer("/model/mlp_ratio") * h;
+  if (mh % tp != 0)
+    throw ConfigError(fmt::format("/mesh/tp: expected a divisor of the MLP width /model/mlp_ratio x /model/width = {}, "
+                                  "got {}", mh, tp));
+  if (pp > L || L % pp != 0)
+    throw ConfigError(fmt::format("/mesh/pp: expected a divisor of /model/layers = {} (every stage holds L/pp blocks), "
+                                  "got {}", L, pp));
+  const int64_t m = cfg.integer("/mesh/microbatches"), b = cfg.integer("/data/batch");
+  if (m < pp)
+    throw ConfigError(fmt::format("/mesh/microbatches: expected at least /mesh/pp = {} (a pipeline of p stages needs "
+                                  ">= p microbatches in flight), got {}", pp, m));
+  if (b % m != 0)
+    throw ConfigError(fmt::format("/mesh/microbatches: expected a divisor of /data/batch = {} (equal microbatches), "
+                                  "got {}", b, m));
+  const int64_t s = cfg.integer("/data/seq");
+  if (s > cfg.integer("/model/context"))
+    throw ConfigError(fmt::format("/data/seq: expected at most /model/context = {}, got {}", cfg.integer("/model/context"), s));
+  const int64_t fault = cfg.integer("/fault/rank");
+  if (fault >= world_size)
+    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
+  if (fault >= 0 && cfg.integer("/fault/step") >= cfg.integer("/mesh/steps"))
+    throw ConfigError(fmt::format("/fault/step: expected a step < /mesh/steps = {}, got {}", cfg.integer("/mesh/steps"),
+                                  cfg.integer("/fault/step")));
+}
+
+}  // namespace mpt
