@@ -1,8 +1,6 @@
 // core/dist, groups: Group::create (Gloo on CPU, NCCL on CUDA), Work, the collectives and
 // point-to-point messages through c10d, and their communication counts. Declarations:
 // group.hpp; the ring collectives: ring.cpp; the job: job.cpp.
-#define USE_C10D_GLOO 1
-#define MPT_COMPAT_C10D 1
 #include "core/dist/group_impl.hpp"
 
 #include <cstdlib>

@@ -2,16 +2,10 @@
 // messages and ring collectives share — posting a collective (post_collective), its failure
 // (collective_failed), and its record on the timeline (TraceOp, TraceLane). Private to
 // src/core/dist (group.cpp, ring.cpp): not part of mpt's API. Its includer gets c10d's Gloo
-// classes and compat::C10dBackend, for which this header must come before any other inclusion
-// of core/runtime/compat.hpp in a translation unit (a unity batch included).
+// classes (USE_C10D_GLOO: a compile definition of mptcore, so no include order matters) and
+// compat::C10dBackend.
 #pragma once
 
-#ifndef USE_C10D_GLOO
-#define USE_C10D_GLOO 1
-#endif
-#ifndef MPT_COMPAT_C10D
-#define MPT_COMPAT_C10D 1
-#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -30,6 +24,7 @@
 #include "core/dist/job_state.hpp"
 #include "core/errors.hpp"
 #include "core/runtime/compat.hpp"
+#include "core/runtime/compat_c10d.hpp"
 #include "core/runtime/trace.hpp"
 
 namespace mpt::dist {

@@ -81,26 +81,4 @@ namespace mpt::compat {
 inline constexpr std::size_t kAllocatorStatAggregate = 0;
 }  // namespace mpt::compat
 
-// c10d (core/dist.cpp): in LibTorch 1.13 c10d::ProcessGroupGloo derives from c10d::ProcessGroup,
-// in 2.x from c10d::Backend (ProcessGroup became a dispatcher over backends), and so does
-// ProcessGroupNCCL. mpt holds its group through that base (C10dBackend below) and uses only what
-// both versions share — the constructors (store, rank, size, Options), allreduce/broadcast
-// returning c10::intrusive_ptr<c10d::Work>, TCPStore(host, TCPStoreOptions), PrefixStore,
-// HashStore. ProcessGroupGloo.hpp / ProcessGroupNCCL.hpp declare their classes only under
-// USE_C10D_GLOO / USE_C10D_NCCL, which dist.cpp defines before including them; a file that
-// wants C10dBackend defines MPT_COMPAT_C10D before including this header.
-#ifdef MPT_COMPAT_C10D
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-namespace mpt::compat {
-/// The base class of a c10d process-group backend (Gloo, NCCL) in this LibTorch.
-using C10dBackend = c10d::Backend;
-}  // namespace mpt::compat
-#else
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-namespace mpt::compat {
-/// The base class of a c10d process-group backend (Gloo, NCCL) in this LibTorch.
-using C10dBackend = c10d::ProcessGroup;
-}  // namespace mpt::compat
-#endif
-#endif
+// c10d's backend base class differs too: core/runtime/compat_c10d.hpp (only core/dist includes c10d).
