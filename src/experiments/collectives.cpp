@@ -60,19 +60,11 @@ ConfigSpec collectives_spec() {
             100000);
   s.integer("/warmup_iters", 1, "untimed calls after the verified one, before the timed ones, per size (nccl-tests -w)",
             0, 100000);
-  s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
-  s.choice("/dist/gloo_algorithm", "native", {"native", "ring"},
-           "how Gloo (CPU) runs reduce-scatter and all-gather: native (c10d ProcessGroupGloo's; LibTorch 1.13 has no "
-           "reduce_scatter, so that one is the ring there) or ring (mpt's send/recv ring: N-1 steps, chunk j summed "
-           "in rank order from j+1, docs/shard.md); NCCL (CUDA) ignores it");
+  add_dist_keys(s, DistKeys{"measurement (operation and size)", 2, 63, true});
   s.integer("/check/corrupt_rank", -1,
             "for testing the verification: this rank overwrites the first element it sends before each verified "
             "run, so the ranks that receive it count wrong elements (-1: none)",
             -1, 63);
-  s.integer("/fault/rank", -1, "for testing: this rank fails at measurement /fault/step (-1: none)", -1, 63);
-  s.integer("/fault/step", 2, "for testing: the measurement (operation and size, counted from 0) at which it fails", 0);
-  s.choice("/fault/mode", "exit", {"exit", "hang"},
-           "for testing: how /fault/rank fails: exit (the process ends) or hang (alive but silent: sleeps forever)");
   return s;
 }
 

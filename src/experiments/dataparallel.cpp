@@ -80,13 +80,9 @@ ConfigSpec dataparallel_spec() {
   s.add("/ddp/first_bucket_cap_mb", first);
   s.boolean("/ddp/overlap", true, "launch each bucket's all-reduce from the gradient hooks, during backward");
   s.choice("/ddp/divide", "before", {"before", "after"}, "divide by the world size before the sum (DDP) or after");
-  s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
+  add_dist_keys(s, DistKeys{"step", 2, 63, false});
   s.number("/fp16/grad", 30000.0, "gradient value every rank holds in the fp16 demonstration", 0.0, 65504.0);
   s.integer("/fp16/ranks", 4, "ranks in the in-process fp16 demonstration", 1, 1024);
-  s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step (-1: none)", -1, 63);
-  s.integer("/fault/step", 2, "for testing: the step at which /fault/rank fails", 0);
-  s.choice("/fault/mode", "exit", {"exit", "hang"},
-           "for testing: how /fault/rank fails: exit (the process ends) or hang (alive but silent: sleeps forever)");
   s.number("/check/tolerance", 1e-5, "max abs difference allowed between data-parallel and single-process parameters",
            0.0);
   s.distinct("/train/nprocs");  // each names a row

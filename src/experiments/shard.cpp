@@ -108,15 +108,7 @@ ConfigSpec shard_spec() {
             "also train stage 2 with the other /zero/reduce_every_micro_batch setting and report the difference");
   s.string("/data/dir", kFashionMnistDir, "folder with Fashion-MNIST's IDX .gz files (mlp)");
   add_text_keys(s, "/data");  // the GPT's corpus: /data/text_dir, /data/text_files
-  s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
-  s.choice("/dist/gloo_algorithm", "native", {"native", "ring"},
-           "how Gloo (CPU) runs reduce-scatter and all-gather: native (c10d ProcessGroupGloo's; LibTorch 1.13 has no "
-           "reduce_scatter, so that one is the ring there) or ring (mpt's send/recv ring: N-1 steps, chunk j summed "
-           "in rank order from j+1, docs/shard.md); NCCL (CUDA) ignores it");
-  s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step (-1: none)", -1, 63);
-  s.integer("/fault/step", 2, "for testing: the step (of the first run) at which /fault/rank fails", 0);
-  s.choice("/fault/mode", "exit", {"exit", "hang"},
-           "for testing: how /fault/rank fails: exit (the process ends) or hang (alive but silent)");
+  add_dist_keys(s, DistKeys{"step (of the first run)", 2, 63, true});
   s.distinct("/train/stages");  // each names a row
   return s;
 }

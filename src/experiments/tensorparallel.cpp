@@ -97,11 +97,7 @@ ConfigSpec tensorparallel_spec() {
             1, 4096);
   s.choice("/mesh/schedule", "1f1b", {"gpipe", "1f1b"}, "mesh: the pipeline schedule (core/pipeline/schedule)");
   s.number("/mesh/lr", 0.5, "mesh: SGD learning rate (theta -= lr * grad)", 0.0, 100.0);
-  s.number("/dist/timeout_s", 30.0, "timeout of every collective and of the rendezvous (seconds)", 0.1, 3600.0);
-  s.integer("/fault/rank", -1, "for testing: this rank fails at /fault/step of the TP timing loop (-1: none)", -1, 7);
-  s.integer("/fault/step", 1, "for testing: the step at which /fault/rank fails", 0);
-  s.choice("/fault/mode", "exit", {"exit", "hang"},
-           "for testing: how /fault/rank fails: exit (the process ends) or hang (alive but silent)");
+  add_dist_keys(s, DistKeys{"step of the TP timing loop", 1, 7, false});
   return s;
 }
 
