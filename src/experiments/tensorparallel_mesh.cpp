@@ -13,6 +13,7 @@
 #include "core/models/mlp.hpp"
 #include "core/parallel/ddp.hpp"
 #include "core/parallel/mesh.hpp"
+#include "core/parallel/reference.hpp"
 #include "core/parallel/tp.hpp"
 #include "core/parallel/tp_gpt.hpp"
 #include "core/pipeline/executor.hpp"
@@ -44,29 +45,6 @@ namespace {
 //      the same mean and SGD: the mesh's shards gathered to full shape against it, reported
 //      (the TP arithmetic differs from it by the per-operation reordering bounds the TP
 //      sections check; propagated through the network and the steps there is no closed bound).
-
-/// Sum of microbatch gradients of one DP shard into every parameter's .grad (loss ÷ m each),
-/// through `forward` (idx [b, T] → loss), microbatch by microbatch in order, like the executor's B's.
-template <class F>
-double accumulate_shard(const torch::Tensor& x, const torch::Tensor& y, int m, F&& forward_loss) {
-  double total = 0;
-  const auto xs = x.chunk(m, 0), ys = y.chunk(m, 0);
-  for (int j = 0; j < m; ++j) {
-    torch::Tensor l = forward_loss(xs[static_cast<std::size_t>(j)], ys[static_cast<std::size_t>(j)]) / m;
-    total += l.item<double>();
-    l.backward();
-  }
-  return total;
-}
-
-std::vector<torch::Tensor> take_grads(const std::vector<torch::Tensor>& ps) {
-  std::vector<torch::Tensor> g;
-  for (const auto& p : ps) {
-    g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
-    p.mutable_grad() = torch::Tensor();
-  }
-  return g;
-}
 
 void sgd(const std::vector<torch::Tensor>& ps, const std::vector<torch::Tensor>& gs, double lr) {
   torch::NoGradGuard no_grad;
@@ -141,21 +119,13 @@ MeshModels build_mesh_models(const Config& cfg, const Mesh& mesh) {
 /// mesh's DP all-reduce), the same SGD — (a) TP on the TP group without pipeline and DP, (b) the
 /// plain model. Returns (b)'s mean loss over the DP shards.
 double replay_references(MeshModels& mm, int dp, int pp, int m, int64_t b, double lr) {
-  auto shard_mean = [&](std::vector<torch::Tensor>& ps, const std::function<torch::Tensor(const torch::Tensor&,
-                                                                                         const torch::Tensor&)>& loss_of) {
-    double loss = 0;
-    std::vector<torch::Tensor> sum;
-    for (int d = 0; d < dp; ++d) {
-      loss += accumulate_shard(mm.idx.narrow(0, d * b, b), mm.tgt.narrow(0, d * b, b), m, loss_of);
-      auto g = take_grads(ps);
-      if (d == 0)
-        sum = g;
-      else
-        for (std::size_t k = 0; k < g.size(); ++k) sum[k] = sum[k] + g[k];
-    }
-    if (dp > 1)
-      for (auto& g : sum) g.div_(dp);
-    return std::make_pair(sum, loss);
+  // DP shard d of the step's batch: rows d·b .. (d+1)·b − 1; its microbatches in order (b is a
+  // multiple of m: validate_mesh), the shards' gradients summed, then divided by dp.
+  const reference::LocalBatch shard = [&](int64_t d, int64_t) {
+    return std::make_pair(mm.idx.narrow(0, d * b, b), mm.tgt.narrow(0, d * b, b));
+  };
+  auto shard_mean = [&](std::vector<torch::Tensor>& ps, const reference::LossFn& loss_of) {
+    return reference::rank_mean_gradient(ps, loss_of, shard, 0, dp, m, reference::Mean::DivideSum);
   };
   // (a) TP on the TP group, no pipeline, no DP.
   auto ref_g = shard_mean(mm.ref_ps, [&](const torch::Tensor& x, const torch::Tensor& y) {
@@ -169,7 +139,7 @@ double replay_references(MeshModels& mm, int dp, int pp, int m, int64_t b, doubl
     return gpt_loss(mm.full->forward(x), y);
   });
   sgd(mm.full_ps, full_g, lr);
-  return loss1 / dp;
+  return loss1;
 }
 
 /// One step on the mesh: the pipeline over this rank's PP group, the DP mean of the gradients by
