@@ -35,7 +35,7 @@ bit manipulation:
       powers of [[1, 1], [1, -1]]), sign j negative when the top bit of SplitMix64(seed, j) is set.
   bf16: t.to(torch.bfloat16).to(torch.float32) (round to nearest even).
 
-Seeds as mpt derives them (core/numerics/quant.cpp): layer l's recipe seed is seed + 7919*(l + 1); a GEMM
+Seeds as mpt derives them (core/numerics/quant_recipe.cpp): layer l's recipe seed is seed + 7919*(l + 1); a GEMM
 g (out 0, dgrad 1, wgrad 2) of step t gets gs = SplitMix64(rs ^ SplitMix64(3t + g)); operand A
 rounds with SplitMix64(gs + 1), B with SplitMix64(gs + 2), the RHT signs use
 SplitMix64(gs ^ 0x52485431). SplitMix64 and random_bits are underflow_ref.py's.
