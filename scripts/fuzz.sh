@@ -10,7 +10,7 @@
 #
 # Targets (tests/fuzz/): fuzz_config (the --config text and --set strings through
 # resolve_config) and fuzz_compare (two result files through `mpt compare`'s reader and
-# comparison). They compile from src/core/{config,compare,results}.cpp alone (no LibTorch).
+# comparison). They compile from src/core/io/{config,config_json,compare,results}.cpp alone (no LibTorch).
 # New inputs go to build-fuzz/corpus/<target>/ (tests/fuzz/corpus/<target>/ is the seed, read
 # only); a crashing input is saved as build-fuzz/artifacts/<target>-crash-*: fix the bug, then
 # add the input to tests/fuzz/regressions/<target>/ so it is replayed from then on.
@@ -43,7 +43,7 @@ flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undef
        -fno-sanitize-recover=all -Isrc -Itests/fuzz)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-lib_srcs=(src/core/io/config.cpp src/core/io/compare.cpp src/core/io/results.cpp)
+lib_srcs=(src/core/io/config.cpp src/core/io/config_json.cpp src/core/io/compare.cpp src/core/io/results.cpp)
 # The library objects once, then one link per target (only when a source is newer).
 for s in "${lib_srcs[@]}"; do
   o="$out/$(basename "${s%.cpp}").o"
@@ -58,7 +58,7 @@ fuzz_target() {
   local bin="$out/fuzz_$t"
   local src="tests/fuzz/fuzz_$t.cpp"
   echo "fuzz: building $bin"
-  "$cxx" "${flags[@]}" "$src" "$out"/{config,compare,results}.o -lfmt -o "$bin"
+  "$cxx" "${flags[@]}" "$src" "$out"/{config,config_json,compare,results}.o -lfmt -o "$bin"
   local common=(-rss_limit_mb=2048 -timeout=10 -max_len=16384 -dict=tests/fuzz/json.dict
                 "-artifact_prefix=$out/artifacts/$t-")
   local regs=(tests/fuzz/regressions/"$t"/*)
