@@ -74,6 +74,9 @@ void reduce_scatter_dim0(Group& g, const std::vector<torch::Tensor>& fulls, cons
 void reduce_scatter_dim0(Group& g, const torch::Tensor& full, torch::Tensor out, torch::ScalarType reduce_dtype,
                          double divide, bool accumulate);
 
+/// The shapes of `ts`, in order: a FlatShardGroup's `shapes` for those tensors.
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<torch::Tensor>& ts);
+
 /// The flat collective buffers of one parameter group, allocated once and reused every step
 /// (FSDP2's FSDPParamGroup with its reduce_scatter_input / all_gather_output, and DeepSpeed
 /// ZeRO-2's contiguous gradient buffer): the layout is foreach_reduce's and
