@@ -46,12 +46,11 @@ namespace {
 //      (the TP arithmetic differs from it by the per-operation reordering bounds the TP
 //      sections check; propagated through the network and the steps there is no closed bound).
 
+/// Plain SGD, θ −= lr·g, on every rank's copy alike (torch.optim.SGD without momentum).
 void sgd(const std::vector<torch::Tensor>& ps, const std::vector<torch::Tensor>& gs, double lr) {
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < ps.size(); ++i) ps[i].add_(gs[i], -lr);
 }
-
-
 
 /// The rank layout: one row per rank, its coordinates and its three groups.
 Table mesh_layout_table(const MeshLayout& mesh) {
