@@ -67,6 +67,11 @@ Benchmarks (--only NAME, repeatable; default: all):
                all-gather instead of Gloo's native ones; each direction on its own Gloo process group)
   gemm         this machine's GEMM ceilings: torch.mm 2048^3 in fp32, bf16, fp16 at the bench's threads;
                with mlp_large, that step's GFLOP/s and its fraction of the fp32 ceiling
+  defaults     what a user sees: mpt at its defaults (threads and OpenMP wait policy its own choice)
+               vs PyTorch-Python at PyTorch's (threads and wait policy untouched, no bench settings):
+               the lossscale fp32 MLP (784-64x2-10) at batch 64, 256, 1024 vs a plain loop, quiet
+               and beside a process spinning on one core; the pipeline step (1f1b, m = 8) vs its
+               one-thread Python loop. First loss / step loss checked equal first. Target: quiet <= 1.0
   busy         mpt's fp32 MLP step on every core while another process spins on one: OMP_WAIT_POLICY
                ACTIVE (libgomp's default) vs PASSIVE (mpt's); the losses checked equal first
   trace        --trace overhead (issue 20's target <= 5 %): `mpt dataparallel --nproc 2` (N = 2) step
@@ -110,7 +115,34 @@ BENCH = os.path.join(ROOT, "bench")
 PARITY = os.path.join(ROOT, "tests", "parity")
 SCHEMA_VERSION = 2
 ALL = ["underflow", "lossscale", "accumulate", "dataparallel", "pipeline", "checkpoint", "mlp", "mlp_large", "mlp_native", "ddp",
-       "accumulate_step", "pipeline_step", "zero2", "zero2_ring", "gemm", "busy", "trace", "compare"]
+       "accumulate_step", "pipeline_step", "zero2", "zero2_ring", "gemm", "busy", "defaults", "trace", "compare"]
+# Variables the bench itself sets for its controlled rows (main); the `defaults` rows run
+# without them, as a user's shell does.
+BENCH_SET = {}
+
+
+def cpu_kind():
+    """This machine's CPU as the bench reports it: model name, family/model and the instruction
+    sets that pick LibTorch's kernels (AMX, AVX512-FP16, AVX512-BF16, AVX-512, AVX2), with any
+    cap set in the environment (ONEDNN_MAX_CPU_ISA, DNNL_MAX_CPU_ISA, ATEN_CPU_CAPABILITY)."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                k, _, v = line.partition(":")
+                info[k.strip()] = v.strip()
+    except OSError:
+        return {"kind": platform.processor() or platform.machine()}
+    flags = set(info.get("flags", "").split())
+    isa = [n for n, f in (("AMX", "amx_tile"), ("AVX512-FP16", "avx512_fp16"), ("AVX512-BF16", "avx512_bf16"),
+                          ("AVX-512", "avx512f"), ("AVX2", "avx2")) if f in flags]
+    caps = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if k in os.environ}
+    kind = f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}): " \
+           f"{', '.join(isa) or 'no AVX2'}" + (f"; capped: {caps}" if caps else "")
+    return {"kind": kind, "model_name": info.get("model name"), "family": info.get("cpu family"),
+            "model": info.get("model"), "isa": isa, "caps": caps}
 
 
 def log(*a):
@@ -121,12 +153,12 @@ class Mismatch(Exception):
     """mpt and the Python twin did not compute the same numbers: nothing is timed."""
 
 
-def run(cmd, stdout=subprocess.DEVNULL, ok=(0,)):
-    """Runs cmd in the repository root; returns (wall seconds, peak RSS bytes, stdout text).
-    Raises RuntimeError on an exit code not in `ok`."""
+def run(cmd, stdout=subprocess.DEVNULL, ok=(0,), env=None):
+    """Runs cmd in the repository root (environment `env`, default the bench's); returns (wall
+    seconds, peak RSS bytes, stdout text). Raises RuntimeError on an exit code not in `ok`."""
     with tempfile.TemporaryFile(mode="w+") as err:
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=err, text=True)
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=err, text=True, env=env)
         out = p.stdout.read() if stdout == subprocess.PIPE else ""
         _, status, ru = os.wait4(p.pid, 0)  # wait4: the child's own peak RSS
         wall = time.perf_counter() - t0
@@ -669,6 +701,9 @@ class Bench:
             for f in (base, new):
                 os.remove(f)
 
+    def defaults(self):
+        defaults_bench(self)
+
     # ------------------------------------------------------------------------------------
     # busy: a second process takes a core; spinning vs sleeping OpenMP waiters
     # ------------------------------------------------------------------------------------
@@ -703,6 +738,79 @@ class Bench:
                  [a / b for a, b in zip(t["PASSIVE"], t["ACTIVE"])],
                  note=f"{threads} threads, one core taken by another process; 'mpt' = PASSIVE, 'python' = ACTIVE",
                  legend="'mpt' = OMP_WAIT_POLICY PASSIVE, 'python' = ACTIVE, both mpt")
+
+
+def user_env():
+    """The environment a user's shell gives mpt and Python: the bench's own settings (BENCH_SET) removed."""
+    env = dict(os.environ)
+    for k, v in BENCH_SET.items():
+        if env.get(k) == v:
+            del env[k]
+    return env
+
+
+def defaults_bench(b):
+    """mpt at its defaults (threads and OpenMP wait policy its own) against the plain PyTorch loop at
+    PyTorch's defaults (bench/mlp_train.py plain --torch-defaults: threads and wait policy untouched),
+    the lossscale fp32 MLP (784-64x2-10, SGD, 200 steps) at batch 64, 256 and 1024, on the machine as
+    it is ("quiet") and beside a process spinning on one core ("busy"); and the pipeline step at mpt's
+    defaults against its one-thread Python loop at PyTorch's. The first loss checked equal bit for bit first."""
+    env = user_env()
+    steps = 30 if b.args.quick else 200
+    for busy in (False, True):
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        try:
+            for batch in (64, 256, 1024):
+                name = f"defaults_mlp_fp32_b{batch}_{'busy' if busy else 'quiet'}"
+                out = os.path.join(b.tmp, name + ".json")
+                cmd = [b.mpt, "lossscale", "-q", "--device", "cpu", "--set", 'train.recipes=["fp32"]',
+                       "--set", f"train.batch={batch}", "--set", f"train.steps={steps}", "--set", "sweep.scales=[1]",
+                       "--set", "gpt.enabled=false", "--set", "train.test_samples=100", "--out", out]
+                py = [REF_PY, os.path.join(BENCH, "mlp_train.py"), out, "plain", "--torch-defaults"]
+
+                def one():
+                    run(cmd, env=env)
+                    m = load(out)
+                    _, _, text = run(py, stdout=subprocess.PIPE, env=env)
+                    return m, json.loads(text)
+                m, p = one()
+                a, c = m["results"]["history"]["fp32"]["loss"], p["plain"]["loss"]
+                if len(a) != len(c) or float(a[0]) != float(c[0]):
+                    raise Mismatch(f"{name}: first loss {a[0]} vs {c[0]}, {len(a)} vs {len(c)} steps")
+                res = b.rounds(one)
+                mt = [x[0]["timings"]["recipes"]["fp32"]["step_time_s"] * 1e3 for x in res]
+                pt = [x[1]["plain"]["step_time_s"] * 1e3 for x in res]
+                pol = res[-1][0]["env"]["threads_policy"]
+                b.add(name, "defaults", "step", "ms", mt, pt, [x / y for x, y in zip(mt, pt)], target="<= 1.0" if not busy else None,
+                      note=f"mpt at its defaults ({pol['intra_op']} threads, OMP_WAIT_POLICY {pol['omp_wait_policy']}) vs "
+                           f"a plain PyTorch loop at PyTorch's defaults; {'a process spinning on one core' if busy else 'as the machine is'}",
+                      threads_policy=pol)
+        finally:
+            if spinner:
+                spinner.kill()
+                spinner.wait()
+    # The pipeline step: mpt's threads executor at its defaults vs the microbatch loop in one Python thread.
+    steps = 3 if b.args.quick else 5
+    out = os.path.join(b.tmp, "defaults_pipeline.json")
+    cmd = [b.mpt, "pipeline", "-q", "--device", "cpu", "--set", 'pipeline.schedules=["1f1b"]', "--set", "pipeline.microbatches=[8]",
+           "--set", f"pipeline.steps={steps}", "--set", "cost.forward_us=0", "--out", out]
+    py = [REF_PY, os.path.join(BENCH, "pipeline_step.py"), out, "1f1b", "8", str(steps), "--torch-defaults"]
+
+    def one():
+        run(cmd, env=env)
+        m = load(out)
+        _, _, text = run(py, stdout=subprocess.PIPE, env=env)
+        return m, json.loads(text)
+    m, p = one()
+    row = {r["name"]: r for r in m["results"]["sweep"]}["1f1b.m8"]
+    if row["loss"] != p["loss"] or row["grad_max_abs_diff"] != p["grad_max_abs_diff"]:
+        raise Mismatch(f"defaults_pipeline: loss {row['loss']!r} vs {p['loss']!r}")
+    res = b.rounds(one)
+    mt = [{r["name"]: r for r in x[0]["timings"]["measured"]}["1f1b.m8"]["step_ms"] for x in res]
+    pt = [x[1]["step_ms"] for x in res]
+    b.add("defaults_pipeline_step_1f1b_m8", "defaults", "step", "ms", mt, pt, [x / y for x, y in zip(mt, pt)],
+          target="<= 0.67", note=f"mpt pipeline at its defaults ({res[-1][0]['env'].get('pipeline_workers')}) vs one Python "
+                                  "thread at PyTorch's defaults")
 
 
 def fmt(v, width):
@@ -758,7 +866,8 @@ def main():
     # Both sides under the same OpenMP wait policy: the mpt binary starts libgomp with PASSIVE
     # waiters unless told otherwise (src/main.cpp); a Python twin left at libgomp's spinning
     # default would lose whole time slices whenever another process runs (docs/performance.md).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = BENCH_SET["OMP_WAIT_POLICY"] = "PASSIVE"
     b = Bench(args)
     version = subprocess.run([args.mpt, "--version"], capture_output=True, text=True).stdout.strip()
     torch_version = subprocess.run([REF_PY, "-c", "import torch; print(torch.__version__)"], capture_output=True,
@@ -767,7 +876,7 @@ def main():
                "host": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine(),
                "mpt": version, "python": platform.python_version(), "python_torch": torch_version,
                "threads": args.threads, "rounds": args.rounds, "quick": args.quick,
-               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu": cpu_kind(),
                "loadavg_start": os.getloadavg()}
     log(f"# context: {json.dumps(context)}")
     t0 = time.perf_counter()

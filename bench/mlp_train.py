@@ -2,7 +2,7 @@
 """PyTorch-Python twin of the training loop of `mpt lossscale` (section 2, the recipes), for
 the side-by-side speed comparison (bench/bench.py, benchmarks mlp_*).
 
-    mlp_train.py MPT_RESULT.json [RECIPE ...]
+    mlp_train.py MPT_RESULT.json [RECIPE ...] [--torch-defaults]
 
 Reads the resolved config from an mpt lossscale result file and trains the same MLP
 (784 -> width x depth -> 10, nn.Linear initialisation from the same seed) on the same
@@ -210,12 +210,17 @@ def train_plain(cfg, init, images, labels):
 
 
 def main():
+    # --torch-defaults: PyTorch's own intra-op threads (what a user's loop gets), not mpt's.
+    torch_defaults = "--torch-defaults" in sys.argv
+    if torch_defaults:
+        sys.argv.remove("--torch-defaults")
     cfg = json.load(open(sys.argv[1]))["config"]
     recipes = sys.argv[2:] or [r for r in cfg["train"]["recipes"] if r in SUPPORTED]
     for r in recipes:
         if r not in SUPPORTED + ["plain"]:
             sys.exit(f"mlp_train.py: recipe {r!r} not supported (supported: {', '.join(SUPPORTED)})")
-    mpt_threads.use(sys.argv[1])  # as many intra-op threads as mpt ran with
+    if not torch_defaults:
+        mpt_threads.use(sys.argv[1])  # as many intra-op threads as mpt ran with
     t = cfg["train"]
     images, labels = load(t["data_dir"], "train", t["train_samples"])
     torch.manual_seed(cfg["seed"])

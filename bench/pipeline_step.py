@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch-Python twin of one `mpt pipeline` step (bench/bench.py, benchmark pipeline_step).
 
-    pipeline_step.py MPT_RESULT.json SCHEDULE M STEPS
+    pipeline_step.py MPT_RESULT.json SCHEDULE M STEPS [--torch-defaults]
 
 Reads the resolved config of an mpt pipeline result file and runs, in one thread, what a
 PyTorch user without a pipeline runtime writes for the same microbatched step: the sweep's MLP
@@ -26,9 +26,13 @@ from pipeline_ref import mlp, stage, grads, reset  # noqa: E402
 
 
 def main():
+    torch_defaults = "--torch-defaults" in sys.argv  # PyTorch's own threads (bench.py's defaults rows)
+    if torch_defaults:
+        sys.argv.remove("--torch-defaults")
     path, m, steps = sys.argv[1], int(sys.argv[3]), int(sys.argv[4])
     cfg = json.load(open(path))["config"]
-    mpt_threads.use(path)
+    if not torch_defaults:
+        mpt_threads.use(path)
     widths, batch = cfg["pipeline"]["widths"], cfg["pipeline"]["batch"]
     torch.manual_seed(cfg["seed"])
     layers = mlp(widths)

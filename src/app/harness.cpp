@@ -1,6 +1,8 @@
 // The run of one experiment: config, launch, device, run, report, result file. See harness.hpp.
 #include "app/harness.hpp"
 
+#include "core/runtime/cpu_load.hpp"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -422,6 +424,13 @@ void check_outputs(const RunOptions& opts, const std::string& out, const std::op
 int spawn_workers(const Config& cfg, const ProcessPlan& plan, const RunOptions& opts) {
   choose_device(cfg.str("/device"));  // an unusable device fails once, here, not in every worker
   if (stdout_closed()) ::setenv("MPT_STDOUT_CLOSED", "1", 1);  // rank 0 prints the tables
+  // The workers keep this process's wait policy: measured at their own start, each would count
+  // its siblings' start-ups as another process's load (src/app/main.cpp).
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("MPT_OMP_WAIT_POLICY_DEFAULT")) {
+    ::setenv("MPT_OMP_WAIT_POLICY_DEFAULT", "libgomp", 1);
+    if (start_runnable_others() >= 0)
+      ::setenv("MPT_START_RUNNABLE_OTHERS", fmt::format("{:.2f}", start_runnable_others()).c_str(), 1);
+  }
   return dist::spawn_local(static_cast<int>(cfg.integer("/nproc")), opts.argv, plan.timeout_s + 10.0);
 }
 

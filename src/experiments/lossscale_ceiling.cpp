@@ -15,7 +15,8 @@ namespace mpt {
 namespace {
 
 /// Times an n x n x n torch::mm in each of `formats` on the device (median of 3 after a warm-up);
-/// formats without native kernels (the probe's verdict: they would fail or abort) are not timed.
+/// formats without working native kernels (the probe's verdict: they would fail, abort or
+/// accumulate in the low format) are not timed; slow ones are (the ceiling shows how slow).
 /// Returns timings.gemm_ceiling ({format: {n, seconds, gflops} or {n, skipped}}) and appends
 /// one note part per format to `parts`.
 json time_ceilings(const Context& ctx, int64_t n, const std::vector<Format>& formats,
@@ -23,7 +24,8 @@ json time_ceilings(const Context& ctx, int64_t n, const std::vector<Format>& for
   json ceilings = json::object();
   for (const Format f : formats) {
     if (f != Format::FP32) {
-      if (const KernelProbe probe = probe_kernels(ctx.device, storage_dtype(f)); !probe.native()) {
+      if (const KernelProbe probe = probe_kernels(ctx.device, storage_dtype(f));
+          !probe.runs || !probe.fp32_accumulation) {
         ceilings[format_name(f)] = {{"n", n}, {"skipped", probe.reason}};
         parts.push_back(fmt::format("{} not timed (no native kernels: env.{}_compute_reason)", format_name(f),
                                     format_name(f)));

@@ -57,6 +57,7 @@
  *   torchrun --nproc_per_node 4 --no-python mpt pipeline --set executor=processes
  */
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/dist/dist.hpp"
 #include "core/errors.hpp"
@@ -463,6 +464,23 @@ Bench open_bench(const Context& ctx, Report& report) {
   return b;
 }
 
+// The sweep's threads executor runs W stage threads at once, each computing with the process's
+// T intra-op threads (core/pipeline/stage_threads: the same count everywhere keeps the reduction
+// order, so the stages equal the whole-model reference bit for bit): W·T threads on T cores, whose
+// OpenMP teams wait on each other's descheduled threads (1F1B m = 8, 2 vCPUs, T = 2: 2.9-9.9 ms a
+// step against 1.5 ms at T = 1; docs/performance.md). So where the thread policy chose T itself
+// (/threads 0, no OMP_NUM_THREADS), the process computes sections 3-4 — reference included —
+// with max(1, T / W) threads; env.pipeline_intra_op says so.
+void share_threads_among_stages(const Bench& b, Report& report) {
+  if (b.processes || b.workers <= 1 || b.cfg->integer("/threads") != 0 || std::getenv("OMP_NUM_THREADS")) return;
+  const int t = at::get_num_threads(), share = std::max(1, t / b.workers);
+  if (share == t) return;
+  at::set_num_threads(share);
+  report.env["pipeline_intra_op"] =
+      fmt::format("sections 3-4: {} intra-op thread(s), max(1, {} / {} stage threads): the stage threads share the "
+                  "process's threads (/threads or OMP_NUM_THREADS set it otherwise)", share, t, b.workers);
+}
+
 void build_model(Bench& b, Report& report) {
   const auto& cfg = *b.cfg;
   const auto widths = i64(cfg.integers("/pipeline/widths"));
@@ -527,6 +545,7 @@ Report run_pipeline_experiment(const Context& ctx) {
 
   // --- 3. sweep, 4. the step-end barrier, the processes against the threads ---
   t0 = now_seconds();
+  share_threads_among_stages(bench, report);
   build_model(bench, report);
   warm_up(bench);
   SweepTables st = run_sweep(bench, report);

@@ -15,6 +15,7 @@
 #include "core/models/gpt.hpp"
 #include "core/models/mlp.hpp"
 #include "core/pipeline/executor.hpp"
+#include "core/pipeline/stage_threads.hpp"
 #include "core/runtime/runtime.hpp"
 
 using namespace mpt;
@@ -891,6 +892,25 @@ TEST_CASE("executor: bound stage threads let their CPUs go once they do not get 
   run_pipeline(MlpStage(layers, stage_ranges(2, {1})), make_schedule(ScheduleKind::GPipe, 2, 1), 1, torch::randn({2, 4}),
                torch::randn({2, 1}), SyntheticCost{}, tr2);
   CHECK(stage_threads_binding() == after);
+}
+
+TEST_CASE("stage threads compute with the process's intra-op threads", "[pipeline][workers]") {
+  // LibTorch's thread counts are per thread (OpenMP's ICV, MKL's local count): a stage thread
+  // that never set them ran MKL on every core. Each of W stage threads gets the caller's T (the
+  // same reduction order as one thread over the whole model).
+  const int was = at::get_num_threads();
+  for (const int t : {1, 2, 4}) {
+    at::set_num_threads(t);
+    for (const std::size_t w : {1u, 2u, 3u}) {
+      CHECK(stage_thread_intra_op(w) == t);
+      std::vector<int> seen(w, 0);
+      std::vector<std::function<void()>> tasks;
+      for (std::size_t i = 0; i < w; ++i) tasks.emplace_back([&seen, i] { seen[i] = at::get_num_threads(); });
+      run_on_stage_threads(tasks);
+      for (const int n : seen) CHECK(n == t);
+    }
+  }
+  at::set_num_threads(was);
 }
 
 // ----------------------------------------------------------------------------

@@ -52,7 +52,7 @@ void flatten_into(const json& v, const std::string& path, std::vector<std::pair<
 }
 
 // A number, or one of the non-finite encodings.
-std::optional<double> as_number(const json& v) {
+std::optional<double> json_number(const json& v) {
   if (const std::string literal = exact_integer_literal(v); !literal.empty()) return std::strtod(literal.c_str(), nullptr);
   try {
     if (v.is_number() || v.is_string()) return decode_nonfinite(v);
@@ -363,7 +363,7 @@ class Joiner {
       rel_diff = u->digits != "0" ? abs_diff / base_abs : (diff == "0" ? 0.0 : INFINITY);
       ok = diff == "0" || abs_diff <= atol + rtol * base_abs;
     } else {
-      auto nx = as_number(*x), ny = as_number(*y);
+      auto nx = json_number(*x), ny = json_number(*y);
       if (nx && ny && (is_numeric(*x) || is_numeric(*y))) {
         const double u = *nx, w = *ny;
         if (std::isnan(u) || std::isnan(w)) {
@@ -442,9 +442,9 @@ Comparison compare_results(const json& base, const json& now, const CompareOptio
     for (auto& [p, v] : flatten(now["timings"], "/timings")) tb[p] = v;
     for (auto& [p, v] : flatten(base["timings"], "/timings")) {
       auto it = tb.find(p);
-      auto u = as_number(v);
+      auto u = json_number(v);
       if (it == tb.end() || !u) continue;
-      auto w = as_number(it->second);
+      auto w = json_number(it->second);
       if (!w) continue;
       // A base of 0 has no relative change (unless nothing changed): NaN, shown as "n/a".
       const double change = *u != 0 ? (*w - *u) / std::fabs(*u) : (*w == *u ? 0.0 : NAN);

@@ -2,6 +2,7 @@
 // until another process is seen busy on one. See stage_threads.hpp.
 #include "core/pipeline/stage_threads.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include "core/pipeline/executor.hpp"
@@ -76,6 +78,7 @@ class StageThreads {
       threads_.emplace_back([this, i] { loop(i); });
     }
     tasks_ = &tasks;
+    intra_op_ = stage_thread_intra_op(tasks.size());
     cpus_ = unbound_why_.empty() ? stage_thread_cpus(static_cast<int>(tasks.size())) : std::vector<int>{};
     shares_.assign(tasks.size(), {0.0, 0.0});
     running_ = tasks.size();
@@ -137,6 +140,7 @@ class StageThreads {
   void loop(std::size_t i) {
     uint64_t seen = 0;
     int bound = -1;  // the CPU this thread is bound to (-1: the process's set)
+    int threads = 0;  // the intra-op threads this thread last set (0: none yet)
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       work_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -145,8 +149,12 @@ class StageThreads {
       if (tasks_ == nullptr || i >= tasks_->size()) continue;
       const auto& task = (*tasks_)[i];
       const int cpu = cpus_.empty() ? -1 : cpus_[i];
+      const int intra_op = intra_op_;
       lock.unlock();
       if (cpu != bound) bound = bind_this_thread(cpu) ? cpu : bound;
+      // at::set_num_threads sets this thread's OpenMP and MKL counts (and ATen's process-wide
+      // default, to the value it already has).
+      if (intra_op != threads) at::set_num_threads(threads = intra_op);
       const double cpu0 = thread_cpu_seconds();
       const auto wall0 = Clock::now();
       task();
@@ -188,6 +196,7 @@ class StageThreads {
   std::condition_variable work_, done_;
   std::vector<std::thread> threads_;
   const std::vector<std::function<void()>>* tasks_ = nullptr;
+  int intra_op_ = 1;            // this step's intra-op threads per stage thread
   std::vector<int> cpus_;       // this step's binding: thread i on cpus_[i] (empty: none)
   std::vector<int> last_cpus_;  // the last finished step's
   std::vector<std::pair<double, double>> shares_;  // each thread's CPU and wall seconds in this step's task
@@ -202,6 +211,8 @@ class StageThreads {
 }  // namespace
 
 std::string stage_threads_binding() { return StageThreads::instance().binding(); }
+
+int stage_thread_intra_op(std::size_t /*stage_threads*/) { return std::max(1, at::get_num_threads()); }
 
 void run_on_stage_threads(const std::vector<std::function<void()>>& tasks) { StageThreads::instance().run(tasks); }
 

@@ -1,5 +1,7 @@
 // Devices, capabilities, seeding, environment. See runtime.hpp.
 #include "core/runtime/runtime.hpp"
+
+#include "core/runtime/cpu_load.hpp"
 #include "core/numerics/rounding_simd.hpp"
 
 #include <dlfcn.h>
@@ -8,6 +10,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -75,6 +78,50 @@ std::string bf16_matmul_would_abort(torch::Device device, torch::ScalarType dtyp
                      compat::torch_version(), dnnl_isa_name(isa));
 }
 
+// The fastest of `reps` calls of fn, seconds: the minimum, as the least disturbed by other work.
+template <class Fn>
+double fastest_s(int reps, Fn&& fn) {
+  double best = 1e300;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// probe_kernels' speed check: a native product in `dtype` against its emulation (the fp32
+// product of the same rounded values, its result rounded to the dtype: core/train/amp's
+// emulated path per GEMM). The values lie in [-1, 1) so neither side meets subnormals.
+void time_against_emulation(KernelProbe& p, torch::ScalarType dtype) {
+  try {
+    torch::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(12345);  // not the global generator: seeds stay the user's
+    auto a32 = (torch::rand({128, 128}, gen, torch::kFloat32) * 2 - 1).to(dtype).to(torch::kFloat32);
+    auto b32 = (torch::rand({128, 128}, gen, torch::kFloat32) * 2 - 1).to(dtype).to(torch::kFloat32);
+    auto a = a32.to(dtype), b = b32.to(dtype);
+    auto native = [&] { (void)torch::mm(a, b); };
+    auto emulated = [&] { (void)torch::mm(a32, b32).to(dtype).to(torch::kFloat32); };
+    // One native call first: where it is very slow (hundreds of times fp32), that one call is
+    // the warm-up, and three more cost tens of milliseconds, once per process.
+    native();
+    emulated();
+    p.emulated_gemm_s = fastest_s(3, emulated);
+    p.native_gemm_s = fastest_s(3, native);
+  } catch (const c10::Error& e) {
+    return;  // the products ran above: a failure here leaves the speed unknown, taken as fast
+  }
+  const double ratio = p.native_gemm_s / std::max(p.emulated_gemm_s, 1e-9);
+  if (ratio > kNativeSlowdownLimit) {
+    p.fast = false;
+    p.reason = fmt::format("native {} matrix products run on this CPU but {:.0f}x slower than emulating them "
+                           "(128^3: {:.3g} ms vs {:.3g} ms, the fastest of 3; limit {:g}x): emulated is the faster path, "
+                           "train.compute=native still takes them",
+                           c10::toString(dtype), ratio, p.native_gemm_s * 1e3, p.emulated_gemm_s * 1e3,
+                           kNativeSlowdownLimit);
+  }
+}
+
 KernelProbe run_probe(torch::Device device, torch::ScalarType dtype) {
   const auto name = std::string(c10::toString(dtype));
   KernelProbe p;
@@ -120,7 +167,10 @@ KernelProbe run_probe(torch::Device device, torch::ScalarType dtype) {
   } catch (const c10::Error& e) {
     p.reason = fmt::format("a 256x128 -> 384 {} linear layer (forward and backward) failed: {}", name,
                            e.what_without_backtrace());
+    return p;
   }
+  if (!device.is_cpu()) return p;  // GPUs' low-precision products are their fast path
+  time_against_emulation(p, dtype);
   return p;
 }
 
@@ -151,8 +201,8 @@ Compute resolve_compute(const std::string& request, Format f, torch::Device devi
   }
   if (request == "emulated") return Compute::Emulated;
   const KernelProbe probe = probe_kernels(device, storage_dtype(f));
-  if (request == "native" && probe.runs && !probe.fp32_accumulation) {
-    spdlog::warn("native {} compute as asked, although {}", format_name(f), probe.reason);
+  if (request == "native" && probe.runs) {  // an explicit choice: taken where the kernels run
+    if (!probe.native()) spdlog::warn("native {} compute as asked, although {}", format_name(f), probe.reason);
     return Compute::Native;
   }
   const bool has = probe.native();
@@ -274,14 +324,22 @@ bool resolve_vml_dispatch() {
 json to_json(const ThreadPolicy& p) {
   const char* wait = std::getenv("OMP_WAIT_POLICY");
   const char* by_mpt = std::getenv("MPT_OMP_WAIT_POLICY_DEFAULT");
+  const double others = start_runnable_others();
+  const std::string measured = others >= 0 ? fmt::format("{:.2f} other runnable threads at start", others) : "";
+  std::string source = "libgomp's default (spin, then sleep)";
+  if (wait && by_mpt && std::string(by_mpt) == wait)
+    source = fmt::format("mpt's default: {} (>= 0.5: another process keeps a core busy; src/app/main.cpp)", measured);
+  else if (wait)
+    source = "environment";
+  else if (others >= 0)
+    source = fmt::format("mpt's default: libgomp's (spin, then sleep), {} (< 0.5)", measured);
   return {{"intra_op", p.intra_op},
           {"cores", p.cores},
           {"local_processes", p.local_processes},
           {"source", p.source},
           {"omp_wait_policy", wait ? json(wait) : json(nullptr)},
-          {"omp_wait_policy_source", !wait                                      ? "libgomp's default"
-                                     : by_mpt && std::string(by_mpt) == wait ? "mpt's default (src/app/main.cpp)"
-                                                                             : "environment"}};
+          {"omp_wait_policy_source", source},
+          {"runnable_others_at_start", others >= 0 ? json(std::round(others * 100) / 100) : json(nullptr)}};
 }
 
 void seed_all(std::uint64_t seed) { torch::manual_seed(seed); }

@@ -22,10 +22,20 @@ struct KernelProbe {
   bool runs = false;               ///< the dtype's matrix products run (no LibTorch error) in the dtype
   bool fp32_accumulation = false;  ///< ... and accumulate in fp32, rounding each result once, as
                                    ///< oneDNN, MKL, cuBLAS and Tensor Cores do
-  std::string reason;              ///< why not native(): the LibTorch error or the wrong sum; "" when native
-  /// Native compute as mpt means it: low-precision storage with fp32 accumulation.
-  bool native() const { return runs && fp32_accumulation; }
+  bool fast = true;                ///< ... and not far slower than emulating them (CPU only: see probe_kernels)
+  double native_gemm_s = 0;        ///< CPU: the fastest of 3 native 128^3 products, seconds (0: not timed)
+  double emulated_gemm_s = 0;      ///< CPU: the fastest of 3 emulated ones (fp32 product + rounding), seconds
+  std::string reason;              ///< why not native(): the LibTorch error, the wrong sum or the speed; "" when native
+  /// Native compute as mpt means it: low-precision storage with fp32 accumulation, at a speed
+  /// worth having. resolve_compute's "native" asks only for runs (and warns without the rest).
+  bool native() const { return runs && fp32_accumulation && fast; }
 };
+
+/// How much slower than emulation a CPU's native product may be before compute=auto refuses it.
+/// The margin keeps the choice off timing noise (it picks the path, so it picks the numbers):
+/// the slow kernels it is for are 100-400x slower (fp16 on CPUs without AVX512-FP16, no
+/// oneDNN kernel: ATen's scalar loop), the fast ones faster than fp32.
+constexpr double kNativeSlowdownLimit = 4.0;
 
 /// Probes `device`'s kernels for matrix products in `dtype` by running them, not by assuming:
 /// a 2x2 matmul, then a linear layer's forward and backward (x 256x128, W 384x128, bias) past
@@ -35,7 +45,11 @@ struct KernelProbe {
 /// back to 64) — as Debian's LibTorch 1.13 does on CPUs without AVX-512 (its generic bf16 GEMM).
 /// Catches: no CPU fp16 matmul in 1.13; oneDNN capped below AVX-512 (DNNL_MAX_CPU_ISA=AVX2) on
 /// a CPU with AVX-512 BF16, where 1.13 still routes bf16 to oneDNN and fails ("could not create
-/// a primitive descriptor iterator"); low-precision accumulation. Cached per (device, dtype);
+/// a primitive descriptor iterator"); low-precision accumulation. On the CPU it then times the
+/// kernels against emulation, the fastest of 3 each after a warm-up: a 128x128 @ 128x128 product
+/// in the dtype, against the fp32 product of the same values rounded to the dtype (what
+/// emulation computes per GEMM); more than kNativeSlowdownLimit times slower is not fast
+/// (reason says by how much). Cached per (device, dtype), so measured once per process;
 /// thread-safe; never throws.
 KernelProbe probe_kernels(torch::Device device, torch::ScalarType dtype);
 
@@ -114,8 +128,10 @@ const std::vector<VmlOp>& vml_routed_ops();
 bool resolve_vml_dispatch();
 
 /// {"intra_op", "cores", "local_processes", "source"} of `p`, with "omp_wait_policy" (the
-/// OMP_WAIT_POLICY libgomp started with, null when unset) and where it came from (the mpt
-/// binary sets PASSIVE before libgomp initialises unless the environment sets it: src/main.cpp).
+/// OMP_WAIT_POLICY libgomp started with, null when unset: libgomp's spin-then-sleep default),
+/// "omp_wait_policy_source" (environment, or mpt's choice and why: src/app/main.cpp sets PASSIVE
+/// when other processes' threads were runnable at start) and "runnable_others_at_start"
+/// (start_runnable_others(), null when not measured).
 json to_json(const ThreadPolicy& p);
 
 /// Seeds LibTorch's default generators (CPU, and CUDA when present), as torch.manual_seed.
