@@ -73,7 +73,8 @@ Benchmarks (--only NAME, repeatable; default: all):
                and beside a process spinning on one core; the pipeline step (1f1b, m = 8) vs its
                one-thread Python loop. First loss / step loss checked equal first. Target: quiet <= 1.0
   busy         mpt's fp32 MLP step on every core while another process spins on one: OMP_WAIT_POLICY
-               ACTIVE (libgomp's default) vs PASSIVE (mpt's); the losses checked equal first
+               ACTIVE (spinning waiters) vs PASSIVE (what mpt picks when it starts beside a busy
+               process); the losses checked equal first
   trace        --trace overhead (issue 20's target <= 5 %): `mpt dataparallel --nproc 2` (N = 2) step
                time and `mpt pipeline` (1f1b, m = 8, threads; 200 us/layer synthetic cost, and none)
                step time with --trace FILE vs without, alternately; the results checked equal first. 'mpt' = traced,
@@ -362,6 +363,13 @@ class Bench:
             self.add(f"{name}_{r}", "mlp", "step", "ms", mt[r], pt[r], [a / b for a, b in zip(mt[r], pt[r])],
                      target="<= 0.67" if small else "<= 1.0",
                      note=f"784-{width}x2-10, batch {batch}, {steps} steps, compute={compute}")
+            if compute == "native" and r != "fp32" and "gemm_floor_s" in res[0][1][r]:
+                # The floor: the step's GEMMs alone (timed in the twin), against the Python step: the
+                # lowest ratio any front end running these kernels could reach.
+                ft = [x[1][r]["gemm_floor_s"] * 1e3 for x in res]
+                self.add(f"{name}_{r}_gemm_floor", "mlp", "step", "ms", ft, pt[r], [a / b for a, b in zip(ft, pt[r])],
+                         note="'mpt' column: the step's GEMMs alone (the same kernels on both sides), vs the Python step",
+                         legend="'mpt' = the step's GEMMs alone (timed in the twin), 'python' = the Python step")
         if compute != "emulated":
             return  # the step ratios below are the emulation's (issue 16's fp16 <= 1.5x fp32)
         for r in [r for r in ["bf16", "fp16", "fp16+master+dynamic"] if r in recipes and "fp32" in recipes]:
@@ -710,8 +718,8 @@ class Bench:
     def busy(self):
         """mpt's fp32 MLP step (lossscale, 784-64x2-10) with the thread policy's intra-op threads
         (--set threads=0: every core) while another process spins on one core, under
-        OMP_WAIT_POLICY=ACTIVE (libgomp's spinning waiters, what a program gets by default) and
-        PASSIVE (mpt's default), alternately. Same numbers either way (checked); the step times are
+        OMP_WAIT_POLICY=ACTIVE (libgomp's spinning waiters) and PASSIVE (what mpt picks when it
+        starts beside a busy process: src/app/main.cpp), alternately. Same numbers either way (checked); the step times are
         what differs."""
         steps = 50 if self.args.quick else 300
         base = [self.mpt, "lossscale", "-q", "--device", "cpu", "--set", "threads=0", "--set", 'train.recipes=["fp32"]',
@@ -863,9 +871,10 @@ def main():
     for o in only:
         if o not in ALL:
             ap.error(f"--only {o}: unknown benchmark (one of {', '.join(ALL)})")
-    # Both sides under the same OpenMP wait policy: the mpt binary starts libgomp with PASSIVE
-    # waiters unless told otherwise (src/main.cpp); a Python twin left at libgomp's spinning
-    # default would lose whole time slices whenever another process runs (docs/performance.md).
+    # The controlled rows: both sides under the same OpenMP wait policy, PASSIVE unless the caller
+    # set one (mpt would pick PASSIVE only beside a busy process, src/app/main.cpp; a twin left
+    # spinning would lose whole time slices whenever another process runs). The `defaults` rows
+    # run without it (user_env).
     if "OMP_WAIT_POLICY" not in os.environ:
         os.environ["OMP_WAIT_POLICY"] = BENCH_SET["OMP_WAIT_POLICY"] = "PASSIVE"
     b = Bench(args)

@@ -177,7 +177,38 @@ def train_native(cfg, recipe, init, images, labels):
     step_s = sgd_loop(cfg, images, labels, params, lambda x: forward(x).float(),
                       lambda p, u: (p.float() - u).to(p.dtype), losses, counts)
     return {"loss": losses, "lost_update_count": counts["lost"], "grad_underflow_count": counts["underflow"],
-            "grad_total": counts["total"], "step_time_s": step_s}
+            "grad_total": counts["total"], "step_time_s": step_s,
+            "gemm_floor_s": gemm_floor(params, t["batch"], dt, fmt != "fp32")}
+
+
+def gemm_floor(params, batch, dt, counted):
+    """The native step's matrix products alone, seconds: per layer the forward F.linear, the weight
+    gradient dz^T h and (all but the first layer) the input gradient dz W in the format's dtype, and,
+    where the underflow is counted, the fp32 dz^T h the count recomputes; each timed alone on tensors
+    of the step's shapes (median of 21, after one untimed call), summed. No front end running these
+    kernels can take less (bench.py's *_gemm_floor rows)."""
+    def med(f):
+        f()
+        ts = []
+        for _ in range(21):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts)[len(ts) // 2]
+    total = 0.0
+    with torch.no_grad():
+        for i in range(len(params) // 2):
+            w, b = params[2 * i].to(dt), params[2 * i + 1].to(dt)
+            h = torch.randn(batch, w.shape[1]).to(dt)
+            dz = torch.randn(batch, w.shape[0]).to(dt)
+            total += med(lambda: F.linear(h, w, b))
+            total += med(lambda: dz.t().mm(h))
+            if i > 0:
+                total += med(lambda: dz.mm(w))
+            if counted:
+                d32, h32 = dz.float(), h.float()
+                total += med(lambda: d32.t().mm(h32))
+    return total
 
 
 def train_plain(cfg, init, images, labels):

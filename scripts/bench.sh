@@ -8,7 +8,7 @@
 #   scripts/bench.sh --only mlp --only ddp    # choose: underflow, lossscale, accumulate, dataparallel,
 #                                             #   pipeline, checkpoint, mlp, mlp_large, mlp_native, ddp,
 #                                             #   accumulate_step, pipeline_step, zero2, zero2_ring, gemm,
-#                                             #   busy, trace, compare (mpt compare on generated files
+#                                             #   busy, defaults, trace, compare (mpt compare on generated files
 #                                             #   of 400,000 rows and near the 256 MiB cap)
 #   scripts/bench.sh --rounds 9 --out FILE    # default FILE: bench/results/<UTC date>.json
 # What each benchmark and each row measures: bench/bench.py's help (the default route's Python:

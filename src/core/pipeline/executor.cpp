@@ -133,6 +133,20 @@ class StageExecutor {
     return std::make_tuple(next, 'B', op.microbatch, c);
   }
 
+  /// The stage the next op's output goes to through the transport (F: the next virtual stage's,
+  /// B: the previous one's), or nothing: no op left, a W, the model's ends, a local hand-over.
+  std::optional<int> next_output_stage() const {
+    if (finished()) return std::nullopt;
+    const PipeOp& op = ops[next_op];
+    if (op.chunk < 0 || op.chunk * p + s >= virtual_stages || (op.kind != 'F' && op.kind != 'B')) return std::nullopt;
+    const int c = virtual_stage(s, op.chunk, p, placement);
+    const int to = op.kind == 'F' ? c + 1 : c - 1;
+    if (to < 0 || to >= virtual_stages) return std::nullopt;
+    const int dst = stage_rank(to, p, placement);
+    if (dst == s) return std::nullopt;
+    return dst;
+  }
+
   /// Runs the program's next op; `wait0`: when the stage began waiting for it (the op's wait_s
   /// is from there to the start of its compute). Throws what run_stage throws.
   void run_next(Clock::time_point wait0) { run(ops[next_op++], wait0); }
@@ -427,10 +441,19 @@ PipelineRun run_pipeline(const PipelineStage& model, const std::vector<std::vect
           while (left > 0) {
             const uint64_t seen = queue->sent();  // before looking: a message stored after it wakes the wait
             bool ran = false;
-            for (std::size_t k = 0; k < stages.size() && !ran; ++k) {
+            // Two passes over the stages: first an op whose output another thread's stage waits
+            // for (it keeps that thread busy: round robin alone let a thread idle while its
+            // neighbour ran an op nobody waited for, 1F1B m = 8 on 2 threads: 1.4-1.6 or 2.4-2.5 ms
+            // a step from run to run), then any op whose input is there, round robin.
+            auto is_mine = [&](int stage) { return std::find(mine.begin(), mine.end(), stage) != mine.end(); };
+            for (std::size_t k = 0; k < 2 * stages.size() && !ran; ++k) {
               const std::size_t i = (turn + k) % stages.size();
               auto& st = *stages[i];
               if (st.finished()) continue;
+              if (k < stages.size()) {
+                const auto to = st.next_output_stage();
+                if (!to || is_mine(*to)) continue;
+              }
               const auto in = st.next_input();
               if (in && !queue->ready(std::get<0>(*in), mine[i], std::get<1>(*in), std::get<2>(*in), std::get<3>(*in)))
                 continue;
