@@ -4,6 +4,7 @@
 #include "core/numerics/rounding_simd.hpp"
 
 #include <atomic>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -370,6 +371,44 @@ struct RoundBf16 {
 struct RoundFp16 {
   float operator()(float x) const { return detail::round_fp16_element(x); }
 };
+
+// The native bf16 update on the bits: bf16 -> fp32 is a 16-bit shift, fp32 -> bf16 the vector
+// rounding of round_bf16_element (round to nearest even, c10::BFloat16's, for every non-NaN
+// input) and its top 16 bits, and a NaN becomes c10::BFloat16's canonical 0x7FC0. c10::BFloat16's
+// own conversions did the same through out-of-line calls, three per element: 18 % of a native
+// bf16 step of the lossscale MLP (perf, 2 vCPUs AMD EPYC).
+inline float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline uint16_t float_to_bf16_bits(float x) {
+  if (std::isnan(x)) return 0x7FC0;
+  const float r = detail::round_bf16_element(x);
+  uint32_t u;
+  std::memcpy(&u, &r, sizeof(u));
+  return static_cast<uint16_t>(u >> 16);
+}
+void sgd_bf16_bits(uint16_t* w, const uint16_t* g, float lr, int64_t n, UpdateCounts& counts) {
+  std::atomic<int64_t> updates{0}, lost{0};
+  at::parallel_for(0, n, /*grain_size=*/32768, [&](int64_t begin, int64_t end) {
+    int64_t u_count = 0, lost_count = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const float u = bf16_bits_to_float(g[i]) * lr;
+      const float old = bf16_bits_to_float(w[i]);
+      const uint16_t next = float_to_bf16_bits(old - u);
+      const bool intended = u != 0.0f;
+      u_count += intended;
+      lost_count += intended && bf16_bits_to_float(next) == old;
+      w[i] = next;
+    }
+    updates += u_count;
+    lost += lost_count;
+  });
+  counts.updates += updates.load();
+  counts.lost += lost.load();
+}
 MPT_ROUNDING_POP
 
 }  // namespace
@@ -397,8 +436,9 @@ UpdateCounts sgd_update_counting_lost(torch::Tensor& w, const torch::Tensor& g, 
     return counts;
   }
   if (fused && wt == torch::kBFloat16) {
-    auto* wp = w.data_ptr<c10::BFloat16>();
-    fused_sgd(wp, g.data_ptr<c10::BFloat16>(), lr, n, [](float x) { return c10::BFloat16(x); }, counts);
+    static_assert(sizeof(c10::BFloat16) == sizeof(uint16_t), "c10::BFloat16 is its 16 bits");
+    sgd_bf16_bits(reinterpret_cast<uint16_t*>(w.data_ptr<c10::BFloat16>()),
+                  reinterpret_cast<const uint16_t*>(g.data_ptr<c10::BFloat16>()), lr, n, counts);
     return counts;
   }
   if (fused && wt == torch::kHalf) {
