@@ -18,8 +18,9 @@ grep -q "^# OK: equal results" "$tmp/out" || { echo "FAIL: no OK footer"; exit 1
 import json, math, sys
 d = json.load(open(sys.argv[1]))
 assert d["schema_version"] == 2, d["schema_version"]
-for k in ("date", "host", "cpus", "mpt", "python_torch", "threads", "rounds", "quick", "loadavg_start"):
+for k in ("date", "host", "cpus", "mpt", "python_torch", "threads", "rounds", "quick", "loadavg_start", "cpu"):
     assert k in d["context"], f"context lacks {k}"
+assert isinstance(d["context"]["cpu"].get("kind"), str) and d["context"]["cpu"]["kind"], d["context"]["cpu"]
 assert d["mismatches"] == [], d["mismatches"]
 assert d["benchmarks"] == ["mlp", "mlp_native", "lossscale"], d["benchmarks"]
 rows = {r["name"]: r for r in d["rows"]}
@@ -38,6 +39,10 @@ for name in ["mlp_native_fp32", "mlp_native_bf16"] + (["mlp_native_fp16"] if "no
     assert r is not None, f"no row {name}: {sorted(rows)}"
     for k in ("mpt", "python", "ratio"):
         assert isinstance(r[k], float) and math.isfinite(r[k]) and r[k] > 0, f"{name}.{k} = {r[k]!r}"
+    if name != "mlp_native_fp32":  # the floor beside each low-precision row: its GEMMs alone, below the step
+        f = rows.get(name + "_gemm_floor")
+        assert f is not None, f"no row {name}_gemm_floor: {sorted(rows)}"
+        assert 0 < f["mpt"] and f["python"] == r["python"], (f, r)  # timings: never compared as such
 assert "mlp_native_fp16_vs_fp32" not in rows, "the step ratios are the emulated pair's"
 # the whole-run pair: wall time and peak RSS of both processes, after compare.py found them equal
 r = rows.get("lossscale_sweep")
