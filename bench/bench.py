@@ -776,11 +776,8 @@ def defaults_bench(b):
                        "--set", "gpt.enabled=false", "--set", "train.test_samples=100", "--out", out]
                 py = [REF_PY, os.path.join(BENCH, "mlp_train.py"), out, "plain", "--torch-defaults"]
 
-                def one():
-                    run(cmd, env=env)
-                    m = load(out)
-                    _, _, text = run(py, stdout=subprocess.PIPE, env=env)
-                    return m, json.loads(text)
+                def one(cmd=cmd, out=out, py=py):
+                    return pair_once(cmd, out, py, env)
                 m, p = one()
                 a, c = m["results"]["history"]["fp32"]["loss"], p["plain"]["loss"]
                 if len(a) != len(c) or float(a[0]) != float(c[0]):
@@ -805,10 +802,7 @@ def defaults_bench(b):
     py = [REF_PY, os.path.join(BENCH, "pipeline_step.py"), out, "1f1b", "8", str(steps), "--torch-defaults"]
 
     def one():
-        run(cmd, env=env)
-        m = load(out)
-        _, _, text = run(py, stdout=subprocess.PIPE, env=env)
-        return m, json.loads(text)
+        return pair_once(cmd, out, py, env)
     m, p = one()
     row = {r["name"]: r for r in m["results"]["sweep"]}["1f1b.m8"]
     if row["loss"] != p["loss"] or row["grad_max_abs_diff"] != p["grad_max_abs_diff"]:
@@ -831,12 +825,13 @@ def fmt(v, width):
     return f"{v:{width}.3g}"
 
 
-def pair_once(cmd, out, py):
+def pair_once(cmd, out, py, env=None):
     """One round of an inner-loop pair: runs mpt (`cmd`, result file `out`), then its Python twin
-    `py` (JSON on stdout); returns (mpt's result document, the twin's document)."""
-    run(cmd)
+    `py` (JSON on stdout), both in environment `env` (default the bench's); returns (mpt's result
+    document, the twin's document)."""
+    run(cmd, env=env)
     m = load(out)
-    _, _, text = run(py, stdout=subprocess.PIPE)
+    _, _, text = run(py, stdout=subprocess.PIPE, env=env)
     return m, json.loads(text)
 
 
