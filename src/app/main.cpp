@@ -54,6 +54,7 @@ double parse_hundredths(const char* v) {
     if (*v == '.' && !dot) dot = true;
     else if (*v >= '0' && *v <= '9' && (!dot || frac < 2)) n = n * 10 + (*v - '0'), frac += dot;
     else if (!(*v >= '0' && *v <= '9')) return -1;
+    if (n > 100000000) return -1;  // not a thread count: no overflow
   }
   for (; frac < 2; ++frac) n *= 10;
   return static_cast<double>(n) / 100.0;

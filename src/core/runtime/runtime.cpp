@@ -332,7 +332,8 @@ json to_json(const ThreadPolicy& p) {
   else if (wait)
     source = "environment";
   else if (others >= 0)
-    source = fmt::format("mpt's default: libgomp's (spin, then sleep), {} (< 0.5)", measured);
+    source = fmt::format("mpt's default: libgomp's (spin, then sleep), {} ({})", measured,
+                         others < 0.5 ? "< 0.5" : "kept by MPT_OMP_WAIT_POLICY_DEFAULT");
   return {{"intra_op", p.intra_op},
           {"cores", p.cores},
           {"local_processes", p.local_processes},
