@@ -902,7 +902,7 @@ TEST_CASE("stage threads compute with the process's intra-op threads", "[pipelin
   for (const int t : {1, 2, 4}) {
     at::set_num_threads(t);
     for (const std::size_t w : {1u, 2u, 3u}) {
-      CHECK(stage_thread_intra_op(w) == t);
+      CHECK(stage_thread_intra_op() == t);
       std::vector<int> seen(w, 0);
       std::vector<std::function<void()>> tasks;
       for (std::size_t i = 0; i < w; ++i) tasks.emplace_back([&seen, i] { seen[i] = at::get_num_threads(); });

@@ -78,7 +78,7 @@ class StageThreads {
       threads_.emplace_back([this, i] { loop(i); });
     }
     tasks_ = &tasks;
-    intra_op_ = stage_thread_intra_op(tasks.size());
+    intra_op_ = stage_thread_intra_op();
     cpus_ = unbound_why_.empty() ? stage_thread_cpus(static_cast<int>(tasks.size())) : std::vector<int>{};
     shares_.assign(tasks.size(), {0.0, 0.0});
     running_ = tasks.size();
@@ -212,7 +212,7 @@ class StageThreads {
 
 std::string stage_threads_binding() { return StageThreads::instance().binding(); }
 
-int stage_thread_intra_op(std::size_t /*stage_threads*/) { return std::max(1, at::get_num_threads()); }
+int stage_thread_intra_op() { return std::max(1, at::get_num_threads()); }
 
 void run_on_stage_threads(const std::vector<std::function<void()>>& tasks) { StageThreads::instance().run(tasks); }
 

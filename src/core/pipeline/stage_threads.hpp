@@ -2,7 +2,6 @@
 // bound to CPUs while no other process shares them. run_pipeline runs its stages on them.
 #pragma once
 
-#include <cstddef>
 #include <functional>
 #include <vector>
 
@@ -11,7 +10,7 @@ namespace mpt {
 /// Runs tasks[i] on the i-th kept stage thread, all at once; returns when every one has returned.
 /// One step at a time (a second caller waits). The tasks must not throw (run_pipeline's catch
 /// everything). Binding: stage_thread_cpus, stage_threads_binding (core/pipeline/executor.hpp).
-/// Each thread computes with stage_thread_intra_op(tasks.size()) intra-op threads.
+/// Each thread computes with stage_thread_intra_op() intra-op threads.
 void run_on_stage_threads(const std::vector<std::function<void()>>& tasks);
 
 /// The intra-op threads (OpenMP team, MKL) each stage thread uses: the calling thread's
@@ -22,7 +21,7 @@ void run_on_stage_threads(const std::vector<std::function<void()>>& tasks);
 /// (omp_set_num_threads) and MKL (mkl_set_num_threads_local); a thread that never called
 /// at::set_num_threads ran MKL's GEMMs on every core. Measured, 1F1B m = 8 on one stage thread,
 /// threads = 1, 2 vCPUs (AMD EPYC): 5.2-8.3 ms a step with MKL's default team, 2.4 ms with the
-/// process's one thread (docs/performance.md). `stage_threads` is kept for the rule's callers.
-int stage_thread_intra_op(std::size_t stage_threads);
+/// process's one thread (docs/performance.md).
+int stage_thread_intra_op();
 
 }  // namespace mpt

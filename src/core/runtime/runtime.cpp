@@ -2,6 +2,7 @@
 #include "core/runtime/runtime.hpp"
 
 #include "core/runtime/cpu_load.hpp"
+#include "core/runtime/timing.hpp"
 #include "core/numerics/rounding_simd.hpp"
 
 #include <dlfcn.h>
@@ -78,18 +79,6 @@ std::string bf16_matmul_would_abort(torch::Device device, torch::ScalarType dtyp
                      compat::torch_version(), dnnl_isa_name(isa));
 }
 
-// The fastest of `reps` calls of fn, seconds: the minimum, as the least disturbed by other work.
-template <class Fn>
-double fastest_s(int reps, Fn&& fn) {
-  double best = 1e300;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
 // probe_kernels' speed check: a native product in `dtype` against its emulation (the fp32
 // product of the same rounded values, its result rounded to the dtype: core/train/amp's
 // emulated path per GEMM). The values lie in [-1, 1) so neither side meets subnormals.
@@ -106,8 +95,8 @@ void time_against_emulation(KernelProbe& p, torch::ScalarType dtype) {
     // the warm-up, and three more cost tens of milliseconds, once per process.
     native();
     emulated();
-    p.emulated_gemm_s = fastest_s(3, emulated);
-    p.native_gemm_s = fastest_s(3, native);
+    p.emulated_gemm_s = fastest_seconds(emulated, 3);
+    p.native_gemm_s = fastest_seconds(native, 3);
   } catch (const c10::Error& e) {
     return;  // the products ran above: a failure here leaves the speed unknown, taken as fast
   }

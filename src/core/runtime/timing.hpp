@@ -12,13 +12,12 @@
 namespace mpt {
 
 /// Runs `fn` `warmup` times untimed (first-touch allocations, lazy initialisation), then
-/// `repeats` times timed with now_seconds() (steady clock); returns the median duration in
-/// seconds — element repeats/2 of the sorted times (the upper median for an even count).
-/// Throws std::invalid_argument when repeats < 1. Synchronise a device inside `fn` if its work
-/// is asynchronous (sync_device).
+/// `repeats` times timed with now_seconds() (steady clock); returns the durations in seconds,
+/// sorted. Throws std::invalid_argument when repeats < 1. Synchronise a device inside `fn` if its
+/// work is asynchronous (sync_device).
 template <class Fn>
-double median_seconds(Fn&& fn, int64_t repeats, int64_t warmup = 0) {
-  if (repeats < 1) throw std::invalid_argument("median_seconds: repeats must be >= 1");
+std::vector<double> sorted_seconds(Fn&& fn, int64_t repeats, int64_t warmup = 0) {
+  if (repeats < 1) throw std::invalid_argument("timing (median_seconds, fastest_seconds): repeats must be >= 1");
   for (int64_t i = 0; i < warmup; ++i) fn();
   std::vector<double> t;
   t.reserve(static_cast<std::size_t>(repeats));
@@ -28,7 +27,22 @@ double median_seconds(Fn&& fn, int64_t repeats, int64_t warmup = 0) {
     t.push_back(now_seconds() - t0);
   }
   std::sort(t.begin(), t.end());
+  return t;
+}
+
+/// The median of sorted_seconds(fn, repeats, warmup): element repeats/2 of the sorted times (the
+/// upper median for an even count). Throws std::invalid_argument when repeats < 1.
+template <class Fn>
+double median_seconds(Fn&& fn, int64_t repeats, int64_t warmup = 0) {
+  const std::vector<double> t = sorted_seconds(fn, repeats, warmup);
   return t[t.size() / 2];
+}
+
+/// The fastest of sorted_seconds(fn, repeats, warmup): the run least disturbed by other work,
+/// for a comparison that picks a path (runtime's kernel probe). Throws as sorted_seconds.
+template <class Fn>
+double fastest_seconds(Fn&& fn, int64_t repeats, int64_t warmup = 0) {
+  return sorted_seconds(fn, repeats, warmup).front();
 }
 
 }  // namespace mpt
