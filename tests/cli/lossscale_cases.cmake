@@ -8,9 +8,12 @@ cli_case(lossscale_overflow 0 "safe window: EMPTY" lossscale --config configs/lo
 cli_case(lossscale_sweep_only 0 "2\\^28" lossscale --set train.enabled=false ${LS_NO_GPT})
 # With the GEMM ceilings timed, each narrow format gets a verdict (faster, about as fast, or why
 # not: its kernels or the size), or a note saying why there is none. Which verdict is the machine's,
-# so the first case accepts them all; the others have one answer.
+# so the first case accepts them all; the others have one answer. The first pins native compute:
+# under compute=auto a CPU whose bf16 kernels are slower than emulating them (AVX2 only) runs bf16
+# emulated, and there is no verdict to check.
 cli_case(lossscale_ceiling_verdict 0 "# bf16: (faster than fp32 here|about as fast as fp32|not faster|no verdict: at N = 64)"
-         lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"fp32\",\"bf16\"]" --set train.gemm_ceiling=64)
+         lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"fp32\",\"bf16\"]" --set train.gemm_ceiling=64
+         --set train.compute=native)
 cli_case(lossscale_ceiling_no_fp32 0 "# bf16: no verdict: no fp32 recipe ran"
          lossscale ${LS_TINY} ${LS_NO_GPT} --set "train.recipes=[\"bf16+master\"]" --set train.gemm_ceiling=64)
 cli_case(lossscale_ceiling_emulated 0 "# bf16: no verdict: no recipe ran bf16 natively"
