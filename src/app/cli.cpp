@@ -115,6 +115,7 @@ int main_cli_in(int argc, char** argv) {
   compare->callback([&] { compare_chosen = true; });
 
   RunOptions opts;
+  std::vector<std::string> alias_sets;  // OptionAlias values, as --set after the others
   const Experiment* chosen = nullptr;
   for (const auto& e : experiments()) {
     auto* sub = app.add_subcommand(e.name, e.summary);
@@ -139,6 +140,10 @@ int main_cli_in(int argc, char** argv) {
       sub->add_option("--nproc", opts.nproc, "Spawn N worker processes on this machine (= --set nproc=N)");
     else  // hidden: parsed only so that the harness can say which experiments take it
       sub->add_option("--nproc", opts.nproc)->group("");
+    for (const auto& a : e.aliases)
+      sub->add_option_function<std::string>(
+          "--" + a.name, [&alias_sets, ptr = a.pointer](const std::string& v) { alias_sets.push_back(ptr + "=" + v); },
+          a.help);
     sub->footer(config_help(full_spec(e)));
     sub->callback([&chosen, &e] { chosen = &e; });
   }
@@ -164,6 +169,7 @@ int main_cli_in(int argc, char** argv) {
   if (compare_chosen) return run_compare(base_file, new_file, key_tols, cmp, cmp_quiet, tol_files);
   if (env_chosen) return run_env(env_device, env_json);
   opts.argv.assign(argv, argv + argc);
+  opts.sets.insert(opts.sets.end(), alias_sets.begin(), alias_sets.end());
   if (chosen) return run_experiment(*chosen, opts);
   return kExitOk;
 }

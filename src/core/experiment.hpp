@@ -51,6 +51,14 @@ struct Context {
   World* world = nullptr; ///< multi-process experiments: this rank's World, set up by the harness; else null
 };
 
+/// A command-line option of one experiment that stands for one config key: `--<name> VALUE` is
+/// `--set <pointer>=VALUE` (e.g. `mpt plan --search 1024`), applied after every --set.
+struct OptionAlias {
+  std::string name;     ///< the option without its dashes, e.g. "search"
+  std::string pointer;  ///< the config key it sets, e.g. "/search/devices"
+  std::string help;     ///< one line for --help
+};
+
 /// One subcommand.
 struct Experiment {
   std::string name;                        ///< subcommand, e.g. "underflow"
@@ -75,6 +83,8 @@ struct Experiment {
   Processes processes = Processes::Single;
   /// Multi-process only: the timeout and the fault-injection point, from the config.
   std::function<ProcessPlan(const Config&)> plan;
+  /// Options that stand for config keys (OptionAlias); none by default.
+  std::vector<OptionAlias> aliases;
 };
 
 }  // namespace mpt

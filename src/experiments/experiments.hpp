@@ -18,5 +18,6 @@ Experiment fp8_experiment();
 Experiment fp4_experiment();
 Experiment shard_experiment();
 Experiment tensorparallel_experiment();
+Experiment plan_experiment();
 
 }  // namespace mpt

@@ -1,0 +1,578 @@
+// The planner's terms (docs/plan.md has each formula with its source and what it leaves out).
+#include "core/plan/plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "core/errors.hpp"
+#include "core/pipeline/schedule.hpp"
+
+namespace mpt::plan {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+ModelShape gpt_style(std::string name, int64_t layers, int64_t hidden, int64_t heads, int64_t vocab, int64_t seq,
+                     bool tied) {
+  ModelShape m;
+  m.name = std::move(name);
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = heads;
+  m.ffn = 4 * hidden;
+  m.vocab = vocab;
+  m.sequence = seq;
+  m.tied = tied;
+  return m;
+}
+
+ModelShape llama_style(std::string name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads,
+                       int64_t ffn) {
+  ModelShape m;
+  m.name = std::move(name);
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.ffn = ffn;
+  m.vocab = 128256;
+  m.sequence = 8192;
+  m.swiglu = true;
+  m.rmsnorm = true;
+  m.bias = false;
+  m.learned_positions = false;
+  m.tied = false;
+  m.dropout = false;
+  return m;
+}
+
+std::vector<ModelShape> make_presets() {
+  std::vector<ModelShape> p;
+  p.push_back(gpt_style("gpt3-175b", 96, 12288, 96, 50257, 2048, true));
+  p.push_back(llama_style("llama3-8b", 32, 4096, 32, 8, 14336));
+  p.push_back(llama_style("llama3-70b", 80, 8192, 64, 8, 28672));
+  p.push_back(llama_style("llama3-405b", 126, 16384, 128, 8, 53248));
+  p.push_back(gpt_style("megatron-1t", 128, 25600, 160, 51200, 2048, false));
+  p.back().tied = true;  // Megatron-LM shares the word embeddings: 1,008B parameters as in the paper
+  ModelShape tiny = gpt_style("mpt-gpt", 2, 128, 4, 96, 64, false);
+  tiny.dropout = false;  // core/models/gpt has no dropout
+  p.push_back(tiny);
+  return p;
+}
+
+double act_bytes_per_element(const std::string& recipe) { return recipe == "fp32" ? 4.0 : 2.0; }
+
+bool is_fp8(const std::string& recipe) { return recipe.rfind("fp8", 0) == 0 || recipe == "mxfp8"; }
+
+// Bytes per parameter of each model state: ZeRO's 2Ψ (weights) + 2Ψ (gradients) + KΨ (K = 12: fp32
+// master, Adam's m and v) for mixed precision (Rajbhandari et al. 2020, §3.1).
+struct StateBytes {
+  double weights, grads, master, optimizer;
+};
+StateBytes state_bytes(const Training& t) {
+  const bool fp32 = t.recipe == "fp32";
+  StateBytes b{};
+  b.weights = fp32 ? 4 : 2;
+  b.grads = (fp32 || t.fp32_grads) ? 4 : 2;
+  b.master = fp32 ? 0 : 4;
+  b.optimizer = t.optimizer == "adam" ? 8 : t.optimizer == "sgd-momentum" ? 4 : 0;
+  return b;
+}
+
+// Time of one collective of `bytes` (the per-rank buffer, nccl-tests' "size") over `n` ranks:
+// latency + bytes · factor / busbw, factor 2(n − 1)/n for all-reduce and (n − 1)/n for
+// all-gather and reduce-scatter (nccl-tests' doc/PERFORMANCE.md, busbw), 1 for send/recv.
+double collective_s(const Collective& c, double bytes, int64_t n, double factor_num) {
+  if (n <= 1 || bytes <= 0) return 0.0;
+  const double factor = factor_num * static_cast<double>(n - 1) / static_cast<double>(n);
+  return c.latency_s + bytes * factor / c.busbw;
+}
+double send_s(const Collective& c, double bytes) { return bytes <= 0 ? 0.0 : c.latency_s + bytes / c.busbw; }
+
+// A group of `size` ranks `stride` apart stays inside a node when its span fits one (ranks are
+// placed tp fastest, then dp, then pp; nodes hold consecutive ranks).
+const Link& link_for(const System& s, int64_t size, int64_t stride) {
+  return (size - 1) * stride + 1 <= s.devices_per_node ? s.intra : s.inter;
+}
+
+// Replayed peak of (microbatch, chunk) pairs held per stage, cached: the peak saturates once m
+// reaches the schedule's bound, so a replay with m' = min(m, 4p) gives it for any larger m whose
+// bound is the same (GPipe's bound grows with m, and is its exact peak).
+std::vector<int> held_pairs(const std::string& schedule, int p, int m, int v) {
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, int, int, int>, std::vector<int>> cache;
+  const ScheduleSpec& spec = schedule_spec(schedule);
+  int mr = std::min(m, 4 * p);
+  if (spec.microbatches_in_groups) mr = std::max(p, mr - mr % p);
+  if (spec.peak_bound(p, m, v) != spec.peak_bound(p, mr, v)) return std::vector<int>(p, spec.peak_bound(p, m, v));
+  const auto key = std::make_tuple(schedule, p, mr, v);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto peaks = peak_in_flight(make_schedule(spec.kind, p, mr, v));
+  cache.emplace(key, peaks);
+  return peaks;
+}
+
+}  // namespace
+
+ModelStates model_states(double params, const Training& t, int zero, int64_t dp) {
+  const StateBytes sb = state_bytes(t);
+  const double d = static_cast<double>(dp);
+  ModelStates m;
+  m.weights = params * sb.weights / (zero >= 3 ? d : 1);
+  m.gradients = params * sb.grads / (zero >= 2 ? d : 1);
+  m.master = params * sb.master / (zero >= 1 ? d : 1);
+  m.optimizer = params * sb.optimizer / (zero >= 1 ? d : 1);
+  return m;
+}
+
+const std::vector<ModelShape>& presets() {
+  static const std::vector<ModelShape> p = make_presets();
+  return p;
+}
+
+const ModelShape& preset(const std::string& name) {
+  for (const auto& m : presets())
+    if (m.name == name) return m;
+  throw std::invalid_argument("unknown model preset '" + name + "'");
+}
+
+ParamCounts count_params(const ModelShape& m) {
+  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
+  const double kv = static_cast<double>(m.kv_heads) * h / static_cast<double>(m.heads);
+  ParamCounts c;
+  const double attn = 2 * h * h + 2 * h * kv;        // q, o: h·h; k, v: h·kv
+  const double mlp = (m.swiglu ? 3 : 2) * h * f;     // gate, up, down | fc1, fc2
+  c.matmul_per_layer = attn + mlp;
+  double biases = 0;
+  if (m.bias) biases = (2 * h + 2 * kv) + (m.swiglu ? 2 * f + h : f + h);
+  const double norm = m.rmsnorm ? h : 2 * h;
+  c.per_layer = c.matmul_per_layer + biases + 2 * norm;
+  c.embedding = static_cast<double>(m.vocab) * h;
+  c.positions = m.learned_positions ? static_cast<double>(m.sequence) * h : 0;
+  c.head = m.tied ? 0 : static_cast<double>(m.vocab) * h;
+  c.final_norm = norm;
+  c.total = static_cast<double>(m.layers) * c.per_layer + c.embedding + c.positions + c.head + c.final_norm;
+  return c;
+}
+
+double System::peak_for(const std::string& recipe) const {
+  if (recipe == "fp32") return peak_fp32;
+  if (recipe == "bf16") return peak_bf16;
+  if (recipe == "fp16") return peak_fp16;
+  return peak_fp8;
+}
+
+System parse_system(const nlohmann::json& j, const std::string& source) {
+  auto fail = [&](const std::string& ptr, const std::string& what) {
+    throw ConfigError(fmt::format("{}: {}: {}", source, ptr, what));
+  };
+  if (!j.is_object()) fail("/", "expected an object");
+  auto number = [&](const std::string& ptr, bool allow_zero) {
+    const nlohmann::json::json_pointer p(ptr);
+    if (!j.contains(p)) fail(ptr, "missing (expected a number)");
+    const auto& v = j.at(p);
+    if (!v.is_number()) fail(ptr, "expected a number, got " + v.dump());
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d < 0 || (!allow_zero && d == 0))
+      fail(ptr, fmt::format("expected a finite number {} 0, got {}", allow_zero ? ">=" : ">", v.dump()));
+    return d;
+  };
+  static const std::set<std::string> known = {"name", "_comment", "devices_per_node", "memory_gib", "reserved_gib",
+                                               "peak_tflops", "gemm_efficiency", "memory_bandwidth_gbps",
+                                               "intra_node", "inter_node"};
+  for (const auto& [key, value] : j.items())
+    if (!known.count(key)) fail("/" + key, "unknown field (expected one of name, devices_per_node, memory_gib, "
+                                           "reserved_gib, peak_tflops, gemm_efficiency, memory_bandwidth_gbps, "
+                                           "intra_node, inter_node)");
+  System s;
+  if (j.contains("name") && j["name"].is_string()) s.name = j["name"].get<std::string>();
+  else fail("/name", "missing (expected a string)");
+  const double dpn = number("/devices_per_node", false);
+  if (dpn != std::floor(dpn) || dpn > 1e6) fail("/devices_per_node", "expected a whole number of devices");
+  s.devices_per_node = static_cast<int64_t>(dpn);
+  s.memory_bytes = number("/memory_gib", false) * kGiB;
+  s.reserved_bytes = number("/reserved_gib", true) * kGiB;
+  s.peak_fp32 = number("/peak_tflops/fp32", false) * 1e12;
+  s.peak_bf16 = number("/peak_tflops/bf16", true) * 1e12;
+  s.peak_fp16 = number("/peak_tflops/fp16", true) * 1e12;
+  s.peak_fp8 = number("/peak_tflops/fp8", true) * 1e12;
+  s.gemm_efficiency = number("/gemm_efficiency", false);
+  if (s.gemm_efficiency > 1) fail("/gemm_efficiency", fmt::format("expected a fraction in (0, 1], got {}", s.gemm_efficiency));
+  s.memory_bandwidth = number("/memory_bandwidth_gbps", false) * 1e9;
+  for (auto [name, link] : {std::pair<const char*, Link*>{"intra_node", &s.intra}, {"inter_node", &s.inter}}) {
+    for (auto [coll, c] : {std::pair<const char*, Collective*>{"all_reduce", &link->all_reduce},
+                           {"all_gather", &link->all_gather},
+                           {"reduce_scatter", &link->reduce_scatter},
+                           {"send_recv", &link->send_recv}}) {
+      const std::string base = fmt::format("/{}/{}", name, coll);
+      c->busbw = number(base + "/busbw_gbps", false) * 1e9;
+      c->latency_s = number(base + "/latency_us", true) * 1e-6;
+    }
+  }
+  if (s.reserved_bytes >= s.memory_bytes)
+    fail("/reserved_gib", fmt::format("expected less than /memory_gib ({:g}), got {:g}", s.memory_bytes / kGiB,
+                                      s.reserved_bytes / kGiB));
+  return s;
+}
+
+std::string layout_error(const ModelShape& m, const Training& t, const Layout& l) {
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1)
+    return "/layout/dp, /layout/tp, /layout/pp and /layout/virtual_stages must be >= 1";
+  if (m.hidden % m.heads != 0)
+    return fmt::format("/model/hidden = {} is not a multiple of /model/heads = {}", m.hidden, m.heads);
+  if (m.heads % m.kv_heads != 0)
+    return fmt::format("/model/heads = {} is not a multiple of /model/kv_heads = {}", m.heads, m.kv_heads);
+  if (m.heads % l.tp != 0)
+    return fmt::format("/model/heads = {} is not a multiple of /layout/tp = {} (each TP rank holds whole heads)",
+                       m.heads, l.tp);
+  if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0)
+    return fmt::format("/model/kv_heads = {} and /layout/tp = {}: neither divides the other (K/V heads are split or "
+                       "replicated over the TP ranks)", m.kv_heads, l.tp);
+  if (m.ffn % l.tp != 0)
+    return fmt::format("/model/ffn = {} is not a multiple of /layout/tp = {}", m.ffn, l.tp);
+  if (m.layers % (l.pp * l.virtual_stages) != 0)
+    return fmt::format("/model/layers = {} is not a multiple of /layout/pp · /layout/virtual_stages = {} · {}",
+                       m.layers, l.pp, l.virtual_stages);
+  if (t.microbatch < 1) return "/train/microbatch must be >= 1";
+  if (t.global_batch % (l.dp * t.microbatch) != 0)
+    return fmt::format("/train/global_batch = {} is not a multiple of /layout/dp · /train/microbatch = {} · {}",
+                       t.global_batch, l.dp, t.microbatch);
+  if (l.zero < 0 || l.zero > 3) return fmt::format("/layout/zero = {}: expected 0, 1, 2 or 3", l.zero);
+  if (l.zero == 3 && l.pp > 1)
+    return "/layout/zero = 3 with /layout/pp > 1: ZeRO-3 regathers every weight per microbatch, which pipelining "
+           "multiplies (DeepSpeed refuses the combination); use ZeRO 0-2 with pipelining";
+  const ScheduleSpec* spec = nullptr;
+  try {
+    spec = &schedule_spec(l.schedule);
+  } catch (const std::invalid_argument& e) {
+    return std::string("/layout/schedule: ") + e.what();
+  }
+  if (l.pp > 1) {
+    const int64_t m_mb = t.global_batch / (l.dp * t.microbatch);
+    if (spec->chunks == 1 && l.virtual_stages != 1)
+      return fmt::format("/layout/virtual_stages = {}: {} runs one chunk per stage", l.virtual_stages, spec->name);
+    if (spec->chunks > 1 && l.virtual_stages != spec->chunks)
+      return fmt::format("/layout/virtual_stages = {}: {} runs {} chunks per stage", l.virtual_stages, spec->name,
+                         spec->chunks);
+    if (spec->chunks == 0 && l.virtual_stages < 2)
+      return fmt::format("/layout/virtual_stages = {}: {} needs at least 2 model chunks per stage", l.virtual_stages,
+                         spec->name);
+    if (spec->one_microbatch) return "/layout/schedule = naive runs one microbatch: use gpipe or 1f1b";
+    if (m_mb > 1'000'000) return "more than 10^6 microbatches per step";
+    try {
+      if (spec->check) spec->check(static_cast<int>(l.pp), static_cast<int>(m_mb), static_cast<int>(l.virtual_stages));
+    } catch (const std::invalid_argument& e) {
+      return fmt::format("/layout/schedule = {} with {} microbatches per replica (/train/global_batch / (/layout/dp · "
+                         "/train/microbatch)): {}", spec->name, m_mb, e.what());
+    }
+  }
+  return "";
+}
+
+Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const System& sys) {
+  Estimate e;
+  const double peak = sys.peak_for(t.recipe);
+  if (peak <= 0) throw std::invalid_argument(fmt::format("the system '{}' has no {} peak", sys.name, t.recipe));
+  const ParamCounts pc = count_params(m);
+  const double h = static_cast<double>(m.hidden), s = static_cast<double>(m.sequence);
+  const double a = static_cast<double>(m.heads), f = static_cast<double>(m.ffn), V = static_cast<double>(m.vocab);
+  const double kv = static_cast<double>(m.kv_heads) * h / a;
+  const double b = static_cast<double>(t.microbatch);
+  const double tp = static_cast<double>(l.tp);
+  const int p = static_cast<int>(l.pp);
+  const int v = static_cast<int>(l.pp > 1 ? l.virtual_stages : 1);
+  e.microbatches = t.global_batch / (l.dp * t.microbatch);
+  const int mb = static_cast<int>(e.microbatches);
+  const double layers_per_stage = static_cast<double>(m.layers) / p;
+  const double layers_per_chunk = layers_per_stage / v;
+
+  // ---- parameters on one device of the first and of the last stage
+  // Matrices and column-parallel biases split over TP; norms and row-parallel biases replicated
+  // (Megatron-LM's ColumnParallelLinear / RowParallelLinear); vocabulary-parallel embedding and head.
+  double layer_tp = pc.matmul_per_layer / tp + 2 * (m.rmsnorm ? h : 2 * h);
+  if (m.bias) layer_tp += (h + 2 * kv + (m.swiglu ? 2 * f : f)) / tp + 2 * h;
+  const double emb_tp = pc.embedding / tp, head_tp = (m.tied ? pc.embedding : pc.head) / tp;
+  const double first = layers_per_stage * layer_tp + emb_tp + pc.positions + (p == 1 ? head_tp + pc.final_norm : 0);
+  // a tied head on its own stage keeps a copy of the embedding (Megatron-LM's shared word embeddings)
+  const double last = layers_per_stage * layer_tp + head_tp + pc.final_norm;
+  const StateBytes sb = state_bytes(t);
+
+  // ---- activations per layer, bytes (Korthikanti et al. 2022, §4.1 and Table 2, generalised):
+  // attention 2sbh (QKV input) + 2sbh (Q) + 4sb·kv (K, V) + 2sbh (projection input) [+ sbh dropout
+  // mask] + per head 2s²b (softmax) [+ s²b mask + 2s²b dropout output]; MLP 2sbh (input) + 4sbf
+  // (GELU input and output) [+ sbh mask] or, SwiGLU, 2sbh + 6sbf (gate, up, their product);
+  // norms 4sbh. At f = 4h, kv = h with dropout: 34sbh + 5as²b.
+  const double ab = act_bytes_per_element(t.recipe) / 2.0;  // the formulas count 2-byte elements
+  const double sbh = s * b * h;
+  // softmax (+ mask, dropout output); a fused attention kernel (FlashAttention) stores none
+  const double score = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * s * b;
+  const double in_tp = 2 * sbh + 4 * s * b * kv + 2 * sbh + (m.swiglu ? 6 : 4) * s * b * f;  // split by TP
+  const double replicated = 2 * sbh + 2 * sbh + 4 * sbh + (m.dropout ? 2 * sbh : 0);  // inputs, norms, masks
+  double per_layer = 0;
+  std::string act_formula;
+  const double sp = l.sequence_parallel ? tp : 1.0;
+  if (t.recompute == "full") {
+    per_layer = 2 * sbh / sp;
+    act_formula = "full recompute: the layer input, 2sbh" + std::string(l.sequence_parallel ? "/t" : "");
+  } else {
+    per_layer = in_tp / tp + replicated / sp;
+    act_formula = l.sequence_parallel ? "(34sbh" : "sbh(10 + 24/t";
+    if (t.recompute == "none" && !t.flash_attention) {
+      per_layer += score / tp;
+      act_formula += l.sequence_parallel ? " + 5as²b)/t" : " + 5as/(ht))";
+    } else if (t.recompute == "none") {
+      act_formula += l.sequence_parallel ? ")/t, attention fused (no s² scores)" : "), attention fused (no s² scores)";
+    } else {
+      act_formula += l.sequence_parallel ? ")/t, selective recompute" : "), selective recompute";
+    }
+    act_formula += " (Korthikanti et al. 2022, Table 2; the shape's own terms)";
+  }
+  per_layer *= ab;
+  std::vector<int> held(static_cast<std::size_t>(p), 1);
+  if (p > 1) held = held_pairs(l.schedule, p, mb, v);
+
+  // ---- memory terms, per stage
+  auto stage_memory = [&](double params, int held_pairs, bool is_last, bool is_first) {
+    std::vector<Term> mem;
+    const ModelStates ms = model_states(params, t, l.zero, l.dp);
+    mem.push_back({"weights", ms.weights, fmt::format("{} B/param{}", sb.weights, l.zero >= 3 ? " / dp (ZeRO-3)" : "")});
+    mem.push_back({"gradients", ms.gradients, fmt::format("{} B/param{}", sb.grads, l.zero >= 2 ? " / dp (ZeRO-2)" : "")});
+    mem.push_back({"master weights", ms.master,
+                   sb.master > 0 ? fmt::format("fp32 copy, 4 B/param{}", l.zero >= 1 ? " / dp (ZeRO-1)" : "")
+                                 : std::string("none: the weights are fp32")});
+    mem.push_back({"optimizer states", ms.optimizer,
+                   fmt::format("{}: {} B/param{}", t.optimizer, sb.optimizer, l.zero >= 1 ? " / dp (ZeRO-1)" : "")});
+    if (is_fp8(t.recipe)) {
+      // the GEMMs read an fp8 copy of each weight matrix; MX keeps a row- and a column-wise one
+      const double copies = t.recipe == "mxfp8" ? 2.0 : 1.0;
+      const double scale = t.recipe == "mxfp8" ? 1.0 / 32 : t.recipe == "fp8-blockwise" ? 4.0 / (128 * 128) : 0.0;
+      const double matmul = (params - (is_first ? emb_tp + pc.positions : 0) - (is_last ? head_tp : 0));
+      mem.push_back({"fp8 weight copies", std::max(0.0, matmul) * copies * (1 + scale),
+                     fmt::format("1 B/param of the block matrices{}{}", copies > 1 ? " x2 (row- and column-wise)" : "",
+                                 scale > 0 ? fmt::format(" + scales ({:g} B/param)", scale) : "")});
+    }
+    mem.push_back({"activations", per_layer * layers_per_chunk * held_pairs,
+                   fmt::format("{} per layer x {:g} layers per chunk x {} (microbatch, chunk) pairs held{}", act_formula,
+                               layers_per_chunk, held_pairs, p > 1 ? " (" + l.schedule + " replayed)" : "")});
+    if (is_last)
+      mem.push_back({"logits", 4 * s * b * V / tp, "fp32 logits of one microbatch for the loss, 4sbV/t"});
+    double comm = 0;
+    std::string comm_formula = "none";
+    if (l.zero == 3 && l.dp > 1) {
+      comm = 2 * layer_tp * sb.weights;
+      comm_formula = "ZeRO-3: two gathered layers (the one computing, the one prefetched)";
+    } else if (l.sequence_parallel && l.tp > 1) {
+      comm = 2 * sbh * ab;
+      comm_formula = "sequence parallel: the all-gathered layer input, 2sbh";
+    }
+    mem.push_back({"communication buffers", comm, comm_formula});
+    mem.push_back({"reserved", sys.reserved_bytes, "the system's reserve (CUDA context, workspaces, allocator)"});
+    return mem;
+  };
+  auto total = [](const std::vector<Term>& ts) {
+    double x = 0;
+    for (const auto& term : ts) x += term.value;
+    return x;
+  };
+  if (p == 1) {
+    e.memory = stage_memory(first, 1, true, true);
+    e.stage = "only";
+  } else {
+    auto mf = stage_memory(first, held.front(), false, true);
+    auto ml = stage_memory(last, held.back(), true, false);
+    if (total(mf) >= total(ml)) {
+      e.memory = std::move(mf);
+      e.stage = "first";
+    } else {
+      e.memory = std::move(ml);
+      e.stage = "last";
+    }
+  }
+  e.memory_bytes = total(e.memory);
+  e.fits = e.memory_bytes <= sys.memory_bytes;
+
+  // ---- FLOPs (Narayanan et al. 2021, §5.1): per token and layer 2·(matrix weights) for the
+  // GEMMs and 4sh for attention's two batched products; logits 2Vh. Backward twice the forward.
+  const double tokens_mb = b * s;
+  const double fwd_layer = 2 * pc.matmul_per_layer * tokens_mb + 4 * b * s * s * h;
+  const double fwd_logits = 2 * V * h * tokens_mb;
+  double recompute_layer = 0;
+  if (t.recompute == "full") recompute_layer = fwd_layer;
+  if (t.recompute == "selective") recompute_layer = 4 * b * s * s * h;
+  const double samples = static_cast<double>(t.global_batch);
+  e.model_flops = 3 * (static_cast<double>(m.layers) * fwd_layer + fwd_logits) * samples / b;
+  e.hardware_flops = e.model_flops + static_cast<double>(m.layers) * recompute_layer * samples / b;
+
+  // ---- time per microbatch on the slowest stage (the last: its layers and the logits)
+  const double rate = peak * sys.gemm_efficiency;
+  const double fwd_stage = (layers_per_stage * fwd_layer + fwd_logits) / tp;
+  // Elementwise kernels, memory-bound: per layer and forward, in element passes (each element read
+  // or written once is a pass): the attention scores a·s²·b/t (scale-mask-softmax: read, write;
+  // dropout: read, write, mask) unless fused (FlashAttention); the MLP's f-wide activation (GELU
+  // or SwiGLU: read, write, bias) sbf/t; the h-wide tensors sbh (two norms: read, write; two
+  // residual adds: 2 reads, 1 write; two dropouts: read, write, mask), split by t with SP. The
+  // backward streams twice the forward's bytes; a full recompute adds a forward, a selective one
+  // the scores' passes again.
+  const double eb = act_bytes_per_element(t.recipe);
+  const double score_bytes = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * s * b / tp * eb;
+  const double other_bytes = (3.0 * s * b * f / tp + (m.dropout ? 16.0 : 10.0) * sbh / sp) * eb;
+  const double mem_fwd = layers_per_stage * (score_bytes + other_bytes) / sys.memory_bandwidth;
+  const double mem_recompute = t.recompute == "full" ? mem_fwd
+                               : t.recompute == "selective" ? layers_per_stage * score_bytes / sys.memory_bandwidth
+                                                            : 0.0;
+  const double t_f = fwd_stage / rate + mem_fwd;
+  const double t_bw = (2 * fwd_stage + layers_per_stage * recompute_layer / tp) / rate + 2 * mem_fwd + mem_recompute;
+  const double t_mem = mem_fwd * 3 + mem_recompute;
+  // TP: per layer two all-reduces of sbh elements in the forward and two in the backward (and two
+  // more to recompute a full layer); with SP each is an all-gather and a reduce-scatter of the
+  // same bytes (Korthikanti et al. 2022, §4.2.2).
+  double t_tp = 0;
+  if (l.tp > 1) {
+    const Link& lk = link_for(sys, l.tp, 1);
+    const double msg = sbh * act_bytes_per_element(t.recipe);
+    const double one = l.sequence_parallel
+                           ? collective_s(lk.all_gather, msg / tp, l.tp, 1) + collective_s(lk.reduce_scatter, msg, l.tp, 1)
+                           : collective_s(lk.all_reduce, msg, l.tp, 2);
+    const double per_layer_count = 4 + (t.recompute == "full" ? 2 : 0);
+    t_tp = layers_per_stage * per_layer_count * one;
+  }
+  const double t_tp_f = t_tp * 2.0 / (4 + (t.recompute == "full" ? 2 : 0)), t_tp_b = t_tp - t_tp_f;
+  double f_op = t_f + t_tp_f, bw_op = t_bw + t_tp_b;
+  // the bubble: the schedule's idle time per stage (core/pipeline's bubble_time_theory), B and W
+  // each half of the backward; ZB-V's closed form wants F = B = W: a third of the microbatch each
+  double idle = 0;
+  if (p > 1) {
+    const ScheduleSpec& spec = schedule_spec(l.schedule);
+    double fo = f_op, bo = bw_op / 2, wo = bw_op / 2;
+    if (spec.formula_needs_equal_fbw) fo = bo = wo = (f_op + bw_op) / 3;
+    idle = bubble_time_theory(spec.kind, p, mb, fo, bo, wo, v);
+  }
+  const double pipe = static_cast<double>(mb) * (f_op + bw_op) + idle;
+  e.bubble_fraction = pipe > 0 ? idle / pipe : 0;
+  // PP: per microbatch and chunk an activation forward and a gradient back
+  double t_pp = 0;
+  if (p > 1) {
+    const Link& lk = link_for(sys, 2, l.tp * l.dp);
+    // each TP rank sends its 1/t of the activation (Megatron-LM's scatter/gather optimisation,
+    // Narayanan et al. 2021 §4.1; with SP the activation is split already)
+    const double msg = sbh * act_bytes_per_element(t.recipe) / tp;
+    t_pp = 2.0 * v * mb * send_s(lk.send_recv, msg);
+  }
+  // DP / ZeRO over dp ranks `tp` apart: all-reduce of the gradients (ZeRO-1/2: reduce-scatter of the
+  // gradients and all-gather of the updated weights, the same bytes); ZeRO-3 per microbatch two
+  // all-gathers of the weights (forward, backward) and a reduce-scatter of the gradients.
+  double t_dp = 0;
+  const double params_dev = std::max(first, last);
+  if (l.dp > 1) {
+    const Link& lk = link_for(sys, l.dp, l.tp);
+    if (l.zero == 0) {
+      t_dp = collective_s(lk.all_reduce, params_dev * sb.grads, l.dp, 2);
+    } else if (l.zero <= 2) {
+      t_dp = collective_s(lk.reduce_scatter, params_dev * sb.grads, l.dp, 1) +
+             collective_s(lk.all_gather, params_dev * sb.weights, l.dp, 1);
+    } else {
+      t_dp = mb * (2 * collective_s(lk.all_gather, params_dev * sb.weights, l.dp, 1) +
+                   collective_s(lk.reduce_scatter, params_dev * sb.grads, l.dp, 1));
+    }
+  }
+  // overlap: ZeRO 0-2 reduce during the last microbatch's backward; ZeRO-3 gathers ahead of compute
+  const double hide = !l.overlap_dp ? 0.0 : l.zero == 3 ? mb * (t_f + t_bw) : t_bw;
+  const double t_dp_exposed = std::max(0.0, t_dp - hide);
+  // optimizer: an elementwise pass reading and writing every state of this device once
+  double state = 0;
+  for (const auto& term : e.memory)
+    if (term.name == "weights" || term.name == "gradients" || term.name == "master weights" ||
+        term.name == "optimizer states")
+      state += term.value;
+  const double t_opt = 2 * state / sys.memory_bandwidth;
+
+  e.time.push_back({"compute", mb * (t_f + t_bw - t_mem),
+                    fmt::format("{:.3g} GFLOP per microbatch on the slowest stage at {:.0f}% of {:.0f} TFLOP/s, x{} "
+                                "microbatches",
+                                (fwd_stage * 3 + layers_per_stage * recompute_layer / tp) / 1e9,
+                                sys.gemm_efficiency * 100, peak / 1e12, mb)});
+  e.time.push_back({"elementwise", mb * t_mem,
+                    fmt::format("{:.3g} GB per microbatch at {:.0f} GB/s: norms, activations, residuals{}{}",
+                                t_mem * sys.memory_bandwidth / 1e9, sys.memory_bandwidth / 1e9,
+                                m.dropout ? ", dropout" : "", t.flash_attention ? " (attention fused)" : ", softmax over a·s²·b scores")});
+  e.time.push_back({"tp collectives", mb * t_tp,
+                    l.tp > 1 ? fmt::format("{} per layer per microbatch{}", l.sequence_parallel ? "4 AG + 4 RS" : "4 all-reduces",
+                                           t.recompute == "full" ? " (+2 to recompute)" : "")
+                             : std::string("none (tp = 1)")});
+  e.time.push_back({"bubble", idle,
+                    p > 1 ? fmt::format("{} idle time (core/pipeline bubble_time_theory), {:.1f}% of the pipeline",
+                                        l.schedule, e.bubble_fraction * 100)
+                          : std::string("none (pp = 1)")});
+  e.time.push_back({"pp send/recv", t_pp, p > 1 ? fmt::format("2 x {} chunk(s) x {} microbatches", v, mb) : "none (pp = 1)"});
+  e.time.push_back({"dp/zero collectives (exposed)", t_dp_exposed,
+                    l.dp > 1 ? fmt::format("{:.3g} s in all{}", t_dp,
+                                           l.overlap_dp ? (l.zero == 3 ? ", hidden behind compute" : ", hidden behind the last backward")
+                                                        : ", not overlapped")
+                             : std::string("none (dp = 1)")});
+  e.time.push_back({"optimizer step", t_opt, "read and write every state of this device once at the memory bandwidth"});
+  e.step_s = pipe + t_pp + t_dp_exposed + t_opt;
+  const double n = static_cast<double>(l.devices());
+  e.tokens_per_s = samples * s / e.step_s;
+  e.mfu = e.model_flops / (e.step_s * n * peak);
+  e.flops_per_device = e.hardware_flops / (e.step_s * n);
+  e.time_to_train_s = t.tokens > 0 ? t.tokens / e.tokens_per_s : 0;
+  return e;
+}
+
+std::vector<Candidate> search(const ModelShape& m, const Training& t, const Layout& base, const System& sys,
+                              int64_t devices) {
+  std::vector<Candidate> out;
+  for (int64_t tp = 1; tp <= devices; ++tp) {
+    if (devices % tp != 0 || tp > sys.devices_per_node) continue;
+    for (int64_t pp = 1; pp <= devices / tp; ++pp) {
+      if ((devices / tp) % pp != 0) continue;
+      const int64_t dp = devices / tp / pp;
+      for (int64_t micro : {1, 2, 4, 8}) {
+        for (int zero = 0; zero <= 3; ++zero) {
+          for (const char* rc : {"none", "selective", "full"}) {
+            Candidate c;
+            c.layout = base;
+            c.layout.dp = dp;
+            c.layout.tp = tp;
+            c.layout.pp = pp;
+            c.layout.zero = zero;
+            c.layout.sequence_parallel = base.sequence_parallel && tp > 1;
+            if (pp == 1) c.layout.virtual_stages = 1;
+            c.training = t;
+            c.training.microbatch = micro;
+            c.training.recompute = rc;
+            c.rejected = layout_error(m, c.training, c.layout);
+            if (c.rejected.empty()) {
+              c.est = estimate(m, c.training, c.layout, sys);
+              if (!c.est.fits)
+                c.rejected = fmt::format("needs {:.1f} GiB, {:.1f} GiB more than the {:.0f} GiB a device has",
+                                         c.est.memory_bytes / kGiB, (c.est.memory_bytes - sys.memory_bytes) / kGiB,
+                                         sys.memory_bytes / kGiB);
+            }
+            out.push_back(std::move(c));
+          }
+        }
+      }
+    }
+  }
+  auto rank = [&](const Candidate& c) {
+    if (c.rejected.empty()) return std::make_tuple(0, c.est.step_s);
+    if (c.est.memory_bytes > 0) return std::make_tuple(1, c.est.memory_bytes - sys.memory_bytes);
+    return std::make_tuple(2, 0.0);
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const Candidate& x, const Candidate& y) { return rank(x) < rank(y); });
+  return out;
+}
+
+}  // namespace mpt::plan

@@ -1,0 +1,171 @@
+// The planner's model of a training layout: memory per device and step time of a GPT trained
+// with data, tensor (and sequence), pipeline and sharded (ZeRO) parallelism, from closed-form
+// terms, each named after its source (docs/plan.md). Pure arithmetic: no tensors, no processes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mpt::plan {
+
+/// A dense decoder-only transformer's shape. GPT-style (LayerNorm, GELU MLP with ffn = 4·hidden,
+/// biases, learned positions, dropout) or Llama-style (RMSNorm, SwiGLU, no biases, RoPE, grouped
+/// K/V heads, no dropout).
+struct ModelShape {
+  std::string name;          ///< the preset's name, or "custom"
+  int64_t layers = 0;        ///< transformer blocks L
+  int64_t hidden = 0;        ///< model width h
+  int64_t heads = 0;         ///< attention (query) heads a
+  int64_t kv_heads = 0;      ///< key/value heads (= heads without grouped-query attention)
+  int64_t ffn = 0;           ///< MLP hidden width f
+  int64_t vocab = 0;         ///< vocabulary V
+  int64_t sequence = 0;      ///< sequence length s (tokens per sample)
+  bool swiglu = false;       ///< SwiGLU MLP (three h·f matrices) instead of GELU (two)
+  bool rmsnorm = false;      ///< RMSNorm (weight only) instead of LayerNorm (weight and bias)
+  bool bias = true;          ///< biases in the attention and MLP linears
+  bool learned_positions = true;  ///< a learned s·h position table (GPT-2/3); false: RoPE, no parameters
+  bool tied = false;         ///< the output head shares the token embedding
+  bool dropout = true;       ///< dropout masks are stored (Korthikanti et al. 2022 count them)
+};
+
+/// Every preset, by name: "gpt3-175b" (Brown et al. 2020, Table 2.1), "llama3-8b", "llama3-70b",
+/// "llama3-405b" (Llama 3 paper, Table 3; Meta's config.json), "megatron-1t" (Narayanan et al.
+/// 2021, Table 1's last row), "mpt-gpt" (mpt's own tiny GPT, core/models/gpt's defaults).
+const std::vector<ModelShape>& presets();
+/// The preset named `name`; throws std::invalid_argument for an unknown name.
+const ModelShape& preset(const std::string& name);
+
+/// Parameters of a model (counts, not bytes).
+struct ParamCounts {
+  double per_layer = 0;   ///< one block: attention, MLP, two norms
+  double matmul_per_layer = 0;  ///< the block's matrix weights (the GEMM FLOPs count these)
+  double embedding = 0;   ///< V·h token table
+  double positions = 0;   ///< s·h for learned positions, else 0
+  double head = 0;        ///< V·h output projection when untied, else 0
+  double final_norm = 0;  ///< the last norm
+  double total = 0;
+};
+/// Counts every weight and bias; for GPT-3 175B 174.6e9 (Megatron's 12·l·h²(1 + 13/12h + (V + s)/12lh)).
+ParamCounts count_params(const ModelShape& m);
+
+/// What is trained and how.
+struct Training {
+  int64_t global_batch = 0;   ///< samples per optimizer step (all data-parallel replicas)
+  int64_t microbatch = 1;     ///< samples per forward/backward on one replica
+  std::string recipe = "bf16";      ///< fp32 | bf16 | fp16 | fp8-tensorwise | fp8-blockwise | mxfp8
+  std::string optimizer = "adam";   ///< adam | sgd-momentum | sgd
+  std::string recompute = "selective";  ///< none | selective | full (Korthikanti et al. 2022)
+  bool flash_attention = true;  ///< attention as one fused kernel (FlashAttention): no s² scores stored or streamed
+  bool fp32_grads = false;    ///< gradients accumulated in fp32 (Megatron's main_grad) rather than in the weights' format
+  double tokens = 0;          ///< tokens to train on, for the time-to-train line
+};
+
+/// How the devices are used. Ranks are ordered tp fastest, then dp, then pp (Megatron-LM's order).
+struct Layout {
+  int64_t dp = 1, tp = 1, pp = 1;
+  int64_t virtual_stages = 1;  ///< model chunks per pipeline stage (interleaved 1F1B: v >= 2; ZB-V: 2)
+  bool sequence_parallel = false;  ///< Korthikanti et al. 2022: norms and dropout split along the sequence
+  int zero = 0;                ///< ZeRO stage 0-3 over the data-parallel group (Rajbhandari et al. 2020)
+  std::string schedule = "1f1b";   ///< a core/pipeline schedule name
+  bool overlap_dp = true;      ///< the gradient reduction overlaps the last microbatch's backward
+  int64_t devices() const { return dp * tp * pp; }
+};
+
+/// Bus bandwidth (nccl-tests' busbw, bytes/s) and latency (s) of one collective on one link.
+struct Collective {
+  double busbw = 0;
+  double latency_s = 0;
+};
+/// The collectives of one kind of link (within a node, or across nodes).
+struct Link {
+  Collective all_reduce, all_gather, reduce_scatter, send_recv;
+};
+/// A machine: configs/systems/<name>.json.
+struct System {
+  std::string name;
+  int64_t devices_per_node = 0;
+  double memory_bytes = 0;       ///< per device
+  double reserved_bytes = 0;     ///< per device: CUDA context, library workspaces, allocator slack
+  double peak_fp32 = 0, peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0;  ///< dense FLOP/s per device (0: none)
+  double gemm_efficiency = 0;    ///< fraction of the peak that the model's GEMMs reach, one per system
+  /// Elementwise kernels (norms, activations, dropout, residual adds, softmax) stream their
+  /// tensors through memory at this bandwidth: passes x elements x bytes / memory_bandwidth.
+  double memory_bandwidth = 0;   ///< bytes/s per device (the optimizer step is bound by it)
+  Link intra, inter;
+  /// Peak FLOP/s of `recipe`'s GEMMs; 0 when the system has none.
+  double peak_for(const std::string& recipe) const;
+};
+/// Reads a system from its JSON (`source` names the file in messages). Throws mpt::ConfigError
+/// naming the file and the JSON path of a missing, mistyped or non-positive field.
+System parse_system(const nlohmann::json& j, const std::string& source);
+
+/// Bytes per device of the model states of `params` parameters (ZeRO's 2Ψ + 2Ψ + KΨ for mixed
+/// precision with Adam, K = 12: fp32 master weights, m and v; Rajbhandari et al. 2020, §3.1 and
+/// Figure 1), each split over the `dp` data-parallel ranks from the ZeRO stage that shards it:
+/// optimizer states and master weights from stage 1 (P_os), gradients from 2 (P_os+g), weights
+/// at 3 (P_os+g+p). fp32 recipes keep no master copy and 4-byte gradients; Training::fp32_grads
+/// makes the gradients 4 bytes (Megatron-LM's main_grad).
+struct ModelStates {
+  double weights = 0, gradients = 0, master = 0, optimizer = 0;
+  double total() const { return weights + gradients + master + optimizer; }
+};
+ModelStates model_states(double params, const Training& t, int zero, int64_t dp);
+
+/// One term of an estimate.
+struct Term {
+  std::string name;      ///< "weights", "tp collectives", ...
+  double value = 0;      ///< bytes or seconds
+  std::string formula;   ///< how it is computed, with its source
+};
+
+/// Memory and time of one layout.
+struct Estimate {
+  std::vector<Term> memory;   ///< bytes per device on the stage that needs most
+  double memory_bytes = 0;    ///< their sum
+  std::string stage;          ///< which stage that is: "first", "last" or "only"
+  bool fits = false;          ///< memory_bytes <= the system's memory
+  std::vector<Term> time;     ///< seconds per step on the critical path
+  double step_s = 0;
+  double bubble_fraction = 0; ///< pipeline idle time / pipeline time
+  double model_flops = 0;     ///< per step, all devices: 3 passes of the forward (no recompute)
+  double hardware_flops = 0;  ///< with the recompute (Narayanan et al. 2021, eq. 3 counts these)
+  double tokens_per_s = 0;
+  double mfu = 0;             ///< model_flops / (step_s · devices · peak)
+  double flops_per_device = 0;  ///< hardware_flops / (step_s · devices): "achieved FLOP/s per GPU"
+  double time_to_train_s = 0; ///< Training::tokens / tokens_per_s
+  int64_t microbatches = 0;   ///< per replica per step
+};
+
+/// "" when `layout` can run `m` with `t`, else why not, naming the config keys (heads % tp,
+/// kv_heads % tp, layers % (pp·v), global_batch % (dp·microbatch), the schedule's own rules).
+std::string layout_error(const ModelShape& m, const Training& t, const Layout& l);
+
+/// The estimate of `layout` (valid: layout_error is ""). Memory per term (docs/plan.md):
+/// weights, gradients, master weights and optimizer states (ZeRO's 2Ψ + 2Ψ + KΨ split over the
+/// stages, TP ranks and, per ZeRO stage, the DP group), fp8 weight copies, activations per layer
+/// (Korthikanti et al. 2022, Table 2, generalised to the shape) times the layers of a chunk times
+/// the (microbatch, chunk) pairs the schedule holds (core/pipeline's peak bound), the logits,
+/// communication buffers and the system's reserve. Time: GEMM FLOPs at the system's peak times
+/// its efficiency, TP collectives per layer, pipeline send/recv, the schedule's idle time
+/// (bubble_time_theory), the exposed DP/ZeRO collectives and the optimizer's memory traffic.
+/// Throws std::invalid_argument when the system has no peak for the recipe's format.
+Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const System& s);
+
+/// One layout the search tried.
+struct Candidate {
+  Layout layout;
+  Training training;   ///< the searched microbatch and recompute
+  Estimate est;
+  std::string rejected;  ///< "" when it fits; else why not (does not divide; memory, by how much)
+};
+/// Every layout of `devices` devices: dp·tp·pp = devices, tp a divisor of the heads and within
+/// a node, microbatch 1, 2, 4, 8 (dividing the replica's batch), ZeRO 0-3, recompute none,
+/// selective, full; the schedule, virtual stages, sequence parallelism and overlap of `base`.
+/// Sorted: fitting layouts by step time, then the rest by how far they miss.
+std::vector<Candidate> search(const ModelShape& m, const Training& t, const Layout& base, const System& s,
+                              int64_t devices);
+
+}  // namespace mpt::plan

@@ -1,0 +1,454 @@
+/*
+ * mpt plan — from the miniature to the cluster: memory per device and step time of a layout
+ * (dp × tp × pp, virtual stages, sequence parallelism, ZeRO stage, schedule) for a model, a
+ * precision recipe and a machine, term by term, each term named after its formula and source.
+ *
+ *  1. model:   parameters (Megatron-LM's count, generalised to GQA, SwiGLU, RMSNorm) and FLOPs
+ *              per token (Narayanan et al. 2021, §5.1).
+ *  2. memory:  weights, gradients, master weights, optimizer states (ZeRO's 2Ψ + 2Ψ + KΨ, split
+ *              per ZeRO stage), fp8 weight copies, activations (Korthikanti et al. 2022, Table 2)
+ *              times the pairs the schedule holds (core/pipeline's schedules replayed), logits,
+ *              communication buffers, the system's reserve — and whether it fits.
+ *  3. time:    GEMM FLOPs at the system's peak × its one GEMM efficiency, TP collectives per
+ *              layer, pipeline send/recv, the schedule's idle time (bubble_time_theory), the DP /
+ *              ZeRO collectives left after overlap, the optimizer's memory traffic; tokens/s,
+ *              MFU, achieved FLOP/s per device and the time to train on /train/tokens.
+ *  4. search:  (--search N) every layout of the model on N devices, ranked by step time among
+ *              those that fit, with the reason each rejected one fails.
+ *  5. published (--set published=true): the model against published runs (the ZeRO paper's
+ *              Figure 1, Megatron-LM's Table 1), each row with its error.
+ *
+ * Pure arithmetic: no tensors, no processes. The formulas live in core/plan; docs/plan.md has each.
+ *
+ *   mpt plan
+ *   mpt plan --search 1024
+ *   mpt plan --set model.preset=gpt3-175b --set system=a100-80gb-dgx --set layout.tp=8 --set layout.pp=8
+ */
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <unistd.h>
+
+#include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "core/io/config.hpp"
+#include "core/pipeline/schedule.hpp"
+#include "core/plan/plan.hpp"
+
+namespace mpt {
+
+namespace {
+
+namespace pl = mpt::plan;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> n{"custom"};
+  for (const auto& m : pl::presets()) n.push_back(m.name);
+  return n;
+}
+
+ConfigSpec plan_spec() {
+  ConfigSpec s;
+  s.choice("/model/preset", "llama3-70b", preset_names(),
+           "a named shape, or custom (then layers, hidden, heads, vocab, sequence and style are required)");
+  const char* keep = "; 0: the preset's";
+  s.integer("/model/layers", 0, std::string("transformer blocks") + keep, 0, 1 << 20);
+  s.integer("/model/hidden", 0, std::string("model width") + keep, 0, 1 << 24);
+  s.integer("/model/heads", 0, std::string("attention heads") + keep, 0, 1 << 20);
+  s.integer("/model/kv_heads", 0, std::string("key/value heads (grouped-query attention)") + keep + " (custom: = heads)", 0,
+            1 << 20);
+  s.integer("/model/ffn", 0, std::string("MLP hidden width") + keep + " (custom gpt: 4 x hidden)", 0, 1 << 26);
+  s.integer("/model/vocab", 0, std::string("vocabulary") + keep, 0, 1 << 26);
+  s.integer("/model/sequence", 0, std::string("tokens per sample") + keep, 0, 1 << 24);
+  s.choice("/model/style", "preset", {"preset", "gpt", "llama"},
+           "gpt: LayerNorm, GELU, biases, learned positions, dropout; llama: RMSNorm, SwiGLU, no biases, RoPE, no "
+           "dropout; preset: the preset's");
+  s.choice("/model/tied", "preset", {"preset", "true", "false"}, "output head shares the token embedding");
+  s.integer("/train/global_batch", 512, "samples per optimizer step", 1, 1LL << 40);
+  s.integer("/train/microbatch", 1, "samples per forward/backward on one replica", 1, 1 << 20);
+  s.choice("/train/recipe", "bf16", {"fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-blockwise", "mxfp8"},
+           "precision: fp32; bf16/fp16 with fp32 master weights; fp8 GEMMs with bf16 weights and fp32 master");
+  s.choice("/train/optimizer", "adam", {"adam", "sgd-momentum", "sgd"}, "optimizer (its states per parameter)");
+  s.choice("/train/recompute", "selective", {"none", "selective", "full"},
+           "activation recompute (Korthikanti et al. 2022): none, selective (attention scores), full (every layer)");
+  s.boolean("/train/flash_attention", true,
+            "attention as one fused kernel (FlashAttention): no s x s scores stored or streamed through memory");
+  s.boolean("/train/fp32_grads", false, "gradients kept in fp32 (Megatron-LM's main_grad) rather than in the weights' format");
+  s.number("/train/tokens", 15e12, "tokens to train on (the time-to-train line)", 0, 1e18);
+  s.integer("/layout/dp", 4, "data-parallel replicas", 1, 1 << 24);
+  s.integer("/layout/tp", 8, "tensor-parallel ranks", 1, 1 << 16);
+  s.integer("/layout/pp", 2, "pipeline stages", 1, 1 << 16);
+  s.integer("/layout/virtual_stages", 1, "model chunks per stage (interleaved-1f1b: >= 2; zb-v: 2)", 1, 1 << 10);
+  s.boolean("/layout/sequence_parallel", true, "sequence parallelism with TP (Korthikanti et al. 2022)");
+  s.integer("/layout/zero", 1, "ZeRO stage over the data-parallel group (0-3)", 0, 3);
+  s.choice("/layout/schedule", "1f1b", schedule_names(), "pipeline schedule (core/pipeline)");
+  s.boolean("/layout/overlap_dp", true, "the gradient reduction overlaps the last microbatch's backward");
+  s.string("/system", "h100-sxm-dgx",
+           "a shipped system (configs/systems/<name>.json: a100-80gb-dgx, h100-sxm-dgx, h200-sxm-dgx) or a path to one");
+  s.integer("/search/devices", 0, "search every layout on this many devices (--search N); 0: no search", 0, 1 << 24);
+  s.integer("/search/top", 10, "layouts shown by the search", 1, 1000);
+  s.boolean("/published", false, "also compare the model with published runs (ZeRO Figure 1, Megatron-LM Table 1)");
+  return s;
+}
+
+// The model the config names: a preset with the keys that are set (non-zero) overriding it.
+pl::ModelShape model_from(const Config& cfg) {
+  const std::string name = cfg.str("/model/preset");
+  const bool custom = name == "custom";
+  pl::ModelShape m = custom ? pl::ModelShape{} : pl::preset(name);
+  m.name = name;
+  const std::string style = cfg.str("/model/style");
+  if (custom && style == "preset")
+    throw ConfigError("/model/style: expected \"gpt\" or \"llama\" for /model/preset = custom, got \"preset\"");
+  if (style == "gpt" || style == "llama") {
+    const bool llama = style == "llama";
+    m.swiglu = m.rmsnorm = llama;
+    m.bias = m.learned_positions = m.dropout = !llama;
+    m.tied = false;
+  }
+  auto take = [&](const char* key, int64_t& field) {
+    const std::string ptr = std::string("/model/") + key;
+    const long long v = cfg.integer(ptr);
+    if (v > 0) field = v;
+    else if (custom) throw ConfigError(ptr + ": expected an integer >= 1 for /model/preset = custom, got 0");
+  };
+  take("layers", m.layers);
+  take("hidden", m.hidden);
+  take("heads", m.heads);
+  take("vocab", m.vocab);
+  take("sequence", m.sequence);
+  if (cfg.integer("/model/kv_heads") > 0) m.kv_heads = cfg.integer("/model/kv_heads");
+  else if (custom) m.kv_heads = m.heads;
+  if (cfg.integer("/model/ffn") > 0) m.ffn = cfg.integer("/model/ffn");
+  else if (custom && style == "gpt") m.ffn = 4 * m.hidden;
+  else if (custom) throw ConfigError("/model/ffn: expected an integer >= 1 for a custom llama-style model, got 0");
+  if (cfg.str("/model/tied") != "preset") m.tied = cfg.str("/model/tied") == "true";
+  if (m.kv_heads > m.heads)
+    throw ConfigError(fmt::format("/model/kv_heads: expected at most /model/heads = {}, got {}", m.heads, m.kv_heads));
+  return m;
+}
+
+pl::Training training_from(const Config& cfg) {
+  pl::Training t;
+  t.global_batch = cfg.integer("/train/global_batch");
+  t.microbatch = cfg.integer("/train/microbatch");
+  t.recipe = cfg.str("/train/recipe");
+  t.optimizer = cfg.str("/train/optimizer");
+  t.recompute = cfg.str("/train/recompute");
+  t.flash_attention = cfg.boolean("/train/flash_attention");
+  t.fp32_grads = cfg.boolean("/train/fp32_grads");
+  t.tokens = cfg.number("/train/tokens");
+  return t;
+}
+
+pl::Layout layout_from(const Config& cfg) {
+  pl::Layout l;
+  l.dp = cfg.integer("/layout/dp");
+  l.tp = cfg.integer("/layout/tp");
+  l.pp = cfg.integer("/layout/pp");
+  l.virtual_stages = cfg.integer("/layout/virtual_stages");
+  l.sequence_parallel = cfg.boolean("/layout/sequence_parallel");
+  l.zero = static_cast<int>(cfg.integer("/layout/zero"));
+  l.schedule = cfg.str("/layout/schedule");
+  l.overlap_dp = cfg.boolean("/layout/overlap_dp");
+  return l;
+}
+
+// configs/systems beside the binary's checkout (build/mpt -> configs/systems), or under the
+// working directory.
+std::vector<std::filesystem::path> system_dirs() {
+  std::vector<std::filesystem::path> dirs;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    dirs.push_back(exe.parent_path().parent_path() / "configs" / "systems");
+    dirs.push_back(exe.parent_path() / "configs" / "systems");
+  }
+  dirs.push_back(std::filesystem::current_path(ec) / "configs" / "systems");
+  return dirs;
+}
+
+/// The system `/system` names: a path (it has a '/' or ends in .json), else a shipped name.
+/// Throws ConfigError naming /system, or the file and the field.
+pl::System load_system(const std::string& spec) {
+  std::string path = spec;
+  const bool is_path = spec.find('/') != std::string::npos ||
+                       (spec.size() > 5 && spec.compare(spec.size() - 5, 5, ".json") == 0);
+  if (!is_path) {
+    path.clear();
+    std::vector<std::string> shipped;
+    for (const auto& d : system_dirs()) {
+      std::error_code ec;
+      if (path.empty() && std::filesystem::is_regular_file(d / (spec + ".json"), ec)) path = (d / (spec + ".json")).string();
+      if (shipped.empty() && std::filesystem::is_directory(d, ec))
+        for (const auto& f : std::filesystem::directory_iterator(d, ec))
+          if (f.path().extension() == ".json") shipped.push_back(f.path().stem().string());
+    }
+    if (path.empty()) {
+      std::sort(shipped.begin(), shipped.end());
+      throw ConfigError(fmt::format("/system: no shipped system named \"{}\" (expected one of: {}; or a path to a "
+                                    "system file)", spec, shipped.empty() ? std::string("none found") : fmt::format("{}", fmt::join(shipped, ", "))));
+    }
+  }
+  return pl::parse_system(read_json_file(path, "system file"), "system file " + path);
+}
+
+void validate_plan(const Config& cfg, int) {
+  const auto m = model_from(cfg);
+  const auto t = training_from(cfg);
+  const auto sys = load_system(cfg.str("/system"));
+  if (sys.peak_for(t.recipe) <= 0)
+    throw ConfigError(fmt::format("/train/recipe = {}: the system \"{}\" ({}) has no {} peak (its peak_tflops lists 0)",
+                                  t.recipe, cfg.str("/system"), sys.name, t.recipe));
+  if (cfg.integer("/search/devices") == 0) {
+    const std::string why = pl::layout_error(m, t, layout_from(cfg));
+    if (!why.empty()) throw ConfigError(why);
+  }
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f}", bytes / kGiB); }
+
+std::string human_time(double s) {
+  if (s < 120) return fmt::format("{:.3g} s", s);
+  if (s < 7200) return fmt::format("{:.3g} min", s / 60);
+  if (s < 2 * 86400) return fmt::format("{:.3g} h", s / 3600);
+  return fmt::format("{:.3g} days", s / 86400);
+}
+
+// ----------------------------------------------------------------------------
+// 1. The model
+// ----------------------------------------------------------------------------
+Table model_table(const pl::ModelShape& m, const pl::Training& t) {
+  Table tb{"model", fmt::format("Model: {} ({} layers, hidden {}, {} heads / {} K/V, ffn {}, vocab {}, sequence {})", m.name,
+                                m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.sequence),
+           {text_col("name", "term"), sci_col("value", "value", "-", 5), text_col("formula", "formula")}};
+  const auto pc = pl::count_params(m);
+  tb.rows.push_back({{"name", "parameters"}, {"value", pc.total}, {"formula", "L x per layer + embedding + positions + head + norm"}});
+  tb.rows.push_back({{"name", "per layer"}, {"value", pc.per_layer},
+                     {"formula", m.swiglu ? "2h^2 + 2h·kv + 3hf + norms" : "2h^2 + 2h·kv + 2hf + biases + norms (12h^2 + 13h at f = 4h)"}});
+  tb.rows.push_back({{"name", "embedding"}, {"value", pc.embedding}, {"formula", "V·h"}});
+  tb.rows.push_back({{"name", "head"}, {"value", pc.head}, {"formula", m.tied ? "tied to the embedding: 0" : "V·h"}});
+  tb.rows.push_back({{"name", "positions"}, {"value", pc.positions}, {"formula", m.learned_positions ? "s·h (learned)" : "RoPE: 0"}});
+  const double h = static_cast<double>(m.hidden), s = static_cast<double>(m.sequence);
+  const double per_token = 6 * (static_cast<double>(m.layers) * (pc.matmul_per_layer + 2 * s * h) + static_cast<double>(m.vocab) * h);
+  tb.rows.push_back({{"name", "model FLOPs per token"}, {"value", per_token},
+                     {"formula", "3 passes x (2 x matrix weights + 4sh per layer + 2Vh) (Narayanan et al. 2021, §5.1)"}});
+  tb.notes.push_back(fmt::format("training: global batch {} x {} tokens, microbatch {}, {}, {}, recompute {}", t.global_batch,
+                                 m.sequence, t.microbatch, t.recipe, t.optimizer, t.recompute));
+  return tb;
+}
+
+// ----------------------------------------------------------------------------
+// 2. Memory and 3. time of the configured layout
+// ----------------------------------------------------------------------------
+Table memory_table(const pl::Estimate& e, const pl::Layout& l, const pl::System& sys) {
+  Table tb{"memory",
+           fmt::format("Memory per device ({} stage{}): dp {} x tp {} x pp {}{}, ZeRO-{}, on {}", e.stage,
+                       l.pp > 1 ? " of the pipeline" : "", l.dp, l.tp, l.pp,
+                       l.sequence_parallel && l.tp > 1 ? " (SP)" : "", l.zero, sys.name),
+           {text_col("name", "term"), int_col("bytes", "bytes", "B"), text_col("gib", "GiB"), text_col("formula", "formula")}};
+  for (const auto& term : e.memory)
+    tb.rows.push_back({{"name", term.name}, {"bytes", std::llround(term.value)}, {"gib", gib(term.value)}, {"formula", term.formula}});
+  tb.rows.push_back({{"name", "total"}, {"bytes", std::llround(e.memory_bytes)}, {"gib", gib(e.memory_bytes)},
+                     {"formula", fmt::format("{} the {:.0f} GiB of a device", e.fits ? "fits" : "DOES NOT FIT", sys.memory_bytes / kGiB)}});
+  return tb;
+}
+
+Table time_table(const pl::Estimate& e, const pl::Layout& l, const pl::Training& t, const pl::System& sys) {
+  Table tb{"time", fmt::format("Step time ({} devices, {} microbatches per replica)", l.devices(), e.microbatches),
+           {text_col("name", "term"), float_col("seconds", "time", "s"), pct_col("share", "share", 1), text_col("formula", "formula")}};
+  for (const auto& term : e.time)
+    tb.rows.push_back({{"name", term.name}, {"seconds", term.value}, {"share", term.value / e.step_s}, {"formula", term.formula}});
+  tb.rows.push_back({{"name", "step"}, {"seconds", e.step_s}, {"share", 1.0}, {"formula", "the sum"}});
+  tb.notes.push_back(fmt::format("{:.0f} tokens/s; MFU {:.1f}% (model FLOPs / (step x devices x {:.0f} TFLOP/s)); {:.1f} TFLOP/s "
+                                 "per device counting the recompute (Megatron-LM's 'achieved')",
+                                 e.tokens_per_s, e.mfu * 100, sys.peak_for(t.recipe) / 1e12, e.flops_per_device / 1e12));
+  if (t.tokens > 0)
+    tb.notes.push_back(fmt::format("{:.3g} tokens take {} on {} devices", t.tokens, human_time(e.time_to_train_s), l.devices()));
+  return tb;
+}
+
+// ----------------------------------------------------------------------------
+// 4. Search
+// ----------------------------------------------------------------------------
+Table search_table(const std::vector<pl::Candidate>& cs, int64_t devices, int64_t top, const pl::System& sys) {
+  Table tb{"search", fmt::format("Search: every layout on {} devices, fastest first among those that fit", devices),
+           {text_col("name", "rank"), int_col("dp", "dp"), int_col("tp", "tp"), int_col("pp", "pp"), int_col("microbatch", "mb"),
+            int_col("zero", "zero"), text_col("recompute", "recompute"), float_col("memory_gib", "memory", "GiB"),
+            float_col("step_s", "step", "s"), sci_col("tokens_per_s", "tokens/s", "-", 4), pct_col("mfu", "MFU", 1),
+            text_col("verdict", "verdict")}};
+  int64_t fit = 0, no_fit = 0, bad = 0;
+  std::map<std::string, int64_t> reasons;
+  for (const auto& c : cs) {
+    if (c.rejected.empty()) ++fit;
+    else if (c.est.memory_bytes > 0) ++no_fit;
+    else {
+      ++bad;
+      reasons[c.rejected.substr(0, c.rejected.find(' '))]++;
+    }
+  }
+  auto row = [&](const pl::Candidate& c, const std::string& name) {
+    return json{{"name", name},
+                {"dp", c.layout.dp},
+                {"tp", c.layout.tp},
+                {"pp", c.layout.pp},
+                {"microbatch", c.training.microbatch},
+                {"zero", c.layout.zero},
+                {"recompute", c.training.recompute},
+                {"memory_gib", c.est.memory_bytes / kGiB},
+                {"step_s", c.est.step_s},
+                {"tokens_per_s", c.est.tokens_per_s},
+                {"mfu", c.est.mfu},
+                {"verdict", c.rejected.empty() ? std::string("fits") : c.rejected}};
+  };
+  int64_t shown = 0;
+  for (const auto& c : cs) {
+    if (shown >= top) break;
+    if (!c.rejected.empty() && fit > 0) break;
+    if (c.est.memory_bytes <= 0) break;  // does not divide: counted below
+    tb.rows.push_back(row(c, std::to_string(++shown)));
+  }
+  tb.notes.push_back(fmt::format("{} layouts tried: {} fit, {} need more than the {:.0f} GiB of a device, {} do not divide",
+                                 cs.size(), fit, no_fit, sys.memory_bytes / kGiB, bad));
+  for (const auto& [key, n] : reasons) tb.notes.push_back(fmt::format("  {} x: {}", n, key));
+  if (fit == 0 && no_fit > 0)
+    tb.notes.push_back("NOTHING FITS: the rows are the closest layouts, with how much memory each misses by");
+  if (fit == 0 && no_fit == 0) tb.notes.push_back("NOTHING FITS: no layout divides the model on these devices");
+  return tb;
+}
+
+// ----------------------------------------------------------------------------
+// 5. Published runs
+// ----------------------------------------------------------------------------
+struct PublishedRow {
+  std::string name;      // row id
+  std::string source;    // paper, table
+  std::string quantity;  // what is compared
+  double published = 0;
+  double predicted = 0;
+  double goal = 0;       // relative error the issue sets
+};
+
+std::vector<PublishedRow> zero_figure1() {
+  // Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, K = 12, N_d = 64, GB = 1e9 bytes
+  pl::Training t;
+  t.recipe = "fp16";
+  t.optimizer = "adam";
+  const double psi = 7.5e9;
+  const std::vector<std::pair<std::string, double>> stages = {{"baseline", 120}, {"P_os", 31.4}, {"P_os+g", 16.6}, {"P_os+g+p", 1.9}};
+  std::vector<PublishedRow> rows;
+  for (int z = 0; z < 4; ++z)
+    rows.push_back({"zero_fig1_" + stages[static_cast<std::size_t>(z)].first, "Rajbhandari et al. 2020, Figure 1",
+                    "model states per GPU, GB", stages[static_cast<std::size_t>(z)].second,
+                    pl::model_states(psi, t, z, 64).total() / 1e9, 0.02});
+  return rows;
+}
+
+// Narayanan et al. 2021, Table 1 (weak scaling on Selene's A100-80GB, 8 per node, HDR 200 Gb/s per
+// GPU): s = 2048, V = 51,200, fp16, full recompute, shared word embeddings; the microbatch, the
+// model chunks and the DDP implementation of each row from NVIDIA/Megatron-LM's reproduction
+// script (examples/sc21/run_table_1.sh): "torch" DDP overlaps the all-reduce with the backward,
+// "local" does not. Achieved TFLOP/s per GPU counts eq. 3's FLOPs (recompute included).
+struct MegatronRow {
+  const char* name;
+  int64_t heads, hidden, layers, t, p, gpus, batch, microbatch, v;
+  bool torch_ddp;
+  double tflops;
+};
+const MegatronRow kMegatronTable1[] = {
+    {"1.7B", 24, 2304, 24, 1, 1, 32, 512, 16, 1, true, 137},      {"3.6B", 32, 3072, 30, 2, 1, 64, 512, 16, 1, true, 138},
+    {"7.5B", 32, 4096, 36, 4, 1, 128, 512, 16, 1, true, 142},     {"18.4B", 48, 6144, 40, 8, 1, 256, 1024, 8, 1, true, 135},
+    {"39.1B", 64, 8192, 48, 8, 2, 512, 1536, 4, 1, false, 138},   {"76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 2, 3, false, 140},
+    {"145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 2, 2, false, 148}, {"310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 1, 2, false, 155},
+    {"529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 1, 3, false, 163}, {"1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 1, 1, false, 163},
+};
+
+std::vector<PublishedRow> megatron_table1(const pl::System& a100) {
+  std::vector<PublishedRow> rows;
+  for (const auto& r : kMegatronTable1) {
+    pl::ModelShape m = pl::preset("megatron-1t");
+    m.heads = m.kv_heads = r.heads;
+    m.hidden = r.hidden;
+    m.ffn = 4 * r.hidden;
+    m.layers = r.layers;
+    pl::Training t;
+    t.global_batch = r.batch;
+    t.microbatch = r.microbatch;
+    t.recipe = "fp16";
+    t.recompute = "full";
+    t.flash_attention = false;  // 2021: scale-mask-softmax and dropout kernels over the s² scores
+    pl::Layout l;
+    l.tp = r.t;
+    l.pp = r.p;
+    l.dp = r.gpus / (r.t * r.p);
+    l.virtual_stages = r.v;
+    l.schedule = r.v > 1 ? "interleaved-1f1b" : "1f1b";
+    l.sequence_parallel = false;
+    l.zero = 0;
+    l.overlap_dp = r.torch_ddp;
+    const auto e = pl::estimate(m, t, l, a100);
+    rows.push_back({std::string("megatron_") + r.name, "Narayanan et al. 2021, Table 1", "TFLOP/s per GPU (eq. 3)", r.tflops,
+                    e.flops_per_device / 1e12, 0.10});
+  }
+  return rows;
+}
+
+Table published_table(const std::vector<PublishedRow>& rows, Report& report) {
+  Table tb{"published", "Published runs against the model (each row's own configuration; one GEMM efficiency per system)",
+           {text_col("name", "row"), text_col("quantity", "quantity"), float_col("published", "published"),
+            float_col("predicted", "predicted"), pct_col("error", "error", 1), text_col("source", "source")}};
+  for (const auto& r : rows) {
+    const double err = (r.predicted - r.published) / r.published;
+    tb.rows.push_back({{"name", r.name}, {"quantity", r.quantity}, {"published", r.published}, {"predicted", r.predicted},
+                       {"error", err}, {"source", r.source}});
+    report.check("published_" + r.name, std::fabs(err), r.goal,
+                 fmt::format("{}: {:.4g} predicted, {:.4g} published ({})", r.quantity, r.predicted, r.published, r.source));
+  }
+  tb.notes.push_back("ZeRO's figures are printed to 3 significant digits (1.875 GB shows as 1.9): the error is the rounding");
+  return tb;
+}
+
+Report run_plan(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  const auto m = model_from(cfg);
+  const auto t = training_from(cfg);
+  const auto l = layout_from(cfg);
+  const auto sys = load_system(cfg.str("/system"));
+  report.add(model_table(m, t));
+  const int64_t devices = cfg.integer("/search/devices");
+  if (devices == 0) {
+    const auto e = pl::estimate(m, t, l, sys);
+    report.add(memory_table(e, l, sys));
+    report.add(time_table(e, l, t, sys));
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    const auto cs = pl::search(m, t, l, sys, devices);
+    report.timings["search_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.add(search_table(cs, devices, cfg.integer("/search/top"), sys));
+  }
+  if (cfg.boolean("/published")) {
+    auto rows = zero_figure1();
+    for (auto& r : megatron_table1(load_system("a100-80gb-dgx"))) rows.push_back(std::move(r));
+    report.add(published_table(rows, report));
+  }
+  report.env["system"] = sys.name;
+  return report;
+}
+
+}  // namespace
+
+Experiment plan_experiment() {
+  Experiment e;
+  e.name = "plan";
+  e.summary = "Memory and step time of a DP x TP x PP x ZeRO layout at any scale, term by term; --search N ranks every layout";
+  e.spec = plan_spec;
+  e.validate = validate_plan;
+  e.run = run_plan;
+  e.aliases = {{"search", "/search/devices", "Search every layout on N devices (= --set search.devices=N)"}};
+  return e;
+}
+
+}  // namespace mpt

@@ -1,0 +1,22 @@
+# `mpt plan` CLI cases (see cli_case in tests/CMakeLists.txt): pure arithmetic, no processes.
+cli_case(plan_defaults 0 "fits the 80 GiB of a device" plan)
+cli_case(plan_search 0 "1824 layouts tried: [0-9]+ fit" plan --search 1024)
+# Published runs: ZeRO Figure 1 within 2 %, Megatron-LM's Table 1 within 10 % (each a check).
+cli_case(plan_published 0 "OK: 14 of 14 checks passed" plan --set published=true)
+cli_case(plan_gpt3_on_a100 0 "gpt3-175b" plan --set model.preset=gpt3-175b --set system=a100-80gb-dgx
+         --set layout.pp=8 --set layout.dp=8 --set train.global_batch=1536 --set train.recipe=fp16)
+# Nothing fits: 405B on 8 devices; the closest layouts and how much each misses by.
+cli_case(plan_search_nothing_fits 0 "NOTHING FITS: the rows are the closest layouts" plan --set model.preset=llama3-405b --search 8)
+# bad input: exit 2 naming the keys
+cli_case(plan_bad_tp 2 "/model/heads = 64 is not a multiple of /layout/tp = 3" plan --set layout.tp=3)
+cli_case(plan_bad_layers 2 "/model/layers = 80 is not a multiple of /layout/pp · /layout/virtual_stages = 3 · 1" plan --set layout.pp=3)
+cli_case(plan_bad_batch 2 "/train/global_batch = 510 is not a multiple of /layout/dp · /train/microbatch = 4 · 1" plan
+         --set train.global_batch=510)
+cli_case(plan_bad_custom 2 "/model/style: expected \"gpt\" or \"llama\" for /model/preset = custom" plan --set model.preset=custom)
+cli_case(plan_bad_system_name 2 "/system: no shipped system named \"h300\" \\(expected one of: a100-80gb-dgx, h100-sxm-dgx, h200-sxm-dgx"
+         plan --set system=h300)
+cli_case(plan_bad_system_file 2 "tests/cli/bad/plan_system_missing.json: /inter_node/all_reduce/busbw_gbps: missing" plan
+         --set system=tests/cli/bad/plan_system_missing.json)
+cli_case(plan_bad_system_zero 2 "/memory_gib: expected a finite number > 0, got 0" plan --set system=tests/cli/bad/plan_system_zero.json)
+cli_case(plan_no_fp8_on_a100 2 "the system \"a100-80gb-dgx\" .* has no fp8-tensorwise peak" plan --set system=a100-80gb-dgx
+         --set train.recipe=fp8-tensorwise)

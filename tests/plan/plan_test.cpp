@@ -1,0 +1,216 @@
+// core/plan: each term against the closed form of its source, computed here independently.
+#include "core/plan/plan.hpp"
+
+#include <cmath>
+
+#include "catch.hpp"
+#include "core/errors.hpp"
+
+using namespace mpt::plan;
+
+namespace {
+
+System test_system() {
+  nlohmann::json link = {{"busbw_gbps", 100}, {"latency_us", 10}};
+  nlohmann::json l = {{"all_reduce", link}, {"all_gather", link}, {"reduce_scatter", link}, {"send_recv", link}};
+  nlohmann::json j = {{"name", "test"},
+                      {"devices_per_node", 8},
+                      {"memory_gib", 80},
+                      {"reserved_gib", 0},
+                      {"peak_tflops", {{"fp32", 20}, {"bf16", 300}, {"fp16", 300}, {"fp8", 0}}},
+                      {"gemm_efficiency", 0.5},
+                      {"memory_bandwidth_gbps", 2000},
+                      {"intra_node", l},
+                      {"inter_node", l}};
+  return parse_system(j, "test");
+}
+
+double term(const Estimate& e, const std::string& name) {
+  for (const auto& t : e.memory)
+    if (t.name == name) return t.value;
+  for (const auto& t : e.time)
+    if (t.name == name) return t.value;
+  FAIL("no term " << name);
+  return 0;
+}
+
+ModelShape gpt(int64_t layers, int64_t h, int64_t a, int64_t s) {
+  ModelShape m = preset("megatron-1t");
+  m.layers = layers;
+  m.hidden = h;
+  m.heads = m.kv_heads = a;
+  m.ffn = 4 * h;
+  m.sequence = s;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("parameter counts: Megatron-LM's eq. 2 plus the final LayerNorm, and Llama 3 8B's 8,030,261,248", "[plan]") {
+  // Narayanan et al. 2021, eq. 2: P = 12lh²(1 + 13/12h + (V + s)/12lh) = 12lh² + 13lh + (V + s)h
+  const auto& m = preset("megatron-1t");
+  const double l = 128, h = 25600, V = 51200, s = 2048;
+  const double eq2 = 12 * l * h * h + 13 * l * h + (V + s) * h;
+  CHECK(count_params(m).total == eq2 + 2 * h);
+  CHECK(std::round(eq2 / 1e8) / 10 == 1008.0);  // the paper's 1008.0B
+  CHECK(count_params(preset("llama3-8b")).total == 8030261248.0);
+}
+
+TEST_CASE("model states: ZeRO Figure 1 (Ψ = 7.5B, K = 12, N_d = 64)", "[plan]") {
+  Training t;
+  t.recipe = "fp16";
+  t.optimizer = "adam";
+  const double psi = 7.5e9;
+  CHECK(model_states(psi, t, 0, 64).total() == 16 * psi);                      // 120 GB
+  CHECK(model_states(psi, t, 1, 64).total() == 4 * psi + 12 * psi / 64);       // 31.4 GB
+  CHECK(model_states(psi, t, 2, 64).total() == 2 * psi + 14 * psi / 64);       // 16.6 GB
+  CHECK(model_states(psi, t, 3, 64).total() == 16 * psi / 64);                 // 1.9 GB
+  t.recipe = "fp32";
+  CHECK(model_states(psi, t, 0, 64).total() == 16 * psi);  // 4 + 4 + Adam's 8, no master copy
+  t.optimizer = "sgd";
+  CHECK(model_states(psi, t, 1, 64).total() == 8 * psi);
+}
+
+TEST_CASE("activations per layer: Korthikanti et al. 2022, Table 2", "[plan]") {
+  const int64_t L = 8, h = 1024, a = 16, s = 512;
+  const auto m = gpt(L, h, a, s);
+  Training tr;
+  tr.global_batch = 4;
+  tr.microbatch = 2;
+  tr.recipe = "bf16";
+  tr.flash_attention = false;  // Korthikanti et al. store the scores
+  const double b = 2, sbh = s * b * h;
+  const System sys = test_system();
+  for (int64_t t : {1, 2, 4}) {
+    Layout lay;
+    lay.tp = t;
+    lay.dp = 1;
+    for (const char* rc : {"none", "selective", "full"}) {
+      for (bool sp : {false, true}) {
+        lay.sequence_parallel = sp;
+        tr.recompute = rc;
+        REQUIRE(layout_error(m, tr, lay).empty());
+        const double got = term(estimate(m, tr, lay, sys), "activations");
+        double per = 0;
+        const double tt = static_cast<double>(t);
+        if (std::string(rc) == "full") per = sp ? 2 * sbh / tt : 2 * sbh;
+        else if (std::string(rc) == "selective") per = sp ? 34 * sbh / tt : sbh * (10 + 24 / tt);
+        else per = sp ? sbh / tt * (34 + 5.0 * a * s / h) : sbh * (10 + 24 / tt + 5.0 * a * s / (h * tt));
+        INFO("t = " << t << ", recompute " << rc << ", sp " << sp);
+        CHECK(std::fabs(got - L * per) <= 1e-12 * L * per);
+      }
+    }
+  }
+}
+
+TEST_CASE("pipelined activations: 1F1B's first stage holds L layers' worth, GPipe all m microbatches", "[plan]") {
+  auto m = gpt(8, 1024, 16, 512);
+  m.vocab = 64;  // the last stage's logits stay small: the first stage holds most
+  Training tr;
+  tr.global_batch = 8;
+  tr.microbatch = 1;
+  tr.recompute = "full";
+  Layout lay;
+  lay.pp = 4;
+  const System sys = test_system();
+  const double per_layer = 2.0 * 512 * 1024;  // 2sbh
+  lay.schedule = "1f1b";
+  auto e = estimate(m, tr, lay, sys);
+  CHECK(e.stage == "first");
+  CHECK(term(e, "activations") == 8 * per_layer);  // p = 4 microbatches of 2 layers
+  lay.schedule = "gpipe";
+  CHECK(term(estimate(m, tr, lay, sys), "activations") == 8 * 2 * per_layer);  // m = 8 microbatches of 2 layers
+}
+
+TEST_CASE("FLOPs: Narayanan et al. 2021 eq. 3 with full recompute; the model FLOPs without", "[plan]") {
+  const int64_t L = 24, h = 2304, a = 24, s = 2048;
+  auto m = gpt(L, h, a, s);
+  Training tr;
+  tr.global_batch = 64;
+  tr.microbatch = 4;
+  tr.recompute = "full";
+  tr.recipe = "fp16";
+  Layout lay;
+  lay.dp = 16;
+  const double B = 64, V = 51200, l = L, hh = h, ss = s;
+  const auto e = estimate(m, tr, lay, test_system());
+  const double eq3 = 96 * B * ss * l * hh * hh * (1 + ss / (6 * hh) + V / (16 * l * hh));
+  const double model = 72 * B * ss * l * hh * hh * (1 + ss / (6 * hh) + V / (12 * l * hh));
+  CHECK(std::fabs(e.hardware_flops - eq3) <= 1e-12 * eq3);
+  CHECK(std::fabs(e.model_flops - model) <= 1e-12 * model);
+}
+
+TEST_CASE("layouts that do not divide are refused naming the keys", "[plan]") {
+  const auto m = gpt(6, 1024, 16, 512);
+  Training tr;
+  tr.global_batch = 8;
+  Layout lay;
+  lay.tp = 3;
+  CHECK(layout_error(m, tr, lay).find("/model/heads = 16 is not a multiple of /layout/tp = 3") != std::string::npos);
+  lay.tp = 1;
+  lay.pp = 4;
+  CHECK(layout_error(m, tr, lay).find("/model/layers = 6") != std::string::npos);
+  lay.pp = 2;
+  lay.dp = 3;
+  CHECK(layout_error(m, tr, lay).find("/train/global_batch = 8 is not a multiple of /layout/dp") != std::string::npos);
+  lay.dp = 1;
+  lay.schedule = "interleaved-1f1b";
+  lay.virtual_stages = 3;
+  CHECK(layout_error(m, tr, lay).empty());  // 6 layers = 2 stages x 3 chunks, m = 8 a multiple of p = 2
+  tr.global_batch = 3;  // m = 3: Megatron's interleaved schedule takes microbatches in groups of p
+  CHECK(layout_error(m, tr, lay).find("/layout/schedule = interleaved-1f1b with 3 microbatches") != std::string::npos);
+  tr.global_batch = 8;
+  lay.virtual_stages = 1;
+  CHECK(layout_error(m, tr, lay).find("/layout/virtual_stages") != std::string::npos);
+}
+
+TEST_CASE("search: every fitting layout uses all the devices and they come fastest first", "[plan]") {
+  const auto m = gpt(8, 1024, 16, 512);
+  Training tr;
+  tr.global_batch = 64;
+  const auto cs = search(m, tr, Layout{}, test_system(), 16);
+  REQUIRE_FALSE(cs.empty());
+  double last = 0;
+  bool in_fitting = true;
+  int fitting = 0;
+  for (const auto& c : cs) {
+    if (!c.rejected.empty()) {
+      in_fitting = false;
+      continue;
+    }
+    REQUIRE(in_fitting);  // no fitting layout after a rejected one
+    CHECK(c.layout.devices() == 16);
+    CHECK(c.est.fits);
+    CHECK(c.est.step_s >= last);
+    last = c.est.step_s;
+    ++fitting;
+  }
+  CHECK(fitting > 0);
+}
+
+TEST_CASE("system files: a missing, mistyped or non-positive field is named", "[plan]") {
+  nlohmann::json link = {{"busbw_gbps", 100}, {"latency_us", 10}};
+  nlohmann::json l = {{"all_reduce", link}, {"all_gather", link}, {"reduce_scatter", link}, {"send_recv", link}};
+  nlohmann::json j = {{"name", "x"},
+                      {"devices_per_node", 8},
+                      {"memory_gib", 80},
+                      {"reserved_gib", 1},
+                      {"peak_tflops", {{"fp32", 20}, {"bf16", 300}, {"fp16", 300}, {"fp8", 0}}},
+                      {"gemm_efficiency", 0.5},
+                      {"memory_bandwidth_gbps", 2000},
+                      {"intra_node", l},
+                      {"inter_node", l}};
+  CHECK_NOTHROW(parse_system(j, "f.json"));
+  auto bad = j;
+  bad["inter_node"]["send_recv"].erase("busbw_gbps");
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("f.json: /inter_node/send_recv/busbw_gbps: missing"));
+  bad = j;
+  bad["gemm_efficiency"] = 0;
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/gemm_efficiency: expected a finite number > 0, got 0"));
+  bad = j;
+  bad["memory_gib"] = "80";
+  CHECK_THROWS_AS(parse_system(bad, "f.json"), mpt::ConfigError);
+  bad = j;
+  bad["gemm_eficiency"] = 0.5;
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/gemm_eficiency: unknown field"));
+}
