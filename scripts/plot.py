@@ -610,10 +610,58 @@ def plot_tensorparallel(doc, out, fmt):
     return paths
 
 
+def plot_plan(doc, out, fmt):
+    """`mpt plan`: the memory per device of the layout, term by term (one stacked bar), or with
+    --search the frontier's layouts stacked by term; and the search's frontier: every fitting
+    layout's step time against its memory, the frontier drawn through the best."""
+    paths, res = [], doc["results"]
+    mem = [r for r in res.get("memory", []) if r["name"] != "total"]
+    if mem:
+        few_bars(len(mem), "rows in results.memory")
+        fig, ax = plt.subplots(figsize=(5, 5))
+        bottom = 0.0
+        for r in mem:
+            v = r["bytes"] / 2**30
+            ax.bar(["layout"], [v], bottom=[bottom], label=r["name"])
+            bottom += v
+        ax.set_ylabel("memory per device (GiB)")
+        ax.set_title("Memory per device by term")
+        ax.legend(fontsize=7)
+        save(fig, out, "memory", fmt, paths)
+    front = res.get("frontier", [])
+    if front:
+        few_bars(len(front) * 5, "bars of results.frontier")
+        labels = [f"{r['dp']}x{r['tp']}x{r['pp']} mb{r['microbatch']} z{r['zero']} {r['recompute'][:3]}" for r in front]
+        fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(front) + 2), 5))
+        bottom = [0.0] * len(front)
+        for key, label in (("weights_gib", "weights"), ("gradients_gib", "gradients"),
+                           ("optimizer_gib", "master + optimizer"), ("activations_gib", "activations"),
+                           ("other_gib", "other")):
+            vals = [r[key] for r in front]
+            ax.bar(labels, vals, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_ylabel("memory per device (GiB)")
+        ax.set_title("Frontier layouts (dp x tp x pp): memory by term")
+        ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+        ax.legend(fontsize=7)
+        save(fig, out, "memory_by_layout", fmt, paths)
+        pts = res.get("search_points", [])
+        fig, ax = plt.subplots(figsize=(7, 5))
+        if pts:
+            ax.scatter([p["memory_gib"] for p in pts], [p["step_s"] for p in pts], s=8, alpha=0.4, label="fitting layouts")
+        ax.plot([r["memory_gib"] for r in front], [r["step_s"] for r in front], "r.-", label="frontier")
+        ax.set_xlabel("memory per device (GiB)")
+        ax.set_ylabel("step time (s)")
+        ax.set_title("Search: step time against memory")
+        ax.legend(fontsize=8)
+        save(fig, out, "frontier", fmt, paths)
+    return paths
+
+
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint,
             "collectives": plot_collectives, "shard": plot_shard, "fp8": plot_fp8, "fp4": plot_fp4,
-            "tensorparallel": plot_tensorparallel}
+            "tensorparallel": plot_tensorparallel, "plan": plot_plan}
 
 
 MAX_BYTES = 64 * 2**20  # the most plot.py reads of one result file

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <unistd.h>
 
@@ -319,6 +320,52 @@ Table search_table(const std::vector<pl::Candidate>& cs, int64_t devices, int64_
   return tb;
 }
 
+/// The search's Pareto frontier: the fitting layouts no other beats in both step time and memory,
+/// by memory ascending (each faster than every one before it), with their memory per term.
+Table frontier_table(const std::vector<pl::Candidate>& cs) {
+  Table tb{"frontier", "Frontier: the fastest layout for each memory budget (no other is both faster and smaller)",
+           {text_col("name", "rank"), int_col("dp", "dp"), int_col("tp", "tp"), int_col("pp", "pp"),
+            int_col("microbatch", "mb"), int_col("zero", "zero"), text_col("recompute", "recompute"),
+            float_col("weights_gib", "weights", "GiB"), float_col("gradients_gib", "grads", "GiB"),
+            float_col("optimizer_gib", "master+opt", "GiB"), float_col("activations_gib", "activations", "GiB"),
+            float_col("other_gib", "other", "GiB"), float_col("memory_gib", "memory", "GiB"), float_col("step_s", "step", "s")}};
+  std::vector<const pl::Candidate*> fit;
+  for (const auto& c : cs)
+    if (c.rejected.empty()) fit.push_back(&c);
+  std::stable_sort(fit.begin(), fit.end(), [](const pl::Candidate* a, const pl::Candidate* b) {
+    return a->est.memory_bytes != b->est.memory_bytes ? a->est.memory_bytes < b->est.memory_bytes : a->est.step_s < b->est.step_s;
+  });
+  double best = std::numeric_limits<double>::infinity();
+  int64_t rank = 0;
+  for (const auto* c : fit) {
+    if (c->est.step_s >= best) continue;
+    best = c->est.step_s;
+    std::map<std::string, double> by;
+    for (const auto& term : c->est.memory) by[term.name] += term.value;
+    const double w = by["weights"], g = by["gradients"], o = by["master weights"] + by["optimizer states"],
+                 a = by["activations"];
+    tb.rows.push_back({{"name", std::to_string(++rank)}, {"dp", c->layout.dp}, {"tp", c->layout.tp}, {"pp", c->layout.pp},
+                       {"microbatch", c->training.microbatch}, {"zero", c->layout.zero}, {"recompute", c->training.recompute},
+                       {"weights_gib", w / kGiB}, {"gradients_gib", g / kGiB}, {"optimizer_gib", o / kGiB},
+                       {"activations_gib", a / kGiB}, {"other_gib", (c->est.memory_bytes - w - g - o - a) / kGiB},
+                       {"memory_gib", c->est.memory_bytes / kGiB}, {"step_s", c->est.step_s}});
+  }
+  tb.notes.push_back("other: logits, fp8 weight copies, communication buffers and the system's reserve; "
+                     "results.search_points holds every fitting layout (scripts/plot.py draws them with this frontier)");
+  return tb;
+}
+
+/// Every fitting layout as a point (memory, step time), for scripts/plot.py's frontier plot.
+json search_points(const std::vector<pl::Candidate>& cs) {
+  json pts = json::array();
+  for (const auto& c : cs)
+    if (c.rejected.empty())
+      pts.push_back({{"dp", c.layout.dp}, {"tp", c.layout.tp}, {"pp", c.layout.pp}, {"microbatch", c.training.microbatch},
+                     {"zero", c.layout.zero}, {"recompute", c.training.recompute},
+                     {"memory_gib", c.est.memory_bytes / kGiB}, {"step_s", c.est.step_s}});
+  return pts;
+}
+
 // ----------------------------------------------------------------------------
 // 5. Published runs
 // ----------------------------------------------------------------------------
@@ -428,6 +475,10 @@ Report run_plan(const Context& ctx) {
     const auto cs = pl::search(m, t, l, sys, devices);
     report.timings["search_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     report.add(search_table(cs, devices, cfg.integer("/search/top"), sys));
+    if (std::any_of(cs.begin(), cs.end(), [](const pl::Candidate& c) { return c.rejected.empty(); })) {
+      report.add(frontier_table(cs));
+      report.results["search_points"] = search_points(cs);
+    }
   }
   if (cfg.boolean("/published")) {
     auto rows = zero_figure1();

@@ -20,3 +20,8 @@ cli_case(plan_bad_system_file 2 "tests/cli/bad/plan_system_missing.json: /inter_
 cli_case(plan_bad_system_zero 2 "/memory_gib: expected a finite number > 0, got 0" plan --set system=tests/cli/bad/plan_system_zero.json)
 cli_case(plan_no_fp8_on_a100 2 "the system \"a100-80gb-dgx\" .* has no fp8-tensorwise peak" plan --set system=a100-80gb-dgx
          --set train.recipe=fp8-tensorwise)
+# The plan against mpt's own runs (tests/plan/own_runs.py): shard's model states per rank at ZeRO
+# 0-3 and tensorparallel's activation bytes per layer, each equal to the plan's term plus its
+# named difference (docs/plan.md, "Own runs").
+add_test(NAME cli.plan_own_runs COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/plan/own_runs.py $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
