@@ -140,10 +140,15 @@ int main_cli_in(int argc, char** argv) {
       sub->add_option("--nproc", opts.nproc, "Spawn N worker processes on this machine (= --set nproc=N)");
     else  // hidden: parsed only so that the harness can say which experiments take it
       sub->add_option("--nproc", opts.nproc)->group("");
-    for (const auto& a : e.aliases)
-      sub->add_option_function<std::string>(
-          "--" + a.name, [&alias_sets, ptr = a.pointer](const std::string& v) { alias_sets.push_back(ptr + "=" + v); },
-          a.help);
+    for (const auto& a : e.aliases) {
+      if (a.flag)
+        sub->add_flag_function("--" + a.name, [&alias_sets, ptr = a.pointer](std::int64_t) { alias_sets.push_back(ptr + "=true"); },
+                               a.help);
+      else
+        sub->add_option_function<std::string>(
+            "--" + a.name, [&alias_sets, ptr = a.pointer](const std::string& v) { alias_sets.push_back(ptr + "=" + v); },
+            a.help);
+    }
     sub->footer(config_help(full_spec(e)));
     sub->callback([&chosen, &e] { chosen = &e; });
   }

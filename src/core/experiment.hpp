@@ -57,6 +57,7 @@ struct OptionAlias {
   std::string name;     ///< the option without its dashes, e.g. "search"
   std::string pointer;  ///< the config key it sets, e.g. "/search/devices"
   std::string help;     ///< one line for --help
+  bool flag = false;    ///< takes no value: `--<name>` is `--set <pointer>=true`
 };
 
 /// One subcommand.

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <unistd.h>
@@ -36,6 +37,8 @@
 #include "core/io/config.hpp"
 #include "core/pipeline/schedule.hpp"
 #include "core/plan/plan.hpp"
+#include "core/runtime/runtime.hpp"
+#include "core/runtime/timing.hpp"
 
 namespace mpt {
 
@@ -87,9 +90,15 @@ ConfigSpec plan_spec() {
   s.choice("/layout/schedule", "1f1b", schedule_names(), "pipeline schedule (core/pipeline)");
   s.boolean("/layout/overlap_dp", true, "the gradient reduction overlaps the last microbatch's backward");
   s.string("/system", "h100-sxm-dgx",
-           "a shipped system (configs/systems/<name>.json: a100-80gb-dgx, h100-sxm-dgx, h200-sxm-dgx) or a path to one");
+           "a shipped system (configs/systems/<name>.json: a100-80gb-dgx, h100-sxm-dgx, h200-sxm-dgx, ci-epyc-2cpu), a path to one, or a `mpt plan --calibrate` result file");
   s.integer("/search/devices", 0, "search every layout on this many devices (--search N); 0: no search", 0, 1 << 24);
   s.integer("/search/top", 10, "layouts shown by the search", 1, 1000);
+  s.boolean("/calibrate/enabled", false,
+            "measure this machine instead of planning (--calibrate): GEMM rates, memory bandwidth and, from a "
+            "`mpt collectives` result, the collectives' busbw and latency; the system goes to timings.system, and "
+            "--set system=<this result file> plans with it");
+  s.string("/calibrate/collectives", "results/collectives.json", "the `mpt collectives` result file --calibrate reads");
+  s.integer("/calibrate/gemm_n", 1024, "N of the N x N x N products --calibrate times", 64, 8192);
   s.boolean("/published", false, "also compare the model with published runs (ZeRO Figure 1, Megatron-LM Table 1)");
   return s;
 }
@@ -193,10 +202,19 @@ pl::System load_system(const std::string& spec) {
                                     "system file)", spec, shipped.empty() ? std::string("none found") : fmt::format("{}", fmt::join(shipped, ", "))));
     }
   }
-  return pl::parse_system(read_json_file(path, "system file"), "system file " + path);
+  auto j = read_json_file(path, "system file", kResultLimits);
+  // a `mpt plan --calibrate` result file holds its system under timings.system
+  if (j.is_object() && j.value("experiment", "") == "plan") {
+    if (!j.contains("timings") || !j["timings"].is_object() || !j["timings"].contains("system"))
+      throw ConfigError(fmt::format("/system: {} is a plan result without timings.system (run `mpt plan --calibrate` to "
+                                    "make one)", path));
+    return pl::parse_system(j["timings"]["system"], "system file " + path + " (timings.system)");
+  }
+  return pl::parse_system(j, "system file " + path);
 }
 
 void validate_plan(const Config& cfg, int) {
+  if (cfg.boolean("/calibrate/enabled")) return;  // measures; the model and the layout are not used
   const auto m = model_from(cfg);
   const auto t = training_from(cfg);
   const auto sys = load_system(cfg.str("/system"));
@@ -263,7 +281,7 @@ Table time_table(const pl::Estimate& e, const pl::Layout& l, const pl::Training&
   for (const auto& term : e.time)
     tb.rows.push_back({{"name", term.name}, {"seconds", term.value}, {"share", term.value / e.step_s}, {"formula", term.formula}});
   tb.rows.push_back({{"name", "step"}, {"seconds", e.step_s}, {"share", 1.0}, {"formula", "the sum"}});
-  tb.notes.push_back(fmt::format("{:.0f} tokens/s; MFU {:.1f}% (model FLOPs / (step x devices x {:.0f} TFLOP/s)); {:.1f} TFLOP/s "
+  tb.notes.push_back(fmt::format("{:.0f} tokens/s; MFU {:.1f}% (model FLOPs / (step x devices x {:.4g} TFLOP/s)); {:.4g} TFLOP/s "
                                  "per device counting the recompute (Megatron-LM's 'achieved')",
                                  e.tokens_per_s, e.mfu * 100, sys.peak_for(t.recipe) / 1e12, e.flops_per_device / 1e12));
   if (t.tokens > 0)
@@ -457,7 +475,117 @@ Table published_table(const std::vector<PublishedRow>& rows, Report& report) {
   return tb;
 }
 
+// ----------------------------------------------------------------------------
+// Calibration: this machine as mpt measures it
+// ----------------------------------------------------------------------------
+/// The busbw (GB/s, the largest over sizes) and latency (us, the smallest time: the smallest
+/// size's) of collective `op` in a `mpt collectives` result. Throws ConfigError naming the file.
+json collective_from(const json& d, const std::string& op, const std::string& path) {
+  const auto& t = d.contains("timings") && d["timings"].is_object() ? d["timings"] : json::object();
+  if (!t.contains(op) || !t[op].is_array() || t[op].empty())
+    throw ConfigError(fmt::format("/calibrate/collectives: {} has no timings.{} rows (a `mpt collectives` result with "
+                                  "that operation in /ops is needed)", path, op));
+  double busbw = 0, lat = std::numeric_limits<double>::infinity();
+  for (const auto& r : t[op]) {
+    if (!r.is_object() || !r.contains("busbw_gbps") || !r.contains("time_us") || !r["busbw_gbps"].is_number() ||
+        !r["time_us"].is_number())
+      throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{} rows need numbers busbw_gbps and time_us", path, op));
+    busbw = std::max(busbw, r["busbw_gbps"].get<double>());
+    lat = std::min(lat, r["time_us"].get<double>());
+  }
+  if (!(busbw > 0)) throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{} has no positive busbw", path, op));
+  return {{"busbw_gbps", busbw}, {"latency_us", lat}};
+}
+
+/// Measures this machine into a system (the configs/systems/ format): the fastest of 5 N^3
+/// products per format (a format whose kernels the probe refuses gets 0), the bandwidth of a
+/// 256 MiB copy (read + write), the collectives' busbw and latency from a `mpt collectives`
+/// result (one link: every rank on this machine), the memory per rank (physical memory / ranks)
+/// and the reserve (this process's resident memory before any model: LibTorch's own).
+Report calibrate(const Context& ctx) {
+  const auto& cfg = ctx.cfg;
+  Report report;
+  const std::string path = cfg.str("/calibrate/collectives");
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw ConfigError(fmt::format("/calibrate/collectives: {}: no such file (run `mpt collectives --out {}` first: "
+                                  "--calibrate reads its busbw)", path, path));
+  const json coll = read_json_file(path, "collectives result file", kResultLimits);
+  if (!coll.is_object() || coll.value("experiment", "") != "collectives")
+    throw ConfigError(fmt::format("/calibrate/collectives: {} is no `mpt collectives` result", path));
+  const int64_t ranks = coll.contains("config") && coll["config"].contains("nproc") && coll["config"]["nproc"].is_number_integer()
+                            ? coll["config"]["nproc"].get<int64_t>() : 0;
+  if (ranks < 1) throw ConfigError(fmt::format("/calibrate/collectives: {} has no config.nproc", path));
+  json link = {{"all_reduce", collective_from(coll, "all_reduce", path)},
+               {"all_gather", collective_from(coll, "all_gather", path)},
+               {"reduce_scatter", collective_from(coll, "reduce_scatter", path)},
+               {"send_recv", collective_from(coll, "sendrecv", path)}};
+
+  double rss = 0;  // /proc/self/statm: size resident ... in pages, before this section allocates
+  {
+    std::ifstream statm("/proc/self/statm");
+    double size_pages = 0, resident_pages = 0;
+    if (statm >> size_pages >> resident_pages) rss = resident_pages * static_cast<double>(sysconf(_SC_PAGESIZE));
+  }
+  Table tb{"calibration", fmt::format("This machine as mpt measures it ({} ranks per node, from {})", ranks, path),
+           {text_col("name", "quantity"), float_col("value", "value"), text_col("unit", "unit"), text_col("how", "how")}};
+  const int64_t n = cfg.integer("/calibrate/gemm_n");
+  torch::NoGradGuard no_grad;
+  auto opts = torch::TensorOptions().device(ctx.device);
+  json peaks = json::object();
+  for (auto [name, dtype] : {std::pair<const char*, torch::ScalarType>{"fp32", torch::kFloat32},
+                             {"bf16", torch::kBFloat16},
+                             {"fp16", torch::kFloat16}}) {
+    double tflops = 0;
+    std::string how = fmt::format("fastest of 5 {0}x{0}x{0} torch::mm", n);
+    const auto probe = dtype == torch::kFloat32 ? KernelProbe{} : probe_kernels(ctx.device, dtype);
+    if (dtype != torch::kFloat32 && !probe.native()) {
+      how = "no fast native kernels here: " + probe.reason;
+    } else {
+      auto a = torch::rand({n, n}, opts.dtype(dtype)), b = torch::rand({n, n}, opts.dtype(dtype));
+      const double sec = fastest_seconds([&] { (void)torch::mm(a, b); sync_device(ctx.device); }, 5, 1);
+      tflops = 2.0 * static_cast<double>(n) * n * n / sec / 1e12;
+    }
+    peaks[name] = tflops;
+    tb.rows.push_back({{"name", std::string("peak ") + name}, {"value", tflops}, {"unit", "TFLOP/s"}, {"how", how}});
+  }
+  peaks["fp8"] = 0;
+  const int64_t elems = 64LL << 20;  // 256 MiB of fp32
+  auto src = torch::rand({elems}, opts), dst = torch::empty({elems}, opts);
+  const double copy_s = fastest_seconds([&] { dst.copy_(src); sync_device(ctx.device); }, 5, 1);
+  const double bw = 2.0 * static_cast<double>(elems) * 4 / copy_s / 1e9;
+  tb.rows.push_back({{"name", "memory bandwidth"}, {"value", bw}, {"unit", "GB/s"}, {"how", "fastest of 5 copies of 256 MiB (read + write)"}});
+  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double mem_gib = phys / static_cast<double>(ranks) / kGiB;
+  tb.rows.push_back({{"name", "memory per rank"}, {"value", mem_gib}, {"unit", "GiB"}, {"how", "physical memory / ranks"}});
+  tb.rows.push_back({{"name", "reserved"}, {"value", rss / kGiB}, {"unit", "GiB"}, {"how", "this process's resident memory (LibTorch's own)"}});
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}) {
+    tb.rows.push_back({{"name", std::string(op) + " busbw"}, {"value", link[op]["busbw_gbps"]}, {"unit", "GB/s"},
+                       {"how", "the largest over the collectives result's sizes"}});
+    tb.rows.push_back({{"name", std::string(op) + " latency"}, {"value", link[op]["latency_us"]}, {"unit", "us"},
+                       {"how", "its smallest time (the smallest size)"}});
+  }
+  const json hw = hardware_fingerprint();
+  json sys = {{"name", fmt::format("this machine ({}; {} ranks)", hw["cpu"].value("model", std::string("unknown CPU")), ranks)},
+              {"_comment", "written by `mpt plan --calibrate`: peaks are measured GEMM rates, so gemm_efficiency is 1"},
+              {"devices_per_node", ranks},
+              {"memory_gib", mem_gib},
+              {"reserved_gib", std::min(rss / kGiB, mem_gib / 2)},
+              {"peak_tflops", peaks},
+              {"gemm_efficiency", 1.0},
+              {"memory_bandwidth_gbps", bw},
+              {"intra_node", link},
+              {"inter_node", link}};
+  pl::parse_system(sys, "the calibrated system");  // what plan will read back must parse
+  tb.notes.push_back("the system is stored under timings.system: plan with it by --set system=<this result file>, or copy "
+                     "it to configs/systems/<name>.json");
+  report.add(tb, Store::Timings);
+  report.timings["system"] = sys;
+  return report;
+}
+
 Report run_plan(const Context& ctx) {
+  if (ctx.cfg.boolean("/calibrate/enabled")) return calibrate(ctx);
   const auto& cfg = ctx.cfg;
   Report report;
   const auto m = model_from(cfg);
@@ -498,7 +626,9 @@ Experiment plan_experiment() {
   e.spec = plan_spec;
   e.validate = validate_plan;
   e.run = run_plan;
-  e.aliases = {{"search", "/search/devices", "Search every layout on N devices (= --set search.devices=N)"}};
+  e.aliases = {{"search", "/search/devices", "Search every layout on N devices (= --set search.devices=N)"},
+               {"calibrate", "/calibrate/enabled",
+                "Measure this machine into a system (= --set calibrate.enabled=true; needs a `mpt collectives` result)", true}};
   return e;
 }
 

@@ -13,7 +13,7 @@ cli_case(plan_bad_layers 2 "/model/layers = 80 is not a multiple of /layout/pp �
 cli_case(plan_bad_batch 2 "/train/global_batch = 510 is not a multiple of /layout/dp · /train/microbatch = 4 · 1" plan
          --set train.global_batch=510)
 cli_case(plan_bad_custom 2 "/model/style: expected \"gpt\" or \"llama\" for /model/preset = custom" plan --set model.preset=custom)
-cli_case(plan_bad_system_name 2 "/system: no shipped system named \"h300\" \\(expected one of: a100-80gb-dgx, h100-sxm-dgx, h200-sxm-dgx"
+cli_case(plan_bad_system_name 2 "/system: no shipped system named \"h300\" \\(expected one of: a100-80gb-dgx, ci-epyc-2cpu, h100-sxm-dgx, h200-sxm-dgx"
          plan --set system=h300)
 cli_case(plan_bad_system_file 2 "tests/cli/bad/plan_system_missing.json: /inter_node/all_reduce/busbw_gbps: missing" plan
          --set system=tests/cli/bad/plan_system_missing.json)
@@ -25,3 +25,10 @@ cli_case(plan_no_fp8_on_a100 2 "the system \"a100-80gb-dgx\" .* has no fp8-tenso
 # named difference (docs/plan.md, "Own runs").
 add_test(NAME cli.plan_own_runs COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/plan/own_runs.py $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+# --calibrate: this machine from a `mpt collectives` result, then a plan on the system it wrote
+add_test(NAME cli.plan_calibrate COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/plan_calibrate.sh $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+cli_case(plan_calibrate_no_collectives 2 "/calibrate/collectives: /nonexistent/c.json: no such file \\(run `mpt collectives --out /nonexistent/c.json` first"
+         plan --calibrate --set calibrate.collectives=/nonexistent/c.json)
+cli_case(plan_system_not_calibrated 2 "/system: tests/golden/torch2/plan.json is a plan result without timings.system"
+         plan --set system=tests/golden/torch2/plan.json)

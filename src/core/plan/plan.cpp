@@ -498,7 +498,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const double t_opt = 2 * state / sys.memory_bandwidth;
 
   e.time.push_back({"compute", mb * (t_f + t_bw - t_mem),
-                    fmt::format("{:.3g} GFLOP per microbatch on the slowest stage at {:.0f}% of {:.0f} TFLOP/s, x{} "
+                    fmt::format("{:.3g} GFLOP per microbatch on the slowest stage at {:.0f}% of {:.4g} TFLOP/s, x{} "
                                 "microbatches",
                                 (fwd_stage * 3 + layers_per_stage * recompute_layer / tp) / 1e9,
                                 sys.gemm_efficiency * 100, peak / 1e12, mb)});
