@@ -114,6 +114,9 @@ std::vector<int> held_pairs(const std::string& schedule, int p, int m, int v) {
   int mr = std::min(m, 4 * p);
   if (spec.microbatches_in_groups) mr = std::max(p, mr - mr % p);
   if (spec.peak_bound(p, m, v) != spec.peak_bound(p, mr, v)) return std::vector<int>(p, spec.peak_bound(p, m, v));
+  // a replay of more than 2·10^7 ops (thousands of stages) would take seconds: every stage gets the
+  // schedule's bound instead, an upper bound of the last stage's
+  if (static_cast<double>(p) * mr * v * 3 > 2e7) return std::vector<int>(p, spec.peak_bound(p, m, v));
   const auto key = std::make_tuple(schedule, p, mr, v);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
