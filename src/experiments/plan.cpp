@@ -69,7 +69,7 @@ ConfigSpec plan_spec() {
   s.choice("/model/style", "preset", {"preset", "gpt", "llama"},
            "gpt: LayerNorm, GELU, biases, learned positions, dropout; llama: RMSNorm, SwiGLU, no biases, RoPE, no "
            "dropout; preset: the preset's");
-  s.choice("/model/tied", "preset", {"preset", "true", "false"}, "output head shares the token embedding");
+  s.choice("/model/tied", "preset", {"preset", "tied", "untied"}, "whether the output head shares the token embedding");
   s.integer("/train/global_batch", 512, "samples per optimizer step", 1, 1LL << 40);
   s.integer("/train/microbatch", 1, "samples per forward/backward on one replica", 1, 1 << 20);
   s.choice("/train/recipe", "bf16", {"fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-blockwise", "mxfp8"},
@@ -134,7 +134,7 @@ pl::ModelShape model_from(const Config& cfg) {
   if (cfg.integer("/model/ffn") > 0) m.ffn = cfg.integer("/model/ffn");
   else if (custom && style == "gpt") m.ffn = 4 * m.hidden;
   else if (custom) throw ConfigError("/model/ffn: expected an integer >= 1 for a custom llama-style model, got 0");
-  if (cfg.str("/model/tied") != "preset") m.tied = cfg.str("/model/tied") == "true";
+  if (cfg.str("/model/tied") != "preset") m.tied = cfg.str("/model/tied") == "tied";
   if (m.kv_heads > m.heads)
     throw ConfigError(fmt::format("/model/kv_heads: expected at most /model/heads = {}, got {}", m.heads, m.kv_heads));
   return m;
@@ -213,8 +213,13 @@ pl::System load_system(const std::string& spec) {
   return pl::parse_system(j, "system file " + path);
 }
 
+std::pair<int64_t, json> calibration_link(const Config& cfg);  // below, with the calibration
+
 void validate_plan(const Config& cfg, int) {
-  if (cfg.boolean("/calibrate/enabled")) return;  // measures; the model and the layout are not used
+  if (cfg.boolean("/calibrate/enabled")) {  // measures: the model and the layout are not used
+    (void)calibration_link(cfg);
+    return;
+  }
   const auto m = model_from(cfg);
   const auto t = training_from(cfg);
   const auto sys = load_system(cfg.str("/system"));
@@ -222,8 +227,14 @@ void validate_plan(const Config& cfg, int) {
     throw ConfigError(fmt::format("/train/recipe = {}: the system \"{}\" ({}) has no {} peak (its peak_tflops lists 0)",
                                   t.recipe, cfg.str("/system"), sys.name, t.recipe));
   if (cfg.integer("/search/devices") == 0) {
-    const std::string why = pl::layout_error(m, t, layout_from(cfg));
+    const auto l = layout_from(cfg);
+    const std::string why = pl::layout_error(m, t, l);
     if (!why.empty()) throw ConfigError(why);
+    // byte counts print as integers: a plan beyond 2^53 bytes (8 PiB) per device is a typo
+    const auto e = pl::estimate(m, t, l, sys);
+    if (!(e.memory_bytes < 9007199254740992.0))
+      throw ConfigError(fmt::format("/model: this layout needs {:.3g} bytes per device, more than the 2^53 (8 PiB) mpt "
+                                    "plans for (check /model/sequence, /model/hidden and /train/microbatch)", e.memory_bytes));
   }
 }
 
@@ -271,7 +282,7 @@ Table memory_table(const pl::Estimate& e, const pl::Layout& l, const pl::System&
   for (const auto& term : e.memory)
     tb.rows.push_back({{"name", term.name}, {"bytes", std::llround(term.value)}, {"gib", gib(term.value)}, {"formula", term.formula}});
   tb.rows.push_back({{"name", "total"}, {"bytes", std::llround(e.memory_bytes)}, {"gib", gib(e.memory_bytes)},
-                     {"formula", fmt::format("{} the {:.0f} GiB of a device", e.fits ? "fits" : "DOES NOT FIT", sys.memory_bytes / kGiB)}});
+                     {"formula", fmt::format("{} the {:.4g} GiB of a device", e.fits ? "fits" : "DOES NOT FIT", sys.memory_bytes / kGiB)}});
   return tb;
 }
 
@@ -281,7 +292,7 @@ Table time_table(const pl::Estimate& e, const pl::Layout& l, const pl::Training&
   for (const auto& term : e.time)
     tb.rows.push_back({{"name", term.name}, {"seconds", term.value}, {"share", term.value / e.step_s}, {"formula", term.formula}});
   tb.rows.push_back({{"name", "step"}, {"seconds", e.step_s}, {"share", 1.0}, {"formula", "the sum"}});
-  tb.notes.push_back(fmt::format("{:.0f} tokens/s; MFU {:.1f}% (model FLOPs / (step x devices x {:.4g} TFLOP/s)); {:.4g} TFLOP/s "
+  tb.notes.push_back(fmt::format("{:.4g} tokens/s; MFU {:.1f}% (model FLOPs / (step x devices x {:.4g} TFLOP/s)); {:.4g} TFLOP/s "
                                  "per device counting the recompute (Megatron-LM's 'achieved')",
                                  e.tokens_per_s, e.mfu * 100, sys.peak_for(t.recipe) / 1e12, e.flops_per_device / 1e12));
   if (t.tokens > 0)
@@ -329,9 +340,10 @@ Table search_table(const std::vector<pl::Candidate>& cs, int64_t devices, int64_
     if (c.est.memory_bytes <= 0) break;  // does not divide: counted below
     tb.rows.push_back(row(c, std::to_string(++shown)));
   }
-  tb.notes.push_back(fmt::format("{} layouts tried: {} fit, {} need more than the {:.0f} GiB of a device, {} do not divide",
+  tb.notes.push_back(fmt::format("{} layouts tried: {} fit, {} need more than the {:.4g} GiB of a device, {} do not divide",
                                  cs.size(), fit, no_fit, sys.memory_bytes / kGiB, bad));
   for (const auto& [key, n] : reasons) tb.notes.push_back(fmt::format("  {} x: {}", n, key));
+  tb.notes.push_back("a layout with pp = 1 runs no pipeline: the schedule and virtual stages apply where pp > 1");
   if (fit == 0 && no_fit > 0)
     tb.notes.push_back("NOTHING FITS: the rows are the closest layouts, with how much memory each misses by");
   if (fit == 0 && no_fit == 0) tb.notes.push_back("NOTHING FITS: no layout divides the model on these devices");
@@ -480,6 +492,33 @@ Table published_table(const std::vector<PublishedRow>& rows, Report& report) {
 // ----------------------------------------------------------------------------
 /// The busbw (GB/s, the largest over sizes) and latency (us, the smallest time: the smallest
 /// size's) of collective `op` in a `mpt collectives` result. Throws ConfigError naming the file.
+json collective_from(const json& d, const std::string& op, const std::string& path);
+
+/// The collectives result /calibrate/collectives names: its ranks and its link (busbw and latency
+/// per collective). Read by validate (so --print-config refuses what a run refuses) and by the
+/// run, before anything is measured. Throws ConfigError naming /calibrate/collectives and the file.
+std::pair<int64_t, json> calibration_link(const Config& cfg) {
+  const std::string path = cfg.str("/calibrate/collectives");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw ConfigError(fmt::format("/calibrate/collectives: {}: no such file (run `mpt collectives --out {}` first: "
+                                  "--calibrate reads its busbw)", path, path));
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw ConfigError(fmt::format("/calibrate/collectives: {}: not a regular file (expected a `mpt collectives` result)", path));
+  const json coll = read_json_file(path, "collectives result file", kResultLimits);
+  if (!coll.is_object() || coll.value("experiment", "") != "collectives")
+    throw ConfigError(fmt::format("/calibrate/collectives: {} is no `mpt collectives` result", path));
+  const json* np = coll.contains("config") && coll["config"].is_object() && coll["config"].contains("nproc")
+                       ? &coll["config"]["nproc"] : nullptr;
+  if (!np || !np->is_number_integer() || np->get<int64_t>() < 1 || np->get<int64_t>() > 1'000'000)
+    throw ConfigError(fmt::format("/calibrate/collectives: {}: config.nproc: expected a whole number of ranks in [1, 10^6]", path));
+  json link = {{"all_reduce", collective_from(coll, "all_reduce", path)},
+               {"all_gather", collective_from(coll, "all_gather", path)},
+               {"reduce_scatter", collective_from(coll, "reduce_scatter", path)},
+               {"send_recv", collective_from(coll, "sendrecv", path)}};
+  return {np->get<int64_t>(), link};
+}
+
 json collective_from(const json& d, const std::string& op, const std::string& path) {
   const auto& t = d.contains("timings") && d["timings"].is_object() ? d["timings"] : json::object();
   if (!t.contains(op) || !t[op].is_array() || t[op].empty())
@@ -490,10 +529,15 @@ json collective_from(const json& d, const std::string& op, const std::string& pa
     if (!r.is_object() || !r.contains("busbw_gbps") || !r.contains("time_us") || !r["busbw_gbps"].is_number() ||
         !r["time_us"].is_number())
       throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{} rows need numbers busbw_gbps and time_us", path, op));
-    busbw = std::max(busbw, r["busbw_gbps"].get<double>());
-    lat = std::min(lat, r["time_us"].get<double>());
+    const double bw = r["busbw_gbps"].get<double>(), us = r["time_us"].get<double>();
+    if (!(bw >= 0 && bw <= 1e6 && us > 0 && us <= 1e7))
+      throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{}: busbw_gbps {} and time_us {}: expected "
+                                    "busbw in [0, 10^6] GB/s and a time in (0, 10^7] us", path, op, r["busbw_gbps"].dump(),
+                                    r["time_us"].dump()));
+    busbw = std::max(busbw, bw);
+    lat = std::min(lat, us);
   }
-  if (!(busbw > 0)) throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{} has no positive busbw", path, op));
+  if (!(busbw >= 1e-6)) throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{} has no positive busbw", path, op));
   return {{"busbw_gbps", busbw}, {"latency_us", lat}};
 }
 
@@ -506,20 +550,7 @@ Report calibrate(const Context& ctx) {
   const auto& cfg = ctx.cfg;
   Report report;
   const std::string path = cfg.str("/calibrate/collectives");
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw ConfigError(fmt::format("/calibrate/collectives: {}: no such file (run `mpt collectives --out {}` first: "
-                                  "--calibrate reads its busbw)", path, path));
-  const json coll = read_json_file(path, "collectives result file", kResultLimits);
-  if (!coll.is_object() || coll.value("experiment", "") != "collectives")
-    throw ConfigError(fmt::format("/calibrate/collectives: {} is no `mpt collectives` result", path));
-  const int64_t ranks = coll.contains("config") && coll["config"].contains("nproc") && coll["config"]["nproc"].is_number_integer()
-                            ? coll["config"]["nproc"].get<int64_t>() : 0;
-  if (ranks < 1) throw ConfigError(fmt::format("/calibrate/collectives: {} has no config.nproc", path));
-  json link = {{"all_reduce", collective_from(coll, "all_reduce", path)},
-               {"all_gather", collective_from(coll, "all_gather", path)},
-               {"reduce_scatter", collective_from(coll, "reduce_scatter", path)},
-               {"send_recv", collective_from(coll, "sendrecv", path)}};
+  const auto [ranks, link] = calibration_link(cfg);
 
   double rss = 0;  // /proc/self/statm: size resident ... in pages, before this section allocates
   {
@@ -598,6 +629,15 @@ Report run_plan(const Context& ctx) {
     const auto e = pl::estimate(m, t, l, sys);
     report.add(memory_table(e, l, sys));
     report.add(time_table(e, l, t, sys));
+    report.results["summary"] = {{"fits", e.fits},
+                                 {"memory_bytes", e.memory_bytes},
+                                 {"stage", e.stage},
+                                 {"step_s", e.step_s},
+                                 {"bubble_fraction", e.bubble_fraction},
+                                 {"tokens_per_s", e.tokens_per_s},
+                                 {"mfu", e.mfu},
+                                 {"flops_per_device", e.flops_per_device},
+                                 {"time_to_train_s", e.time_to_train_s}};
   } else {
     const auto start = std::chrono::steady_clock::now();
     const auto cs = pl::search(m, t, l, sys, devices);

@@ -206,11 +206,69 @@ TEST_CASE("system files: a missing, mistyped or non-positive field is named", "[
   CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("f.json: /inter_node/send_recv/busbw_gbps: missing"));
   bad = j;
   bad["gemm_efficiency"] = 0;
-  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/gemm_efficiency: expected a finite number > 0, got 0"));
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/gemm_efficiency: expected a number in [0.001, 1], got 0"));
   bad = j;
   bad["memory_gib"] = "80";
   CHECK_THROWS_AS(parse_system(bad, "f.json"), mpt::ConfigError);
   bad = j;
   bad["gemm_eficiency"] = 0.5;
   CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/gemm_eficiency: unknown field"));
+}
+
+TEST_CASE("system files: out-of-range values, wrong types and unknown nested fields are named", "[plan]") {
+  nlohmann::json link = {{"busbw_gbps", 100}, {"latency_us", 10}};
+  nlohmann::json l = {{"all_reduce", link}, {"all_gather", link}, {"reduce_scatter", link}, {"send_recv", link}};
+  nlohmann::json j = {{"name", "x"},
+                      {"devices_per_node", 8},
+                      {"memory_gib", 80},
+                      {"reserved_gib", 1},
+                      {"peak_tflops", {{"fp32", 20}, {"bf16", 300}, {"fp16", 300}, {"fp8", 0}}},
+                      {"gemm_efficiency", 0.5},
+                      {"memory_bandwidth_gbps", 2000},
+                      {"intra_node", l},
+                      {"inter_node", l}};
+  auto bad = j;
+  bad["memory_bandwidth_gbps"] = 1e-320;  // would make every elementwise time inf
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/memory_bandwidth_gbps: expected a number in"));
+  bad = j;
+  bad["memory_gib"] = 1e308;
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/memory_gib: expected a number in"));
+  bad = j;
+  bad["name"] = 5;
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/name: expected a string, got 5"));
+  bad = j;
+  bad["peak_tflops"] = "lots";
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/peak_tflops: expected an object"));
+  bad = j;
+  bad["intra_node"]["broadcast"] = link;
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/intra_node/broadcast: unknown field"));
+  bad = j;
+  bad["intra_node"]["all_reduce"]["foo"] = 1;
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/intra_node/all_reduce/foo: unknown field"));
+  bad = j;
+  bad["peak_tflops"]["fp4"] = 1;
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/peak_tflops/fp4: unknown field"));
+}
+
+TEST_CASE("layouts: K/V heads, sequence parallelism and ZeRO with pipelining are checked", "[plan]") {
+  auto m = preset("llama3-70b");
+  Training tr;
+  tr.global_batch = 64;
+  Layout lay;
+  lay.tp = 16;  // 8 K/V heads
+  CHECK(layout_error(m, tr, lay).find("/model/kv_heads = 8 is not a multiple of /layout/tp = 16") != std::string::npos);
+  lay.tp = 8;
+  lay.sequence_parallel = true;
+  m.sequence = 8191;
+  CHECK(layout_error(m, tr, lay).find("/model/sequence = 8191 is not a multiple of /layout/tp = 8") != std::string::npos);
+  m.sequence = 8192;
+  lay.pp = 2;
+  lay.zero = 2;  // DeepSpeed's PipelineEngine: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism
+  CHECK(layout_error(m, tr, lay).find("/layout/zero = 2 with /layout/pp = 2") != std::string::npos);
+  lay.zero = 1;
+  CHECK(layout_error(m, tr, lay).empty());
+  lay.pp = 1;
+  lay.virtual_stages = 2;
+  CHECK(layout_error(m, tr, lay).find("/layout/virtual_stages = 2: model chunks per stage need /layout/pp > 1") !=
+        std::string::npos);
 }

@@ -5,11 +5,11 @@
 #include <cmath>
 #include <map>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/errors.hpp"
 #include "core/pipeline/schedule.hpp"
@@ -180,47 +180,64 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
   auto fail = [&](const std::string& ptr, const std::string& what) {
     throw ConfigError(fmt::format("{}: {}: {}", source, ptr, what));
   };
-  if (!j.is_object()) fail("/", "expected an object");
-  auto number = [&](const std::string& ptr, bool allow_zero) {
-    const nlohmann::json::json_pointer p(ptr);
-    if (!j.contains(p)) fail(ptr, "missing (expected a number)");
-    const auto& v = j.at(p);
-    if (!v.is_number()) fail(ptr, "expected a number, got " + v.dump());
-    const double d = v.get<double>();
-    if (!std::isfinite(d) || d < 0 || (!allow_zero && d == 0))
-      fail(ptr, fmt::format("expected a finite number {} 0, got {}", allow_zero ? ">=" : ">", v.dump()));
+  // An object at `ptr` whose keys are all in `keys` (each one is then required by a read below).
+  auto object = [&](const nlohmann::json& v, const std::string& ptr, const std::vector<std::string>& keys) {
+    if (!v.is_object()) fail(ptr.empty() ? "/" : ptr, "expected an object, got " + v.dump().substr(0, 60));
+    for (const auto& [key, value] : v.items())
+      if (std::find(keys.begin(), keys.end(), key) == keys.end())
+        fail(ptr + "/" + key, fmt::format("unknown field (expected {})", fmt::join(keys, ", ")));
+  };
+  // The number at `ptr` in [lo, hi] (0 also allowed where zero_ok: "none", for a peak).
+  auto number = [&](const std::string& ptr, double lo, double hi, bool zero_ok = false) {
+    const nlohmann::json* v = &j;
+    std::string at;
+    for (std::size_t i = 1; i <= ptr.size();) {
+      const std::size_t next = std::min(ptr.find('/', i), ptr.size());
+      const std::string key = ptr.substr(i, next - i);
+      if (!v->is_object()) fail(at.empty() ? "/" : at, "expected an object, got " + v->dump().substr(0, 60));
+      at += "/" + key;
+      if (!v->contains(key)) fail(at, "missing");
+      v = &(*v)[key];
+      i = next + 1;
+    }
+    if (!v->is_number()) fail(ptr, "expected a number, got " + v->dump().substr(0, 60));
+    const double d = v->get<double>();
+    if (!(std::isfinite(d) && ((d >= lo && d <= hi) || (zero_ok && d == 0))))
+      fail(ptr, fmt::format("expected {}a number in [{:g}, {:g}], got {}", zero_ok ? "0 or " : "", lo, hi, v->dump()));
     return d;
   };
-  static const std::set<std::string> known = {"name", "_comment", "devices_per_node", "memory_gib", "reserved_gib",
-                                               "peak_tflops", "gemm_efficiency", "memory_bandwidth_gbps",
-                                               "intra_node", "inter_node"};
-  for (const auto& [key, value] : j.items())
-    if (!known.count(key)) fail("/" + key, "unknown field (expected one of name, devices_per_node, memory_gib, "
-                                           "reserved_gib, peak_tflops, gemm_efficiency, memory_bandwidth_gbps, "
-                                           "intra_node, inter_node)");
+  const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "send_recv"};
+  object(j, "", {"name", "_comment", "devices_per_node", "memory_gib", "reserved_gib", "peak_tflops", "gemm_efficiency",
+                 "memory_bandwidth_gbps", "intra_node", "inter_node"});
   System s;
-  if (j.contains("name") && j["name"].is_string()) s.name = j["name"].get<std::string>();
-  else fail("/name", "missing (expected a string)");
-  const double dpn = number("/devices_per_node", false);
-  if (dpn != std::floor(dpn) || dpn > 1e6) fail("/devices_per_node", "expected a whole number of devices");
+  if (!j.contains("name")) fail("/name", "missing (expected a string)");
+  if (!j["name"].is_string()) fail("/name", "expected a string, got " + j["name"].dump().substr(0, 60));
+  s.name = j["name"].get<std::string>();
+  const double dpn = number("/devices_per_node", 1, 1e6);
+  if (dpn != std::floor(dpn)) fail("/devices_per_node", fmt::format("expected a whole number of devices, got {:g}", dpn));
   s.devices_per_node = static_cast<int64_t>(dpn);
-  s.memory_bytes = number("/memory_gib", false) * kGiB;
-  s.reserved_bytes = number("/reserved_gib", true) * kGiB;
-  s.peak_fp32 = number("/peak_tflops/fp32", false) * 1e12;
-  s.peak_bf16 = number("/peak_tflops/bf16", true) * 1e12;
-  s.peak_fp16 = number("/peak_tflops/fp16", true) * 1e12;
-  s.peak_fp8 = number("/peak_tflops/fp8", true) * 1e12;
-  s.gemm_efficiency = number("/gemm_efficiency", false);
-  if (s.gemm_efficiency > 1) fail("/gemm_efficiency", fmt::format("expected a fraction in (0, 1], got {}", s.gemm_efficiency));
-  s.memory_bandwidth = number("/memory_bandwidth_gbps", false) * 1e9;
+  // Bounds: beyond any device there is (a PiB of memory, an exaFLOP/s, a PB/s) or below any
+  // (1 kB/s), so a typo gives an error rather than inf or 0 in the tables.
+  s.memory_bytes = number("/memory_gib", 1e-6, 1e6) * kGiB;
+  s.reserved_bytes = number("/reserved_gib", 0, 1e6) * kGiB;
+  if (j.contains("peak_tflops")) object(j["peak_tflops"], "/peak_tflops", {"fp32", "bf16", "fp16", "fp8"});
+  s.peak_fp32 = number("/peak_tflops/fp32", 1e-9, 1e6) * 1e12;
+  s.peak_bf16 = number("/peak_tflops/bf16", 1e-9, 1e6, true) * 1e12;
+  s.peak_fp16 = number("/peak_tflops/fp16", 1e-9, 1e6, true) * 1e12;
+  s.peak_fp8 = number("/peak_tflops/fp8", 1e-9, 1e6, true) * 1e12;
+  s.gemm_efficiency = number("/gemm_efficiency", 1e-3, 1);
+  s.memory_bandwidth = number("/memory_bandwidth_gbps", 1e-6, 1e6) * 1e9;
   for (auto [name, link] : {std::pair<const char*, Link*>{"intra_node", &s.intra}, {"inter_node", &s.inter}}) {
+    const std::string lp = std::string("/") + name;
+    if (j.contains(name)) object(j[name], lp, ops);
     for (auto [coll, c] : {std::pair<const char*, Collective*>{"all_reduce", &link->all_reduce},
                            {"all_gather", &link->all_gather},
                            {"reduce_scatter", &link->reduce_scatter},
                            {"send_recv", &link->send_recv}}) {
-      const std::string base = fmt::format("/{}/{}", name, coll);
-      c->busbw = number(base + "/busbw_gbps", false) * 1e9;
-      c->latency_s = number(base + "/latency_us", true) * 1e-6;
+      const std::string base = fmt::format("{}/{}", lp, coll);
+      if (j.contains(name) && j[name].contains(coll)) object(j[name][coll], base, {"busbw_gbps", "latency_us"});
+      c->busbw = number(base + "/busbw_gbps", 1e-6, 1e6) * 1e9;
+      c->latency_s = number(base + "/latency_us", 0, 1e7) * 1e-6;
     }
   }
   if (s.reserved_bytes >= s.memory_bytes)
@@ -239,9 +256,12 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
   if (m.heads % l.tp != 0)
     return fmt::format("/model/heads = {} is not a multiple of /layout/tp = {} (each TP rank holds whole heads)",
                        m.heads, l.tp);
-  if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0)
-    return fmt::format("/model/kv_heads = {} and /layout/tp = {}: neither divides the other (K/V heads are split or "
-                       "replicated over the TP ranks)", m.kv_heads, l.tp);
+  if (m.kv_heads % l.tp != 0)
+    return fmt::format("/model/kv_heads = {} is not a multiple of /layout/tp = {} (each TP rank holds whole K/V heads: "
+                       "Megatron-LM's num_query_groups % tensor_model_parallel_size)", m.kv_heads, l.tp);
+  if (l.sequence_parallel && l.tp > 1 && m.sequence % l.tp != 0)
+    return fmt::format("/model/sequence = {} is not a multiple of /layout/tp = {} (sequence parallelism splits the "
+                       "sequence over the TP ranks)", m.sequence, l.tp);
   if (m.ffn % l.tp != 0)
     return fmt::format("/model/ffn = {} is not a multiple of /layout/tp = {}", m.ffn, l.tp);
   if (m.layers % (l.pp * l.virtual_stages) != 0)
@@ -252,9 +272,12 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
     return fmt::format("/train/global_batch = {} is not a multiple of /layout/dp · /train/microbatch = {} · {}",
                        t.global_batch, l.dp, t.microbatch);
   if (l.zero < 0 || l.zero > 3) return fmt::format("/layout/zero = {}: expected 0, 1, 2 or 3", l.zero);
-  if (l.zero == 3 && l.pp > 1)
-    return "/layout/zero = 3 with /layout/pp > 1: ZeRO-3 regathers every weight per microbatch, which pipelining "
-           "multiplies (DeepSpeed refuses the combination); use ZeRO 0-2 with pipelining";
+  if (l.zero >= 2 && l.pp > 1)
+    return fmt::format("/layout/zero = {} with /layout/pp = {}: ZeRO-2 and ZeRO-3 shard what every microbatch of a "
+                       "pipeline needs whole (DeepSpeed's PipelineEngine refuses them: \"ZeRO-2 and ZeRO-3 are "
+                       "incompatible with pipeline parallelism\"); use ZeRO 0 or 1 with pipelining", l.zero, l.pp);
+  if (l.pp == 1 && l.virtual_stages != 1)
+    return fmt::format("/layout/virtual_stages = {}: model chunks per stage need /layout/pp > 1", l.virtual_stages);
   const ScheduleSpec* spec = nullptr;
   try {
     spec = &schedule_spec(l.schedule);
@@ -272,7 +295,9 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
       return fmt::format("/layout/virtual_stages = {}: {} needs at least 2 model chunks per stage", l.virtual_stages,
                          spec->name);
     if (spec->one_microbatch) return "/layout/schedule = naive runs one microbatch: use gpipe or 1f1b";
-    if (m_mb > 1'000'000) return "more than 10^6 microbatches per step";
+    if (m_mb > 1'000'000)
+      return fmt::format("/train/global_batch = {}: {} microbatches per replica (/train/global_batch / (/layout/dp · "
+                         "/train/microbatch)), more than the 10^6 a pipeline schedule is built for", t.global_batch, m_mb);
     try {
       if (spec->check) spec->check(static_cast<int>(l.pp), static_cast<int>(m_mb), static_cast<int>(l.virtual_stages));
     } catch (const std::invalid_argument& e) {
@@ -371,14 +396,16 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     if (is_last)
       mem.push_back({"logits", 4 * s * b * V / tp, "fp32 logits of one microbatch for the loss, 4sbV/t"});
     double comm = 0;
-    std::string comm_formula = "none";
+    std::vector<std::string> parts;
     if (l.zero == 3 && l.dp > 1) {
-      comm = 2 * layer_tp * sb.weights;
-      comm_formula = "ZeRO-3: two gathered layers (the one computing, the one prefetched)";
-    } else if (l.sequence_parallel && l.tp > 1) {
-      comm = 2 * sbh * ab;
-      comm_formula = "sequence parallel: the all-gathered layer input, 2sbh";
+      comm += 2 * layer_tp * sb.weights;
+      parts.push_back("ZeRO-3: two gathered layers (the one computing, the one prefetched)");
     }
+    if (l.sequence_parallel && l.tp > 1) {
+      comm += 2 * sbh * ab;
+      parts.push_back("sequence parallel: the all-gathered layer input, 2sbh");
+    }
+    const std::string comm_formula = parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, "; "));
     mem.push_back({"communication buffers", comm, comm_formula});
     mem.push_back({"reserved", sys.reserved_bytes, "the system's reserve (CUDA context, workspaces, allocator)"});
     return mem;
@@ -518,11 +545,14 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                                         l.schedule, e.bubble_fraction * 100)
                           : std::string("none (pp = 1)")});
   e.time.push_back({"pp send/recv", t_pp, p > 1 ? fmt::format("2 x {} chunk(s) x {} microbatches", v, mb) : "none (pp = 1)"});
-  e.time.push_back({"dp/zero collectives (exposed)", t_dp_exposed,
-                    l.dp > 1 ? fmt::format("{:.3g} s in all{}", t_dp,
-                                           l.overlap_dp ? (l.zero == 3 ? ", hidden behind compute" : ", hidden behind the last backward")
-                                                        : ", not overlapped")
-                             : std::string("none (dp = 1)")});
+  std::string dp_formula = "none (dp = 1)";
+  if (l.dp > 1) {
+    const char* behind = l.zero == 3 ? "the compute" : "the last microbatch's backward";
+    if (!l.overlap_dp) dp_formula = fmt::format("{:.3g} s in all, not overlapped", t_dp);
+    else if (t_dp_exposed <= 0) dp_formula = fmt::format("{:.3g} s in all, hidden behind {}", t_dp, behind);
+    else dp_formula = fmt::format("{:.3g} s in all, {:.3g} s of it hidden behind {}", t_dp, t_dp - t_dp_exposed, behind);
+  }
+  e.time.push_back({"dp/zero collectives (exposed)", t_dp_exposed, dp_formula});
   e.time.push_back({"optimizer step", t_opt, "read and write every state of this device once at the memory bandwidth"});
   e.step_s = pipe + t_pp + t_dp_exposed + t_opt;
   const double n = static_cast<double>(l.devices());
