@@ -353,6 +353,14 @@ def plot_collectives(doc, out, fmt):
     return paths
 
 
+def stacked_bars(ax, labels, series):
+    """Stacked bars over `labels`: `series` is a list of (label, values), drawn bottom to top."""
+    bottom = [0.0] * len(labels)
+    for label, vals in series:
+        ax.bar(labels, vals, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+
+
 def plot_shard(doc, out, fmt):
     """Bytes per rank of each ZeRO stage: measured model states (stacked by role) against this
     implementation's formula and the ZeRO paper's; and the loss curves of the stages."""
@@ -362,11 +370,9 @@ def plot_shard(doc, out, fmt):
         few_bars(len(mem), "rows in results.memory")
         names = [r["name"] for r in mem]
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        bottom = [0.0] * len(mem)
-        for role, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states")):
-            vals = [r[role] / 2**20 for r in mem]
-            ax.bar(names, vals, bottom=bottom, label=f"{label} (measured)")
-            bottom = [b + v for b, v in zip(bottom, vals)]
+        stacked_bars(ax, names, [(f"{label} (measured)", [r[role] / 2**20 for r in mem])
+                                 for role, label in (("params", "parameters"), ("grads", "gradients"),
+                                                     ("optimizer", "optimizer states"))])
         ax.plot(names, [r["total_formula"] / 2**20 for r in mem], "kD", label="formula (this implementation)")
         ax.plot(names, [r["paper"] / 2**20 for r in mem], "r_", markersize=20, mew=2, label="ZeRO paper")
         ax.set_xlabel("ZeRO stage")
@@ -619,11 +625,7 @@ def plot_plan(doc, out, fmt):
     if mem:
         few_bars(len(mem), "rows in results.memory")
         fig, ax = plt.subplots(figsize=(5, 5))
-        bottom = 0.0
-        for r in mem:
-            v = r["bytes"] / 2**30
-            ax.bar(["layout"], [v], bottom=[bottom], label=r["name"])
-            bottom += v
+        stacked_bars(ax, ["layout"], [(r["name"], [r["bytes"] / 2**30]) for r in mem])
         ax.set_ylabel("memory per device (GiB)")
         ax.set_title("Memory per device by term")
         ax.legend(fontsize=7)
@@ -633,13 +635,10 @@ def plot_plan(doc, out, fmt):
         few_bars(len(front) * 5, "bars of results.frontier")
         labels = [f"{r['dp']}x{r['tp']}x{r['pp']} mb{r['microbatch']} z{r['zero']} {r['recompute'][:3]}" for r in front]
         fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(front) + 2), 5))
-        bottom = [0.0] * len(front)
-        for key, label in (("weights_gib", "weights"), ("gradients_gib", "gradients"),
-                           ("optimizer_gib", "master + optimizer"), ("activations_gib", "activations"),
-                           ("other_gib", "other")):
-            vals = [r[key] for r in front]
-            ax.bar(labels, vals, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, vals)]
+        stacked_bars(ax, labels, [(label, [r[key] for r in front])
+                                  for key, label in (("weights_gib", "weights"), ("gradients_gib", "gradients"),
+                                                     ("optimizer_gib", "master + optimizer"),
+                                                     ("activations_gib", "activations"), ("other_gib", "other"))])
         ax.set_ylabel("memory per device (GiB)")
         ax.set_title("Frontier layouts (dp x tp x pp): memory by term")
         ax.tick_params(axis="x", labelrotation=60, labelsize=7)

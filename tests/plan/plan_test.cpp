@@ -10,20 +10,23 @@ using namespace mpt::plan;
 
 namespace {
 
-System test_system() {
+// A system file: 8 devices of 80 GiB, 300 TFLOP/s in bf16 and fp16, no fp8, one link of
+// 100 GB/s and 10 us for every collective.
+nlohmann::json system_json() {
   nlohmann::json link = {{"busbw_gbps", 100}, {"latency_us", 10}};
   nlohmann::json l = {{"all_reduce", link}, {"all_gather", link}, {"reduce_scatter", link}, {"send_recv", link}};
-  nlohmann::json j = {{"name", "test"},
-                      {"devices_per_node", 8},
-                      {"memory_gib", 80},
-                      {"reserved_gib", 0},
-                      {"peak_tflops", {{"fp32", 20}, {"bf16", 300}, {"fp16", 300}, {"fp8", 0}}},
-                      {"gemm_efficiency", 0.5},
-                      {"memory_bandwidth_gbps", 2000},
-                      {"intra_node", l},
-                      {"inter_node", l}};
-  return parse_system(j, "test");
+  return {{"name", "test"},
+          {"devices_per_node", 8},
+          {"memory_gib", 80},
+          {"reserved_gib", 0},
+          {"peak_tflops", {{"fp32", 20}, {"bf16", 300}, {"fp16", 300}, {"fp8", 0}}},
+          {"gemm_efficiency", 0.5},
+          {"memory_bandwidth_gbps", 2000},
+          {"intra_node", l},
+          {"inter_node", l}};
 }
+
+System test_system() { return parse_system(system_json(), "test"); }
 
 double term(const Estimate& e, const std::string& name) {
   for (const auto& t : e.memory)
@@ -189,17 +192,8 @@ TEST_CASE("search: every fitting layout uses all the devices and they come faste
 }
 
 TEST_CASE("system files: a missing, mistyped or non-positive field is named", "[plan]") {
-  nlohmann::json link = {{"busbw_gbps", 100}, {"latency_us", 10}};
-  nlohmann::json l = {{"all_reduce", link}, {"all_gather", link}, {"reduce_scatter", link}, {"send_recv", link}};
-  nlohmann::json j = {{"name", "x"},
-                      {"devices_per_node", 8},
-                      {"memory_gib", 80},
-                      {"reserved_gib", 1},
-                      {"peak_tflops", {{"fp32", 20}, {"bf16", 300}, {"fp16", 300}, {"fp8", 0}}},
-                      {"gemm_efficiency", 0.5},
-                      {"memory_bandwidth_gbps", 2000},
-                      {"intra_node", l},
-                      {"inter_node", l}};
+  const nlohmann::json j = system_json();
+  const nlohmann::json link = j["intra_node"]["all_reduce"];
   CHECK_NOTHROW(parse_system(j, "f.json"));
   auto bad = j;
   bad["inter_node"]["send_recv"].erase("busbw_gbps");
@@ -216,17 +210,8 @@ TEST_CASE("system files: a missing, mistyped or non-positive field is named", "[
 }
 
 TEST_CASE("system files: out-of-range values, wrong types and unknown nested fields are named", "[plan]") {
-  nlohmann::json link = {{"busbw_gbps", 100}, {"latency_us", 10}};
-  nlohmann::json l = {{"all_reduce", link}, {"all_gather", link}, {"reduce_scatter", link}, {"send_recv", link}};
-  nlohmann::json j = {{"name", "x"},
-                      {"devices_per_node", 8},
-                      {"memory_gib", 80},
-                      {"reserved_gib", 1},
-                      {"peak_tflops", {{"fp32", 20}, {"bf16", 300}, {"fp16", 300}, {"fp8", 0}}},
-                      {"gemm_efficiency", 0.5},
-                      {"memory_bandwidth_gbps", 2000},
-                      {"intra_node", l},
-                      {"inter_node", l}};
+  const nlohmann::json j = system_json();
+  const nlohmann::json link = j["intra_node"]["all_reduce"];
   auto bad = j;
   bad["memory_bandwidth_gbps"] = 1e-320;  // would make every elementwise time inf
   CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/memory_bandwidth_gbps: expected a number in"));
