@@ -13,6 +13,8 @@
  *              layer, pipeline send/recv, the schedule's idle time (bubble_time_theory), the DP /
  *              ZeRO collectives left after overlap, the optimizer's memory traffic; tokens/s,
  *              MFU, achieved FLOP/s per device and the time to train on /train/tokens.
+ *     communication: every collective of a step on that device (TP, PP, DP/ZeRO), calls,
+ *              payload bytes (as mpt's process-group counters count them) and time.
  *  4. search:  (--search N) every layout of the model on N devices, ranked by step time among
  *              those that fit, with the reason each rejected one fails.
  *  5. published (--set published=true): the model against published runs (the ZeRO paper's
@@ -297,6 +299,24 @@ Table time_table(const pl::Estimate& e, const pl::Layout& l, const pl::Training&
                                  e.tokens_per_s, e.mfu * 100, sys.peak_for(t.recipe) / 1e12, e.flops_per_device / 1e12));
   if (t.tokens > 0)
     tb.notes.push_back(fmt::format("{:.3g} tokens take {} on {} devices", t.tokens, human_time(e.time_to_train_s), l.devices()));
+  return tb;
+}
+
+/// Every collective of a step on the modelled device, with its payload and time (docs/plan.md,
+/// "Communication"); bytes are what mpt's dist::Group counters count, so own runs compare to them.
+Table communication_table(const pl::Estimate& e, const pl::Layout& l) {
+  Table tb{"communication",
+           fmt::format("Communication per step on one device of the {} stage (payload: the all-reduce's buffer, the "
+                       "all-gather's output, the reduce-scatter's input, the message sent)",
+                       l.pp > 1 ? "last" : "only"),
+           {text_col("name", "group / collective"), float_col("calls", "calls"), int_col("bytes", "payload", "B"),
+            float_col("seconds", "time", "s"), text_col("formula", "calls from")}};
+  for (const auto& c : e.comm)
+    tb.rows.push_back({{"name", c.group + "/" + c.collective}, {"calls", c.calls}, {"bytes", std::llround(c.bytes)},
+                       {"seconds", c.seconds}, {"formula", c.formula}});
+  if (e.comm.empty()) tb.notes.push_back("none: dp = tp = pp = 1");
+  tb.notes.push_back("time = calls x latency + payload x the ring's share (2(n-1)/n all-reduce, (n-1)/n all-gather and "
+                     "reduce-scatter, 1 send) / busbw, before overlap; the time table says what is hidden");
   return tb;
 }
 
@@ -629,6 +649,7 @@ Report run_plan(const Context& ctx) {
     const auto e = pl::estimate(m, t, l, sys);
     report.add(memory_table(e, l, sys));
     report.add(time_table(e, l, t, sys));
+    report.add(communication_table(e, l));
     report.results["summary"] = {{"fits", e.fits},
                                  {"memory_bytes", e.memory_bytes},
                                  {"stage", e.stage},

@@ -8,11 +8,16 @@ config, t = 2), then `mpt plan` on the same model, batch and layout, and compare
   gradients and master weights + optimizer states. The plan uses the ZeRO paper's accounting;
   mpt's ZeRO-1/2 (FSDP2-style) also keep an fp32 gradient shard (stage 1) and an fp32 master
   shard (stages 1-2) of 4Ψ/N bytes each: that difference is named and must be exact.
+- DP/ZeRO payload bytes per step (shard's process-group counters) against plan's communication
+  table: exact (ZeRO-2/3 reduce-scatter every microbatch in both).
 - activation bytes per layer (tensorparallel's counting allocator) against plan's activations
   term (Korthikanti et al.'s per-layer terms, fp32, no dropout, scores stored). Named
   differences, exact: LayerNorm mean and rstd, 2 x 2 x 4sb (/t with SP); the causal mask, s^2
   bytes; with SP the all-gathered inputs autograd keeps for the column-parallel GEMMs,
   8sbh(1 - 1/t) (Megatron re-gathers them in backward).
+- TP payload bytes per step (tensorparallel's counters) against plan's communication table
+  (Megatron-LM's collectives): exact without SP; with SP the re-gathers mpt does not do and its
+  embedding's all-reduce in place of a reduce-scatter are the named differences.
 
 Prints a table (markdown, docs/plan.md "Own runs") and exits 1 when any term differs from the
 prediction plus its named difference.
@@ -36,11 +41,14 @@ def run(mpt, args, out):
 
 
 def plan_terms(mpt, sets, out):
+    """The plan's memory terms and communication payloads (bytes per step), by name."""
     args = ["plan"]
     for s in sets:
         args += ["--set", s]
     d = run(mpt, args, out)
-    return {r["name"]: r["bytes"] for r in d["results"]["memory"]}
+    mem = {r["name"]: r["bytes"] for r in d["results"]["memory"]}
+    comm = {r["name"]: r["bytes"] for r in d["results"]["communication"]}
+    return mem, comm
 
 
 def main():
@@ -55,7 +63,10 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         # --- shard: model states per rank, ZeRO 0-3 on the tiny GPT (N = 2, Adam, fp32)
-        sh = run(mpt, ["shard", "--config", "configs/shard_gpt.json"], os.path.join(tmp, "shard.json"))
+        # ZeRO-2/3 reduce-scatter every microbatch, as the plan (and DeepSpeed) do: a rank then holds
+        # only its gradient shard between microbatches
+        sh = run(mpt, ["shard", "--config", "configs/shard_gpt.json", "--set", "zero.reduce_every_micro_batch=true"],
+                 os.path.join(tmp, "shard.json"))
         cfg = sh["config"]
         g = cfg["model"]["gpt"]
         L, h, ctx, heads = g["layers"], g["width"], g["context"], g["heads"]
@@ -72,8 +83,11 @@ def main():
                 "train.recipe=fp32", f"train.optimizer={cfg['train'].get('optimizer', 'adam')}",
                 f"train.global_batch={cfg['train']['global_batch']}", f"train.microbatch={micro}",
                 f"layout.dp={n}", "layout.tp=1", "layout.pp=1"]
+        # per step: a run's payload over its steps (whole bytes for these runs; a fraction would fail below)
+        comm = {r["name"]: r["payload_bytes"] for r in sh["results"]["comm"] if "payload_bytes" in r}
+        comm = {k: int(v) if v == int(v) else v for k, v in comm.items()}
         for z in (0, 1, 2, 3):
-            p = plan_terms(mpt, base + [f"layout.zero={z}"], os.path.join(tmp, f"plan_z{z}.json"))
+            p, pc = plan_terms(mpt, base + [f"layout.zero={z}"], os.path.join(tmp, f"plan_z{z}.json"))
             m = mem[f"stage{z}"]
             shard4 = 4 * psi // n
             compare(f"shard stage {z}", "weights", m["params"], p["weights"], 0, "")
@@ -81,6 +95,12 @@ def main():
                     "fp32 gradient shard 4Ψ/N beside the full gradients" if z == 1 else "")
             compare(f"shard stage {z}", "master + optimizer", m["optimizer"], p["master weights"] + p["optimizer states"],
                     shard4 if z in (1, 2) else 0, "fp32 master shard 4Ψ/N (FSDP2-style)" if z in (1, 2) else "")
+            # DP/ZeRO payload per step (dist::Group's counters); the tiny GPT's rows divide by N, so
+            # ZeRO's per-parameter padding adds nothing here
+            kinds = sorted({k.split("/", 1)[1] for k in comm if k.startswith(f"stage{z}/")} |
+                           {k.split("/", 1)[1] for k in pc if k.startswith("dp/")})
+            for k in kinds:
+                compare(f"shard stage {z}", f"dp {k} bytes/step", comm.get(f"stage{z}/{k}", 0), pc.get(f"dp/{k}", 0), 0, "")
 
         # --- tensorparallel: activation bytes per layer, one process, TP, TP + SP (t = 2)
         tp_args = ["tensorparallel", "--config", "configs/tensorparallel_quick.json"]
@@ -88,9 +108,9 @@ def main():
                                        check=True).stdout)
         s, b = tc["data"]["seq"], tc["data"]["batch"]
         h, heads, L, t = tc["model"]["width"], tc["model"]["heads"], tc["model"]["layers"], tc["nproc"]
-        expect = {}
+        expect, comm_expect = {}, []
         for name, tt, sp in (("one_process", 1, False), ("tp", t, False), ("tp_sp", t, True)):
-            p = plan_terms(mpt, ["model.preset=mpt-gpt", f"model.layers={L}", f"model.hidden={h}", f"model.heads={heads}",
+            p, pc = plan_terms(mpt, ["model.preset=mpt-gpt", f"model.layers={L}", f"model.hidden={h}", f"model.heads={heads}",
                                  f"model.sequence={s}", f"model.vocab={tc['model']['vocab']}", f"model.ffn={4 * h}",
                                  "train.recipe=fp32", "train.recompute=none", "train.flash_attention=false",
                                  f"train.global_batch={b}", f"train.microbatch={b}", "layout.dp=1", f"layout.tp={tt}",
@@ -100,6 +120,20 @@ def main():
             why = "LayerNorm mean and rstd 16sb" + ("/t" if sp else "") + " + causal mask s^2" + \
                   (" + all-gathered GEMM inputs 8sbh(1 - 1/t)" if sp else "")
             expect[name] = (p["activations"] // L, named, why)
+            # TP payload per step: Megatron-LM's collectives; with SP mpt keeps the all-gathered inputs of
+            # the column-parallel GEMMs (2 per layer and the head's: the activation rows' difference)
+            # instead of gathering them again for the weight gradients, and all-reduces the embedding's
+            # output (then keeps its sequence shard) where Megatron-LM reduce-scatters it
+            act = 4 * s * b * h
+            if name == "tp":
+                comm_expect.append((name, "all_reduce", pc.get("tp/all_reduce", 0), 0, ""))
+            if name == "tp_sp":
+                comm_expect.append((name, "all_gather", pc.get("tp/all_gather", 0), -(2 * L + 1) * act,
+                                    "no re-gather of the 2L + 1 column-parallel inputs, -(2L + 1)·4sbh"))
+                comm_expect.append((name, "reduce_scatter", pc.get("tp/reduce_scatter", 0), -act,
+                                    "the embedding's output all-reduced, not reduce-scattered: -4sbh"))
+                comm_expect.append((name, "all_reduce", pc.get("tp/all_reduce", 0), act,
+                                    "the embedding's output all-reduced: +4sbh"))
         # the measurement is the smallest of 3 passes (Gloo's worker thread may still hold a collective's
         # temporary when a block returns); a run where one still did is repeated, up to 3 runs, the
         # smallest kept
@@ -112,6 +146,9 @@ def main():
                 break
         for name, (per_layer, named, why) in expect.items():
             compare(f"tensorparallel {name}", "activations per layer", measured[name], per_layer, named, why)
+        tp_comm = {r["name"]: r["payload_bytes"] for r in tpd["results"]["comm"]}
+        for name, kind, predicted, named, why in comm_expect:
+            compare(f"tensorparallel {name}", f"tp {kind} bytes/step", tp_comm.get(f"{name}/{kind}", 0), predicted, named, why)
 
     print("| run | term | measured bytes | plan bytes | difference | named difference | what it is | |")
     print("|---|---|---|---|---|---|---|---|")

@@ -257,3 +257,67 @@ TEST_CASE("layouts: K/V heads, sequence parallelism and ZeRO with pipelining are
   CHECK(layout_error(m, tr, lay).find("/layout/virtual_stages = 2: model chunks per stage need /layout/pp > 1") !=
         std::string::npos);
 }
+
+TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the pipeline's sends", "[plan]") {
+  // A GPT of L = 4, h = 1024, a = 16, s = 512, V = 51200 (untied, LayerNorm, biases), microbatch 2, bf16.
+  ModelShape m = gpt(4, 1024, 16, 512);
+  m.tied = false;
+  Training t;
+  t.microbatch = 2;
+  t.recompute = "none";
+  const double L = 4, h = 1024, s = 512, b = 2, act = 2 * s * b * h, ce = 4 * s * b;
+  auto bytes = [](const Estimate& e, const std::string& name) {
+    for (const auto& c : e.comm)
+      if (c.group + "/" + c.collective == name) return c.bytes;
+    return 0.0;
+  };
+  SECTION("tp = 2 without SP: 4L + 2 all-reduces of sbh and the cross-entropy's 3 of 4sb per microbatch") {
+    t.global_batch = 4;  // 2 microbatches
+    Layout l;
+    l.tp = 2;
+    const Estimate e = estimate(m, t, l, test_system());
+    CHECK(bytes(e, "tp/all_reduce") == 2 * ((4 * L + 2) * act + 3 * ce));
+    CHECK(bytes(e, "tp/all_gather") == 0);
+    CHECK(e.comm.size() == 1);
+  }
+  SECTION("tp = 2 with SP: 6L + 3 all-gathers, 4L + 2 reduce-scatters, the norms' and row biases' gradients once") {
+    t.global_batch = 2;
+    Layout l;
+    l.tp = 2;
+    l.sequence_parallel = true;
+    const Estimate e = estimate(m, t, l, test_system());
+    CHECK(bytes(e, "tp/all_gather") == (6 * L + 3) * act);
+    CHECK(bytes(e, "tp/reduce_scatter") == (4 * L + 2) * act);
+    // per layer 2 LayerNorms (2h each) and 2 row-parallel biases (h each), the final LayerNorm 2h; bf16 gradients
+    CHECK(bytes(e, "tp/all_reduce") == 3 * ce + (L * 6 * h + 2 * h) * 2);
+  }
+  SECTION("dp = 4: ZeRO-0 one all-reduce, ZeRO-1 one reduce-scatter and all-gather, ZeRO-2 a reduce-scatter per "
+          "microbatch, ZeRO-3 two all-gathers and one reduce-scatter per microbatch") {
+    t.global_batch = 24;  // 3 microbatches per replica
+    const double psi = count_params(m).total;
+    for (int z = 0; z <= 3; ++z) {
+      Layout l;
+      l.dp = 4;
+      l.zero = z;
+      const Estimate e = estimate(m, t, l, test_system());
+      INFO("ZeRO-" << z);
+      CHECK(bytes(e, "dp/all_reduce") == (z == 0 ? 2 * psi : 0));
+      CHECK(bytes(e, "dp/reduce_scatter") == (z == 0 ? 0 : z == 1 ? 2 * psi : 3 * 2 * psi));
+      CHECK(bytes(e, "dp/all_gather") == (z == 0 ? 0 : z == 3 ? 6 * 2 * psi : 2 * psi));
+    }
+  }
+  SECTION("pp = 2: an activation and a gradient of sbh/t per microbatch and chunk; a tied head all-reduces once") {
+    t.global_batch = 8;
+    Layout l;
+    l.pp = 2;
+    l.tp = 2;
+    Estimate e = estimate(m, t, l, test_system());
+    CHECK(bytes(e, "pp/send") == 2 * 4 * act / 2);  // 4 microbatches, t = 2
+    CHECK(bytes(e, "embedding/all_reduce") == 0);
+    // the last stage has the head's all-reduce and the cross-entropy's, not the embedding's
+    CHECK(bytes(e, "tp/all_reduce") == 4 * ((4 * L / 2 + 1) * act + 3 * ce));
+    m.tied = true;
+    e = estimate(m, t, l, test_system());
+    CHECK(bytes(e, "embedding/all_reduce") == 51200 * h / 2 * 2);
+  }
+}

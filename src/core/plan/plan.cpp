@@ -464,20 +464,62 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const double t_f = fwd_stage / rate + mem_fwd;
   const double t_bw = (2 * fwd_stage + layers_per_stage * recompute_layer / tp) / rate + 2 * mem_fwd + mem_recompute;
   const double t_mem = mem_fwd * 3 + mem_recompute;
-  // TP: per layer two all-reduces of sbh elements in the forward and two in the backward (and two
-  // more to recompute a full layer); with SP each is an all-gather and a reduce-scatter of the
-  // same bytes (Korthikanti et al. 2022, §4.2.2).
-  double t_tp = 0;
+  // ---- communication of one step on the modelled (last) stage's device, per group and collective
+  // (payload as nccl-tests and dist::Group count it); each call costs the link's latency plus the
+  // ring's share of its payload. Phases: per microbatch forward, per microbatch backward, per step.
+  const double mbd = static_cast<double>(mb);
+  double tp_fwd = 0, tp_bwd = 0, tp_step = 0;  // seconds: per microbatch forward / backward, per step
+  auto add_comm = [&](const std::string& group, const std::string& coll, double calls, double bytes_each,
+                      const Link& lk, int64_t n, const std::string& what) {
+    if (calls <= 0 || bytes_each <= 0 || n <= 1) return 0.0;
+    const double sec = coll == "send" ? calls * send_s(lk.send_recv, bytes_each)
+                       : coll == "all_reduce" ? calls * collective_s(lk.all_reduce, bytes_each, n, 2)
+                       : coll == "all_gather" ? calls * collective_s(lk.all_gather, bytes_each, n, 1)
+                                              : calls * collective_s(lk.reduce_scatter, bytes_each, n, 1);
+    auto it = std::find_if(e.comm.begin(), e.comm.end(),
+                           [&](const CommTerm& c) { return c.group == group && c.collective == coll; });
+    if (it == e.comm.end()) it = e.comm.insert(e.comm.end(), CommTerm{group, coll, 0, 0, 0, ""});
+    it->calls += calls;
+    it->bytes += calls * bytes_each;
+    it->seconds += sec;
+    it->formula += (it->formula.empty() ? "" : "; ") + what;
+    return sec;
+  };
+  // TP (Megatron-LM, Shoeybi et al. 2019, §3; the vocabulary-parallel embedding, head and
+  // cross-entropy): without SP, per layer two all-reduces of the sbh activation in the forward
+  // (after the attention and MLP projections) and two in the backward (before QKV and FC1); one
+  // after the embedding (first stage), one before the head in the backward and three of 4sb for
+  // the cross-entropy (max, target logit, sum of exponentials; last stage). With SP (Korthikanti et
+  // al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of the same
+  // payload, and the backward all-gathers each column-parallel GEMM's input again for its weight
+  // gradient (the activations keep only the 1/t shard); the norms' and row-parallel biases'
+  // gradients are all-reduced once per step. A full recompute runs the forward's collectives again.
   if (l.tp > 1) {
     const Link& lk = link_for(sys, l.tp, 1);
-    const double msg = sbh * act_bytes_per_element(t.recipe);
-    const double one = l.sequence_parallel
-                           ? collective_s(lk.all_gather, msg / tp, l.tp, 1) + collective_s(lk.reduce_scatter, msg, l.tp, 1)
-                           : collective_s(lk.all_reduce, msg, l.tp, 2);
-    const double per_layer_count = 4 + (t.recompute == "full" ? 2 : 0);
-    t_tp = layers_per_stage * per_layer_count * one;
+    const double msg = sbh * eb, ce = 4 * s * b, Ls = layers_per_stage, emb = p == 1 ? 1.0 : 0.0;
+    const double again = t.recompute == "full" ? 2 * Ls : 0.0;
+    const std::string emb_s = p == 1 ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 2 per layer to recompute" : "";
+    if (!l.sequence_parallel) {
+      tp_fwd += add_comm("tp", "all_reduce", mbd * (2 * Ls + emb), msg, lk, l.tp,
+                         fmt::format("sbh: 2 per layer forward{}", emb_s)) / mbd;
+      tp_bwd += add_comm("tp", "all_reduce", mbd * (2 * Ls + 1 + again), msg, lk, l.tp,
+                         fmt::format("2 per layer backward, 1 before the head{}", rc_s)) / mbd;
+    } else {
+      tp_fwd += add_comm("tp", "all_gather", mbd * (2 * Ls + 1), msg, lk, l.tp, "sbh: 2 per layer forward, 1 before the head") / mbd;
+      tp_fwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + emb), msg, lk, l.tp,
+                         fmt::format("sbh: 2 per layer forward{}", emb_s)) / mbd;
+      tp_bwd += add_comm("tp", "all_gather", mbd * (4 * Ls + 1 + emb + again), msg, lk, l.tp,
+                         fmt::format("2 per layer backward, 2 per layer + 1 re-gathering the GEMM inputs{}{}",
+                                     p == 1 ? ", 1 for the embedding" : "", rc_s)) / mbd;
+      tp_bwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + 1 + again), msg, lk, l.tp,
+                         fmt::format("2 per layer backward, 1 after the head{}", rc_s)) / mbd;
+      const double sp_params = Ls * (2 * (m.rmsnorm ? h : 2 * h) + (m.bias ? 2 * h : 0.0)) + pc.final_norm;
+      tp_step += add_comm("tp", "all_reduce", 1, sp_params * sb.grads, lk, l.tp,
+                          "once per step: the norms' and row-parallel biases' gradients (sequence parallel)");
+    }
+    tp_fwd += add_comm("tp", "all_reduce", mbd * 3, ce, lk, l.tp, "3 x 4sb: the vocabulary-parallel cross-entropy") / mbd;
   }
-  const double t_tp_f = t_tp * 2.0 / (4 + (t.recompute == "full" ? 2 : 0)), t_tp_b = t_tp - t_tp_f;
+  const double t_tp_f = tp_fwd, t_tp_b = tp_bwd, t_tp = tp_fwd + tp_bwd;
   double f_op = t_f + t_tp_f, bw_op = t_bw + t_tp_b;
   // the bubble: the schedule's idle time per stage (core/pipeline's bubble_time_theory), B and W
   // each half of the backward; ZB-V's closed form wants F = B = W: a third of the microbatch each
@@ -490,34 +532,41 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   }
   const double pipe = static_cast<double>(mb) * (f_op + bw_op) + idle;
   e.bubble_fraction = pipe > 0 ? idle / pipe : 0;
-  // PP: per microbatch and chunk an activation forward and a gradient back
+  // PP: per microbatch and chunk an activation forward and a gradient back; each TP rank sends its
+  // 1/t of the activation (Megatron-LM's scatter/gather optimisation, Narayanan et al. 2021 §4.1;
+  // with SP the activation is split already). Tied weights on two stages: the head's gradient is
+  // all-reduced with the first stage's once per step (Megatron-LM's embedding group).
   double t_pp = 0;
   if (p > 1) {
     const Link& lk = link_for(sys, 2, l.tp * l.dp);
-    // each TP rank sends its 1/t of the activation (Megatron-LM's scatter/gather optimisation,
-    // Narayanan et al. 2021 §4.1; with SP the activation is split already)
-    const double msg = sbh * act_bytes_per_element(t.recipe) / tp;
-    t_pp = 2.0 * v * mb * send_s(lk.send_recv, msg);
+    t_pp += add_comm("pp", "send", 2.0 * v * mbd, sbh * eb / tp, lk, 2,
+                     fmt::format("sbh/t: an activation and a gradient per microbatch and chunk ({} chunk(s))", v));
+    if (m.tied)
+      t_pp += add_comm("embedding", "all_reduce", 1, pc.embedding / tp * sb.grads, link_for(sys, 2, (p - 1) * l.tp * l.dp),
+                       2, "once per step: the tied head's gradient with the first stage's embedding");
   }
-  // DP / ZeRO over dp ranks `tp` apart: all-reduce of the gradients (ZeRO-1/2: reduce-scatter of the
-  // gradients and all-gather of the updated weights, the same bytes); ZeRO-3 per microbatch two
-  // all-gathers of the weights (forward, backward) and a reduce-scatter of the gradients.
+  // DP / ZeRO over dp ranks `tp` apart, the gradients accumulated over the microbatches: ZeRO-0 one
+  // all-reduce; ZeRO-1 a reduce-scatter and an all-gather of the updated weights; ZeRO-2 keeps only
+  // its gradient shard, so it reduce-scatters every microbatch (DeepSpeed); ZeRO-3 also all-gathers
+  // the weights for each microbatch's forward and backward (Rajbhandari et al. 2020, §7).
   double t_dp = 0;
-  const double params_dev = std::max(first, last);
+  const double params_dev = p == 1 ? first : last;
   if (l.dp > 1) {
     const Link& lk = link_for(sys, l.dp, l.tp);
+    const double g = params_dev * sb.grads, w = params_dev * sb.weights;
     if (l.zero == 0) {
-      t_dp = collective_s(lk.all_reduce, params_dev * sb.grads, l.dp, 2);
-    } else if (l.zero <= 2) {
-      t_dp = collective_s(lk.reduce_scatter, params_dev * sb.grads, l.dp, 1) +
-             collective_s(lk.all_gather, params_dev * sb.weights, l.dp, 1);
+      t_dp += add_comm("dp", "all_reduce", 1, g, lk, l.dp, "the gradients, once per step");
     } else {
-      t_dp = mb * (2 * collective_s(lk.all_gather, params_dev * sb.weights, l.dp, 1) +
-                   collective_s(lk.reduce_scatter, params_dev * sb.grads, l.dp, 1));
+      t_dp += add_comm("dp", "reduce_scatter", l.zero >= 2 ? mbd : 1.0, g, lk, l.dp,
+                       l.zero >= 2 ? "the gradients, every microbatch (only a shard is kept)" : "the gradients, once per step");
+      t_dp += add_comm("dp", "all_gather", l.zero == 3 ? 2 * mbd : 1.0, w, lk, l.dp,
+                       l.zero == 3 ? "the weights, for every microbatch's forward and backward"
+                                   : "the updated weights, once per step");
     }
   }
-  // overlap: ZeRO 0-2 reduce during the last microbatch's backward; ZeRO-3 gathers ahead of compute
-  const double hide = !l.overlap_dp ? 0.0 : l.zero == 3 ? mb * (t_f + t_bw) : t_bw;
+  // overlap: ZeRO 0-2 reduce during the last microbatch's backward (ZeRO-2's earlier ones during
+  // theirs); ZeRO-3 gathers ahead of compute
+  const double hide = !l.overlap_dp ? 0.0 : l.zero == 3 ? mb * (t_f + t_bw) : l.zero == 2 ? mb * t_bw : t_bw;
   const double t_dp_exposed = std::max(0.0, t_dp - hide);
   // optimizer: an elementwise pass reading and writing every state of this device once
   double state = 0;
@@ -536,25 +585,30 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                     fmt::format("{:.3g} GB per microbatch at {:.0f} GB/s: norms, activations, residuals{}{}",
                                 t_mem * sys.memory_bandwidth / 1e9, sys.memory_bandwidth / 1e9,
                                 m.dropout ? ", dropout" : "", t.flash_attention ? " (attention fused)" : ", softmax over a·s²·b scores")});
-  e.time.push_back({"tp collectives", mb * t_tp,
-                    l.tp > 1 ? fmt::format("{} per layer per microbatch{}", l.sequence_parallel ? "4 AG + 4 RS" : "4 all-reduces",
+  e.time.push_back({"tp collectives", mb * t_tp + tp_step,
+                    l.tp > 1 ? fmt::format("{} per layer per microbatch{}, the embedding's, head's and cross-entropy's "
+                                           "(communication table)",
+                                           l.sequence_parallel ? "6 AG + 4 RS" : "4 all-reduces",
                                            t.recompute == "full" ? " (+2 to recompute)" : "")
                              : std::string("none (tp = 1)")});
   e.time.push_back({"bubble", idle,
                     p > 1 ? fmt::format("{} idle time (core/pipeline bubble_time_theory), {:.1f}% of the pipeline",
                                         l.schedule, e.bubble_fraction * 100)
                           : std::string("none (pp = 1)")});
-  e.time.push_back({"pp send/recv", t_pp, p > 1 ? fmt::format("2 x {} chunk(s) x {} microbatches", v, mb) : "none (pp = 1)"});
+  e.time.push_back({"pp send/recv", t_pp,
+                    p > 1 ? fmt::format("2 x {} chunk(s) x {} microbatches{}", v, mb,
+                                        m.tied ? " + the tied embedding's all-reduce" : "")
+                          : "none (pp = 1)"});
   std::string dp_formula = "none (dp = 1)";
   if (l.dp > 1) {
-    const char* behind = l.zero == 3 ? "the compute" : "the last microbatch's backward";
+    const char* behind = l.zero == 3 ? "the compute" : l.zero == 2 ? "the microbatches' backwards" : "the last microbatch's backward";
     if (!l.overlap_dp) dp_formula = fmt::format("{:.3g} s in all, not overlapped", t_dp);
     else if (t_dp_exposed <= 0) dp_formula = fmt::format("{:.3g} s in all, hidden behind {}", t_dp, behind);
     else dp_formula = fmt::format("{:.3g} s in all, {:.3g} s of it hidden behind {}", t_dp, t_dp - t_dp_exposed, behind);
   }
   e.time.push_back({"dp/zero collectives (exposed)", t_dp_exposed, dp_formula});
   e.time.push_back({"optimizer step", t_opt, "read and write every state of this device once at the memory bandwidth"});
-  e.step_s = pipe + t_pp + t_dp_exposed + t_opt;
+  e.step_s = pipe + tp_step + t_pp + t_dp_exposed + t_opt;
   const double n = static_cast<double>(l.devices());
   e.tokens_per_s = samples * s / e.step_s;
   e.mfu = e.model_flops / (e.step_s * n * peak);

@@ -121,12 +121,26 @@ struct Term {
   std::string formula;   ///< how it is computed, with its source
 };
 
+/// One kind of collective on one process group, per step, on the device whose time is modelled
+/// (the last pipeline stage's): payload as nccl-tests' "size" and mpt's dist::Group counters
+/// count it (the all-reduce's buffer, the all-gather's output, the reduce-scatter's input, a
+/// send's message).
+struct CommTerm {
+  std::string group;       ///< "tp", "pp", "dp" or "embedding" (tied weights on the first and last stage)
+  std::string collective;  ///< "all_reduce", "all_gather", "reduce_scatter" or "send"
+  double calls = 0;        ///< per step
+  double bytes = 0;        ///< payload per step, summed over the calls
+  double seconds = 0;      ///< latency per call + payload x the ring's factor / busbw, before any overlap
+  std::string formula;     ///< where the calls come from
+};
+
 /// Memory and time of one layout.
 struct Estimate {
   std::vector<Term> memory;   ///< bytes per device on the stage that needs most
   double memory_bytes = 0;    ///< their sum
   std::string stage;          ///< which stage that is: "first", "last" or "only"
   bool fits = false;          ///< memory_bytes <= the system's memory
+  std::vector<CommTerm> comm; ///< every collective of a step on the modelled device (the time terms use them)
   std::vector<Term> time;     ///< seconds per step on the critical path
   double step_s = 0;
   double bubble_fraction = 0; ///< pipeline idle time / pipeline time
