@@ -1,7 +1,8 @@
 // mpt tensorparallel, section 6 — the GPT on a DP x TP x PP mesh (/mesh/steps > 0: this section
 // alone): the mesh of core/parallel/mesh, each stage's blocks TP-sharded on the pipeline executor,
 // the DP mean by dataparallel's Reducer, SGD; checked after every step against the same TP model
-// without pipeline and DP, and reported against one process. See tensorparallel.cpp.
+// without pipeline and DP, and reported against one process; the traffic of its steps per group
+// (mesh_comm), which `mpt plan`'s own runs compare to the plan's. See tensorparallel.cpp.
 #include <array>
 #include <cmath>
 #include <functional>
@@ -169,6 +170,60 @@ double mesh_step(const Mesh& mesh, MeshModels& mm, dist::Reducer* reducer, const
   return loss_t.item<double>();
 }
 
+/// The mesh's traffic per step: every rank's process-group counters (payload bytes and calls per
+/// group and collective, summed over the steps' mesh_step calls only: the references' collectives
+/// are not counted), gathered to every rank; docs/plan.md's own runs compare them to `mpt plan`.
+struct MeshComm {
+  static constexpr std::array<const char*, 3> kGroups{"tp", "dp", "pp"};
+  static constexpr std::array<const char*, 5> kKinds{"all_reduce", "all_gather", "reduce_scatter", "send", "recv"};
+  static constexpr int kPerRank = 3 * 5 * 2;  // (group, kind) x (calls, payload)
+  std::vector<double> mine = std::vector<double>(kPerRank, 0.0);
+
+  static void reset(const Mesh& mesh) {
+    for (const char* g : kGroups) mesh.group(g)->reset_comm_counts();
+  }
+  void add(const Mesh& mesh) {
+    for (std::size_t gi = 0; gi < kGroups.size(); ++gi) {
+      const auto counts = mesh.group(kGroups[gi])->comm_counts();
+      for (std::size_t ki = 0; ki < kKinds.size(); ++ki) {
+        const auto it = counts.find(kKinds[ki]);
+        if (it == counts.end()) continue;
+        const std::size_t at = 2 * (gi * kKinds.size() + ki);
+        mine[at] += static_cast<double>(it->second.calls);
+        mine[at + 1] += static_cast<double>(it->second.payload_bytes);
+      }
+    }
+  }
+  /// Rows for the ranks of the first and the last stage at dp = tp = 0, per step (all ranks take part).
+  Table table(World& w, const Mesh& mesh, int64_t steps) const {
+    auto all = torch::zeros({w.size(), kPerRank}, torch::kFloat64);
+    all[w.rank()].copy_(torch::tensor(mine, torch::kFloat64));
+    w.group()->allreduce(all);
+    const MeshLayout& lay = mesh.layout();
+    Table tb{"mesh_comm", "Communication per step of a first- and a last-stage rank (dp 0, tp 0), counted by the mesh's "
+                          "process groups during the mesh's steps",
+             {text_col("name", "rank / group / collective"), float_col("calls", "calls"),
+              int_col("payload_bytes", "payload", "B")}};
+    for (int stage : {0, lay.pp - 1}) {
+      const int r = lay.rank_of(stage, 0, 0);
+      for (std::size_t gi = 0; gi < kGroups.size(); ++gi)
+        for (std::size_t ki = 0; ki < kKinds.size(); ++ki) {
+          const std::size_t at = 2 * (gi * kKinds.size() + ki);
+          const double calls = all[r][static_cast<int64_t>(at)].item<double>() / static_cast<double>(steps);
+          const double bytes = all[r][static_cast<int64_t>(at + 1)].item<double>() / static_cast<double>(steps);
+          if (calls == 0) continue;
+          tb.rows.push_back({{"name", fmt::format("{}/{}/{}", stage == 0 ? "first" : "last", kGroups[gi], kKinds[ki])},
+                             {"calls", calls}, {"payload_bytes", static_cast<int64_t>(std::llround(bytes))}});
+        }
+      if (lay.pp == 1) break;
+    }
+    tb.notes.push_back("payload: the all-reduce's buffer, the all-gather's output, the reduce-scatter's input, the "
+                       "tensor sent or received (dist::Group's counters); the DP all-reduces are the Reducer's gradient "
+                       "bucket(s) and the loss's mean (8 B)");
+    return tb;
+  }
+};
+
 /// Per step: max |θ_mesh − θ_(a)| (shard by shard), max |θ_mesh − θ_(b)| (the shards gathered over
 /// the TP group) and max |θ_(b)|, each the worst rank's.
 std::array<double, 3> compare_parameters(World& w, const Mesh& mesh, const MeshModels& mm) {
@@ -187,8 +242,9 @@ std::array<double, 3> compare_parameters(World& w, const Mesh& mesh, const MeshM
   return {max_over_ranks(w, da), max_over_ranks(w, db), theta};
 }
 
-/// The training table: each SGD step of the mesh against the references (checks: (a) bitwise).
-Table mesh_training_table(const Config& cfg, World& w, const Mesh& mesh, Report& report) {
+/// The training table: each SGD step of the mesh against the references (checks: (a) bitwise); then
+/// the mesh's traffic per step (MeshComm).
+void mesh_training_tables(const Config& cfg, World& w, const Mesh& mesh, Report& report) {
   const MeshLayout& lay = mesh.layout();
   const int dp = lay.dp, pp = lay.pp, m = static_cast<int>(cfg.integer("/mesh/microbatches"));
   const int64_t steps = cfg.integer("/mesh/steps"), b = cfg.integer("/data/batch");
@@ -209,10 +265,13 @@ Table mesh_training_table(const Config& cfg, World& w, const Mesh& mesh, Report&
             sci_col("vs_tp_ref", "max|d theta| TP ref"), sci_col("bound", "bound"),
             sci_col("vs_one_process", "max|d theta| 1-proc"), sci_col("max_theta", "max|theta|")}};
   std::vector<double> mesh_losses;  // per step, for the divergence note
+  MeshComm comm;
   for (int64_t k = 0; k < steps; ++k) {
     w.fault_point(k);
     w.note_progress();
+    MeshComm::reset(mesh);
     const double loss_mesh = mesh_step(mesh, mm, reducer.get(), sched, m, b, lr);
+    comm.add(mesh);
     const double loss1 = replay_references(mm, dp, pp, m, b, lr);
     const auto [da, db, theta] = compare_parameters(w, mesh, mm);
     const double loss_diff = max_over_ranks(w, std::abs(loss_mesh - loss1));
@@ -233,7 +292,8 @@ Table mesh_training_table(const Config& cfg, World& w, const Mesh& mesh, Report&
                      "shards gathered to full shape. Reported: TP's row-parallel partial sums and the vocab-parallel "
                      "cross-entropy round differently (each operation within its reordering bound: the TP "
                      "sections), and the differences propagate through the network and the steps");
-  return st;
+  report.add(st);
+  report.add(comm.table(w, mesh, steps));
 }
 
 }  // namespace
@@ -247,7 +307,7 @@ Report run_mesh(const Context& ctx) {
   const MeshLayout& lay = mesh.layout();
   report.env["mesh"] = fmt::format("dp {} x tp {} x pp {}", lay.dp, lay.tp, lay.pp);
   report.add(mesh_layout_table(lay));
-  report.add(mesh_training_table(cfg, w, mesh, report));
+  mesh_training_tables(cfg, w, mesh, report);
   return report;
 }
 

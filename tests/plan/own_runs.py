@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """`mpt plan` against mpt's own runs: the bytes each term predicts vs the bytes the experiments measure.
 
-Runs `mpt shard` (the tiny GPT, ZeRO stages 0-3, 2 processes) and `mpt tensorparallel` (the quick
-config, t = 2), then `mpt plan` on the same model, batch and layout, and compares term by term:
+Runs `mpt shard` (the tiny GPT, ZeRO stages 0-3, 2 processes), `mpt tensorparallel` (the quick
+config, t = 2) and its mesh, then `mpt plan` on the same model, batch and layout, and compares term by term:
 
 - model states per rank (shard's tensors counted at the optimizer step) against plan's weights,
   gradients and master weights + optimizer states. The plan uses the ZeRO paper's accounting;
@@ -18,6 +18,11 @@ config, t = 2), then `mpt plan` on the same model, batch and layout, and compare
 - TP payload bytes per step (tensorparallel's counters) against plan's communication table
   (Megatron-LM's collectives): exact without SP; with SP the re-gathers mpt does not do and its
   embedding's all-reduce in place of a reduce-scatter are the named differences.
+
+- the mesh (tensorparallel_mesh8: dp 2 x tp 2 x pp 2, 8 processes) against plan's communication
+  table of the same layout: TP all-reduces exact on the first and the last stage; named, the
+  mesh's whole-activation sends (no scatter/gather, 4sbh(1 - 1/t) more per message) and its DP
+  all-reduce of every stage's gradients and the loss.
 
 Prints a table (markdown, docs/plan.md "Own runs") and exits 1 when any term differs from the
 prediction plus its named difference.
@@ -149,6 +154,42 @@ def main():
         tp_comm = {r["name"]: r["payload_bytes"] for r in tpd["results"]["comm"]}
         for name, kind, predicted, named, why in comm_expect:
             compare(f"tensorparallel {name}", f"tp {kind} bytes/step", tp_comm.get(f"{name}/{kind}", 0), predicted, named, why)
+
+        # --- tensorparallel's mesh (dp 2 x tp 2 x pp 2, 8 processes, SGD): the traffic of a step on the first
+        # and the last stage's rank against the plan's communication table for each stage
+        mesh_args = ["tensorparallel", "--config", "configs/tensorparallel_mesh8.json"]
+        mc = json.loads(subprocess.run([mpt] + mesh_args + ["--print-config"], capture_output=True, text=True,
+                                       check=True).stdout)
+        md = run(mpt, mesh_args, os.path.join(tmp, "mesh.json"))
+        mcomm = {r["name"]: r["payload_bytes"] for r in md["results"]["mesh_comm"]}
+        g, ms = mc["model"], mc["mesh"]
+        t, pp, dp = ms["tp"], ms["pp"], ms["dp"]
+        s, b, h = mc["data"]["seq"], mc["data"]["batch"], g["width"]
+        vpad = -(-g["vocab"] // (g["vocab_divisible_by"] * t)) * g["vocab_divisible_by"] * t  # Megatron's padding
+        mesh_base = ["model.preset=mpt-gpt", f"model.layers={g['layers']}", f"model.hidden={h}",
+                     f"model.heads={g['heads']}", f"model.sequence={s}", f"model.vocab={vpad}",
+                     f"model.ffn={g['mlp_ratio'] * h}", "train.recipe=fp32", "train.optimizer=sgd",
+                     "train.recompute=none", f"train.global_batch={dp * b}", f"train.microbatch={b // ms['microbatches']}",
+                     f"layout.dp={dp}", f"layout.tp={t}", "layout.zero=0", "layout.sequence_parallel=false",
+                     f"layout.schedule={ms['schedule']}"]
+        _, last = plan_terms(mpt, mesh_base + [f"layout.pp={pp}"], os.path.join(tmp, "plan_mesh.json"))
+        # the plan models the last stage; the first stage's TP traffic is the whole model's (pp = 1) less it
+        _, whole = plan_terms(mpt, mesh_base + ["layout.pp=1"], os.path.join(tmp, "plan_mesh_pp1.json"))
+        msg = 4 * s * (b // ms["microbatches"]) * h  # one microbatch's fp32 activation
+        mb = ms["microbatches"]
+        compare("mesh first stage", "tp all_reduce bytes/step", mcomm.get("first/tp/all_reduce", 0),
+                whole.get("tp/all_reduce", 0) - last.get("tp/all_reduce", 0), 0, "")
+        compare("mesh last stage", "tp all_reduce bytes/step", mcomm.get("last/tp/all_reduce", 0),
+                last.get("tp/all_reduce", 0), 0, "")
+        for kind in ("send", "recv"):
+            compare("mesh last stage", f"pp {kind} bytes/step", mcomm.get(f"last/pp/{kind}", 0), last.get(f"pp/{kind}", 0),
+                    mb * (msg - msg // t), "every TP rank sends the whole activation (no scatter/gather): +4sbh(1 - 1/t) each")
+        # DP: the mesh's Reducer all-reduces the gradients of every stage (each rank keeps the whole TP shard of
+        # the model for the checks) and the loss's mean (8 B)
+        compare("mesh last stage", "dp all_reduce bytes/step", mcomm.get("last/dp/all_reduce", 0),
+                last.get("dp/all_reduce", 0), whole.get("dp/all_reduce", 0) - last.get("dp/all_reduce", 0) + 8,
+                "every stage's gradients reduced on every rank (the checks keep the whole model): + the other stage's, "
+                "+ 8 B the loss's mean")
 
     print("| run | term | measured bytes | plan bytes | difference | named difference | what it is | |")
     print("|---|---|---|---|---|---|---|---|")

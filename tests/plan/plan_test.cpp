@@ -306,16 +306,22 @@ TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the 
       CHECK(bytes(e, "dp/all_gather") == (z == 0 ? 0 : z == 3 ? 6 * 2 * psi : 2 * psi));
     }
   }
-  SECTION("pp = 2: an activation and a gradient of sbh/t per microbatch and chunk; a tied head all-reduces once") {
+  SECTION("pp = 2: the last rank sends a gradient and receives an activation of sbh/t per microbatch; interleaved "
+          "(v = 2) 3 each; a tied head all-reduces once") {
     t.global_batch = 8;
     Layout l;
     l.pp = 2;
     l.tp = 2;
     Estimate e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "pp/send") == 2 * 4 * act / 2);  // 4 microbatches, t = 2
+    CHECK(bytes(e, "pp/send") == 4 * act / 2);  // 4 microbatches, t = 2
+    CHECK(bytes(e, "pp/recv") == 4 * act / 2);
     CHECK(bytes(e, "embedding/all_reduce") == 0);
     // the last stage has the head's all-reduce and the cross-entropy's, not the embedding's
     CHECK(bytes(e, "tp/all_reduce") == 4 * ((4 * L / 2 + 1) * act + 3 * ce));
+    l.schedule = "interleaved-1f1b";
+    l.virtual_stages = 2;
+    e = estimate(m, t, l, test_system());
+    CHECK(bytes(e, "pp/send") == 3 * 4 * act / 2);
     m.tied = true;
     e = estimate(m, t, l, test_system());
     CHECK(bytes(e, "embedding/all_reduce") == 51200 * h / 2 * 2);

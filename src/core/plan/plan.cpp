@@ -532,15 +532,26 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   }
   const double pipe = static_cast<double>(mb) * (f_op + bw_op) + idle;
   e.bubble_fraction = pipe > 0 ? idle / pipe : 0;
-  // PP: per microbatch and chunk an activation forward and a gradient back; each TP rank sends its
-  // 1/t of the activation (Megatron-LM's scatter/gather optimisation, Narayanan et al. 2021 §4.1;
-  // with SP the activation is split already). Tied weights on two stages: the head's gradient is
-  // all-reduced with the first stage's once per step (Megatron-LM's embedding group).
+  // PP: per microbatch each chunk boundary crossed between ranks carries an activation forward and
+  // a gradient back; each TP rank sends its 1/t of the activation (Megatron-LM's scatter/gather
+  // optimisation, Narayanan et al. 2021 §4.1; with SP the activation is split already). The last
+  // rank sends the gradients of its v chunks and the activations of all but the model's last chunk,
+  // (2v - 1) per microbatch, and receives as many; in ZB-V's V the turn is inside rank p - 1 and
+  // its two other boundaries cross ranks: 2. A receive's time is its sender's send.
+  // Tied weights on two stages: the head's gradient is all-reduced with the first stage's once per
+  // step (Megatron-LM's embedding group).
   double t_pp = 0;
+  const bool vee = p > 1 && schedule_spec(l.schedule).placement == Placement::V;
+  const double per_mb = vee ? 2.0 : 2.0 * v - 1;  // sends per microbatch on the modelled rank
   if (p > 1) {
     const Link& lk = link_for(sys, 2, l.tp * l.dp);
-    t_pp += add_comm("pp", "send", 2.0 * v * mbd, sbh * eb / tp, lk, 2,
-                     fmt::format("sbh/t: an activation and a gradient per microbatch and chunk ({} chunk(s))", v));
+    const std::string what = vee ? "sbh/t: ZB-V's turning rank, an activation and a gradient per microbatch"
+                                 : fmt::format("sbh/t: the last rank, {} gradient(s) and {} activation(s) per microbatch "
+                                               "({} chunk(s))", v, v - 1, v);
+    t_pp += add_comm("pp", "send", per_mb * mbd, sbh * eb / tp, lk, 2, what);
+    add_comm("pp", "recv", per_mb * mbd, sbh * eb / tp, lk, 2, what + " (timed as the peer's sends)");
+    for (auto& c : e.comm)
+      if (c.group == "pp" && c.collective == "recv") c.seconds = 0;
     if (m.tied)
       t_pp += add_comm("embedding", "all_reduce", 1, pc.embedding / tp * sb.grads, link_for(sys, 2, (p - 1) * l.tp * l.dp),
                        2, "once per step: the tied head's gradient with the first stage's embedding");
@@ -596,7 +607,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                                         l.schedule, e.bubble_fraction * 100)
                           : std::string("none (pp = 1)")});
   e.time.push_back({"pp send/recv", t_pp,
-                    p > 1 ? fmt::format("2 x {} chunk(s) x {} microbatches{}", v, mb,
+                    p > 1 ? fmt::format("{:g} send(s) per microbatch x {} microbatches{}", per_mb, mb,
                                         m.tied ? " + the tied embedding's all-reduce" : "")
                           : "none (pp = 1)"});
   std::string dp_formula = "none (dp = 1)";
