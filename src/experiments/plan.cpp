@@ -91,6 +91,9 @@ ConfigSpec plan_spec() {
   s.integer("/layout/zero", 1, "ZeRO stage over the data-parallel group (0-3)", 0, 3);
   s.choice("/layout/schedule", "1f1b", schedule_names(), "pipeline schedule (core/pipeline)");
   s.boolean("/layout/overlap_dp", true, "the gradient reduction overlaps the last microbatch's backward");
+  s.boolean("/layout/pp_scatter_gather", false,
+            "pipeline messages split over the TP ranks and all-gathered on receipt (Megatron-LM 2021, Narayanan et al. "
+            "§4.1); false: every TP rank sends the whole activation (Megatron-core; 1/t of it with SP)");
   s.string("/system", "h100-sxm-dgx",
            "a shipped system (configs/systems/<name>.json: a100-80gb-dgx, h100-sxm-dgx, h200-sxm-dgx, ci-epyc-2cpu), a path to one, or a `mpt plan --calibrate` result file");
   s.integer("/search/devices", 0, "search every layout on this many devices (--search N); 0: no search", 0, 1 << 24);
@@ -165,6 +168,7 @@ pl::Layout layout_from(const Config& cfg) {
   l.zero = static_cast<int>(cfg.integer("/layout/zero"));
   l.schedule = cfg.str("/layout/schedule");
   l.overlap_dp = cfg.boolean("/layout/overlap_dp");
+  l.pp_scatter_gather = cfg.boolean("/layout/pp_scatter_gather");
   return l;
 }
 
@@ -485,6 +489,7 @@ std::vector<PublishedRow> megatron_table1(const pl::System& a100) {
     l.sequence_parallel = false;
     l.zero = 0;
     l.overlap_dp = r.torch_ddp;
+    l.pp_scatter_gather = true;  // the 2021 code's pipeline messages
     const auto e = pl::estimate(m, t, l, a100);
     rows.push_back({std::string("megatron_") + r.name, "Narayanan et al. 2021, Table 1", "TFLOP/s per GPU (eq. 3)", r.tflops,
                     e.flops_per_device / 1e12, 0.10});

@@ -280,16 +280,23 @@ TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the 
     CHECK(bytes(e, "tp/all_gather") == 0);
     CHECK(e.comm.size() == 1);
   }
-  SECTION("tp = 2 with SP: 6L + 3 all-gathers, 4L + 2 reduce-scatters, the norms' and row biases' gradients once") {
+  SECTION("tp = 2 with SP: 6L + 3 all-gathers, 4L + 2 reduce-scatters, the norms' and row biases' gradients once; "
+          "learned positions: the embedding all-reduced, not reduce-scattered") {
     t.global_batch = 2;
     Layout l;
     l.tp = 2;
     l.sequence_parallel = true;
-    const Estimate e = estimate(m, t, l, test_system());
+    m.learned_positions = false;
+    Estimate e = estimate(m, t, l, test_system());
     CHECK(bytes(e, "tp/all_gather") == (6 * L + 3) * act);
     CHECK(bytes(e, "tp/reduce_scatter") == (4 * L + 2) * act);
     // per layer 2 LayerNorms (2h each) and 2 row-parallel biases (h each), the final LayerNorm 2h; bf16 gradients
     CHECK(bytes(e, "tp/all_reduce") == 3 * ce + (L * 6 * h + 2 * h) * 2);
+    m.learned_positions = true;
+    e = estimate(m, t, l, test_system());
+    CHECK(bytes(e, "tp/all_gather") == (6 * L + 3) * act);
+    CHECK(bytes(e, "tp/reduce_scatter") == (4 * L + 1) * act);
+    CHECK(bytes(e, "tp/all_reduce") == act + 3 * ce + (L * 6 * h + 2 * h) * 2);
   }
   SECTION("dp = 4: ZeRO-0 one all-reduce, ZeRO-1 one reduce-scatter and all-gather, ZeRO-2 a reduce-scatter per "
           "microbatch, ZeRO-3 two all-gathers and one reduce-scatter per microbatch") {
@@ -301,27 +308,32 @@ TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the 
       l.zero = z;
       const Estimate e = estimate(m, t, l, test_system());
       INFO("ZeRO-" << z);
-      CHECK(bytes(e, "dp/all_reduce") == (z == 0 ? 2 * psi : 0));
+      CHECK(bytes(e, "dp/all_reduce") == (z == 0 ? 2 * psi : 0) + 8);  // + the loss's mean for the log
       CHECK(bytes(e, "dp/reduce_scatter") == (z == 0 ? 0 : z == 1 ? 2 * psi : 3 * 2 * psi));
       CHECK(bytes(e, "dp/all_gather") == (z == 0 ? 0 : z == 3 ? 6 * 2 * psi : 2 * psi));
     }
   }
-  SECTION("pp = 2: the last rank sends a gradient and receives an activation of sbh/t per microbatch; interleaved "
+  SECTION("pp = 2: the last rank sends a gradient and receives an activation of sbh per microbatch (sbh/t with "
+          "scatter/gather, then all-gathered); interleaved "
           "(v = 2) 3 each; a tied head all-reduces once") {
     t.global_batch = 8;
     Layout l;
     l.pp = 2;
     l.tp = 2;
     Estimate e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "pp/send") == 4 * act / 2);  // 4 microbatches, t = 2
-    CHECK(bytes(e, "pp/recv") == 4 * act / 2);
+    CHECK(bytes(e, "pp/send") == 4 * act);  // 4 microbatches; every TP rank sends the whole activation
+    CHECK(bytes(e, "pp/recv") == 4 * act);
+    l.pp_scatter_gather = true;  // Megatron-LM 2021: 1/t sent, gathered over TP on receipt
+    e = estimate(m, t, l, test_system());
+    CHECK(bytes(e, "pp/send") == 4 * act / 2);
+    CHECK(bytes(e, "tp/all_gather") == 4 * act);
     CHECK(bytes(e, "embedding/all_reduce") == 0);
     // the last stage has the head's all-reduce and the cross-entropy's, not the embedding's
     CHECK(bytes(e, "tp/all_reduce") == 4 * ((4 * L / 2 + 1) * act + 3 * ce));
     l.schedule = "interleaved-1f1b";
     l.virtual_stages = 2;
     e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "pp/send") == 3 * 4 * act / 2);
+    CHECK(bytes(e, "pp/send") == 3 * 4 * act / 2);  // scatter/gather still on
     m.tied = true;
     e = estimate(m, t, l, test_system());
     CHECK(bytes(e, "embedding/all_reduce") == 51200 * h / 2 * 2);

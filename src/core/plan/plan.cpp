@@ -493,10 +493,14 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of the same
   // payload, and the backward all-gathers each column-parallel GEMM's input again for its weight
   // gradient (the activations keep only the 1/t shard); the norms' and row-parallel biases'
-  // gradients are all-reduced once per step. A full recompute runs the forward's collectives again.
+  // gradients are all-reduced once per step. The embedding reduce-scatters its output, except with
+  // learned positions: then it all-reduces and keeps its sequence shard, and its backward
+  // all-gathers (Megatron-core's LanguageModelEmbedding). A full recompute runs the forward's
+  // collectives again.
   if (l.tp > 1) {
     const Link& lk = link_for(sys, l.tp, 1);
     const double msg = sbh * eb, ce = 4 * s * b, Ls = layers_per_stage, emb = p == 1 ? 1.0 : 0.0;
+    const double emb_rs = m.learned_positions ? 0.0 : emb, emb_ar = m.learned_positions ? emb : 0.0;
     const double again = t.recompute == "full" ? 2 * Ls : 0.0;
     const std::string emb_s = p == 1 ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 2 per layer to recompute" : "";
     if (!l.sequence_parallel) {
@@ -506,8 +510,10 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                          fmt::format("2 per layer backward, 1 before the head{}", rc_s)) / mbd;
     } else {
       tp_fwd += add_comm("tp", "all_gather", mbd * (2 * Ls + 1), msg, lk, l.tp, "sbh: 2 per layer forward, 1 before the head") / mbd;
-      tp_fwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + emb), msg, lk, l.tp,
-                         fmt::format("sbh: 2 per layer forward{}", emb_s)) / mbd;
+      tp_fwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + emb_rs), msg, lk, l.tp,
+                         fmt::format("sbh: 2 per layer forward{}", emb_rs > 0 ? emb_s : "")) / mbd;
+      tp_fwd += add_comm("tp", "all_reduce", mbd * emb_ar, msg, lk, l.tp,
+                         "sbh: 1 after the embedding (learned positions: all-reduced, then split)") / mbd;
       tp_bwd += add_comm("tp", "all_gather", mbd * (4 * Ls + 1 + emb + again), msg, lk, l.tp,
                          fmt::format("2 per layer backward, 2 per layer + 1 re-gathering the GEMM inputs{}{}",
                                      p == 1 ? ", 1 for the embedding" : "", rc_s)) / mbd;
@@ -533,8 +539,9 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const double pipe = static_cast<double>(mb) * (f_op + bw_op) + idle;
   e.bubble_fraction = pipe > 0 ? idle / pipe : 0;
   // PP: per microbatch each chunk boundary crossed between ranks carries an activation forward and
-  // a gradient back; each TP rank sends its 1/t of the activation (Megatron-LM's scatter/gather
-  // optimisation, Narayanan et al. 2021 §4.1; with SP the activation is split already). The last
+  // a gradient back; each TP rank sends the whole activation (Megatron-core), 1/t of it with SP
+  // (split already) or with Megatron-LM 2021's scatter/gather (Narayanan et al. 2021 §4.1), where
+  // the receiver then all-gathers it over TP. The last
   // rank sends the gradients of its v chunks and the activations of all but the model's last chunk,
   // (2v - 1) per microbatch, and receives as many; in ZB-V's V the turn is inside rank p - 1 and
   // its two other boundaries cross ranks: 2. A receive's time is its sender's send.
@@ -545,13 +552,19 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const double per_mb = vee ? 2.0 : 2.0 * v - 1;  // sends per microbatch on the modelled rank
   if (p > 1) {
     const Link& lk = link_for(sys, 2, l.tp * l.dp);
-    const std::string what = vee ? "sbh/t: ZB-V's turning rank, an activation and a gradient per microbatch"
-                                 : fmt::format("sbh/t: the last rank, {} gradient(s) and {} activation(s) per microbatch "
-                                               "({} chunk(s))", v, v - 1, v);
-    t_pp += add_comm("pp", "send", per_mb * mbd, sbh * eb / tp, lk, 2, what);
-    add_comm("pp", "recv", per_mb * mbd, sbh * eb / tp, lk, 2, what + " (timed as the peer's sends)");
+    const std::string msg_s = l.sequence_parallel || l.pp_scatter_gather ? "sbh/t" : "sbh";
+    const std::string what = vee ? msg_s + ": ZB-V's turning rank, an activation and a gradient per microbatch"
+                                 : fmt::format("{}: the last rank, {} gradient(s) and {} activation(s) per microbatch "
+                                               "({} chunk(s))", msg_s, v, v - 1, v);
+    const bool split = l.sequence_parallel || l.pp_scatter_gather;
+    const double pmsg = split ? sbh * eb / tp : sbh * eb;
+    t_pp += add_comm("pp", "send", per_mb * mbd, pmsg, lk, 2, what);
+    add_comm("pp", "recv", per_mb * mbd, pmsg, lk, 2, what + " (timed as the peer's sends)");
     for (auto& c : e.comm)
       if (c.group == "pp" && c.collective == "recv") c.seconds = 0;
+    if (l.pp_scatter_gather && !l.sequence_parallel && l.tp > 1)
+      t_pp += add_comm("tp", "all_gather", per_mb * mbd, sbh * eb, link_for(sys, l.tp, 1), l.tp,
+                       "sbh: each received pipeline message gathered (scatter/gather)");
     if (m.tied)
       t_pp += add_comm("embedding", "all_reduce", 1, pc.embedding / tp * sb.grads, link_for(sys, 2, (p - 1) * l.tp * l.dp),
                        2, "once per step: the tied head's gradient with the first stage's embedding");
@@ -565,6 +578,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   if (l.dp > 1) {
     const Link& lk = link_for(sys, l.dp, l.tp);
     const double g = params_dev * sb.grads, w = params_dev * sb.weights;
+    // the step's mean loss for the log, on the last stage (Megatron-LM's train_step: 2 fp32 values)
+    t_dp += add_comm("dp", "all_reduce", 1, 8, lk, l.dp, "the loss's mean for the log, 8 B");
     if (l.zero == 0) {
       t_dp += add_comm("dp", "all_reduce", 1, g, lk, l.dp, "the gradients, once per step");
     } else {
