@@ -310,9 +310,11 @@ Table time_table(const pl::Estimate& e, const pl::Layout& l, const pl::Training&
 /// "Communication"); bytes are what mpt's dist::Group counters count, so own runs compare to them.
 Table communication_table(const pl::Estimate& e, const pl::Layout& l) {
   Table tb{"communication",
-           fmt::format("Communication per step on one device of the {} stage (payload: the all-reduce's buffer, the "
+           fmt::format("Communication per step on one device of the {} (payload: the all-reduce's buffer, the "
                        "all-gather's output, the reduce-scatter's input, the message sent)",
-                       l.pp > 1 ? "last" : "only"),
+                       l.pp == 1 ? "only stage"
+                       : schedule_spec(l.schedule).placement == Placement::V ? "first stage (ZB-V: the first and last chunks)"
+                                                                             : "last stage"),
            {text_col("name", "group / collective"), float_col("calls", "calls"), int_col("bytes", "payload", "B"),
             float_col("seconds", "time", "s"), text_col("formula", "calls from")}};
   for (const auto& c : e.comm)

@@ -339,3 +339,46 @@ TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the 
     CHECK(bytes(e, "embedding/all_reduce") == 51200 * h / 2 * 2);
   }
 }
+
+TEST_CASE("both ends on one device: pp = 1 and ZB-V's rank 0 hold the embedding and the head, a tied head once", "[plan]") {
+  ModelShape m = gpt(8, 1024, 16, 512);
+  Training t;
+  t.microbatch = 1;
+  t.global_batch = 16;
+  t.recipe = "fp32";
+  t.optimizer = "sgd";
+  t.recompute = "none";
+  auto mem = [](const Estimate& e, const std::string& name) {
+    for (const auto& x : e.memory)
+      if (x.name == name) return x.value;
+    return -1.0;
+  };
+  auto bytes = [](const Estimate& e, const std::string& name) {
+    for (const auto& c : e.comm)
+      if (c.group + "/" + c.collective == name) return c.bytes;
+    return 0.0;
+  };
+  SECTION("pp = 1, tied: every parameter once, 4 B each") {
+    m.tied = true;
+    const Estimate e = estimate(m, t, Layout{}, test_system());
+    CHECK(mem(e, "weights") == 4 * count_params(m).total);
+  }
+  SECTION("ZB-V over 2 ranks: rank 0 holds 4 of the 8 layers, the embedding, positions, head and final norm") {
+    Layout l;
+    l.pp = 2;
+    l.schedule = "zb-v";
+    l.virtual_stages = 2;
+    l.tp = 2;
+    m.tied = true;
+    const ParamCounts pc = count_params(m);
+    const Estimate e = estimate(m, t, l, test_system());
+    REQUIRE(e.stage == "first");
+    const double h = 1024, layer_tp = pc.matmul_per_layer / 2 + 4 * h + (h + 2 * h + 4 * h) / 2 + 2 * h;
+    CHECK(mem(e, "weights") == Approx(4 * (4 * layer_tp + pc.embedding / 2 + pc.positions + pc.final_norm)).epsilon(1e-12));
+    CHECK(mem(e, "logits") > 0);
+    CHECK(bytes(e, "embedding/all_reduce") == 0);  // the tied head is rank 0's own embedding
+    // rank 0 runs the embedding's all-reduce and the head's: 4 per layer of its 4, + 2, per microbatch
+    const double act = 4 * 512 * 1024;
+    CHECK(bytes(e, "tp/all_reduce") == 16 * ((4 * 4 + 2) * act + 3 * 4 * 512));
+  }
+}

@@ -330,10 +330,16 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // (Megatron-LM's ColumnParallelLinear / RowParallelLinear); vocabulary-parallel embedding and head.
   double layer_tp = pc.matmul_per_layer / tp + 2 * (m.rmsnorm ? h : 2 * h);
   if (m.bias) layer_tp += (h + 2 * kv + (m.swiglu ? 2 * f : f)) / tp + 2 * h;
-  const double emb_tp = pc.embedding / tp, head_tp = (m.tied ? pc.embedding : pc.head) / tp;
-  const double first = layers_per_stage * layer_tp + emb_tp + pc.positions + (p == 1 ? head_tp + pc.final_norm : 0);
-  // a tied head on its own stage keeps a copy of the embedding (Megatron-LM's shared word embeddings)
-  const double last = layers_per_stage * layer_tp + head_tp + pc.final_norm;
+  // One device holds both ends of the model with pp = 1 and under ZB-V's V (rank 0 runs the first
+  // and the last chunk); there a tied head is the embedding itself. A tied head on a stage of its
+  // own keeps a copy of the embedding (Megatron-LM's shared word embeddings).
+  const bool vee = p > 1 && schedule_spec(l.schedule).placement == Placement::V;
+  const bool both_ends = p == 1 || vee;
+  const double emb_tp = pc.embedding / tp;
+  const double head_tp = both_ends ? pc.head / tp : (m.tied ? pc.embedding : pc.head) / tp;
+  const double first = layers_per_stage * layer_tp + emb_tp + pc.positions + (both_ends ? head_tp + pc.final_norm : 0);
+  // the other end: pp > 1 the last stage; under ZB-V the turning rank p - 1, blocks only
+  const double last = layers_per_stage * layer_tp + (both_ends ? 0 : head_tp + pc.final_norm);
   const StateBytes sb = state_bytes(t);
 
   // ---- activations per layer, bytes (Korthikanti et al. 2022, §4.1 and Table 2, generalised):
@@ -419,8 +425,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     e.memory = stage_memory(first, 1, true, true);
     e.stage = "only";
   } else {
-    auto mf = stage_memory(first, held.front(), false, true);
-    auto ml = stage_memory(last, held.back(), true, false);
+    auto mf = stage_memory(first, held.front(), vee, true);
+    auto ml = stage_memory(last, held.back(), !vee, false);
     if (total(mf) >= total(ml)) {
       e.memory = std::move(mf);
       e.stage = "first";
@@ -464,7 +470,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const double t_f = fwd_stage / rate + mem_fwd;
   const double t_bw = (2 * fwd_stage + layers_per_stage * recompute_layer / tp) / rate + 2 * mem_fwd + mem_recompute;
   const double t_mem = mem_fwd * 3 + mem_recompute;
-  // ---- communication of one step on the modelled (last) stage's device, per group and collective
+  // ---- communication of one step on the modelled device (the last stage's; ZB-V's rank 0, which
+  // holds the last chunk), per group and collective
   // (payload as nccl-tests and dist::Group count it); each call costs the link's latency plus the
   // ring's share of its payload. Phases: per microbatch forward, per microbatch backward, per step.
   const double mbd = static_cast<double>(mb);
@@ -499,10 +506,10 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // collectives again.
   if (l.tp > 1) {
     const Link& lk = link_for(sys, l.tp, 1);
-    const double msg = sbh * eb, ce = 4 * s * b, Ls = layers_per_stage, emb = p == 1 ? 1.0 : 0.0;
+    const double msg = sbh * eb, ce = 4 * s * b, Ls = layers_per_stage, emb = both_ends ? 1.0 : 0.0;
     const double emb_rs = m.learned_positions ? 0.0 : emb, emb_ar = m.learned_positions ? emb : 0.0;
     const double again = t.recompute == "full" ? 2 * Ls : 0.0;
-    const std::string emb_s = p == 1 ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 2 per layer to recompute" : "";
+    const std::string emb_s = both_ends ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 2 per layer to recompute" : "";
     if (!l.sequence_parallel) {
       tp_fwd += add_comm("tp", "all_reduce", mbd * (2 * Ls + emb), msg, lk, l.tp,
                          fmt::format("sbh: 2 per layer forward{}", emb_s)) / mbd;
@@ -516,7 +523,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                          "sbh: 1 after the embedding (learned positions: all-reduced, then split)") / mbd;
       tp_bwd += add_comm("tp", "all_gather", mbd * (4 * Ls + 1 + emb + again), msg, lk, l.tp,
                          fmt::format("2 per layer backward, 2 per layer + 1 re-gathering the GEMM inputs{}{}",
-                                     p == 1 ? ", 1 for the embedding" : "", rc_s)) / mbd;
+                                     both_ends ? ", 1 for the embedding" : "", rc_s)) / mbd;
       tp_bwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + 1 + again), msg, lk, l.tp,
                          fmt::format("2 per layer backward, 1 after the head{}", rc_s)) / mbd;
       const double sp_params = Ls * (2 * (m.rmsnorm ? h : 2 * h) + (m.bias ? 2 * h : 0.0)) + pc.final_norm;
@@ -543,29 +550,33 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // (split already) or with Megatron-LM 2021's scatter/gather (Narayanan et al. 2021 §4.1), where
   // the receiver then all-gathers it over TP. The last
   // rank sends the gradients of its v chunks and the activations of all but the model's last chunk,
-  // (2v - 1) per microbatch, and receives as many; in ZB-V's V the turn is inside rank p - 1 and
-  // its two other boundaries cross ranks: 2. A receive's time is its sender's send.
+  // (2v - 1) per microbatch, and receives as many; in ZB-V's V rank 0 (the first and the last
+  // chunk, the modelled device) sends and receives 2. A receive's time is its sender's send.
   // Tied weights on two stages: the head's gradient is all-reduced with the first stage's once per
   // step (Megatron-LM's embedding group).
   double t_pp = 0;
-  const bool vee = p > 1 && schedule_spec(l.schedule).placement == Placement::V;
-  const double per_mb = vee ? 2.0 : 2.0 * v - 1;  // sends per microbatch on the modelled rank
+  const double per_mb = vee ? 2.0 : 2.0 * v - 1;  // sends (and receives) per microbatch on the modelled rank
   if (p > 1) {
     const Link& lk = link_for(sys, 2, l.tp * l.dp);
     const std::string msg_s = l.sequence_parallel || l.pp_scatter_gather ? "sbh/t" : "sbh";
-    const std::string what = vee ? msg_s + ": ZB-V's turning rank, an activation and a gradient per microbatch"
-                                 : fmt::format("{}: the last rank, {} gradient(s) and {} activation(s) per microbatch "
-                                               "({} chunk(s))", msg_s, v, v - 1, v);
+    const std::string sends = vee ? msg_s + ": ZB-V's rank 0, the first chunk's activation and the last chunk's "
+                                            "gradient per microbatch"
+                                  : fmt::format("{}: the last rank, {} gradient(s) and {} activation(s) per microbatch "
+                                                "({} chunk(s))", msg_s, v, v - 1, v);
+    const std::string recvs = vee ? msg_s + ": ZB-V's rank 0, the last chunk's input activation and the first chunk's "
+                                            "output gradient per microbatch"
+                                  : fmt::format("{}: the last rank, {} activation(s) and {} gradient(s) per microbatch",
+                                                msg_s, v, v - 1);
     const bool split = l.sequence_parallel || l.pp_scatter_gather;
     const double pmsg = split ? sbh * eb / tp : sbh * eb;
-    t_pp += add_comm("pp", "send", per_mb * mbd, pmsg, lk, 2, what);
-    add_comm("pp", "recv", per_mb * mbd, pmsg, lk, 2, what + " (timed as the peer's sends)");
+    t_pp += add_comm("pp", "send", per_mb * mbd, pmsg, lk, 2, sends);
+    add_comm("pp", "recv", per_mb * mbd, pmsg, lk, 2, recvs + " (timed as the peer's sends)");
     for (auto& c : e.comm)
       if (c.group == "pp" && c.collective == "recv") c.seconds = 0;
     if (l.pp_scatter_gather && !l.sequence_parallel && l.tp > 1)
       t_pp += add_comm("tp", "all_gather", per_mb * mbd, sbh * eb, link_for(sys, l.tp, 1), l.tp,
                        "sbh: each received pipeline message gathered (scatter/gather)");
-    if (m.tied)
+    if (m.tied && !vee)
       t_pp += add_comm("embedding", "all_reduce", 1, pc.embedding / tp * sb.grads, link_for(sys, 2, (p - 1) * l.tp * l.dp),
                        2, "once per step: the tied head's gradient with the first stage's embedding");
   }
@@ -574,7 +585,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // its gradient shard, so it reduce-scatters every microbatch (DeepSpeed); ZeRO-3 also all-gathers
   // the weights for each microbatch's forward and backward (Rajbhandari et al. 2020, §7).
   double t_dp = 0;
-  const double params_dev = p == 1 ? first : last;
+  const double params_dev = both_ends ? first : last;  // the modelled device's
   if (l.dp > 1) {
     const Link& lk = link_for(sys, l.dp, l.tp);
     const double g = params_dev * sb.grads, w = params_dev * sb.weights;
@@ -623,7 +634,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                           : std::string("none (pp = 1)")});
   e.time.push_back({"pp send/recv", t_pp,
                     p > 1 ? fmt::format("{:g} send(s) per microbatch x {} microbatches{}", per_mb, mb,
-                                        m.tied ? " + the tied embedding's all-reduce" : "")
+                                        m.tied && !vee ? " + the tied embedding's all-reduce" : "")
                           : "none (pp = 1)"});
   std::string dp_formula = "none (dp = 1)";
   if (l.dp > 1) {

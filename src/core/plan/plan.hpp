@@ -126,7 +126,7 @@ struct Term {
 };
 
 /// One kind of collective on one process group, per step, on the device whose time is modelled
-/// (the last pipeline stage's): payload as nccl-tests' "size" and mpt's dist::Group counters
+/// (the last pipeline stage's; under ZB-V rank 0, which runs the first and the last chunk): payload as nccl-tests' "size" and mpt's dist::Group counters
 /// count it (the all-reduce's buffer, the all-gather's output, the reduce-scatter's input, a
 /// send's message).
 struct CommTerm {
