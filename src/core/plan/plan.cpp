@@ -476,10 +476,12 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // ring's share of its payload. Phases: per microbatch forward, per microbatch backward, per step.
   const double mbd = static_cast<double>(mb);
   double tp_fwd = 0, tp_bwd = 0, tp_step = 0;  // seconds: per microbatch forward / backward, per step
+  // `timed` false: a receive, whose time is its sender's send
   auto add_comm = [&](const std::string& group, const std::string& coll, double calls, double bytes_each,
-                      const Link& lk, int64_t n, const std::string& what) {
+                      const Link& lk, int64_t n, const std::string& what, bool timed = true) {
     if (calls <= 0 || bytes_each <= 0 || n <= 1) return 0.0;
-    const double sec = coll == "send" ? calls * send_s(lk.send_recv, bytes_each)
+    const double sec = !timed ? 0.0
+                       : coll == "send" ? calls * send_s(lk.send_recv, bytes_each)
                        : coll == "all_reduce" ? calls * collective_s(lk.all_reduce, bytes_each, n, 2)
                        : coll == "all_gather" ? calls * collective_s(lk.all_gather, bytes_each, n, 1)
                                               : calls * collective_s(lk.reduce_scatter, bytes_each, n, 1);
@@ -532,8 +534,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     }
     tp_fwd += add_comm("tp", "all_reduce", mbd * 3, ce, lk, l.tp, "3 x 4sb: the vocabulary-parallel cross-entropy") / mbd;
   }
-  const double t_tp_f = tp_fwd, t_tp_b = tp_bwd, t_tp = tp_fwd + tp_bwd;
-  double f_op = t_f + t_tp_f, bw_op = t_bw + t_tp_b;
+  double f_op = t_f + tp_fwd, bw_op = t_bw + tp_bwd;
   // the bubble: the schedule's idle time per stage (core/pipeline's bubble_time_theory), B and W
   // each half of the backward; ZB-V's closed form wants F = B = W: a third of the microbatch each
   double idle = 0;
@@ -548,9 +549,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // PP: per microbatch each chunk boundary crossed between ranks carries an activation forward and
   // a gradient back; each TP rank sends the whole activation (Megatron-core), 1/t of it with SP
   // (split already) or with Megatron-LM 2021's scatter/gather (Narayanan et al. 2021 §4.1), where
-  // the receiver then all-gathers it over TP. The last
-  // rank sends the gradients of its v chunks and the activations of all but the model's last chunk,
-  // (2v - 1) per microbatch, and receives as many; in ZB-V's V rank 0 (the first and the last
+  // the receiver then all-gathers it over TP. The last rank sends the gradients of its v chunks and
+  // the activations of all but the model's last chunk, (2v - 1) per microbatch, and receives as many; in ZB-V's V rank 0 (the first and the last
   // chunk, the modelled device) sends and receives 2. A receive's time is its sender's send.
   // Tied weights on two stages: the head's gradient is all-reduced with the first stage's once per
   // step (Megatron-LM's embedding group).
@@ -558,7 +558,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const double per_mb = vee ? 2.0 : 2.0 * v - 1;  // sends (and receives) per microbatch on the modelled rank
   if (p > 1) {
     const Link& lk = link_for(sys, 2, l.tp * l.dp);
-    const std::string msg_s = l.sequence_parallel || l.pp_scatter_gather ? "sbh/t" : "sbh";
+    const bool split = l.sequence_parallel || l.pp_scatter_gather;
+    const std::string msg_s = split ? "sbh/t" : "sbh";
     const std::string sends = vee ? msg_s + ": ZB-V's rank 0, the first chunk's activation and the last chunk's "
                                             "gradient per microbatch"
                                   : fmt::format("{}: the last rank, {} gradient(s) and {} activation(s) per microbatch "
@@ -567,12 +568,9 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                                             "output gradient per microbatch"
                                   : fmt::format("{}: the last rank, {} activation(s) and {} gradient(s) per microbatch",
                                                 msg_s, v, v - 1);
-    const bool split = l.sequence_parallel || l.pp_scatter_gather;
     const double pmsg = split ? sbh * eb / tp : sbh * eb;
     t_pp += add_comm("pp", "send", per_mb * mbd, pmsg, lk, 2, sends);
-    add_comm("pp", "recv", per_mb * mbd, pmsg, lk, 2, recvs + " (timed as the peer's sends)");
-    for (auto& c : e.comm)
-      if (c.group == "pp" && c.collective == "recv") c.seconds = 0;
+    add_comm("pp", "recv", per_mb * mbd, pmsg, lk, 2, recvs + " (timed as the peer's sends)", false);
     if (l.pp_scatter_gather && !l.sequence_parallel && l.tp > 1)
       t_pp += add_comm("tp", "all_gather", per_mb * mbd, sbh * eb, link_for(sys, l.tp, 1), l.tp,
                        "sbh: each received pipeline message gathered (scatter/gather)");
@@ -622,7 +620,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                     fmt::format("{:.3g} GB per microbatch at {:.0f} GB/s: norms, activations, residuals{}{}",
                                 t_mem * sys.memory_bandwidth / 1e9, sys.memory_bandwidth / 1e9,
                                 m.dropout ? ", dropout" : "", t.flash_attention ? " (attention fused)" : ", softmax over a·s²·b scores")});
-  e.time.push_back({"tp collectives", mb * t_tp + tp_step,
+  e.time.push_back({"tp collectives", mb * (tp_fwd + tp_bwd) + tp_step,
                     l.tp > 1 ? fmt::format("{} per layer per microbatch{}, the embedding's, head's and cross-entropy's "
                                            "(communication table)",
                                            l.sequence_parallel ? "6 AG + 4 RS" : "4 all-reduces",
