@@ -37,6 +37,13 @@ double term(const Estimate& e, const std::string& name) {
   return 0;
 }
 
+/// Payload bytes per step of `name` ("group/collective") in the estimate's communication, 0 when absent.
+double comm_bytes(const Estimate& e, const std::string& name) {
+  for (const auto& c : e.comm)
+    if (c.group + "/" + c.collective == name) return c.bytes;
+  return 0.0;
+}
+
 ModelShape gpt(int64_t layers, int64_t h, int64_t a, int64_t s) {
   ModelShape m = preset("megatron-1t");
   m.layers = layers;
@@ -266,18 +273,13 @@ TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the 
   t.microbatch = 2;
   t.recompute = "none";
   const double L = 4, h = 1024, s = 512, b = 2, act = 2 * s * b * h, ce = 4 * s * b;
-  auto bytes = [](const Estimate& e, const std::string& name) {
-    for (const auto& c : e.comm)
-      if (c.group + "/" + c.collective == name) return c.bytes;
-    return 0.0;
-  };
   SECTION("tp = 2 without SP: 4L + 2 all-reduces of sbh and the cross-entropy's 3 of 4sb per microbatch") {
     t.global_batch = 4;  // 2 microbatches
     Layout l;
     l.tp = 2;
     const Estimate e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "tp/all_reduce") == 2 * ((4 * L + 2) * act + 3 * ce));
-    CHECK(bytes(e, "tp/all_gather") == 0);
+    CHECK(comm_bytes(e, "tp/all_reduce") == 2 * ((4 * L + 2) * act + 3 * ce));
+    CHECK(comm_bytes(e, "tp/all_gather") == 0);
     CHECK(e.comm.size() == 1);
   }
   SECTION("tp = 2 with SP: 6L + 3 all-gathers, 4L + 2 reduce-scatters, the norms' and row biases' gradients once; "
@@ -288,15 +290,15 @@ TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the 
     l.sequence_parallel = true;
     m.learned_positions = false;
     Estimate e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "tp/all_gather") == (6 * L + 3) * act);
-    CHECK(bytes(e, "tp/reduce_scatter") == (4 * L + 2) * act);
+    CHECK(comm_bytes(e, "tp/all_gather") == (6 * L + 3) * act);
+    CHECK(comm_bytes(e, "tp/reduce_scatter") == (4 * L + 2) * act);
     // per layer 2 LayerNorms (2h each) and 2 row-parallel biases (h each), the final LayerNorm 2h; bf16 gradients
-    CHECK(bytes(e, "tp/all_reduce") == 3 * ce + (L * 6 * h + 2 * h) * 2);
+    CHECK(comm_bytes(e, "tp/all_reduce") == 3 * ce + (L * 6 * h + 2 * h) * 2);
     m.learned_positions = true;
     e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "tp/all_gather") == (6 * L + 3) * act);
-    CHECK(bytes(e, "tp/reduce_scatter") == (4 * L + 1) * act);
-    CHECK(bytes(e, "tp/all_reduce") == act + 3 * ce + (L * 6 * h + 2 * h) * 2);
+    CHECK(comm_bytes(e, "tp/all_gather") == (6 * L + 3) * act);
+    CHECK(comm_bytes(e, "tp/reduce_scatter") == (4 * L + 1) * act);
+    CHECK(comm_bytes(e, "tp/all_reduce") == act + 3 * ce + (L * 6 * h + 2 * h) * 2);
   }
   SECTION("dp = 4: ZeRO-0 one all-reduce, ZeRO-1 one reduce-scatter and all-gather, ZeRO-2 a reduce-scatter per "
           "microbatch, ZeRO-3 two all-gathers and one reduce-scatter per microbatch") {
@@ -308,9 +310,9 @@ TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the 
       l.zero = z;
       const Estimate e = estimate(m, t, l, test_system());
       INFO("ZeRO-" << z);
-      CHECK(bytes(e, "dp/all_reduce") == (z == 0 ? 2 * psi : 0) + 8);  // + the loss's mean for the log
-      CHECK(bytes(e, "dp/reduce_scatter") == (z == 0 ? 0 : z == 1 ? 2 * psi : 3 * 2 * psi));
-      CHECK(bytes(e, "dp/all_gather") == (z == 0 ? 0 : z == 3 ? 6 * 2 * psi : 2 * psi));
+      CHECK(comm_bytes(e, "dp/all_reduce") == (z == 0 ? 2 * psi : 0) + 8);  // + the loss's mean for the log
+      CHECK(comm_bytes(e, "dp/reduce_scatter") == (z == 0 ? 0 : z == 1 ? 2 * psi : 3 * 2 * psi));
+      CHECK(comm_bytes(e, "dp/all_gather") == (z == 0 ? 0 : z == 3 ? 6 * 2 * psi : 2 * psi));
     }
   }
   SECTION("pp = 2: the last rank sends a gradient and receives an activation of sbh per microbatch (sbh/t with "
@@ -321,22 +323,22 @@ TEST_CASE("communication: Megatron-LM's TP collectives, ZeRO's DP payloads, the 
     l.pp = 2;
     l.tp = 2;
     Estimate e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "pp/send") == 4 * act);  // 4 microbatches; every TP rank sends the whole activation
-    CHECK(bytes(e, "pp/recv") == 4 * act);
+    CHECK(comm_bytes(e, "pp/send") == 4 * act);  // 4 microbatches; every TP rank sends the whole activation
+    CHECK(comm_bytes(e, "pp/recv") == 4 * act);
     l.pp_scatter_gather = true;  // Megatron-LM 2021: 1/t sent, gathered over TP on receipt
     e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "pp/send") == 4 * act / 2);
-    CHECK(bytes(e, "tp/all_gather") == 4 * act);
-    CHECK(bytes(e, "embedding/all_reduce") == 0);
+    CHECK(comm_bytes(e, "pp/send") == 4 * act / 2);
+    CHECK(comm_bytes(e, "tp/all_gather") == 4 * act);
+    CHECK(comm_bytes(e, "embedding/all_reduce") == 0);
     // the last stage has the head's all-reduce and the cross-entropy's, not the embedding's
-    CHECK(bytes(e, "tp/all_reduce") == 4 * ((4 * L / 2 + 1) * act + 3 * ce));
+    CHECK(comm_bytes(e, "tp/all_reduce") == 4 * ((4 * L / 2 + 1) * act + 3 * ce));
     l.schedule = "interleaved-1f1b";
     l.virtual_stages = 2;
     e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "pp/send") == 3 * 4 * act / 2);  // scatter/gather still on
+    CHECK(comm_bytes(e, "pp/send") == 3 * 4 * act / 2);  // scatter/gather still on
     m.tied = true;
     e = estimate(m, t, l, test_system());
-    CHECK(bytes(e, "embedding/all_reduce") == 51200 * h / 2 * 2);
+    CHECK(comm_bytes(e, "embedding/all_reduce") == 51200 * h / 2 * 2);
   }
 }
 
@@ -348,20 +350,10 @@ TEST_CASE("both ends on one device: pp = 1 and ZB-V's rank 0 hold the embedding 
   t.recipe = "fp32";
   t.optimizer = "sgd";
   t.recompute = "none";
-  auto mem = [](const Estimate& e, const std::string& name) {
-    for (const auto& x : e.memory)
-      if (x.name == name) return x.value;
-    return -1.0;
-  };
-  auto bytes = [](const Estimate& e, const std::string& name) {
-    for (const auto& c : e.comm)
-      if (c.group + "/" + c.collective == name) return c.bytes;
-    return 0.0;
-  };
   SECTION("pp = 1, tied: every parameter once, 4 B each") {
     m.tied = true;
     const Estimate e = estimate(m, t, Layout{}, test_system());
-    CHECK(mem(e, "weights") == 4 * count_params(m).total);
+    CHECK(term(e, "weights") == 4 * count_params(m).total);
   }
   SECTION("ZB-V over 2 ranks: rank 0 holds 4 of the 8 layers, the embedding, positions, head and final norm") {
     Layout l;
@@ -374,11 +366,11 @@ TEST_CASE("both ends on one device: pp = 1 and ZB-V's rank 0 hold the embedding 
     const Estimate e = estimate(m, t, l, test_system());
     REQUIRE(e.stage == "first");
     const double h = 1024, layer_tp = pc.matmul_per_layer / 2 + 4 * h + (h + 2 * h + 4 * h) / 2 + 2 * h;
-    CHECK(mem(e, "weights") == Approx(4 * (4 * layer_tp + pc.embedding / 2 + pc.positions + pc.final_norm)).epsilon(1e-12));
-    CHECK(mem(e, "logits") > 0);
-    CHECK(bytes(e, "embedding/all_reduce") == 0);  // the tied head is rank 0's own embedding
+    CHECK(term(e, "weights") == Approx(4 * (4 * layer_tp + pc.embedding / 2 + pc.positions + pc.final_norm)).epsilon(1e-12));
+    CHECK(term(e, "logits") > 0);
+    CHECK(comm_bytes(e, "embedding/all_reduce") == 0);  // the tied head is rank 0's own embedding
     // rank 0 runs the embedding's all-reduce and the head's: 4 per layer of its 4, + 2, per microbatch
     const double act = 4 * 512 * 1024;
-    CHECK(bytes(e, "tp/all_reduce") == 16 * ((4 * 4 + 2) * act + 3 * 4 * 512));
+    CHECK(comm_bytes(e, "tp/all_reduce") == 16 * ((4 * 4 + 2) * act + 3 * 4 * 512));
   }
 }
