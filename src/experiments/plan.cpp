@@ -309,13 +309,11 @@ Table time_table(const pl::Estimate& e, const pl::Layout& l, const pl::Training&
 
 /// Every collective of a step on the modelled device, with its payload and time (docs/plan.md,
 /// "Communication"); bytes are what mpt's dist::Group counters count, so own runs compare to them.
-Table communication_table(const pl::Estimate& e, const pl::Layout& l) {
+Table communication_table(const pl::Estimate& e) {
   Table tb{"communication",
            fmt::format("Communication per step on one device of the {} (payload: the all-reduce's buffer, the "
                        "all-gather's output, the reduce-scatter's input, the message sent)",
-                       l.pp == 1 ? "only stage"
-                       : schedule_spec(l.schedule).placement == Placement::V ? "first stage (ZB-V: the first and last chunks)"
-                                                                             : "last stage"),
+                       e.comm_device),
            {text_col("name", "group / collective"), float_col("calls", "calls"), int_col("bytes", "payload", "B"),
             float_col("seconds", "time", "s"), text_col("formula", "calls from")}};
   for (const auto& c : e.comm)
@@ -565,7 +563,7 @@ Report run_plan(const Context& ctx) {
     const auto e = pl::estimate(m, t, l, sys);
     report.add(memory_table(e, l, sys));
     report.add(time_table(e, l, t, sys));
-    report.add(communication_table(e, l));
+    report.add(communication_table(e));
     report.results["summary"] = {{"fits", e.fits},
                                  {"memory_bytes", e.memory_bytes},
                                  {"stage", e.stage},

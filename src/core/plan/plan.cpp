@@ -335,6 +335,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // own keeps a copy of the embedding (Megatron-LM's shared word embeddings).
   const bool vee = p > 1 && schedule_spec(l.schedule).placement == Placement::V;
   const bool both_ends = p == 1 || vee;
+  e.comm_device = p == 1 ? "only stage" : vee ? "first stage (ZB-V: the first and last chunks)" : "last stage";
   const double emb_tp = pc.embedding / tp;
   const double head_tp = both_ends ? pc.head / tp : (m.tied ? pc.embedding : pc.head) / tp;
   const double first = layers_per_stage * layer_tp + emb_tp + pc.positions + (both_ends ? head_tp + pc.final_norm : 0);

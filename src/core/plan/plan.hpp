@@ -145,6 +145,7 @@ struct Estimate {
   std::string stage;          ///< which stage that is: "first", "last" or "only"
   bool fits = false;          ///< memory_bytes <= the system's memory
   std::vector<CommTerm> comm; ///< every collective of a step on the modelled device (the time terms use them)
+  std::string comm_device;    ///< that device: "only stage", "last stage" or ZB-V's "first stage (...)"
   std::vector<Term> time;     ///< seconds per step on the critical path
   double step_s = 0;
   double bubble_fraction = 0; ///< pipeline idle time / pipeline time
