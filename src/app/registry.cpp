@@ -13,6 +13,7 @@ const std::vector<Experiment>& experiments() {
       fp8_experiment(),          fp4_experiment(),
       shard_experiment(),
       tensorparallel_experiment(),
+      contextparallel_experiment(),
       plan_experiment(),
   };
   return all;

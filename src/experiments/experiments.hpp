@@ -18,6 +18,7 @@ Experiment fp8_experiment();
 Experiment fp4_experiment();
 Experiment shard_experiment();
 Experiment tensorparallel_experiment();
+Experiment contextparallel_experiment();
 Experiment plan_experiment();
 
 }  // namespace mpt

@@ -93,6 +93,12 @@ ConfigSpec tensorparallel_spec() {
             "would let Gloo reorder the sum)", 1, 2);
   s.integer("/mesh/tp", 1, "mesh: tensor-parallel degree (must divide /model/heads and the MLP width)", 1, 8);
   s.integer("/mesh/pp", 1, "mesh: pipeline stages (must divide /model/layers)", 1, 8);
+  s.integer("/mesh/cp", 1, "mesh: context-parallel degree (each sequence's positions split over cp ranks, "
+            "core/parallel/cp; at most 2, as /mesh/dp)", 1, 2);
+  s.choice("/mesh/cp_attention", "ring", {"ring", "all_gather", "ulysses"},
+           "mesh: how the CP ranks' attention sees the whole sequence (mpt contextparallel)");
+  s.choice("/mesh/cp_split", "balanced", {"balanced", "contiguous"},
+           "mesh: the CP split of the sequence (balanced: 2cp chunks, rank r holding r and 2cp-1-r)");
   s.integer("/mesh/microbatches", 2, "mesh: microbatches per DP rank and step (>= /mesh/pp; must divide /data/batch)",
             1, 4096);
   s.choice("/mesh/schedule", "1f1b", {"gpipe", "1f1b"}, "mesh: the pipeline schedule (core/pipeline/schedule)");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A hung or dead rank (issue 4, faults; issue 19): a two-process run of a multi-process experiment
-# with the shared /fault and /dist keys (dataparallel, shard, tensorparallel) where rank 1, from
+# with the shared /fault and /dist keys (dataparallel, shard, tensorparallel, contextparallel) where rank 1, from
 # step 1 on, stays alive but silent (FAULT_MODE=hang, the default: it sleeps forever) or dies
 # (FAULT_MODE=exit: it exits with code 86 mid-step). Checks that
 #  - mpt exits 3 within a bound (timeout + report window + start-up, far below "forever");
@@ -27,7 +27,8 @@ start=$(date +%s%N)
 code=$?
 took_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 [ "$code" = 3 ] || fail "exit code $code, expected 3"
-grep -Eq "failed on rank 0 of 2: .*rank 1 did not answer" "$tmp/err" \
+# A collective says "rank 1 did not answer"; a send/recv (the ring of contextparallel) "rank 1 is late".
+grep -Eq "failed on rank 0 of 2: .*rank 1 (did not answer|is late)" "$tmp/err" \
   || fail "rank 0's message does not name rank 1 as the rank that did not answer"
 if [ "$mode" = hang ]; then
   grep -Eq "rank 1 of 2 failed: did not answer" "$tmp/err" || fail "the launcher does not blame rank 1"

@@ -59,6 +59,18 @@ cli_case(tensorparallel_mesh_tp2_pp2 0 "OK: 2 of 2 checks passed" ${TPMESH} --np
          --set mesh.schedule=gpipe)
 # 2 x 2 x 2 = 8 processes, the documented config.
 cli_case(tensorparallel_mesh8 0 "OK: 2 of 2 checks passed" tensorparallel --config configs/tensorparallel_mesh8.json)
+# Context parallelism in the mesh (/mesh/cp = 2): every step's parameters bitwise equal to TP and CP
+# on their groups without pipeline and DP; dp 2 x cp 2 x tp 2 = 8 processes (the documented
+# config, the ring on the balanced split), cp 2 x pp 2 with each attention on the contiguous split.
+cli_case(tensorparallel_mesh_cp8 0 "OK: 2 of 2 checks passed" tensorparallel --config configs/tensorparallel_mesh_cp8.json)
+cli_case(tensorparallel_mesh_cp2_pp2_ulysses 0 "OK: 2 of 2 checks passed" ${TPMESH} --nproc 4 --set mesh.cp=2
+         --set mesh.pp=2 --set mesh.cp_attention=ulysses --set mesh.cp_split=contiguous)
+cli_case(tensorparallel_mesh_dp2_cp2_all_gather 0 "OK: 2 of 2 checks passed" ${TPMESH} --nproc 4 --set mesh.cp=2
+         --set mesh.dp=2 --set mesh.cp_attention=all_gather)
+cli_case(tensorparallel_mesh_cp_seq 2 "/data/seq: expected a multiple of 4 \\(the balanced split over /mesh/cp = 2\\), got 14"
+         ${TPMESH} --nproc 2 --set mesh.cp=2 --set data.seq=14)
+cli_case(tensorparallel_mesh_cp_ulysses_heads 2 "/mesh/cp: expected a divisor of the heads per TP rank .* = 1"
+         ${TPMESH} --nproc 8 --set mesh.cp=2 --set mesh.tp=4 --set mesh.cp_attention=ulysses)
 # A mesh that diverges says so (stop-28 probe: no note, no results.diverged); its checks fail (exit 1).
 diverged_case(tensorparallel_mesh_diverged 1 "diverged: mesh's loss became nan at step [0-9]+" ${TPMESH} --nproc 2
          --set mesh.dp=2 --set mesh.steps=10 --set mesh.lr=100)
@@ -71,7 +83,7 @@ add_test(NAME cli.tensorparallel_mesh_killed_rank_named
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.tensorparallel_mesh_killed_rank_named PROPERTIES TIMEOUT 120)
 # Bad mesh input: exit 2 naming the keys, before any process starts.
-cli_case(tensorparallel_mesh_world_mismatch 2 "/mesh: expected /mesh/dp x /mesh/tp x /mesh/pp = the world size 4"
+cli_case(tensorparallel_mesh_world_mismatch 2 "/mesh: expected /mesh/dp x /mesh/cp x /mesh/tp x /mesh/pp = the world size 4"
          ${TPMESH} --nproc 4 --set mesh.dp=2)
 cli_case(tensorparallel_mesh_tp_heads 2 "/mesh/tp: expected a divisor of /model/heads = 4" ${TPMESH} --nproc 3
          --set mesh.tp=3)

@@ -364,6 +364,23 @@ def case_mesh(mpt, tmp):
     print(f"ok: mesh dp 2 x pp 2: {len(starts)} flows, each within its replica's pipeline")
 
 
+def case_contextparallel(mpt, tmp):
+    """The ring on 2 ranks: its send/recv on each rank's communication track, with bytes and peer,
+    and its block computations ("ring forward step", "ring backward step") on the compute track."""
+    run(mpt, ["contextparallel", "--config", os.path.join(ROOT, "configs/contextparallel_quick.json"),
+              "--out", "r.json", "--trace", "t.json"], tmp)
+    doc = validate(os.path.join(tmp, "t.json"))
+    events = x_events(doc)
+    for rank in (0, 1):
+        sends = [e for e in events if e["pid"] == rank and e.get("cat") == "comm" and "send" in e["name"]]
+        if not sends or not all((e.get("args") or {}).get("bytes", 0) > 0 for e in sends):
+            fail(f"rank {rank}: no send with bytes on the communication track")
+        for step in ("ring forward step", "ring backward step"):
+            if not any(e["pid"] == rank and e["name"] == step for e in events):
+                fail(f"rank {rank}: no '{step}' slice")
+    print(f"ok: contextparallel ring: {sum(1 for e in events if e.get('cat') == 'comm')} communication slices")
+
+
 STORE_MESSAGE_LIMIT = 8 << 20  # LibTorch 2.x's libuv TCPStore: MAX_PAYLOAD_LEN, one message
 
 
@@ -492,6 +509,7 @@ CASES = {
     "dataparallel": case_dataparallel,
     "single": case_single,
     "mesh": case_mesh,
+    "contextparallel": case_contextparallel,
     "unwritable": case_unwritable,
     "over_store_limit": case_over_store_limit,
     "atomic": case_atomic,

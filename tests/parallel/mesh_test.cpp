@@ -70,14 +70,42 @@ TEST_CASE("MeshLayout::groups: every group of an axis once, in the order every r
   const MeshLayout d3(3, 1, 2);
   CHECK(d3.groups("dp")[1].ranks == std::vector<int>{3, 4, 5});
   CHECK(d3.groups("pp")[2].ranks == std::vector<int>{2, 5});
-  CHECK_THROWS_AS(d3.groups("cp"), std::invalid_argument);
+  CHECK(d3.groups("cp").size() == 6);  // cp = 1: a group of one rank per (pp, dp, tp)
+  CHECK(d3.groups("cp")[4].ranks == std::vector<int>{4});
+  CHECK_THROWS_AS(d3.groups("ep"), std::invalid_argument);
+}
+
+TEST_CASE("MeshLayout with context parallelism: Megatron's tp-cp-dp-pp order, the CP groups between TP and DP",
+          "[mesh]") {
+  const MeshLayout m(/*dp=*/2, /*tp=*/2, /*pp=*/1, /*cp=*/2);  // the dp 2 x cp 2 x tp 2 mesh of 8 ranks
+  REQUIRE(m.size() == 8);
+  CHECK(m.rank_of(0, 1, 1, 0) == 5);  // ((0*2 + 1)*2 + 0)*2 + 1
+  const auto c = m.coord(6);
+  CHECK((c.pp == 0 && c.dp == 1 && c.cp == 1 && c.tp == 0));
+  CHECK(m.tp_group(0, 1, 1) == std::vector<int>{6, 7});
+  CHECK(m.cp_group(0, 1, 0) == std::vector<int>{4, 6});
+  CHECK(m.dp_group(0, 1, 1) == std::vector<int>{3, 7});
+  const auto cps = m.groups("cp");
+  REQUIRE(cps.size() == 4);
+  CHECK(cps[1].name == "mesh/cp/pp0dp0tp1/");
+  CHECK(cps[1].ranks == std::vector<int>{1, 3});
+  CHECK(m.groups("tp")[1].name == "mesh/tp/pp0dp0cp1/");
+  // Every rank in exactly one group of each axis.
+  for (const char* axis : {"tp", "cp", "dp", "pp"}) {
+    std::vector<int> seen(8, 0);
+    for (const auto& g : m.groups(axis))
+      for (int r : g.ranks) ++seen[static_cast<std::size_t>(r)];
+    CHECK(seen == std::vector<int>(8, 1));
+  }
+  CHECK_THROWS_AS(m.rank_of(0, 0, 0, 2), std::out_of_range);
 }
 
 TEST_CASE("MeshLayout: bad degrees throw std::invalid_argument", "[mesh]") {
   CHECK_THROWS_AS(MeshLayout(0, 1, 1), std::invalid_argument);
   CHECK_THROWS_AS(MeshLayout(1, -1, 1), std::invalid_argument);
   CHECK_THROWS_AS(MeshLayout(1, 1, 0), std::invalid_argument);
-  CHECK_THROWS_AS(MeshLayout(MeshDims{1, 1, 1, /*cp=*/2, 1}), std::invalid_argument);
+  CHECK_THROWS_AS(MeshLayout(MeshDims{1, 1, 1, /*cp=*/0, 1}), std::invalid_argument);
+  CHECK_NOTHROW(MeshLayout(MeshDims{1, 1, 1, /*cp=*/2, 1}));
   CHECK_THROWS_AS(MeshLayout(MeshDims{1, 1, 1, 1, /*ep=*/2}), std::invalid_argument);
   CHECK_NOTHROW(MeshLayout(MeshDims{2, 2, 2}));
 }

@@ -59,7 +59,7 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) : heads(c.heads) {
 }
 
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook, const GptLinear& lin,
-                                    const std::string& prefix) {
+                                    const std::string& prefix, const GptAttention& attention) {
   const int64_t B = x.size(0), hd = x.size(2) / heads;
   // Attention: nanoGPT's CausalSelfAttention with the "slow" path written out.
   auto h = at_site(hook, ln_1->forward(x), "ln");
@@ -72,12 +72,18 @@ torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook,
   auto q = parts[0].view({B, T, nh, hd}).transpose(1, 2);  // [B, nh, T, hd]
   auto k = parts[1].view({B, T, nh, hd}).transpose(1, 2);
   auto v = parts[2].view({B, T, nh, hd}).transpose(1, 2);
-  auto att = at_site(hook, torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd))),
-                     "scores");
-  auto mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).tril();
-  att = att.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
-  att = at_site(hook, torch::softmax(att, /*dim=*/-1), "probs");
-  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  torch::Tensor y;
+  if (attention) {
+    y = attention(q, k, v);
+  } else {
+    auto att = at_site(hook, torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd))),
+                       "scores");
+    auto mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).tril();
+    att = att.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+    att = at_site(hook, torch::softmax(att, /*dim=*/-1), "probs");
+    y = torch::matmul(att, v);
+  }
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
   y = at_site(hook, linear(attn_proj, y, lin, prefix + "attn_proj"), "attn_out");
   auto r = at_site(hook, x + y, "residual");
   // MLP.

@@ -62,6 +62,13 @@ using GptHook = std::function<torch::Tensor(const torch::Tensor& x, const std::s
 using GptLinear = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                                               const std::string& name)>;
 
+/// The attention core of a block: q, k, v [B, nh, T, hd] (already split into heads) → y [B, nh,
+/// T, hd], causal. Empty (the default) means the block's own written-out softmax(q·kᵀ/√d)·v with
+/// its "scores" and "probs" hook sites; context parallelism (core/parallel/cp) passes one whose
+/// T is this rank's share of the sequence and which exchanges keys and values with the other
+/// ranks (the hook sites of the core are then not called).
+using GptAttention = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)>;
+
 /// One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
 struct GptBlockImpl : torch::nn::Module {
   GptBlockImpl(const GptConfig& c);
@@ -69,9 +76,10 @@ struct GptBlockImpl : torch::nn::Module {
   /// torch::linear), called with names `prefix` + "c_attn", ... (TinyGpt passes "h<i>."). The
   /// attention's sequence length, width and head count are read from c_attn's output, so that
   /// tensor parallelism (core/parallel/tp_gpt) runs this block with its Linears replaced by
-  /// column/row-parallel ones returning this rank's heads.
+  /// column/row-parallel ones returning this rank's heads. `attention` replaces the attention
+  /// core (GptAttention; empty: the written-out one).
   torch::Tensor forward(const torch::Tensor& x, const GptHook& hook, const GptLinear& linear = {},
-                        const std::string& prefix = "");
+                        const std::string& prefix = "", const GptAttention& attention = {});
   int64_t heads;
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   torch::nn::Linear c_attn{nullptr}, attn_proj{nullptr}, c_fc{nullptr}, mlp_proj{nullptr};

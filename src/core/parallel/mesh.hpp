@@ -1,14 +1,16 @@
 // core/parallel/mesh: the device mesh of a multi-process run — the degrees of every parallelism
-// (dp, tp, pp; cp and ep reserved), their validation, the rank layout and every process group,
+// (dp, cp, tp, pp; ep reserved), their validation, the rank layout and every process group,
 // built once. The role of torchtitan's ParallelDims (torchtitan/distributed/parallel_dims.py,
 // build_mesh) and of Megatron-LM's initialize_model_parallel (megatron/core/parallel_state.py).
 //
-// Rank order ("pp", "dp", "tp"), tp fastest: global rank = (pp_idx·dp + dp_idx)·tp + tp_idx.
-// It is Megatron-LM's default (initialize_model_parallel with order "tp-cp-ep-dp-pp" and
-// cp = ep = 1: RankGenerator puts the first-named dim fastest) and torch's
-// init_device_mesh(..., (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp")) over
-// arange(world).view(pp, dp, tp), torchtitan's order: TP's frequent collectives stay between
-// neighbouring ranks (one node), the pipeline's point-to-point sends take the slowest links.
+// Rank order ("pp", "dp", "cp", "tp"), tp fastest:
+//   global rank = ((pp_idx·dp + dp_idx)·cp + cp_idx)·tp + tp_idx.
+// It is Megatron-LM's default (initialize_model_parallel with order "tp-cp-ep-dp-pp" and ep = 1:
+// RankGenerator puts the first-named dim fastest) and torch's init_device_mesh(..., (pp, dp, cp,
+// tp), mesh_dim_names=("pp", "dp", "cp", "tp")) over arange(world).view(pp, dp, cp, tp),
+// torchtitan's order: TP's frequent collectives stay between neighbouring ranks (one node), then
+// context parallelism's ring, the pipeline's point-to-point sends take the slowest links. With
+// cp = 1 it is the (pp, dp, tp) order and group names of the DP x TP x PP mesh.
 #pragma once
 
 #include <map>
@@ -23,48 +25,53 @@
 
 namespace mpt {
 
-/// The degrees of the mesh (torchtitan's ParallelDims fields). cp (context parallelism) and ep
-/// (expert parallelism) have their place in Megatron's order but no implementation yet: they must be 1.
+/// The degrees of the mesh (torchtitan's ParallelDims fields). ep (expert parallelism) has its
+/// place in Megatron's order but no implementation yet: it must be 1.
 struct MeshDims {
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
 };
 
-/// The rank layout of a mesh of dp·tp·pp processes (see the file comment). Throws
-/// std::invalid_argument when a degree is < 1, or cp or ep is not 1.
+/// The rank layout of a mesh of dp·cp·tp·pp processes (see the file comment). Throws
+/// std::invalid_argument when a degree is < 1, or ep is not 1.
 struct MeshLayout {
   explicit MeshLayout(MeshDims dims);
-  MeshLayout(int dp, int tp, int pp) : MeshLayout(MeshDims{dp, tp, pp}) {}
-  int dp = 1, tp = 1, pp = 1;
-  int size() const { return dp * tp * pp; }
-  /// The global rank at coordinates (pp_idx, dp_idx, tp_idx); std::out_of_range outside the mesh.
-  int rank_of(int pp_idx, int dp_idx, int tp_idx) const;
+  MeshLayout(int dp, int tp, int pp, int cp = 1) : MeshLayout(MeshDims{dp, tp, pp, cp}) {}
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  int size() const { return dp * cp * tp * pp; }
+  /// The global rank at coordinates (pp_idx, dp_idx, tp_idx, cp_idx); std::out_of_range outside the mesh.
+  int rank_of(int pp_idx, int dp_idx, int tp_idx, int cp_idx = 0) const;
   /// Coordinates of a global rank.
   struct Coord {
-    int pp = 0, dp = 0, tp = 0;
+    int pp = 0, dp = 0, tp = 0, cp = 0;
   };
   /// std::out_of_range for a rank outside 0 .. size() − 1.
   Coord coord(int rank) const;
-  /// The TP group of (pp_idx, dp_idx): tp consecutive ranks (Megatron's tensor-model-parallel group).
-  std::vector<int> tp_group(int pp_idx, int dp_idx) const;
-  /// The DP group of (pp_idx, tp_idx): the ranks holding the same shards of the same stage.
-  std::vector<int> dp_group(int pp_idx, int tp_idx) const;
-  /// The PP group of (dp_idx, tp_idx), in stage order: tp-rank i of stage s sends to tp-rank i
+  /// The TP group of (pp_idx, dp_idx, cp_idx): tp consecutive ranks (Megatron's tensor-model-parallel group).
+  std::vector<int> tp_group(int pp_idx, int dp_idx, int cp_idx = 0) const;
+  /// The CP group of (pp_idx, dp_idx, tp_idx): the ranks holding the same shards of the same stage
+  /// and the same sequences, each its share of the positions (Megatron's context-parallel group).
+  std::vector<int> cp_group(int pp_idx, int dp_idx, int tp_idx) const;
+  /// The DP group of (pp_idx, tp_idx, cp_idx): the ranks holding the same shards of the same stage
+  /// and the same positions of different sequences.
+  std::vector<int> dp_group(int pp_idx, int tp_idx, int cp_idx = 0) const;
+  /// The PP group of (dp_idx, tp_idx, cp_idx), in stage order: tp-rank i of stage s sends to tp-rank i
   /// of stage s + 1 (group rank = stage).
-  std::vector<int> pp_group(int dp_idx, int tp_idx) const;
+  std::vector<int> pp_group(int dp_idx, int tp_idx, int cp_idx = 0) const;
 
   /// One process group of an axis: its store prefix (unique in the job) and its global ranks.
   struct GroupSpec {
     std::string name;
     std::vector<int> ranks;
   };
-  /// Every group of `axis` ("tp", "dp" or "pp") in the one order every rank builds them: the
-  /// other two coordinates in the mesh's order (tp: pp, dp; dp: pp, tp; pp: dp, tp), names
-  /// "mesh/<axis>/<other coordinates>/". Throws std::invalid_argument for another axis.
+  /// Every group of `axis` ("tp", "cp", "dp" or "pp") in the one order every rank builds them:
+  /// the other coordinates in the mesh's order (tp: pp, dp, cp; cp: pp, dp, tp; dp: pp, cp, tp;
+  /// pp: dp, cp, tp), names "mesh/<axis>/<other coordinates>/" (the cp coordinate named only
+  /// when cp > 1). Throws std::invalid_argument for another axis.
   std::vector<GroupSpec> groups(const std::string& axis) const;
 };
 
-/// The mesh of this rank: the layout and this rank's TP, DP and PP groups, every group of the
-/// job built once, in the order TP, DP, PP (MeshLayout::groups), as torch's DeviceMesh does:
+/// The mesh of this rank: the layout and this rank's TP, CP, DP and PP groups, every group of the
+/// job built once, in the order TP, CP, DP, PP (MeshLayout::groups), as torch's DeviceMesh does:
 /// every rank walks every group, joining its own (World::new_group returns nullptr elsewhere).
 class Mesh {
  public:
@@ -74,12 +81,13 @@ class Mesh {
   const MeshLayout& layout() const { return layout_; }
   /// This rank's coordinates.
   const MeshLayout::Coord& coord() const { return coord_; }
-  /// This rank's group of `axis` ("tp", "dp", "pp"); std::out_of_range for another axis.
+  /// This rank's group of `axis` ("tp", "cp", "dp", "pp"); std::out_of_range for another axis.
   const std::shared_ptr<dist::Group>& group(const std::string& axis) const;
   /// The global ranks of this rank's group of `axis`, in group-rank order.
   const std::vector<int>& ranks(const std::string& axis) const;
   const std::shared_ptr<dist::Group>& tp() const { return group("tp"); }
   const std::shared_ptr<dist::Group>& dp() const { return group("dp"); }
+  const std::shared_ptr<dist::Group>& cp() const { return group("cp"); }
   const std::shared_ptr<dist::Group>& pp() const { return group("pp"); }
 
  private:

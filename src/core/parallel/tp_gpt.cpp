@@ -155,7 +155,14 @@ torch::Tensor TpGpt::block_forward(std::size_t i, const torch::Tensor& x, BlockT
       return t;
     };
   }
-  return b.module->forward(x, keep_residual, parallel, "h" + std::to_string(i) + ".");
+  return b.module->forward(x, keep_residual, parallel, "h" + std::to_string(i) + ".", cp_attention_);
+}
+
+void TpGpt::set_context_parallel(GptAttention attention, torch::Tensor positions) {
+  if (!attention || !positions.defined() || positions.dim() != 1)
+    throw std::invalid_argument("TpGpt::set_context_parallel: expected an attention and positions [T/c]");
+  cp_attention_ = std::move(attention);
+  cp_positions_ = std::move(positions);
 }
 
 // Every operation of block i against the full block it was sliced from, fed the same
@@ -218,6 +225,7 @@ void TpGpt::check_block(std::size_t i, const BlockTrace& tr, std::vector<SiteChe
 
 torch::Tensor TpGpt::forward_loss(const torch::Tensor& idx, const torch::Tensor& targets,
                                   std::vector<int64_t>* block_bytes, std::vector<SiteCheck>* checks) {
+  if (cp_attention_) throw std::logic_error("TpGpt::loss: context parallelism runs the pipeline pieces only");
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= cfg_.context, "TpGpt: sequence of ", T, " tokens is longer than the context (", cfg_.context, ")");
   if (sp_ && T % t_ != 0)
@@ -303,6 +311,11 @@ torch::Tensor TpGpt::embed(const torch::Tensor& idx) {
   if (sp_) throw std::logic_error("TpGpt::embed: the pipeline pieces run without sequence parallelism");
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= cfg_.context, "TpGpt: sequence of ", T, " tokens is longer than the context (", cfg_.context, ")");
+  if (cp_positions_.defined()) {
+    TORCH_CHECK(T == cp_positions_.size(0), "TpGpt: ", T, " tokens, but context parallelism set ",
+                cp_positions_.size(0), " positions");
+    return wte_->forward(idx) + torch::embedding(wpe_, cp_positions_);
+  }
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   return wte_->forward(idx) + torch::embedding(wpe_, pos);  // as forward_loss
 }

@@ -72,9 +72,18 @@ class TpGpt {
   /// Every local parameter with where it sits in the full model.
   const std::vector<ShardedParam>& params() const { return params_; }
 
+  /// Context parallelism for the pipeline pieces below (the mesh's cp axis): every sequence this
+  /// rank sees holds the positions `positions` [T/c] int64 of the whole sequence (cp::positions),
+  /// embed() takes their position embeddings, and every block's attention core is `attention`
+  /// (cp::Attention::hook() over the CP group, which must outlive this model's graphs). The loss
+  /// of loss_of_logits is then this rank's tokens' mean; the caller averages the gradients over
+  /// the CP group, as over DP. Not for loss()/loss_checked() (std::logic_error there once set).
+  void set_context_parallel(GptAttention attention, torch::Tensor positions);
+
   // The forward in pieces, for a pipeline stage holding blocks [begin, end) (TpGptStages): the
   // same operations as loss() without sequence parallelism (std::logic_error with SP on).
-  /// wte (vocab-parallel) + wpe: idx [B, T] int64 → x [B, T, C] (replicated over the group).
+  /// wte (vocab-parallel) + wpe: idx [B, T] int64 → x [B, T, C] (replicated over the group);
+  /// under context parallelism idx is [B, T/c] at the positions set.
   torch::Tensor embed(const torch::Tensor& idx);
   /// Blocks [begin, end): x [B, T, C] → [B, T, C]. Throws std::out_of_range for a bad range.
   torch::Tensor blocks(const torch::Tensor& x, int64_t begin, int64_t end);
@@ -118,6 +127,8 @@ class TpGpt {
   torch::nn::LayerNorm ln_f_{nullptr};
   std::unique_ptr<ColumnParallelLinear> lm_head_;
   std::vector<ShardedParam> params_;
+  GptAttention cp_attention_;  // empty: the block's own attention (no context parallelism)
+  torch::Tensor cp_positions_;
 };
 
 /// The tiny GPT on a TP group cut into `stages` pipeline chunks of equal block counts (chunk c:
