@@ -284,25 +284,32 @@ Table comm_table(const Config& cfg, const dist::Group& g, const std::vector<GptR
                       "bytes), counted by the process group (collectives at the ring algorithm's bytes)",
                       gc.layers, blk),
           {text_col("name", "variant"), text_col("kinds", "collectives"), int_col("sent", "sent", "bytes"),
-           int_col("formula", "formula", "bytes"), float_col("per_layer_blocks", "blocks/layer")}};
+           int_col("formula", "formula", "bytes"), float_col("per_layer_blocks", "blocks/layer"),
+           int_col("payload", "payload", "bytes")}};
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    double sent = 0;
+    double sent = 0, payload = 0;
     std::string kinds;
+    json payloads = json::object();  // per collective, as `mpt plan`'s communication table counts (its own runs)
     for (const auto& [kind, cc] : runs[i].comm) {
       if (kind == "all_reduce") continue;  // the loss's one float
       sent += cc.sent_bytes;
+      payload += static_cast<double>(cc.payload_bytes);
+      payloads[kind] = cc.payload_bytes;
       kinds += (kinds.empty() ? "" : " ") + kind + " x" + std::to_string(cc.calls);
     }
     const double formula = static_cast<double>(gc.layers) * cp::bytes_per_layer(kVariants[i], c, blk);
     const std::string name = cp::variant_name(kVariants[i]);
     t.rows.push_back({{"name", name}, {"kinds", kinds}, {"sent", sent}, {"formula", formula},
-                      {"per_layer_blocks", formula / static_cast<double>(gc.layers) / blk}});
+                      {"per_layer_blocks", formula / static_cast<double>(gc.layers) / blk}, {"payload", payload},
+                      {"payloads", payloads}});
     report.check(name + ": bytes sent per step equal to the formula", std::abs(sent - formula), 0.0);
   }
   t.notes.push_back("ring: forward (c-1) K/V blocks, backward (c-1) K/V blocks and c dK/dV partials (the last hop "
                     "home); all_gather: (c-1)/c of K and V gathered and of dK, dV reduce-scattered (ring algorithm); "
                     "ulysses: (c-1)/c of q, k, v and y by all-to-all, the same backward. The loss's all-reduce is "
                     "left out; the gradient all-reduce (the replicas' data-parallel part) comes after");
+  t.notes.push_back("payload: the tensors handed to the process group (a send's message, an all-gather's output, a "
+                    "reduce-scatter's or all-to-all's input), what `mpt plan`'s communication table counts");
   t.notes.push_back("collectives are counted as a ring sends them (dist::CommCount); Gloo's native reduce-scatter "
                     "(env.dist) all-reduces the whole input and sends twice the counted dK/dV bytes");
   return t;

@@ -87,6 +87,10 @@ ConfigSpec plan_spec() {
   s.integer("/layout/dp", 4, "data-parallel replicas", 1, 1 << 24);
   s.integer("/layout/tp", 8, "tensor-parallel ranks", 1, 1 << 16);
   s.integer("/layout/pp", 2, "pipeline stages", 1, 1 << 16);
+  s.integer("/layout/cp", 1, "context-parallel ranks: each sequence split over them (mpt contextparallel); the "
+            "gradients reduced and ZeRO sharded over dp x cp", 1, 1 << 16);
+  s.choice("/layout/cp_attention", "ring", {"ring", "all_gather", "ulysses"},
+           "how context parallelism's attention reaches the other ranks' keys (core/parallel/cp)");
   s.integer("/layout/virtual_stages", 1, "model chunks per stage (interleaved-1f1b: >= 2; zb-v: 2)", 1, 1 << 10);
   s.boolean("/layout/sequence_parallel", true, "sequence parallelism with TP (Korthikanti et al. 2022)");
   s.integer("/layout/zero", 1, "ZeRO stage over the data-parallel group (0-3)", 0, 3);
@@ -165,6 +169,8 @@ pl::Layout layout_from(const Config& cfg) {
   l.tp = cfg.integer("/layout/tp");
   l.pp = cfg.integer("/layout/pp");
   l.virtual_stages = cfg.integer("/layout/virtual_stages");
+  l.cp = cfg.integer("/layout/cp");
+  l.cp_attention = cfg.str("/layout/cp_attention");
   l.sequence_parallel = cfg.boolean("/layout/sequence_parallel");
   l.zero = static_cast<int>(cfg.integer("/layout/zero"));
   l.schedule = cfg.str("/layout/schedule");
@@ -282,8 +288,9 @@ Table model_table(const pl::ModelShape& m, const pl::Training& t) {
 // ----------------------------------------------------------------------------
 Table memory_table(const pl::Estimate& e, const pl::Layout& l, const pl::System& sys) {
   Table tb{"memory",
-           fmt::format("Memory per device ({} stage{}): dp {} x tp {} x pp {}{}, ZeRO-{}, on {}", e.stage,
-                       l.pp > 1 ? " of the pipeline" : "", l.dp, l.tp, l.pp,
+           fmt::format("Memory per device ({} stage{}): dp {}{} x tp {} x pp {}{}, ZeRO-{}, on {}", e.stage,
+                       l.pp > 1 ? " of the pipeline" : "", l.dp,
+                       l.cp > 1 ? fmt::format(" x cp {} ({})", l.cp, l.cp_attention) : "", l.tp, l.pp,
                        l.sequence_parallel && l.tp > 1 ? " (SP)" : "", l.zero, sys.name),
            {text_col("name", "term"), int_col("bytes", "bytes", "B"), text_col("gib", "GiB"), text_col("formula", "formula")}};
   for (const auto& term : e.memory)

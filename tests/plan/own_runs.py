@@ -2,7 +2,7 @@
 """`mpt plan` against mpt's own runs: the bytes each term predicts vs the bytes the experiments measure.
 
 Runs `mpt shard` (the tiny GPT, ZeRO stages 0-3, 2 processes), `mpt tensorparallel` (the quick
-config, t = 2) and its mesh, then `mpt plan` on the same model, batch and layout, and compares term by term:
+config, t = 2) and its mesh, `mpt contextparallel` (the quick config, c = 2), then `mpt plan` on the same model, batch and layout, and compares term by term:
 
 - model states per rank (shard's tensors counted at the optimizer step) against plan's weights,
   gradients and master weights + optimizer states. The plan uses the ZeRO paper's accounting;
@@ -22,6 +22,10 @@ config, t = 2) and its mesh, then `mpt plan` on the same model, batch and layout
 - the mesh (tensorparallel_mesh8: dp 2 x tp 2 x pp 2, 8 processes) against plan's communication
   table of the same layout: TP all-reduces and PP sends and receives exact; named, the mesh's DP
   all-reduce of every stage's gradients.
+- context parallelism (contextparallel's quick config, c = 2): the payload per step of the ring's
+  sends and receives, all-gather K/V's all-gathers and reduce-scatters and Ulysses' all-to-alls
+  against the plan's cp terms of the same layout: exact; and the ring's sends and receives in the
+  mesh dp 2 x cp 2 x tp 2 (tensorparallel_mesh_cp8), exact.
 
 Prints a table (markdown, docs/plan.md "Own runs") and exits 1 when any term differs from the
 prediction plus its named difference.
@@ -185,6 +189,48 @@ def main():
         compare("mesh last stage", "dp all_reduce bytes/step", mcomm.get("last/dp/all_reduce", 0),
                 last.get("dp/all_reduce", 0), whole.get("dp/all_reduce", 0) - last.get("dp/all_reduce", 0),
                 "every stage's gradients reduced on every rank (the checks keep the whole model): + the other stage's")
+
+        # --- contextparallel (the quick config, c = 2): each attention's CP payload per step (one forward and
+        # backward of B sequences: one microbatch) against the plan's cp terms of the same layout, exact
+        cp_args = ["contextparallel", "--config", "configs/contextparallel_quick.json"]
+        cd = run(mpt, cp_args, os.path.join(tmp, "cp.json"))
+        g, c = cd["config"]["model"], cd["env"]["cp_degree"]
+        s, b = cd["config"]["data"]["seq"], cd["config"]["data"]["batch"]
+        for row in cd["results"]["comm"]:
+            _, pc = plan_terms(mpt, ["model.preset=mpt-gpt", f"model.layers={g['layers']}", f"model.hidden={g['width']}",
+                                     f"model.heads={g['heads']}", f"model.sequence={s}", f"model.vocab={g['vocab']}",
+                                     f"model.ffn={g['mlp_ratio'] * g['width']}", "train.recipe=fp32",
+                                     "train.recompute=none", f"train.global_batch={b}", f"train.microbatch={b}",
+                                     "layout.dp=1", "layout.tp=1", "layout.pp=1", "layout.zero=0", f"layout.cp={c}",
+                                     f"layout.cp_attention={row['name']}"],
+                              os.path.join(tmp, f"plan_cp_{row['name']}.json"))
+            kinds = sorted(set(row["payloads"]) | {k.split("/", 1)[1] for k in pc if k.startswith("cp/")})
+            for k in kinds:
+                compare(f"contextparallel {row['name']} (c = {c})", f"cp {k} bytes/step", row["payloads"].get(k, 0),
+                        pc.get(f"cp/{k}", 0), 0, "")
+
+        # --- the mesh with context parallelism (tensorparallel_mesh_cp8: dp 2 x cp 2 x tp 2, the ring): the ring's
+        # sends and receives of a step on one rank against the plan's cp terms of the same layout (K/V of a TP
+        # rank's heads), exact
+        cp8_args = ["tensorparallel", "--config", "configs/tensorparallel_mesh_cp8.json"]
+        c8 = json.loads(subprocess.run([mpt] + cp8_args + ["--print-config"], capture_output=True, text=True,
+                                       check=True).stdout)
+        c8d = run(mpt, cp8_args, os.path.join(tmp, "mesh_cp8.json"))
+        c8comm = {r["name"]: r["payload_bytes"] for r in c8d["results"]["mesh_comm"]}
+        g, ms = c8["model"], c8["mesh"]
+        t, dp, cpd = ms["tp"], ms["dp"], ms["cp"]
+        vpad = -(-g["vocab"] // (g["vocab_divisible_by"] * t)) * g["vocab_divisible_by"] * t
+        _, pc8 = plan_terms(mpt, ["model.preset=mpt-gpt", f"model.layers={g['layers']}", f"model.hidden={g['width']}",
+                                  f"model.heads={g['heads']}", f"model.sequence={c8['data']['seq']}", f"model.vocab={vpad}",
+                                  f"model.ffn={g['mlp_ratio'] * g['width']}", "train.recipe=fp32", "train.optimizer=sgd",
+                                  "train.recompute=none", f"train.global_batch={dp * c8['data']['batch']}",
+                                  f"train.microbatch={c8['data']['batch'] // ms['microbatches']}", f"layout.dp={dp}",
+                                  f"layout.tp={t}", f"layout.cp={cpd}", f"layout.cp_attention={ms['cp_attention']}",
+                                  "layout.pp=1", "layout.zero=0", "layout.sequence_parallel=false"],
+                           os.path.join(tmp, "plan_mesh_cp8.json"))
+        for kind in ("send", "recv"):
+            compare(f"mesh dp {dp} x cp {cpd} x tp {t}", f"cp {kind} bytes/step", c8comm.get(f"first/cp/{kind}", 0),
+                    pc8.get(f"cp/{kind}", 0), 0, "")
 
     print("| run | term | measured bytes | plan bytes | difference | named difference | what it is | |")
     print("|---|---|---|---|---|---|---|---|")

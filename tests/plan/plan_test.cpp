@@ -374,3 +374,52 @@ TEST_CASE("both ends on one device: pp = 1 and ZB-V's rank 0 hold the embedding 
     CHECK(comm_bytes(e, "tp/all_reduce") == 16 * ((4 * 4 + 2) * act + 3 * 4 * 512));
   }
 }
+
+TEST_CASE("context parallelism: activations and logits / cp, each attention's CP payload, ZeRO over dp x cp", "[plan]") {
+  // A GPT of L = 4, h = 1024, a = 16, s = 512, microbatch 2, bf16, 2 microbatches; cp = 4.
+  const ModelShape m = gpt(4, 1024, 16, 512);
+  Training t;
+  t.microbatch = 2;
+  t.global_batch = 4;
+  t.recompute = "selective";
+  const double L = 4, h = 1024, S = 512, b = 2, c = 4, mb = 2;
+  Layout one;
+  one.zero = 1;
+  Layout l = one;
+  l.cp = 4;
+  const System sys = test_system();
+  REQUIRE(layout_error(m, t, l).empty());
+  const Estimate e1 = estimate(m, t, one, sys), e = estimate(m, t, l, sys);
+  // Korthikanti's selective 34sbh per layer with s = S/cp; the fp32 logits of S/cp positions.
+  CHECK(term(e, "activations") == term(e1, "activations") / c);
+  CHECK(term(e, "activations") == L * 34 * (S / c) * b * h);
+  CHECK(term(e, "logits") == term(e1, "logits") / c);
+  // ZeRO-1 shards the optimizer states over dp x cp = 4 ranks (Megatron's DP group with CP).
+  CHECK(term(e, "optimizer states") == term(e1, "optimizer states") / c);
+  // Ring: per layer and microbatch, (c - 1) K/V sends forward, (c - 1) K/V + c dK/dV backward, each K with V
+  // of S/c positions (2 x (S/c)·b·h bf16 elements).
+  const double kv_msg = 2 * (S / c) * b * h * 2;
+  CHECK(comm_bytes(e, "cp/send") == mb * L * ((c - 1) + (c - 1) + c) * kv_msg);
+  CHECK(comm_bytes(e, "cp/recv") == comm_bytes(e, "cp/send"));
+  // All-gather: K and V gathered (output: all S positions), dK and dV reduce-scattered (input: S positions).
+  l.cp_attention = "all_gather";
+  Estimate ag = estimate(m, t, l, sys);
+  CHECK(comm_bytes(ag, "cp/all_gather") == mb * L * 2 * S * b * h * 2);
+  CHECK(comm_bytes(ag, "cp/reduce_scatter") == mb * L * 2 * S * b * h * 2);
+  CHECK(comm_bytes(ag, "cp/send") == 0);
+  // Ulysses: q, k, v, y forward and their gradients backward, each this rank's S/c positions.
+  l.cp_attention = "ulysses";
+  Estimate u = estimate(m, t, l, sys);
+  CHECK(comm_bytes(u, "cp/all_to_all") == mb * L * 8 * (S / c) * b * h * 2);
+  // the step: the same model FLOPs, a quarter of them per device
+  CHECK(u.model_flops == e1.model_flops);
+  // layouts: 2cp must divide the sequence; Ulysses needs whole heads per CP rank
+  l.cp = 3;
+  CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("/layout/cp"));
+  l.cp = 32;  // 16 heads
+  CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("Ulysses"));
+  l.cp_attention = "ring";
+  CHECK(layout_error(m, t, l).empty());
+  l.cp_attention = "zigzag";
+  CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("/layout/cp_attention"));
+}

@@ -247,8 +247,16 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
 }
 
 std::string layout_error(const ModelShape& m, const Training& t, const Layout& l) {
-  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1)
-    return "/layout/dp, /layout/tp, /layout/pp and /layout/virtual_stages must be >= 1";
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.cp < 1)
+    return "/layout/dp, /layout/tp, /layout/pp, /layout/cp and /layout/virtual_stages must be >= 1";
+  if (l.cp_attention != "ring" && l.cp_attention != "all_gather" && l.cp_attention != "ulysses")
+    return fmt::format("/layout/cp_attention = \"{}\": expected ring, all_gather or ulysses", l.cp_attention);
+  if (l.cp > 1 && m.sequence % (2 * l.cp) != 0)
+    return fmt::format("/model/sequence = {} is not a multiple of 2 · /layout/cp = {} (the causal load-balanced split "
+                       "cuts it into 2cp chunks)", m.sequence, 2 * l.cp);
+  if (l.cp > 1 && l.cp_attention == "ulysses" && (m.heads % (l.tp * l.cp) != 0 || m.kv_heads % (l.tp * l.cp) != 0))
+    return fmt::format("/model/heads = {} and /model/kv_heads = {} must be multiples of /layout/tp · /layout/cp = {} "
+                       "(Ulysses gives every CP rank whole heads of its TP rank's)", m.heads, m.kv_heads, l.tp * l.cp);
   if (m.hidden % m.heads != 0)
     return fmt::format("/model/hidden = {} is not a multiple of /model/heads = {}", m.hidden, m.heads);
   if (m.heads % m.kv_heads != 0)
@@ -259,9 +267,11 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
   if (m.kv_heads % l.tp != 0)
     return fmt::format("/model/kv_heads = {} is not a multiple of /layout/tp = {} (each TP rank holds whole K/V heads: "
                        "Megatron-LM's num_query_groups % tensor_model_parallel_size)", m.kv_heads, l.tp);
-  if (l.sequence_parallel && l.tp > 1 && m.sequence % l.tp != 0)
-    return fmt::format("/model/sequence = {} is not a multiple of /layout/tp = {} (sequence parallelism splits the "
-                       "sequence over the TP ranks)", m.sequence, l.tp);
+  if (l.sequence_parallel && l.tp > 1 && (m.sequence / l.cp) % l.tp != 0)
+    return l.cp == 1 ? fmt::format("/model/sequence = {} is not a multiple of /layout/tp = {} (sequence parallelism "
+                                   "splits the sequence over the TP ranks)", m.sequence, l.tp)
+                     : fmt::format("/model/sequence / /layout/cp = {} is not a multiple of /layout/tp = {} (sequence "
+                                   "parallelism splits each CP rank's positions over the TP ranks)", m.sequence / l.cp, l.tp);
   if (m.ffn % l.tp != 0)
     return fmt::format("/model/ffn = {} is not a multiple of /layout/tp = {}", m.ffn, l.tp);
   if (m.layers % (l.pp * l.virtual_stages) != 0)
@@ -313,7 +323,11 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const double peak = sys.peak_for(t.recipe);
   if (peak <= 0) throw std::invalid_argument(fmt::format("the system '{}' has no {} peak", sys.name, t.recipe));
   const ParamCounts pc = count_params(m);
-  const double h = static_cast<double>(m.hidden), s = static_cast<double>(m.sequence);
+  // s: the positions of a sequence on one device — the whole sequence, or its 1/cp share under
+  // context parallelism (every activation, message and logit of this device scales with it); S
+  // the whole sequence (the FLOPs of the model, the keys each query sees).
+  const double cpd = static_cast<double>(l.cp), S = static_cast<double>(m.sequence);
+  const double h = static_cast<double>(m.hidden), s = S / cpd;
   const double a = static_cast<double>(m.heads), f = static_cast<double>(m.ffn), V = static_cast<double>(m.vocab);
   const double kv = static_cast<double>(m.kv_heads) * h / a;
   const double b = static_cast<double>(t.microbatch);
@@ -350,9 +364,12 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // norms 4sbh. At f = 4h, kv = h with dropout: 34sbh + 5as²b.
   const double ab = act_bytes_per_element(t.recipe) / 2.0;  // the formulas count 2-byte elements
   const double sbh = s * b * h;
-  // softmax (+ mask, dropout output); a fused attention kernel (FlashAttention) stores none
-  const double score = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * s * b;
-  const double in_tp = 2 * sbh + 4 * s * b * kv + 2 * sbh + (m.swiglu ? 6 : 4) * s * b * f;  // split by TP
+  // softmax (+ mask, dropout output) of this device's s queries against the S keys (S = s
+  // without CP); a fused attention kernel (FlashAttention) stores none
+  const double score = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * S * b;
+  // split by TP; all-gather CP keeps the gathered K and V of the other cp − 1 ranks for the backward
+  const double kv_gathered = l.cp > 1 && l.cp_attention == "all_gather" ? 4 * (S - s) * b * kv : 0.0;
+  const double in_tp = 2 * sbh + 4 * s * b * kv + kv_gathered + 2 * sbh + (m.swiglu ? 6 : 4) * s * b * f;
   const double replicated = 2 * sbh + 2 * sbh + 4 * sbh + (m.dropout ? 2 * sbh : 0);  // inputs, norms, masks
   double per_layer = 0;
   std::string act_formula;
@@ -366,12 +383,15 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     if (t.recompute == "none" && !t.flash_attention) {
       per_layer += score / tp;
       act_formula += l.sequence_parallel ? " + 5as²b)/t" : " + 5as/(ht))";
+      if (l.cp > 1) act_formula += ", the scores of s queries against all S keys";
     } else if (t.recompute == "none") {
       act_formula += l.sequence_parallel ? ")/t, attention fused (no s² scores)" : "), attention fused (no s² scores)";
     } else {
       act_formula += l.sequence_parallel ? ")/t, selective recompute" : "), selective recompute";
     }
+    if (kv_gathered > 0) act_formula += " + the all-gathered K, V: 4(S - s)b·kv";
     act_formula += " (Korthikanti et al. 2022, Table 2; the shape's own terms)";
+    if (l.cp > 1) act_formula += fmt::format(", s = S/cp = {:g} positions per device (context parallel)", s);
   }
   per_layer *= ab;
   std::vector<int> held(static_cast<std::size_t>(p), 1);
@@ -380,14 +400,18 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // ---- memory terms, per stage
   auto stage_memory = [&](double params, int held_pairs, bool is_last, bool is_first) {
     std::vector<Term> mem;
-    const ModelStates ms = model_states(params, t, l.zero, l.dp);
-    mem.push_back({"weights", ms.weights, fmt::format("{} B/param{}", sb.weights, l.zero >= 3 ? " / dp (ZeRO-3)" : "")});
-    mem.push_back({"gradients", ms.gradients, fmt::format("{} B/param{}", sb.grads, l.zero >= 2 ? " / dp (ZeRO-2)" : "")});
+    const ModelStates ms = model_states(params, t, l.zero, l.dp * l.cp);
+    const char* over = l.cp > 1 ? "dp·cp" : "dp";  // the ranks ZeRO shards over
+    mem.push_back({"weights", ms.weights,
+                   fmt::format("{} B/param{}", sb.weights, l.zero >= 3 ? fmt::format(" / {} (ZeRO-3)", over) : "")});
+    mem.push_back({"gradients", ms.gradients,
+                   fmt::format("{} B/param{}", sb.grads, l.zero >= 2 ? fmt::format(" / {} (ZeRO-2)", over) : "")});
     mem.push_back({"master weights", ms.master,
-                   sb.master > 0 ? fmt::format("fp32 copy, 4 B/param{}", l.zero >= 1 ? " / dp (ZeRO-1)" : "")
+                   sb.master > 0 ? fmt::format("fp32 copy, 4 B/param{}", l.zero >= 1 ? fmt::format(" / {} (ZeRO-1)", over) : "")
                                  : std::string("none: the weights are fp32")});
     mem.push_back({"optimizer states", ms.optimizer,
-                   fmt::format("{}: {} B/param{}", t.optimizer, sb.optimizer, l.zero >= 1 ? " / dp (ZeRO-1)" : "")});
+                   fmt::format("{}: {} B/param{}", t.optimizer, sb.optimizer,
+                               l.zero >= 1 ? fmt::format(" / {} (ZeRO-1)", over) : "")});
     if (is_fp8(t.recipe)) {
       // the GEMMs read an fp8 copy of each weight matrix; MX keeps a row- and a column-wise one
       const double copies = t.recipe == "mxfp8" ? 2.0 : 1.0;
@@ -441,19 +465,21 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
 
   // ---- FLOPs (Narayanan et al. 2021, §5.1): per token and layer 2·(matrix weights) for the
   // GEMMs and 4sh for attention's two batched products; logits 2Vh. Backward twice the forward.
-  const double tokens_mb = b * s;
-  const double fwd_layer = 2 * pc.matmul_per_layer * tokens_mb + 4 * b * s * s * h;
+  // Per microbatch of whole sequences; under CP each device does 1/cp of it (the balanced split
+  // gives every rank the same causal share).
+  const double tokens_mb = b * S;
+  const double fwd_layer = 2 * pc.matmul_per_layer * tokens_mb + 4 * b * S * S * h;
   const double fwd_logits = 2 * V * h * tokens_mb;
   double recompute_layer = 0;
   if (t.recompute == "full") recompute_layer = fwd_layer;
-  if (t.recompute == "selective") recompute_layer = 4 * b * s * s * h;
+  if (t.recompute == "selective") recompute_layer = 4 * b * S * S * h;
   const double samples = static_cast<double>(t.global_batch);
   e.model_flops = 3 * (static_cast<double>(m.layers) * fwd_layer + fwd_logits) * samples / b;
   e.hardware_flops = e.model_flops + static_cast<double>(m.layers) * recompute_layer * samples / b;
 
   // ---- time per microbatch on the slowest stage (the last: its layers and the logits)
   const double rate = peak * sys.gemm_efficiency;
-  const double fwd_stage = (layers_per_stage * fwd_layer + fwd_logits) / tp;
+  const double fwd_stage = (layers_per_stage * fwd_layer + fwd_logits) / tp / cpd;
   // Elementwise kernels, memory-bound: per layer and forward, in element passes (each element read
   // or written once is a pass): the attention scores a·s²·b/t (scale-mask-softmax: read, write;
   // dropout: read, write, mask) unless fused (FlashAttention); the MLP's f-wide activation (GELU
@@ -462,14 +488,14 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // backward streams twice the forward's bytes; a full recompute adds a forward, a selective one
   // the scores' passes again.
   const double eb = act_bytes_per_element(t.recipe);
-  const double score_bytes = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * s * b / tp * eb;
+  const double score_bytes = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * S * b / tp * eb;
   const double other_bytes = (3.0 * s * b * f / tp + (m.dropout ? 16.0 : 10.0) * sbh / sp) * eb;
   const double mem_fwd = layers_per_stage * (score_bytes + other_bytes) / sys.memory_bandwidth;
   const double mem_recompute = t.recompute == "full" ? mem_fwd
                                : t.recompute == "selective" ? layers_per_stage * score_bytes / sys.memory_bandwidth
                                                             : 0.0;
   const double t_f = fwd_stage / rate + mem_fwd;
-  const double t_bw = (2 * fwd_stage + layers_per_stage * recompute_layer / tp) / rate + 2 * mem_fwd + mem_recompute;
+  const double t_bw = (2 * fwd_stage + layers_per_stage * recompute_layer / tp / cpd) / rate + 2 * mem_fwd + mem_recompute;
   const double t_mem = mem_fwd * 3 + mem_recompute;
   // ---- communication of one step on the modelled device (the last stage's; ZB-V's rank 0, which
   // holds the last chunk), per group and collective
@@ -485,6 +511,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                        : coll == "send" ? calls * send_s(lk.send_recv, bytes_each)
                        : coll == "all_reduce" ? calls * collective_s(lk.all_reduce, bytes_each, n, 2)
                        : coll == "all_gather" ? calls * collective_s(lk.all_gather, bytes_each, n, 1)
+                       // an all-to-all sends (n − 1)/n of its input, as an all-gather of its output (nccl-tests' busbw)
+                       : coll == "all_to_all" ? calls * collective_s(lk.all_gather, bytes_each, n, 1)
                                               : calls * collective_s(lk.reduce_scatter, bytes_each, n, 1);
     auto it = std::find_if(e.comm.begin(), e.comm.end(),
                            [&](const CommTerm& c) { return c.group == group && c.collective == coll; });
@@ -535,7 +563,36 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     }
     tp_fwd += add_comm("tp", "all_reduce", mbd * 3, ce, lk, l.tp, "3 x 4sb: the vocabulary-parallel cross-entropy") / mbd;
   }
-  double f_op = t_f + tp_fwd, bw_op = t_bw + tp_bwd;
+  // CP (core/parallel/cp, `mpt contextparallel`): per layer and microbatch, this device's K and V
+  // of s positions (kvb bytes each) and its q or output of sbh: ring, K/V sent cp − 1 times forward
+  // and again backward, the dK/dV partials cp times (one message each, K with V); all-gather, K and
+  // V all-gathered forward (output payload S) and their gradients reduce-scattered backward; Ulysses,
+  // q, k, v all-to-all to head-sharded and the output back, the gradients the same way backward. A
+  // full recompute runs the forward's again. Not overlapped with the attention here (ring attention
+  // overlaps each step's send with the previous block: an upper bound).
+  double cp_fwd = 0, cp_bwd = 0;
+  if (l.cp > 1) {
+    const Link& lk = link_for(sys, l.cp, l.tp);
+    const double Ls = layers_per_stage, kvb = s * b * kv / tp * eb, qb = sbh / tp * eb;
+    const double fw = mbd * Ls * (t.recompute == "full" ? 2.0 : 1.0), bw = mbd * Ls;
+    const int64_t n = l.cp;
+    if (l.cp_attention == "ring") {
+      cp_fwd += add_comm("cp", "send", fw * (cpd - 1), 2 * kvb, lk, n, "K and V: cp - 1 per layer forward") / mbd;
+      cp_bwd += add_comm("cp", "send", bw * (2 * cpd - 1), 2 * kvb, lk, n,
+                         "cp - 1 K/V and cp dK/dV per layer backward (the partials travel home)") / mbd;
+      add_comm("cp", "recv", fw * (cpd - 1) + bw * (2 * cpd - 1), 2 * kvb, lk, n,
+               "as many as sent (timed as the peer's sends)", false);
+    } else if (l.cp_attention == "all_gather") {
+      cp_fwd += add_comm("cp", "all_gather", 2 * fw, kvb * cpd, lk, n, "K and V of all S positions, per layer") / mbd;
+      cp_bwd += add_comm("cp", "reduce_scatter", 2 * bw, kvb * cpd, lk, n, "dK and dV, per layer") / mbd;
+    } else {
+      cp_fwd += add_comm("cp", "all_to_all", 2 * fw, qb, lk, n, "q and the output, per layer forward") / mbd;
+      cp_fwd += add_comm("cp", "all_to_all", 2 * fw, kvb, lk, n, "k and v, per layer forward") / mbd;
+      cp_bwd += add_comm("cp", "all_to_all", 2 * bw, qb, lk, n, "dq and the output's gradient, per layer backward") / mbd;
+      cp_bwd += add_comm("cp", "all_to_all", 2 * bw, kvb, lk, n, "dk and dv, per layer backward") / mbd;
+    }
+  }
+  double f_op = t_f + tp_fwd + cp_fwd, bw_op = t_bw + tp_bwd + cp_bwd;
   // the bubble: the schedule's idle time per stage (core/pipeline's bubble_time_theory), B and W
   // each half of the backward; ZB-V's closed form wants F = B = W: a third of the microbatch each
   double idle = 0;
@@ -558,7 +615,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   double t_pp = 0;
   const double per_mb = vee ? 2.0 : 2.0 * v - 1;  // sends (and receives) per microbatch on the modelled rank
   if (p > 1) {
-    const Link& lk = link_for(sys, 2, l.tp * l.dp);
+    const Link& lk = link_for(sys, 2, l.tp * l.cp * l.dp);
     const bool split = l.sequence_parallel || l.pp_scatter_gather;
     const std::string msg_s = split ? "sbh/t" : "sbh";
     const std::string sends = vee ? msg_s + ": ZB-V's rank 0, the first chunk's activation and the last chunk's "
@@ -576,26 +633,29 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
       t_pp += add_comm("tp", "all_gather", per_mb * mbd, sbh * eb, link_for(sys, l.tp, 1), l.tp,
                        "sbh: each received pipeline message gathered (scatter/gather)");
     if (m.tied && !vee)
-      t_pp += add_comm("embedding", "all_reduce", 1, pc.embedding / tp * sb.grads, link_for(sys, 2, (p - 1) * l.tp * l.dp),
+      t_pp += add_comm("embedding", "all_reduce", 1, pc.embedding / tp * sb.grads, link_for(sys, 2, (p - 1) * l.tp * l.cp * l.dp),
                        2, "once per step: the tied head's gradient with the first stage's embedding");
   }
   // DP / ZeRO over dp ranks `tp` apart, the gradients accumulated over the microbatches: ZeRO-0 one
   // all-reduce; ZeRO-1 a reduce-scatter and an all-gather of the updated weights; ZeRO-2 keeps only
   // its gradient shard, so it reduce-scatters every microbatch (DeepSpeed); ZeRO-3 also all-gathers
   // the weights for each microbatch's forward and backward (Rajbhandari et al. 2020, §7).
+  // Under CP the group is the dp·cp ranks holding the same shards (Megatron's data-parallel group
+  // with context parallelism): each CP rank's gradient covers its share of the tokens.
   double t_dp = 0;
   const double params_dev = both_ends ? first : last;  // the modelled device's
-  if (l.dp > 1) {
-    const Link& lk = link_for(sys, l.dp, l.tp);
+  const int64_t dpc = l.dp * l.cp;
+  if (dpc > 1) {
+    const Link& lk = link_for(sys, dpc, l.tp);
     const double g = params_dev * sb.grads, w = params_dev * sb.weights;
     // the step's mean loss for the log, on the last stage (Megatron-LM's train_step: 2 fp32 values)
-    t_dp += add_comm("dp", "all_reduce", 1, 8, lk, l.dp, "the loss's mean for the log, 8 B");
+    t_dp += add_comm("dp", "all_reduce", 1, 8, lk, dpc, "the loss's mean for the log, 8 B");
     if (l.zero == 0) {
-      t_dp += add_comm("dp", "all_reduce", 1, g, lk, l.dp, "the gradients, once per step");
+      t_dp += add_comm("dp", "all_reduce", 1, g, lk, dpc, "the gradients, once per step");
     } else {
-      t_dp += add_comm("dp", "reduce_scatter", l.zero >= 2 ? mbd : 1.0, g, lk, l.dp,
+      t_dp += add_comm("dp", "reduce_scatter", l.zero >= 2 ? mbd : 1.0, g, lk, dpc,
                        l.zero >= 2 ? "the gradients, every microbatch (only a shard is kept)" : "the gradients, once per step");
-      t_dp += add_comm("dp", "all_gather", l.zero == 3 ? 2 * mbd : 1.0, w, lk, l.dp,
+      t_dp += add_comm("dp", "all_gather", l.zero == 3 ? 2 * mbd : 1.0, w, lk, dpc,
                        l.zero == 3 ? "the weights, for every microbatch's forward and backward"
                                    : "the updated weights, once per step");
     }
@@ -627,6 +687,10 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                                            l.sequence_parallel ? "6 AG + 4 RS" : "4 all-reduces",
                                            t.recompute == "full" ? " (+2 to recompute)" : "")
                              : std::string("none (tp = 1)")});
+  if (l.cp > 1)  // a row only for a CP layout: the time tables of the others stay as they were
+    e.time.push_back({"cp communication", mb * (cp_fwd + cp_bwd),
+                      fmt::format("{} over cp = {} ranks, per layer per microbatch (communication table), not overlapped",
+                                  l.cp_attention, l.cp)});
   e.time.push_back({"bubble", idle,
                     p > 1 ? fmt::format("{} idle time (core/pipeline bubble_time_theory), {:.1f}% of the pipeline",
                                         l.schedule, e.bubble_fraction * 100)
@@ -646,7 +710,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   e.time.push_back({"optimizer step", t_opt, "read and write every state of this device once at the memory bandwidth"});
   e.step_s = pipe + tp_step + t_pp + t_dp_exposed + t_opt;
   const double n = static_cast<double>(l.devices());
-  e.tokens_per_s = samples * s / e.step_s;
+  e.tokens_per_s = samples * S / e.step_s;
   e.mfu = e.model_flops / (e.step_s * n * peak);
   e.flops_per_device = e.hardware_flops / (e.step_s * n);
   e.time_to_train_s = t.tokens > 0 ? t.tokens / e.tokens_per_s : 0;
@@ -669,6 +733,7 @@ std::vector<Candidate> search(const ModelShape& m, const Training& t, const Layo
             c.layout.dp = dp;
             c.layout.tp = tp;
             c.layout.pp = pp;
+            c.layout.cp = 1;  // the search ranks dp x tp x pp layouts; a CP layout is planned on its own
             c.layout.zero = zero;
             c.layout.sequence_parallel = base.sequence_parallel && tp > 1;
             if (pp == 1) c.layout.virtual_stages = 1;

@@ -75,7 +75,14 @@ struct Layout {
   /// rank sends 1/t of the activation and the receiver all-gathers it over TP. Megatron-core since
   /// 23.04 sends the whole activation from every TP rank (1/t of it with SP, which splits it already).
   bool pp_scatter_gather = false;
-  int64_t devices() const { return dp * tp * pp; }
+  /// Context parallelism (core/parallel/cp; Megatron-core's context_parallel_size): each sequence
+  /// split over cp ranks (between TP and DP in the rank order), whose attention reaches the other
+  /// ranks' keys by `cp_attention`: "ring" (K/V passed around, Liu et al. 2023), "all_gather"
+  /// (Llama 3) or "ulysses" (all-to-all, Jacobs et al. 2023). The gradients are reduced, and ZeRO
+  /// shards, over the dp·cp ranks (Megatron's data-parallel group with context parallelism).
+  int64_t cp = 1;
+  std::string cp_attention = "ring";
+  int64_t devices() const { return dp * cp * tp * pp; }
 };
 
 /// Bus bandwidth (nccl-tests' busbw, bytes/s) and latency (s) of one collective on one link.
