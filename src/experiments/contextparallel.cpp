@@ -38,6 +38,7 @@
 #include "core/parallel/cp.hpp"
 #include "core/parallel/tp.hpp"
 #include "core/process_plan.hpp"
+#include "core/runtime/memory.hpp"
 #include "core/runtime/runtime.hpp"
 
 namespace mpt {
@@ -192,6 +193,7 @@ struct GptRun {
   torch::Tensor logits;                      // [B, T, V], natural order
   std::map<std::string, torch::Tensor> grads;  // all-reduced
   std::map<std::string, dist::CommCount> comm;  // the forward and backward (before the gradient all-reduce)
+  std::vector<int64_t> block_bytes;             // this rank's, per block, after its forward
 };
 
 GptRun run_gpt(const Config& cfg, const std::shared_ptr<dist::Group>& g, cp::Variant variant, cp::Split split,
@@ -203,9 +205,10 @@ GptRun run_gpt(const Config& cfg, const std::shared_ptr<dist::Group>& g, cp::Var
   cp::Attention attn(g, variant, split);
   g->reset_comm_counts();
   torch::Tensor logits;
-  auto loss = cp::gpt_loss(*model, idx.index_select(1, pos), tgt.index_select(1, pos), pos, attn, &logits);
-  loss.backward();
   GptRun out;
+  auto loss = cp::gpt_loss(*model, idx.index_select(1, pos), tgt.index_select(1, pos), pos, attn, &logits,
+                           &out.block_bytes);
+  loss.backward();
   out.comm = g->comm_counts();
   cp::allreduce_grads(*model, *g);
   out.loss = loss.item<double>();
@@ -215,13 +218,22 @@ GptRun run_gpt(const Config& cfg, const std::shared_ptr<dist::Group>& g, cp::Var
 }
 
 /// Section 2: logits, loss and every gradient of each variant against one process.
-Table gpt_table(const Config& cfg, const std::shared_ptr<dist::Group>& g, std::vector<GptRun>& runs, Report& report) {
+Table gpt_table(const Config& cfg, const std::shared_ptr<dist::Group>& g, std::vector<GptRun>& runs, Report& report,
+                int64_t& one_block_bytes) {
   const GptConfig gc = gpt_config(cfg);
   const int64_t B = cfg.integer("/data/batch"), T = cfg.integer("/data/seq");
   const auto split = cp::split_from_name(cfg.str("/cp/split"));
   seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
   TinyGpt full(gc);
   const auto idx = torch::randint(gc.vocab, {B, T}, torch::kLong), tgt = torch::randint(gc.vocab, {B, T}, torch::kLong);
+  // one process's activation bytes per block, as the CP runs measure theirs (the forward of block 0)
+  {
+    auto token = torch::zeros({1});
+    auto x0 = full->wte->forward(idx) + full->wpe->forward(torch::arange(T, torch::kLong));
+    const int64_t embedded = cp::settled_bytes(*g, token);
+    auto x1 = full->blocks[0]->forward(x0, {});
+    one_block_bytes = cp::settled_bytes(*g, token) - embedded;
+  }
   const auto logits1 = full->forward(idx);
   auto loss1 = gpt_loss(logits1, tgt);
   loss1.backward();
@@ -315,6 +327,46 @@ Table comm_table(const Config& cfg, const dist::Group& g, const std::vector<GptR
   return t;
 }
 
+/// Activation bytes per block and rank: the formula of each variant (results) and the measured
+/// bytes of every rank (the counting allocator; timings), checked against it.
+std::pair<Table, Table> activation_tables(const Config& cfg, dist::Group& g, const std::vector<GptRun>& runs,
+                                          int64_t one_block, Report& report) {
+  const GptConfig gc = gpt_config(cfg);
+  const int64_t B = cfg.integer("/data/batch"), T = cfg.integer("/data/seq"), c = g.size(), h = gc.width, a = gc.heads;
+  const auto split = cp::split_from_name(cfg.str("/cp/split"));
+  Table f{"activations",
+          fmt::format("Activation bytes one block keeps for its backward, per rank (fp32; B = {}, T = {}, C = {}, "
+                      "heads = {}; T/c = {} positions per rank, {} split): the formula", B, T, h, a, T / c,
+                      cp::split_name(split)),
+          {text_col("name", "run"), int_col("formula", "formula", "B"), float_col("vs_one_process", "vs 1-proc")}};
+  Table m{"activations_measured", "The same, measured by the counting allocator (every rank's: the largest and the smallest)",
+          {text_col("name", "run"), int_col("min_rank", "min over ranks", "B"), int_col("max_rank", "max over ranks", "B"),
+           int_col("formula", "formula", "B")}};
+  const double one = cp::block_activation_bytes_one_process(T, B, h, a);
+  f.rows.push_back({{"name", "one_process"}, {"formula", one}, {"vs_one_process", 1.0}});
+  m.rows.push_back({{"name", "one_process"}, {"min_rank", one_block}, {"max_rank", one_block}, {"formula", one}});
+  report.check("one_process: activation bytes of a block = the formula", std::abs(static_cast<double>(one_block) - one), 0.0);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto v = kVariants[i];
+    const std::string name = cp::variant_name(v);
+    const double formula = cp::block_activation_bytes(v, split, T, c, B, h, a);
+    const double mine = static_cast<double>(runs[i].block_bytes.at(0));
+    const double hi = max_over(g, mine), lo = -max_over(g, -mine);
+    f.rows.push_back({{"name", name}, {"formula", formula}, {"vs_one_process", formula / one}});
+    m.rows.push_back({{"name", name}, {"min_rank", lo}, {"max_rank", hi}, {"formula", formula}});
+    report.check(name + ": activation bytes of a block = the formula, every rank (max |measured - formula|)",
+                 std::max(std::abs(hi - formula), std::abs(lo - formula)), 0.0);
+  }
+  f.notes.push_back("64 s_l B h (Korthikanti et al. 2022 in fp32, no dropout, without the scores) + LayerNorm mean and "
+                    "rstd 16 s_l B; one process: + softmax 4aT^2B + causal mask T^2; ring: + log-sum-exp 4a s_l B; "
+                    "all_gather: gathered K, V 8TBh instead of the local copies 8 s_l B h, + probabilities 4a s_l T B, "
+                    "mask s_l T; ulysses: + probabilities of a/c heads 4a s_l T B, mask T^2; balanced split: the "
+                    "natural-order permutation autograd keeps (8T, Ulysses also its inverse) — core/parallel/cp");
+  m.notes.push_back("each reading taken once the CP group's Gloo worker has let go of the collectives' tensors "
+                    "(cp::settled_bytes: one more all-reduce of a kept token), so the count is the graph's alone");
+  return {std::move(f), std::move(m)};
+}
+
 // ----------------------------------------------------------------------------
 // 3. Load balance
 // ----------------------------------------------------------------------------
@@ -406,9 +458,14 @@ Report run_contextparallel(const Context& ctx) {
   World& w = *ctx.world;
   auto g = w.new_group("cp/", w.size(), torch::kCPU);
   report.env["cp_degree"] = w.size();
+  install_counting_allocator();  // before any model: the activation bytes of section 2
   report.add(attention_table(cfg, *g, report));  // 1
   std::vector<GptRun> runs;
-  report.add(gpt_table(cfg, g, runs, report));     // 2
+  int64_t one_block = 0;
+  report.add(gpt_table(cfg, g, runs, report, one_block));     // 2
+  auto [act_formula, act_measured] = activation_tables(cfg, *g, runs, one_block, report);
+  report.add(std::move(act_formula));
+  report.add(std::move(act_measured), Store::Timings);
   auto [pairs, times] = balance_tables(cfg, g, w, report);  // 3
   report.add(std::move(pairs));
   report.add(std::move(times), Store::Timings);

@@ -4,15 +4,16 @@
 set(CPQ contextparallel --config configs/contextparallel_quick.json)
 
 # c = 2 over loopback: each variant's attention within the derived bound of the exact attention
-# (both splits), Ulysses bitwise equal to one process, the GPT's loss within its bound, the pairs
-# the ring ran equal to the formula, the balanced split even, the bytes sent equal to the formulas.
-cli_case(contextparallel_two_processes 0 "OK: 20 of 20 checks passed" ${CPQ})
+# (both splits), Ulysses bitwise equal to one process, the GPT's loss within its bound, each
+# block's activation bytes on every rank equal to the formula, the pairs the ring ran equal to the
+# formula, the balanced split even, the bytes sent equal to the formulas.
+cli_case(contextparallel_two_processes 0 "OK: 24 of 24 checks passed" ${CPQ})
 # The GPT section on the contiguous split.
-cli_case(contextparallel_contiguous 0 "OK: 20 of 20 checks passed" ${CPQ} --set cp.split=contiguous)
+cli_case(contextparallel_contiguous 0 "OK: 24 of 24 checks passed" ${CPQ} --set cp.split=contiguous)
 # One process: every exchange is a copy; the same checks hold.
 cli_case(contextparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${CPQ} --nproc 1)
 # Four ranks: one head each for Ulysses, 2 positions per chunk of the balanced split.
-cli_case(contextparallel_four_processes 0 "OK: 24 of 24 checks passed" ${CPQ} --nproc 4)
+cli_case(contextparallel_four_processes 0 "OK: 28 of 28 checks passed" ${CPQ} --nproc 4)
 # Rank 1 dies (exit 86) or hangs at the load-balance section's step 1, inside the ring's send/recv:
 # every rank ends within the timeout, exit 3, rank 1 named, no result file, no process left.
 add_test(NAME cli.contextparallel_killed_rank

@@ -69,7 +69,7 @@ case $mode in
   dataparallel) two_ranks '^ +n2 ' "${dataparallel[@]}" ;;
   shard) two_ranks 'stage3: parameters equal DDP.s bitwise, every step \(N = 2\) +0 <= 0 +OK' "${shard[@]}" ;;
   tensorparallel) two_ranks 'OK: 15 of 15 checks passed' "${tensorparallel[@]}" ;;
-  contextparallel) two_ranks 'OK: 20 of 20 checks passed' "${contextparallel[@]}" ;;
+  contextparallel) two_ranks 'OK: 24 of 24 checks passed' "${contextparallel[@]}" ;;
   pipeline) two_ranks '1f1b\.m4: processes gradient == threads gradient \(bitwise\) +0 <= 0 +OK' "${pipeline[@]}" ;;
   unreachable)
     expect 3 "cannot reach the TCPStore at 127.0.0.1:$port within 3 s" 20 "unreachable master reported" \

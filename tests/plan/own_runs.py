@@ -22,7 +22,9 @@ config, t = 2) and its mesh, `mpt contextparallel` (the quick config, c = 2), th
 - the mesh (tensorparallel_mesh8: dp 2 x tp 2 x pp 2, 8 processes) against plan's communication
   table of the same layout: TP all-reduces and PP sends and receives exact; named, the mesh's DP
   all-reduce of every stage's gradients.
-- context parallelism (contextparallel's quick config, c = 2): the payload per step of the ring's
+- context parallelism (contextparallel's quick config, c = 2): the activation bytes of a block on a
+  CP rank (named: LayerNorm's mean and rstd and the masks as above; the ring keeps the log-sum-exp
+  instead of the scores, all-gather and Ulysses the balanced split's index), and the payload per step of the ring's
   sends and receives, all-gather K/V's all-gathers and reduce-scatters and Ulysses' all-to-alls
   against the plan's cp terms of the same layout: exact; and the ring's sends and receives in the
   mesh dp 2 x cp 2 x tp 2 (tensorparallel_mesh_cp8), exact.
@@ -196,14 +198,33 @@ def main():
         cd = run(mpt, cp_args, os.path.join(tmp, "cp.json"))
         g, c = cd["config"]["model"], cd["env"]["cp_degree"]
         s, b = cd["config"]["data"]["seq"], cd["config"]["data"]["batch"]
+        measured_act = {r["name"]: int(r["max_rank"]) for r in cd["timings"]["activations_measured"]}
+        balanced = cd["config"]["cp"]["split"] == "balanced"
+        sl, a = s // c, g["heads"]
         for row in cd["results"]["comm"]:
-            _, pc = plan_terms(mpt, ["model.preset=mpt-gpt", f"model.layers={g['layers']}", f"model.hidden={g['width']}",
+            p, pc = plan_terms(mpt, ["model.preset=mpt-gpt", f"model.layers={g['layers']}", f"model.hidden={g['width']}",
                                      f"model.heads={g['heads']}", f"model.sequence={s}", f"model.vocab={g['vocab']}",
                                      f"model.ffn={g['mlp_ratio'] * g['width']}", "train.recipe=fp32",
-                                     "train.recompute=none", f"train.global_batch={b}", f"train.microbatch={b}",
+                                     "train.recompute=none", "train.flash_attention=false",
+                                     f"train.global_batch={b}", f"train.microbatch={b}",
                                      "layout.dp=1", "layout.tp=1", "layout.pp=1", "layout.zero=0", f"layout.cp={c}",
                                      f"layout.cp_attention={row['name']}"],
                               os.path.join(tmp, f"plan_cp_{row['name']}.json"))
+            # activation bytes of a block on a CP rank (the counting allocator) against the plan's per layer
+            v = row["name"]
+            named = 16 * sl * b  # LayerNorm mean and rstd, as tensorparallel's
+            why = "LayerNorm mean and rstd 16sb"
+            if v == "ring":
+                named += 4 * a * sl * b - 4 * a * sl * s * b
+                why += " + the log-sum-exp 4asb, no scores 4asSb (recomputed in backward)"
+            elif v == "all_gather":
+                named += sl * s + (8 * s if balanced else 0)
+                why += " + the mask sS" + (" + the natural-order index 8S" if balanced else "")
+            else:
+                named += s * s + (16 * s if balanced else 0)
+                why += " + the causal mask S^2" + (" + the index and its inverse 16S" if balanced else "")
+            compare(f"contextparallel {v} (c = {c})", "activations per layer", measured_act[v],
+                    p["activations"] // g["layers"], named, why)
             kinds = sorted(set(row["payloads"]) | {k.split("/", 1)[1] for k in pc if k.startswith("cp/")})
             for k in kinds:
                 compare(f"contextparallel {row['name']} (c = {c})", f"cp {k} bytes/step", row["payloads"].get(k, 0),

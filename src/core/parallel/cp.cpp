@@ -8,6 +8,7 @@
 
 #include "core/numerics/bounds.hpp"
 #include "core/parallel/tp.hpp"
+#include "core/runtime/memory.hpp"
 #include "core/runtime/runtime.hpp"
 #include "core/runtime/trace.hpp"
 
@@ -374,6 +375,26 @@ int64_t ring_computed_pairs(int64_t T, int64_t c, int64_t r, Split s) {
   return 3 * Tl * Tl / 4 + (c - 1) * Tl * Tl / 2;
 }
 
+double block_activation_bytes(Variant v, Split split, int64_t T, int64_t c, int64_t B, int64_t h, int64_t a) {
+  check_split(T, c, split);
+  const double sl = static_cast<double>(T / c), t = static_cast<double>(T), b = static_cast<double>(B),
+               hd = static_cast<double>(h), ad = static_cast<double>(a);
+  const double base = 64 * sl * b * hd + 16 * sl * b;
+  const bool perm = split == Split::Balanced;
+  switch (v) {
+    case Variant::Ring: return base + 4 * ad * sl * b;
+    case Variant::AllGather:
+      return base - 8 * sl * b * hd + 8 * t * b * hd + 4 * ad * sl * t * b + sl * t + (perm ? 8 * t : 0);
+    case Variant::Ulysses: return base + 4 * ad * sl * t * b + t * t + (perm ? 16 * t : 0);
+  }
+  return 0;
+}
+
+double block_activation_bytes_one_process(int64_t T, int64_t B, int64_t h, int64_t a) {
+  const double t = static_cast<double>(T), b = static_cast<double>(B);
+  return 64 * t * b * static_cast<double>(h) + 16 * t * b + 4 * static_cast<double>(a) * t * t * b + t * t;
+}
+
 double bytes_per_layer(Variant v, int64_t c, double blk) {
   const double cd = static_cast<double>(c);
   switch (v) {
@@ -456,13 +477,18 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 // ----------------------------------------------------------------------------
 
 torch::Tensor gpt_loss(TinyGptImpl& model, const torch::Tensor& idx, const torch::Tensor& targets,
-                       const torch::Tensor& pos, Attention& attention, torch::Tensor* logits) {
+                       const torch::Tensor& pos, Attention& attention, torch::Tensor* logits,
+                       std::vector<int64_t>* block_bytes) {
   dist::Group& g = AttentionAccess::group(attention);
   const int64_t B = idx.size(0), T = idx.size(1) * g.size();
+  torch::Tensor token = torch::zeros({1});  // settled_bytes' (allocated before the first reading)
   auto x = model.wte->forward(idx) + model.wpe->forward(pos);
   const auto attn = attention.hook();
-  for (std::size_t i = 0; i < model.blocks.size(); ++i)
+  for (std::size_t i = 0; i < model.blocks.size(); ++i) {
+    const int64_t before = block_bytes ? settled_bytes(g, token) : 0;
     x = model.blocks[i]->forward(x, {}, {}, "h" + std::to_string(i) + ".", attn);
+    if (block_bytes) block_bytes->push_back(settled_bytes(g, token) - before);
+  }
   auto out = torch::linear(model.ln_f->forward(x), model.lm_head->weight, model.lm_head->bias);
   if (logits) *logits = out;
   const int64_t V = out.size(-1);
@@ -473,6 +499,11 @@ torch::Tensor gpt_loss(TinyGptImpl& model, const torch::Tensor& idx, const torch
                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
                static_cast<double>(B * T);
   return tp::reduce_from_tensor_model_parallel_region(local, g);
+}
+
+int64_t settled_bytes(dist::Group& group, torch::Tensor& token) {
+  group.allreduce(token);
+  return current_bytes(torch::kCPU);
 }
 
 void allreduce_grads(TinyGptImpl& model, dist::Group& group) {

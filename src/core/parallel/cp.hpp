@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -81,6 +82,29 @@ double bytes_per_layer(Variant v, int64_t c, double block_bytes);
 
 struct AttentionAccess;  // cp.cpp: what its autograd functions read of an Attention
 
+/// Bytes one block of the tiny GPT (core/models/gpt: fp32, no dropout) keeps for its backward on
+/// one rank of c, B sequences of T positions, width h, a heads; T/c = s_l positions per rank.
+/// Korthikanti et al. 2022's per-layer count in fp32 without the scores, 64·s_l·B·h, plus what
+/// this implementation keeps besides (the counting allocator finds each): LayerNorm's mean and
+/// rstd 16·s_l·B; then
+///   one process (c = 1, the written-out attention): the softmax output 4·a·T²·B, the causal mask T²
+///   Ring       the log-sum-exp 4·a·s_l·B (FlashAttention-2's saved L; no scores)
+///   AllGather  the gathered K and V 8·T·B·h instead of the copies of the local ones 8·s_l·B·h,
+///              the probabilities of s_l queries against T keys 4·a·s_l·T·B, their mask s_l·T
+///   Ulysses    the probabilities of a/c heads 4·a·s_l·T·B, the causal mask T²
+/// and, with the balanced split, the permutation into natural order autograd keeps for
+/// index_select (all-gather: one, 8T; Ulysses: it and its inverse, 16T).
+double block_activation_bytes(Variant v, Split split, int64_t T, int64_t c, int64_t B, int64_t h, int64_t a);
+/// The same for one process on the whole sequence (GptBlockImpl's own attention).
+double block_activation_bytes_one_process(int64_t T, int64_t B, int64_t h, int64_t a);
+
+/// Live CPU bytes (core/runtime/memory's counting allocator) once `group`'s Gloo worker thread has
+/// let go of every earlier collective's tensors: it runs one collective at a time (mpt's groups
+/// have one worker thread) and drops the last one's tensors only when it takes the next, so this
+/// all-reduces `token` (a one-element tensor the caller keeps alive across its readings, so that
+/// the worker's own hold on it changes no count) and then reads the count.
+int64_t settled_bytes(dist::Group& group, torch::Tensor& token);
+
 /// The context-parallel attention core for GptBlock (GptAttention): causal attention of this
 /// rank's q, k, v [B, nh, Tl, hd] (its positions under `split` of T = Tl·c) against the whole
 /// sequence, → y [B, nh, Tl, hd], differentiable (custom autograd functions that communicate in
@@ -115,8 +139,12 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 /// this rank's token losses divided by B·T and all-reduced (an autograd all-reduce: identity
 /// backward), so every rank gets the same loss and each token's logit gradient is one
 /// process's (1/(B·T)·(softmax − onehot)). `logits` (if not null) receives this rank's [B, Tl, V].
+/// `block_bytes` (if not null) receives, per block, the bytes its autograd graph keeps alive after
+/// its forward (core/runtime/memory's counting allocator: live bytes after minus before; it must
+/// be installed before the model is built).
 torch::Tensor gpt_loss(TinyGptImpl& model, const torch::Tensor& idx, const torch::Tensor& targets,
-                       const torch::Tensor& positions, Attention& attention, torch::Tensor* logits = nullptr);
+                       const torch::Tensor& positions, Attention& attention, torch::Tensor* logits = nullptr,
+                       std::vector<int64_t>* block_bytes = nullptr);
 /// Sums every parameter gradient of `model` over the group (all-reduce), after gpt_loss's backward:
 /// each rank's gradient is the part from its own tokens.
 void allreduce_grads(TinyGptImpl& model, dist::Group& group);
