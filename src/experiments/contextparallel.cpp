@@ -34,6 +34,7 @@
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/models/gpt.hpp"
+#include "core/models/gpt_spec.hpp"
 #include "core/numerics/bounds.hpp"
 #include "core/parallel/cp.hpp"
 #include "core/parallel/tp.hpp"
@@ -73,16 +74,7 @@ ConfigSpec contextparallel_spec() {
   return s;
 }
 
-GptConfig gpt_config(const Config& cfg) {
-  GptConfig c;
-  c.vocab = cfg.integer("/model/vocab");
-  c.context = cfg.integer("/model/context");
-  c.width = cfg.integer("/model/width");
-  c.heads = cfg.integer("/model/heads");
-  c.layers = cfg.integer("/model/layers");
-  c.mlp_ratio = cfg.integer("/model/mlp_ratio");
-  return c;
-}
+GptConfig gpt_config(const Config& cfg) { return gpt_config_at(cfg, "/model", cfg.integer("/model/vocab")); }
 
 double max_over(dist::Group& g, double x) {
   auto t = torch::tensor({x}, torch::kFloat64);

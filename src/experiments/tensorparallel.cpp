@@ -49,6 +49,7 @@
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/models/gpt.hpp"
+#include "core/models/gpt_spec.hpp"
 #include "core/runtime/memory.hpp"
 #include "core/models/mlp.hpp"
 #include "core/pipeline/executor.hpp"
@@ -109,16 +110,7 @@ ConfigSpec tensorparallel_spec() {
 
 }  // namespace
 
-GptConfig gpt_of(const Config& cfg) {
-  GptConfig c;
-  c.vocab = cfg.integer("/model/vocab");
-  c.context = cfg.integer("/model/context");
-  c.width = cfg.integer("/model/width");
-  c.heads = cfg.integer("/model/heads");
-  c.layers = cfg.integer("/model/layers");
-  c.mlp_ratio = cfg.integer("/model/mlp_ratio");
-  return c;
-}
+GptConfig gpt_of(const Config& cfg) { return gpt_config_at(cfg, "/model", cfg.integer("/model/vocab")); }
 
 /// The largest value of x over the ranks (checks are the worst rank's).
 double max_over_ranks(World& w, double x) {

@@ -117,6 +117,46 @@ void ring_block_backward(const torch::Tensor& q, const torch::Tensor& kb, const 
   dkv.select(0, 0).add_(torch::matmul(ds.transpose(-2, -1), q) * scale);
 }
 
+// One hop of the ring: `out` to rank r + 1 while `in` (a buffer of its shape) fills from r − 1.
+// wait() blocks on both (the time counted as waiting) and returns the received tensor.
+struct Hop {
+  dist::Work send, recv;
+  torch::Tensor in;
+  Hop() = default;
+  Hop(dist::Group& g, const torch::Tensor& out, int tag) : in(torch::empty_like(out)) {
+    const int c = g.size(), r = g.rank();
+    recv = g.recv_async(in, (r - 1 + c) % c, tag);
+    send = g.send_async(out, (r + 1) % c, tag);
+  }
+  torch::Tensor wait(Stats& st) {
+    Timed t(st.wait_s);
+    recv.wait();
+    send.wait();
+    return in;
+  }
+};
+
+// The parts of one ring step: for each of this rank's query chunks `qcs` that sees keys of block
+// `src` (columns [0, ke): needed_columns), fn(chunk, ke, the mask of its queries against those keys),
+// timed as computing and traced as `what`; counts the pairs and whether the block was computed.
+template <class Fn>
+void for_each_part(int64_t T, int c, int src, Split split, const torch::Tensor& qpos, const std::vector<Chunk>& qcs,
+                   Stats& st, const char* what, Fn fn) {
+  const auto kpos = positions(T, c, src, split);
+  const auto kcs = local_chunks(T, c, src, split);
+  bool any = false;
+  for (const auto& qc : qcs) {
+    const int64_t ke = needed_columns(qc, kcs);
+    if (ke == 0) continue;
+    Timed t(st.compute_s);
+    trace::Scope sc(trace::Track::Compute, what);
+    fn(qc, ke, future_mask(qpos.narrow(0, qc.begin, qc.len), kpos.narrow(0, 0, ke)));
+    st.pairs_computed += qc.len * ke;
+    any = true;
+  }
+  ++(any ? st.blocks_computed : st.blocks_skipped);
+}
+
 }  // namespace
 
 // Ring attention (Liu et al. 2023) with FlashAttention-2's merge, forward and backward.
@@ -140,39 +180,19 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
     auto acc = torch::zeros_like(q);
     auto kv = torch::stack({k, v}).contiguous();
     for (int s = 0; s < c; ++s) {
-      const int src = (r - s + c) % c;
-      dist::Work send, recv;
-      torch::Tensor incoming;
-      if (s < c - 1) {  // the next block travels while this one is computed
-        incoming = torch::empty_like(kv);
-        recv = g.recv_async(incoming, (r - 1 + c) % c, ring_tag(call, 0, s));
-        send = g.send_async(kv, (r + 1) % c, ring_tag(call, 0, s));
-      }
-      const auto kpos = positions(T, c, src, split);
-      const auto kcs = local_chunks(T, c, src, split);
-      bool any = false;
-      for (const auto& qc : qcs) {
-        const int64_t ke = needed_columns(qc, kcs);
-        if (ke == 0) continue;
-        Timed t(st.compute_s);
-        trace::Scope sc(trace::Track::Compute, "ring forward step");
-        auto mc = m.narrow(2, qc.begin, qc.len), lc = l.narrow(2, qc.begin, qc.len), ac = acc.narrow(2, qc.begin, qc.len);
-        auto m2 = mc.clone(), l2 = lc.clone(), a2 = ac.clone();
-        ring_block_forward(q.narrow(2, qc.begin, qc.len), kv[0].narrow(2, 0, ke), kv[1].narrow(2, 0, ke),
-                           future_mask(qpos.narrow(0, qc.begin, qc.len), kpos.narrow(0, 0, ke)), scale, m2, l2, a2);
-        mc.copy_(m2);
-        lc.copy_(l2);
-        ac.copy_(a2);
-        st.pairs_computed += qc.len * ke;
-        any = true;
-      }
-      ++(any ? st.blocks_computed : st.blocks_skipped);
-      if (s < c - 1) {
-        Timed t(st.wait_s);
-        recv.wait();
-        send.wait();
-        kv = incoming;
-      }
+      Hop hop;  // the next block travels while this one is computed
+      if (s < c - 1) hop = Hop(g, kv, ring_tag(call, 0, s));
+      for_each_part(T, c, (r - s + c) % c, split, qpos, qcs, st, "ring forward step",
+                    [&](const Chunk& qc, int64_t ke, const torch::Tensor& mask) {
+                      auto rows = [&](torch::Tensor& x) { return x.narrow(2, qc.begin, qc.len); };
+                      auto m2 = rows(m).clone(), l2 = rows(l).clone(), a2 = rows(acc).clone();
+                      ring_block_forward(q.narrow(2, qc.begin, qc.len), kv[0].narrow(2, 0, ke), kv[1].narrow(2, 0, ke),
+                                         mask, scale, m2, l2, a2);
+                      rows(m).copy_(m2);
+                      rows(l).copy_(l2);
+                      rows(acc).copy_(a2);
+                    });
+      if (s < c - 1) kv = hop.wait(st);
     }
     torch::Tensor y, lse;
     {
@@ -206,51 +226,20 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
     }
     auto kv = torch::stack({k, v}).contiguous();
     auto dkv = torch::zeros_like(kv);
-    const int next = (r + 1) % c, prev = (r - 1 + c) % c;
     for (int s = 0; s < c; ++s) {
-      const int src = (r - s + c) % c;
-      dist::Work kv_send, kv_recv;
-      torch::Tensor kv_in;
-      if (s < c - 1) {
-        kv_in = torch::empty_like(kv);
-        kv_recv = g.recv_async(kv_in, prev, ring_tag(call, 2, s));
-        kv_send = g.send_async(kv, next, ring_tag(call, 2, s));
-      }
-      const auto kpos = positions(T, c, src, split);
-      const auto kcs = local_chunks(T, c, src, split);
-      bool any = false;
-      for (const auto& qc : qcs) {
-        const int64_t ke = needed_columns(qc, kcs);
-        if (ke == 0) continue;
-        Timed t(st.compute_s);
-        trace::Scope sc(trace::Track::Compute, "ring backward step");
-        auto rows = [&](const torch::Tensor& x) { return x.narrow(2, qc.begin, qc.len); };
-        auto dq_c = rows(dq), dkv_c = dkv.narrow(3, 0, ke);  // views: the adds land in dq, dkv
-        ring_block_backward(rows(q), kv[0].narrow(2, 0, ke), kv[1].narrow(2, 0, ke),
-                            future_mask(qpos.narrow(0, qc.begin, qc.len), kpos.narrow(0, 0, ke)), scale, rows(lse),
-                            rows(dy), rows(D), dq_c, dkv_c);
-        st.pairs_computed += qc.len * ke;
-        any = true;
-      }
-      ++(any ? st.blocks_computed : st.blocks_skipped);
-      // The partial dK/dV of block `src` goes on with it; after the last step it reaches its owner
-      // (r + 1 holds block r + 1 − c = r + 1 mod c ... each hop one rank on), and the partial that
-      // arrives from r − 1 at the last step is this rank's own block, complete.
-      if (c > 1) {
-        auto dkv_in = torch::empty_like(dkv);
-        auto dkv_recv = g.recv_async(dkv_in, prev, ring_tag(call, 3, s));
-        auto dkv_send = g.send_async(dkv, next, ring_tag(call, 3, s));
-        Timed t(st.wait_s);
-        dkv_recv.wait();
-        dkv_send.wait();
-        dkv = dkv_in;
-      }
-      if (s < c - 1) {
-        Timed t(st.wait_s);
-        kv_recv.wait();
-        kv_send.wait();
-        kv = kv_in;
-      }
+      Hop kv_hop;
+      if (s < c - 1) kv_hop = Hop(g, kv, ring_tag(call, 2, s));
+      for_each_part(T, c, (r - s + c) % c, split, qpos, qcs, st, "ring backward step",
+                    [&](const Chunk& qc, int64_t ke, const torch::Tensor& mask) {
+                      auto rows = [&](const torch::Tensor& x) { return x.narrow(2, qc.begin, qc.len); };
+                      auto dq_c = rows(dq), dkv_c = dkv.narrow(3, 0, ke);  // views: the adds land in dq, dkv
+                      ring_block_backward(rows(q), kv[0].narrow(2, 0, ke), kv[1].narrow(2, 0, ke), mask, scale,
+                                          rows(lse), rows(dy), rows(D), dq_c, dkv_c);
+                    });
+      // The partial dK/dV of the block goes on with it, one rank per step; the one that arrives
+      // from r − 1 at the last step is this rank's own block, complete.
+      if (c > 1) dkv = Hop(g, dkv, ring_tag(call, 3, s)).wait(st);
+      if (s < c - 1) kv = kv_hop.wait(st);
     }
     return {dq, dkv[0], dkv[1], torch::Tensor()};
   }
