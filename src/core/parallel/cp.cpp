@@ -265,25 +265,21 @@ torch::Tensor heads_to_seq(const torch::Tensor& x, dist::Group& g) {
   return out.permute({1, 0, 2, 3, 4}).reshape({B, c * nhl, Tl, hd});
 }
 
-struct SeqToHeads : torch::autograd::Function<SeqToHeads> {
+// An all-to-all as an autograd function: Forward's layout change forward, Backward's (its inverse)
+// on the gradient (DeepSpeed's _SeqAllToAll).
+template <torch::Tensor (*Forward)(const torch::Tensor&, dist::Group&),
+          torch::Tensor (*Backward)(const torch::Tensor&, dist::Group&)>
+struct AllToAll : torch::autograd::Function<AllToAll<Forward, Backward>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t a_addr) {
     ctx->saved_data["a"] = a_addr;
-    return seq_to_heads(x, AttentionAccess::group(attention_of(ctx)));
+    return Forward(x, AttentionAccess::group(attention_of(ctx)));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {heads_to_seq(grad[0], AttentionAccess::group(attention_of(ctx))), torch::Tensor()};
+    return {Backward(grad[0], AttentionAccess::group(attention_of(ctx))), torch::Tensor()};
   }
 };
-
-struct HeadsToSeq : torch::autograd::Function<HeadsToSeq> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t a_addr) {
-    ctx->saved_data["a"] = a_addr;
-    return heads_to_seq(x, AttentionAccess::group(attention_of(ctx)));
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {seq_to_heads(grad[0], AttentionAccess::group(attention_of(ctx))), torch::Tensor()};
-  }
-};
+using SeqToHeads = AllToAll<seq_to_heads, heads_to_seq>;
+using HeadsToSeq = AllToAll<heads_to_seq, seq_to_heads>;
 
 // The permutation that puts the ranks' positions (concatenated in rank order) in natural order,
 // and whether it is the identity (the contiguous split).
