@@ -230,9 +230,10 @@ Table gpt_table(const Config& cfg, const std::shared_ptr<dist::Group>& g, std::v
   auto loss1 = gpt_loss(logits1, tgt);
   loss1.backward();
   Table t{"gpt",
-          fmt::format("Tiny GPT (V = {}, C = {}, heads = {}, {} layers, B = {}, T = {}) on c = {} ({} split): "
+          fmt::format("Tiny GPT (V = {}, C = {}, heads = {}, {} layer{}, B = {}, T = {}) on c = {} ({} split): "
                       "vs one process on the whole sequence",
-                      gc.vocab, gc.width, gc.heads, gc.layers, B, T, g->size(), cp::split_name(split)),
+                      gc.vocab, gc.width, gc.heads, gc.layers, gc.layers == 1 ? "" : "s", B, T, g->size(),
+                      cp::split_name(split)),
           {text_col("name", "variant"), float_col("loss", "loss", "nats", 7), sci_col("loss_diff", "loss diff"),
            sci_col("loss_bound", "loss bound"), sci_col("logits_diff", "logits diff"), sci_col("grad_diff", "max grad diff"),
            sci_col("grad_rel", "grad diff/max|g|")}};
@@ -284,9 +285,9 @@ Table comm_table(const Config& cfg, const dist::Group& g, const std::vector<GptR
   const int64_t B = cfg.integer("/data/batch"), T = cfg.integer("/data/seq"), c = g.size();
   const double blk = static_cast<double>(B * (T / c) * gc.width * 4);
   Table t{"comm",
-          fmt::format("Bytes one rank sends per step (forward + backward of {} layers; K/V block B x T/c x C x 4 = {} "
+          fmt::format("Bytes one rank sends per step (forward + backward of {} layer{}; K/V block B x T/c x C x 4 = {} "
                       "bytes), counted by the process group (collectives at the ring algorithm's bytes)",
-                      gc.layers, blk),
+                      gc.layers, gc.layers == 1 ? "" : "s", blk),
           {text_col("name", "variant"), text_col("kinds", "collectives"), int_col("sent", "sent", "bytes"),
            int_col("formula", "formula", "bytes"), float_col("per_layer_blocks", "blocks/layer"),
            int_col("payload", "payload", "bytes")}};
@@ -312,8 +313,9 @@ Table comm_table(const Config& cfg, const dist::Group& g, const std::vector<GptR
                     "home); all_gather: (c-1)/c of K and V gathered and of dK, dV reduce-scattered (ring algorithm); "
                     "ulysses: (c-1)/c of q, k, v and y by all-to-all, the same backward. The loss's all-reduce is "
                     "left out; the gradient all-reduce (the replicas' data-parallel part) comes after");
-  t.notes.push_back("payload: the tensors handed to the process group (a send's message, an all-gather's output, a "
-                    "reduce-scatter's or all-to-all's input), what `mpt plan`'s communication table counts");
+  t.notes.push_back("payload: the tensors handed to the process group (a send's message and a receive's buffer, an "
+                    "all-gather's output, a reduce-scatter's or all-to-all's input), what `mpt plan`'s communication "
+                    "table counts; the ring's is its sends' and receives' together");
   t.notes.push_back("collectives are counted as a ring sends them (dist::CommCount); Gloo's native reduce-scatter "
                     "(env.dist) all-reduces the whole input and sends twice the counted dK/dV bytes");
   return t;
@@ -351,7 +353,8 @@ std::pair<Table, Table> activation_tables(const Config& cfg, dist::Group& g, con
   }
   f.notes.push_back("64 s_l B h (Korthikanti et al. 2022 in fp32, no dropout, without the scores) + LayerNorm mean and "
                     "rstd 16 s_l B; one process: + softmax 4aT^2B + causal mask T^2; ring: + log-sum-exp 4a s_l B; "
-                    "all_gather: gathered K, V 8TBh instead of the local copies 8 s_l B h, + probabilities 4a s_l T B, "
+                    "all_gather: gathered K, V 8TBh instead of the local copies 8 s_l B h (B > 1 and a > 1: where "
+                    "matmul copies; else the q view keeps qkv whole), + probabilities 4a s_l T B, "
                     "mask s_l T; ulysses: + probabilities of a/c heads 4a s_l T B, mask T^2; balanced split: the "
                     "natural-order permutation autograd keeps (8T, Ulysses also its inverse) — core/parallel/cp");
   m.notes.push_back("each reading taken once the CP group's Gloo worker has let go of the collectives' tensors "

@@ -90,7 +90,8 @@ ConfigSpec plan_spec() {
   s.integer("/layout/cp", 1, "context-parallel ranks: each sequence split over them (mpt contextparallel); the "
             "gradients reduced and ZeRO sharded over dp x cp", 1, 1 << 16);
   s.choice("/layout/cp_attention", "ring", {"ring", "all_gather", "ulysses"},
-           "how context parallelism's attention reaches the other ranks' keys (core/parallel/cp)");
+           "how context parallelism's attention reaches the other ranks' keys (core/parallel/cp): ring, all_gather or "
+           "ulysses");
   s.integer("/layout/virtual_stages", 1, "model chunks per stage (interleaved-1f1b: >= 2; zb-v: 2)", 1, 1 << 10);
   s.boolean("/layout/sequence_parallel", true, "sequence parallelism with TP (Korthikanti et al. 2022)");
   s.integer("/layout/zero", 1, "ZeRO stage over the data-parallel group (0-3)", 0, 3);
@@ -584,7 +585,11 @@ Report run_plan(const Context& ctx) {
     const auto start = std::chrono::steady_clock::now();
     const auto cs = pl::search(m, t, l, sys, devices);
     report.timings["search_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report.add(search_table(cs, devices, cfg.integer("/search/top"), sys));
+    Table st = search_table(cs, devices, cfg.integer("/search/top"), sys);
+    if (l.cp > 1)
+      st.notes.push_back(fmt::format("/layout/cp = {} is not searched: every layout here has cp = 1 (plan a CP layout "
+                                     "without --search)", l.cp));
+    report.add(std::move(st));
     if (std::any_of(cs.begin(), cs.end(), [](const pl::Candidate& c) { return c.rejected.empty(); })) {
       report.add(frontier_table(cs));
       report.results["search_points"] = search_points(cs);

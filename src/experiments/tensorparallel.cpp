@@ -68,7 +68,7 @@ ConfigSpec tensorparallel_spec() {
   ConfigSpec s;
   s.integer("/seed", 1, "seed before building each model (torch.manual_seed) and of the data", 0);
   s.integer("/nproc", 2,
-            "worker processes (--nproc N): the TP degree t, or dp x tp x pp with a mesh (/mesh); ignored under "
+            "worker processes (--nproc N): the TP degree t, or dp x cp x tp x pp with a mesh (/mesh); ignored under "
             "torchrun/SLURM",
             1, 8);
   s.integer("/model/vocab", 65, "GPT vocabulary V (65: not divisible by t = 2, padded)", 2, 100000);
@@ -87,8 +87,9 @@ ConfigSpec tensorparallel_spec() {
   s.integer("/mlp/batch", 16, "MLP batch rows", 1, 65536);
   s.boolean("/sp/enabled", true, "also run the GPT with sequence parallelism (Korthikanti et al. 2022)");
   s.integer("/time/steps", 5, "timed forward+backward steps per variant (the median is reported)", 1, 1000);
-  s.integer("/mesh/steps", 0, "SGD steps of the GPT on the DP x TP x PP mesh (0: no mesh; > 0: the mesh section "
-            "alone, on /mesh/dp x /mesh/tp x /mesh/pp = --nproc processes)", 0, 1000);
+  s.integer("/mesh/steps", 0, "SGD steps of the GPT on the DP x CP x TP x PP mesh (0: no mesh, and the /mesh keys are "
+            "not used; > 0: the mesh section alone, on /mesh/dp x /mesh/cp x /mesh/tp x /mesh/pp = --nproc processes)",
+            0, 1000);
   s.integer("/mesh/dp", 1, "mesh: data-parallel degree (each DP rank trains on its /data/batch sequences; at most 2: "
             "the two-term gradient all-reduce is what makes the mesh bitwise equal to its TP reference, more terms "
             "would let Gloo reorder the sum)", 1, 2);
@@ -97,14 +98,15 @@ ConfigSpec tensorparallel_spec() {
   s.integer("/mesh/cp", 1, "mesh: context-parallel degree (each sequence's positions split over cp ranks, "
             "core/parallel/cp; at most 2, as /mesh/dp)", 1, 2);
   s.choice("/mesh/cp_attention", "ring", {"ring", "all_gather", "ulysses"},
-           "mesh: how the CP ranks' attention sees the whole sequence (mpt contextparallel)");
+           "mesh: how the CP ranks' attention sees the whole sequence (mpt contextparallel): ring, all_gather or "
+           "ulysses");
   s.choice("/mesh/cp_split", "balanced", {"balanced", "contiguous"},
            "mesh: the CP split of the sequence (balanced: 2cp chunks, rank r holding r and 2cp-1-r)");
   s.integer("/mesh/microbatches", 2, "mesh: microbatches per DP rank and step (>= /mesh/pp; must divide /data/batch)",
             1, 4096);
   s.choice("/mesh/schedule", "1f1b", {"gpipe", "1f1b"}, "mesh: the pipeline schedule (core/pipeline/schedule)");
   s.number("/mesh/lr", 0.5, "mesh: SGD learning rate (theta -= lr * grad)", 0.0, 100.0);
-  add_dist_keys(s, DistKeys{"step of the TP timing loop", 1, 7, false});
+  add_dist_keys(s, DistKeys{"step of the TP timing loop (with /mesh/steps > 0: the mesh's SGD step)", 1, 7, false});
   return s;
 }
 

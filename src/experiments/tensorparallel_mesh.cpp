@@ -272,7 +272,9 @@ struct MeshComm {
     }
     tb.notes.push_back("payload: the all-reduce's buffer, the all-gather's output, the reduce-scatter's input, the "
                        "tensor sent or received (dist::Group's counters); the DP all-reduces are the Reducer's gradient "
-                       "bucket(s) and the loss's mean (8 B)");
+                       "bucket(s) and the loss's mean (8 B); the PP group's all-reduces, the executor's gathering of "
+                       "every stage's gradients and events for the checks; the CP group's, the gradients' CP mean (one "
+                       "bucket) and the loss's");
     return tb;
   }
 };

@@ -10,6 +10,9 @@ set(CPQ contextparallel --config configs/contextparallel_quick.json)
 cli_case(contextparallel_two_processes 0 "OK: 24 of 24 checks passed" ${CPQ})
 # The GPT section on the contiguous split.
 cli_case(contextparallel_contiguous 0 "OK: 24 of 24 checks passed" ${CPQ} --set cp.split=contiguous)
+# One sequence (B = 1): matmul keeps views of qkv instead of copies of q, k, v (probe: the all-gather's
+# activation formula subtracted copies that do not exist there, and its check failed on valid input).
+cli_case(contextparallel_one_sequence 0 "OK: 24 of 24 checks passed" ${CPQ} --set data.batch=1)
 # One process: every exchange is a copy; the same checks hold.
 cli_case(contextparallel_one_process 0 "OK: [0-9]+ of [0-9]+ checks passed" ${CPQ} --nproc 1)
 # Four ranks: one head each for Ulysses, 2 positions per chunk of the balanced split.

@@ -366,10 +366,13 @@ double block_activation_bytes(Variant v, Split split, int64_t T, int64_t c, int6
                hd = static_cast<double>(h), ad = static_cast<double>(a);
   const double base = 64 * sl * b * hd + 16 * sl * b;
   const bool perm = split == Split::Balanced;
+  // matmul copies q (and one process's k, v) only when it cannot fold [B, heads] into one batch
+  // dimension as a view of qkv, i.e. when B > 1 and a > 1; otherwise the views keep all of qkv
+  const bool copies = B > 1 && a > 1;
   switch (v) {
     case Variant::Ring: return base + 4 * ad * sl * b;
     case Variant::AllGather:
-      return base - 8 * sl * b * hd + 8 * t * b * hd + 4 * ad * sl * t * b + sl * t + (perm ? 8 * t : 0);
+      return base - (copies ? 8 * sl * b * hd : 0.0) + 8 * t * b * hd + 4 * ad * sl * t * b + sl * t + (perm ? 8 * t : 0);
     case Variant::Ulysses: return base + 4 * ad * sl * t * b + t * t + (perm ? 16 * t : 0);
   }
   return 0;

@@ -89,8 +89,10 @@ struct AttentionAccess;  // cp.cpp: what its autograd functions read of an Atten
 /// rstd 16·s_l·B; then
 ///   one process (c = 1, the written-out attention): the softmax output 4·a·T²·B, the causal mask T²
 ///   Ring       the log-sum-exp 4·a·s_l·B (FlashAttention-2's saved L; no scores)
-///   AllGather  the gathered K and V 8·T·B·h instead of the copies of the local ones 8·s_l·B·h,
-///              the probabilities of s_l queries against T keys 4·a·s_l·T·B, their mask s_l·T
+///   AllGather  the gathered K and V 8·T·B·h, instead of the copies of the local ones 8·s_l·B·h
+///              where matmul copies (B > 1 and a > 1: it cannot fold [B, a] of a view of qkv; else
+///              the q view keeps all of qkv), the probabilities of s_l queries against T keys
+///              4·a·s_l·T·B, their mask s_l·T
 ///   Ulysses    the probabilities of a/c heads 4·a·s_l·T·B, the causal mask T²
 /// and, with the balanced split, the permutation into natural order autograd keeps for
 /// index_select (all-gather: one, 8T; Ulysses: it and its inverse, 16T).

@@ -254,9 +254,12 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
   if (l.cp > 1 && m.sequence % (2 * l.cp) != 0)
     return fmt::format("/model/sequence = {} is not a multiple of 2 · /layout/cp = {} (the causal load-balanced split "
                        "cuts it into 2cp chunks)", m.sequence, 2 * l.cp);
-  if (l.cp > 1 && l.cp_attention == "ulysses" && (m.heads % (l.tp * l.cp) != 0 || m.kv_heads % (l.tp * l.cp) != 0))
-    return fmt::format("/model/heads = {} and /model/kv_heads = {} must be multiples of /layout/tp · /layout/cp = {} "
-                       "(Ulysses gives every CP rank whole heads of its TP rank's)", m.heads, m.kv_heads, l.tp * l.cp);
+  if (l.cp > 1 && l.cp_attention == "ulysses")
+    for (const auto& [key, n] : {std::pair<const char*, int64_t>{"/model/heads", m.heads}, {"/model/kv_heads", m.kv_heads}})
+      if (n % (l.tp * l.cp) != 0)
+        return fmt::format("{} = {} is not a multiple of /layout/tp · /layout/cp = {} (Ulysses gives every CP rank whole "
+                           "heads of its TP rank's; with /layout/cp_attention = ring or all_gather it need not)",
+                           key, n, l.tp * l.cp);
   if (m.hidden % m.heads != 0)
     return fmt::format("/model/hidden = {} is not a multiple of /model/heads = {}", m.hidden, m.heads);
   if (m.heads % m.kv_heads != 0)
