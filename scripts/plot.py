@@ -657,10 +657,57 @@ def plot_plan(doc, out, fmt):
     return paths
 
 
+def plot_contextparallel(doc, out, fmt):
+    """Context parallelism: each run's attention error against its derived bound (<= 1 passes), the
+    useful and computed query-key pairs per rank of the two splits, and the activation bytes of a
+    block per rank (formula, and measured where the timings have it)."""
+    paths, res = [], doc["results"]
+    att = res.get("attention", [])
+    if att:
+        few_bars(len(att), "rows in results.attention")
+        fig, ax = plt.subplots(figsize=(8, 5))
+        ax.barh([r["name"] for r in att], [num(r["worst_ratio"]) for r in att])
+        ax.axvline(1.0, color="r", label="bound")
+        ax.set_xlabel("max |computed - exact| / derived bound")
+        ax.set_title("Attention (y, dq, dk, dv) against the exact float64 attention")
+        ax.tick_params(axis="y", labelsize=6)
+        ax.legend(fontsize=8)
+        save(fig, out, "attention_bounds", fmt, paths)
+    bal = res.get("balance", [])
+    if bal:
+        few_bars(len(bal), "rows in results.balance")
+        names = [r["name"] for r in bal]
+        x = list(range(len(names)))
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        ax.bar([i - 0.2 for i in x], [r["useful"] for r in bal], width=0.4, label="useful (unmasked) pairs")
+        ax.bar([i + 0.2 for i in x], [r["computed"] for r in bal], width=0.4, label="pairs the ring computes")
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, fontsize=8)
+        ax.set_ylabel("query-key pairs per rank")
+        ax.set_title("Causal load balance: contiguous vs balanced (2c chunks) split")
+        ax.legend(fontsize=8)
+        save(fig, out, "load_balance", fmt, paths)
+    act = res.get("activations", [])
+    if act:
+        few_bars(len(act), "rows in results.activations")
+        names = [r["name"] for r in act]
+        measured = {r["name"]: r["max_rank"] for r in doc.get("timings", {}).get("activations_measured", [])
+                    if isinstance(r, dict) and "max_rank" in r}
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        if measured:
+            ax.bar(names, [measured.get(n, 0) / 2**10 for n in names], label="measured (allocator, max over ranks)")
+        ax.plot(names, [r["formula"] / 2**10 for r in act], "kD", label="formula")
+        ax.set_ylabel("activation bytes per block and rank (KiB)")
+        ax.set_title("Activation bytes per rank under context parallelism")
+        ax.legend(fontsize=8)
+        save(fig, out, "activation_bytes", fmt, paths)
+    return paths
+
+
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint,
             "collectives": plot_collectives, "shard": plot_shard, "fp8": plot_fp8, "fp4": plot_fp4,
-            "tensorparallel": plot_tensorparallel, "plan": plot_plan}
+            "tensorparallel": plot_tensorparallel, "contextparallel": plot_contextparallel, "plan": plot_plan}
 
 
 MAX_BYTES = 64 * 2**20  # the most plot.py reads of one result file

@@ -16,10 +16,14 @@
  *     (float64) attention of the same fp32 inputs, within a bound derived from the number of
  *     merged blocks (core/parallel/cp's attention_bounds; docs/contextparallel.md)
  *  2. the GPT: logits, loss and every gradient against one process (gradients all-reduced over
- *     the ranks, as data parallelism does: the replicas saw different tokens)
- *  3. causal load balance: useful (unmasked) and computed score pairs per rank, contiguous vs
+ *     the ranks, as data parallelism does: the replicas saw different tokens); the loss within
+ *     its bound, logits and gradients reported (tensorparallel's policy: per-operation checks)
+ *  3. activation bytes one block keeps per rank, measured by the counting allocator, against
+ *     each variant's formula (cp::block_activation_bytes)
+ *  4. causal load balance: useful (unmasked) and computed score pairs per rank, contiguous vs
  *     balanced, and the ring's measured compute and wait per rank
- *  4. bytes sent per step and variant, counted by the process group, against the formulas
+ *  5. bytes sent per step and variant, counted by the process group, against the formulas
+ * The DP x CP x TP x PP mesh is tensorparallel's (tensorparallel_mesh.cpp, /mesh/cp).
  *
  *   mpt contextparallel                     # c = 2 processes
  *   mpt contextparallel --nproc 4
@@ -177,7 +181,7 @@ Table attention_table(const Config& cfg, dist::Group& g, Report& report) {
 }
 
 // ----------------------------------------------------------------------------
-// 2. The GPT, and 4. bytes per step
+// 2. The GPT, 3. its activation bytes and 5. bytes per step
 // ----------------------------------------------------------------------------
 
 struct GptRun {
@@ -363,7 +367,7 @@ std::pair<Table, Table> activation_tables(const Config& cfg, dist::Group& g, con
 }
 
 // ----------------------------------------------------------------------------
-// 3. Load balance
+// 4. Load balance
 // ----------------------------------------------------------------------------
 
 /// Section 3: per rank and split, the useful and computed score pairs (deterministic), and the
@@ -458,13 +462,13 @@ Report run_contextparallel(const Context& ctx) {
   std::vector<GptRun> runs;
   int64_t one_block = 0;
   report.add(gpt_table(cfg, g, runs, report, one_block));     // 2
-  auto [act_formula, act_measured] = activation_tables(cfg, *g, runs, one_block, report);
+  auto [act_formula, act_measured] = activation_tables(cfg, *g, runs, one_block, report);  // 3
   report.add(std::move(act_formula));
   report.add(std::move(act_measured), Store::Timings);
-  auto [pairs, times] = balance_tables(cfg, g, w, report);  // 3
+  auto [pairs, times] = balance_tables(cfg, g, w, report);  // 4
   report.add(std::move(pairs));
   report.add(std::move(times), Store::Timings);
-  report.add(comm_table(cfg, *g, runs, report));  // 4
+  report.add(comm_table(cfg, *g, runs, report));  // 5
   return report;
 }
 

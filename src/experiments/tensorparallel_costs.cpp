@@ -20,15 +20,20 @@ namespace mpt {
 
 namespace {
 
-/// The bytes one block's autograd graph keeps after its forward, per block, in one process.
-std::vector<int64_t> one_process_block_bytes(TinyGpt m, const torch::Tensor& idx) {
+/// The bytes one block's autograd graph keeps after its forward, per block, in one process. Each
+/// reading waits for `g`'s worker to let go of the earlier sections' collective tensors
+/// (dist::settle): one freed during a block read 8 bytes short (fresh-clone CI, under load).
+std::vector<int64_t> one_process_block_bytes(TinyGpt m, const torch::Tensor& idx, dist::Group& g) {
   const int64_t T = idx.size(1);
+  auto token = torch::zeros({1});
   auto pos = torch::arange(T, torch::kLong);
   auto x = m->wte->forward(idx) + m->wpe->forward(pos);
   std::vector<int64_t> v;
   for (auto& b : m->blocks) {
+    dist::settle(g, token);
     const int64_t before = current_bytes(torch::kCPU);
     x = b->forward(x, {});
+    dist::settle(g, token);
     v.push_back(current_bytes(torch::kCPU) - before);
   }
   return v;
@@ -51,7 +56,7 @@ std::pair<Table, Table> activation_tables(const Config& cfg, World& w, const std
   {
     seed_all(static_cast<std::uint64_t>(cfg.integer("/seed")));
     TinyGpt m(gc);
-    b1 = one_process_block_bytes(m, idx);
+    b1 = one_process_block_bytes(m, idx, *g);
   }
   // TP: Gloo's worker thread may still hold a collective's temporary when the block returns;
   // the smallest of three measurements is the graph's own storage.

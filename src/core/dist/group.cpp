@@ -323,4 +323,6 @@ void Group::barrier() {
   allreduce(torch::zeros({1}, torch::TensorOptions().device(device_)));
 }
 
+void settle(Group& group, torch::Tensor& token) { group.allreduce(token); }
+
 }  // namespace mpt::dist

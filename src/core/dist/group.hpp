@@ -363,4 +363,12 @@ class Group {
   int64_t ring_calls_ = 0;  // ring collectives so far (their tags); every rank counts alike
 };
 
+/// Returns once `group`'s worker thread has let go of every earlier collective's tensors, so that
+/// a count of live bytes (core/runtime/memory) taken next includes none of them: mpt's Gloo groups
+/// run one collective at a time on one worker thread, which drops a finished collective's
+/// tensors only when it takes the next, so this all-reduces `token` (one element, which the
+/// caller keeps alive across its readings so that the worker's hold on it changes no count).
+/// Throws what allreduce throws.
+void settle(Group& group, torch::Tensor& token);
+
 }  // namespace mpt::dist

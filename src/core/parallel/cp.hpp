@@ -100,11 +100,9 @@ double block_activation_bytes(Variant v, Split split, int64_t T, int64_t c, int6
 /// The same for one process on the whole sequence (GptBlockImpl's own attention).
 double block_activation_bytes_one_process(int64_t T, int64_t B, int64_t h, int64_t a);
 
-/// Live CPU bytes (core/runtime/memory's counting allocator) once `group`'s Gloo worker thread has
-/// let go of every earlier collective's tensors: it runs one collective at a time (mpt's groups
-/// have one worker thread) and drops the last one's tensors only when it takes the next, so this
-/// all-reduces `token` (a one-element tensor the caller keeps alive across its readings, so that
-/// the worker's own hold on it changes no count) and then reads the count.
+/// Live CPU bytes (core/runtime/memory's counting allocator) once `group`'s worker has let go of
+/// every earlier collective's tensors (dist::settle with `token`, which the caller keeps alive
+/// across its readings).
 int64_t settled_bytes(dist::Group& group, torch::Tensor& token);
 
 /// The context-parallel attention core for GptBlock (GptAttention): causal attention of this
