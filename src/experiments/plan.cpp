@@ -48,7 +48,7 @@ namespace mpt {
 namespace {
 
 namespace pl = mpt::plan;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+using pl::kGiB;
 
 std::vector<std::string> preset_names() {
   std::vector<std::string> n{"custom"};

@@ -157,6 +157,28 @@ void for_each_part(int64_t T, int c, int src, Split split, const torch::Tensor& 
   ++(any ? st.blocks_computed : st.blocks_skipped);
 }
 
+// What one rank's ring call works with: its group and stats, the sequence's length, the scale of
+// the scores, the split, this rank's positions and query chunks. q [B, nh, T/c, hd].
+struct RingRank {
+  dist::Group& g;
+  Stats& st;
+  int c, r;
+  int64_t T;
+  double scale;
+  Split split;
+  torch::Tensor qpos;
+  std::vector<Chunk> qcs;
+  RingRank(Attention& a, const torch::Tensor& q)
+      : g(AttentionAccess::group(a)), st(AttentionAccess::stats(a)), c(g.size()), r(g.rank()), T(q.size(2) * c),
+        scale(1.0 / std::sqrt(static_cast<double>(q.size(3)))), split(AttentionAccess::split(a)),
+        qpos(positions(T, c, r, split)), qcs(local_chunks(T, c, r, split)) {}
+  // for_each_part at ring step s (the block of rank r − s)
+  template <class Fn>
+  void parts(int s, const char* what, Fn fn) {
+    for_each_part(T, c, (r - s + c) % c, split, qpos, qcs, st, what, fn);
+  }
+};
+
 }  // namespace
 
 // Ring attention (Liu et al. 2023) with FlashAttention-2's merge, forward and backward.
@@ -165,16 +187,14 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
                                const torch::Tensor& v, int64_t a_addr) {
     ctx->saved_data["a"] = a_addr;
     Attention& a = attention_of(ctx);
-    dist::Group& g = AttentionAccess::group(a);
-    Stats& st = AttentionAccess::stats(a);
     const int64_t call = AttentionAccess::next_call(a);
     ctx->saved_data["call"] = call;
-    const int c = g.size(), r = g.rank();
-    const int64_t Tl = q.size(2), T = Tl * c;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    const Split split = AttentionAccess::split(a);
-    const auto qpos = positions(T, c, r, split);
-    const auto qcs = local_chunks(T, c, r, split);
+    RingRank rr(a, q);
+    auto& g = rr.g;
+    auto& st = rr.st;
+    const int c = rr.c;
+    const double scale = rr.scale;
+    const int64_t Tl = q.size(2);
     auto m = torch::full({q.size(0), q.size(1), Tl, 1}, -kInf, q.options());
     auto l = torch::zeros({q.size(0), q.size(1), Tl, 1}, q.options());
     auto acc = torch::zeros_like(q);
@@ -182,16 +202,15 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
     for (int s = 0; s < c; ++s) {
       Hop hop;  // the next block travels while this one is computed
       if (s < c - 1) hop = Hop(g, kv, ring_tag(call, 0, s));
-      for_each_part(T, c, (r - s + c) % c, split, qpos, qcs, st, "ring forward step",
-                    [&](const Chunk& qc, int64_t ke, const torch::Tensor& mask) {
-                      auto rows = [&](torch::Tensor& x) { return x.narrow(2, qc.begin, qc.len); };
-                      auto m2 = rows(m).clone(), l2 = rows(l).clone(), a2 = rows(acc).clone();
-                      ring_block_forward(q.narrow(2, qc.begin, qc.len), kv[0].narrow(2, 0, ke), kv[1].narrow(2, 0, ke),
-                                         mask, scale, m2, l2, a2);
-                      rows(m).copy_(m2);
-                      rows(l).copy_(l2);
-                      rows(acc).copy_(a2);
-                    });
+      rr.parts(s, "ring forward step", [&](const Chunk& qc, int64_t ke, const torch::Tensor& mask) {
+        auto rows = [&](torch::Tensor& x) { return x.narrow(2, qc.begin, qc.len); };
+        auto m2 = rows(m).clone(), l2 = rows(l).clone(), a2 = rows(acc).clone();
+        ring_block_forward(q.narrow(2, qc.begin, qc.len), kv[0].narrow(2, 0, ke), kv[1].narrow(2, 0, ke),
+                           mask, scale, m2, l2, a2);
+        rows(m).copy_(m2);
+        rows(l).copy_(l2);
+        rows(acc).copy_(a2);
+      });
       if (s < c - 1) kv = hop.wait(st);
     }
     torch::Tensor y, lse;
@@ -205,18 +224,14 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    Attention& a = attention_of(ctx);
-    dist::Group& g = AttentionAccess::group(a);
-    Stats& st = AttentionAccess::stats(a);
     const int64_t call = ctx->saved_data["call"].toInt();
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &y = saved[3], &lse = saved[4];
-    const int c = g.size(), r = g.rank();
-    const int64_t Tl = q.size(2), T = Tl * c;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    const Split split = AttentionAccess::split(a);
-    const auto qpos = positions(T, c, r, split);
-    const auto qcs = local_chunks(T, c, r, split);
+    RingRank rr(attention_of(ctx), q);
+    auto& g = rr.g;
+    auto& st = rr.st;
+    const int c = rr.c;
+    const double scale = rr.scale;
     const auto dy = grad[0].contiguous();
     torch::Tensor D, dq;
     {
@@ -229,13 +244,12 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
     for (int s = 0; s < c; ++s) {
       Hop kv_hop;
       if (s < c - 1) kv_hop = Hop(g, kv, ring_tag(call, 2, s));
-      for_each_part(T, c, (r - s + c) % c, split, qpos, qcs, st, "ring backward step",
-                    [&](const Chunk& qc, int64_t ke, const torch::Tensor& mask) {
-                      auto rows = [&](const torch::Tensor& x) { return x.narrow(2, qc.begin, qc.len); };
-                      auto dq_c = rows(dq), dkv_c = dkv.narrow(3, 0, ke);  // views: the adds land in dq, dkv
-                      ring_block_backward(rows(q), kv[0].narrow(2, 0, ke), kv[1].narrow(2, 0, ke), mask, scale,
-                                          rows(lse), rows(dy), rows(D), dq_c, dkv_c);
-                    });
+      rr.parts(s, "ring backward step", [&](const Chunk& qc, int64_t ke, const torch::Tensor& mask) {
+        auto rows = [&](const torch::Tensor& x) { return x.narrow(2, qc.begin, qc.len); };
+        auto dq_c = rows(dq), dkv_c = dkv.narrow(3, 0, ke);  // views: the adds land in dq, dkv
+        ring_block_backward(rows(q), kv[0].narrow(2, 0, ke), kv[1].narrow(2, 0, ke), mask, scale,
+                            rows(lse), rows(dy), rows(D), dq_c, dkv_c);
+      });
       // The partial dK/dV of the block goes on with it, one rank per step; the one that arrives
       // from r − 1 at the last step is this rank's own block, complete.
       if (c > 1) dkv = Hop(g, dkv, ring_tag(call, 3, s)).wait(st);

@@ -11,6 +11,9 @@
 
 namespace mpt::plan {
 
+/// Bytes in a GiB (2^30): the unit of memory_gib and of the tables.
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 /// A dense decoder-only transformer's shape. GPT-style (LayerNorm, GELU MLP with ffn = 4·hidden,
 /// biases, learned positions, dropout) or Llama-style (RMSNorm, SwiGLU, no biases, RoPE, grouped
 /// K/V heads, no dropout).
