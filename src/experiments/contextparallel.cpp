@@ -39,6 +39,7 @@
 #include "core/experiment.hpp"
 #include "core/models/gpt.hpp"
 #include "core/models/gpt_spec.hpp"
+#include "core/models/mlp.hpp"
 #include "core/numerics/bounds.hpp"
 #include "core/parallel/cp.hpp"
 #include "core/parallel/tp.hpp"
@@ -86,6 +87,8 @@ double max_over(dist::Group& g, double x) {
   return t.item<double>();
 }
 
+/// max |a − b| in float64 (models/mlp's max_abs_diff subtracts in the tensors' type): the exact
+/// references are float64, and fp32 differences are exact there.
 double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
 }
@@ -140,8 +143,8 @@ Table attention_table(const Config& cfg, dist::Group& g, Report& report) {
     double worst = 0, diff_one = 0;
     for (std::size_t i = 0; i < 4; ++i) {
       const double r = worst_ratio(got[i], refs[i], bounds[i]), d1 = max_abs(got[i], one[i]);
-      worst = std::max(worst, r);
-      diff_one = std::max(diff_one, d1);
+      worst = nan_max(worst, r);  // nan_max: a NaN fails the check instead of vanishing
+      diff_one = nan_max(diff_one, d1);
       t.rows.push_back({{"name", run + "/" + names[i]}, {"vs_one_process", d1}, {"vs_exact", max_abs(got[i], refs[i])},
                         {"max_bound", bounds[i].max().item<double>()}, {"worst_ratio", r}});
     }
@@ -251,8 +254,8 @@ Table gpt_table(const Config& cfg, const std::shared_ptr<dist::Group>& g, std::v
     for (const auto& kv : full->named_parameters()) {
       const double d = max_abs(r.grads.at(kv.key()), kv.value().grad());
       per_param[kv.key()] = d;
-      gd = std::max(gd, d);
-      grel = std::max(grel, d / std::max(kv.value().grad().abs().max().item<double>(), 1e-300));
+      gd = nan_max(gd, d);
+      grel = nan_max(grel, d / std::max(kv.value().grad().abs().max().item<double>(), 1e-300));
     }
     const std::string name = cp::variant_name(variant);
     const double ld = max_abs(r.logits, logits1.detach());
