@@ -14,6 +14,7 @@ const std::vector<Experiment>& experiments() {
       shard_experiment(),
       tensorparallel_experiment(),
       contextparallel_experiment(),
+      expertparallel_experiment(),
       plan_experiment(),
   };
   return all;

@@ -19,6 +19,7 @@ Experiment fp4_experiment();
 Experiment shard_experiment();
 Experiment tensorparallel_experiment();
 Experiment contextparallel_experiment();
+Experiment expertparallel_experiment();
 Experiment plan_experiment();
 
 }  // namespace mpt

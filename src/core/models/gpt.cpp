@@ -58,8 +58,9 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) : heads(c.heads) {
   mlp_proj = register_module("mlp_proj", torch::nn::Linear(c.mlp_ratio * c.width, c.width));
 }
 
-torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook, const GptLinear& lin,
-                                    const std::string& prefix, const GptAttention& attention) {
+torch::Tensor gpt_attention_residual(const torch::Tensor& x, torch::nn::LayerNorm& ln_1, torch::nn::Linear& c_attn,
+                                     torch::nn::Linear& attn_proj, int64_t heads, const GptHook& hook,
+                                     const GptLinear& lin, const std::string& prefix, const GptAttention& attention) {
   const int64_t B = x.size(0), hd = x.size(2) / heads;
   // Attention: nanoGPT's CausalSelfAttention with the "slow" path written out.
   auto h = at_site(hook, ln_1->forward(x), "ln");
@@ -85,7 +86,12 @@ torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook,
   }
   y = y.transpose(1, 2).contiguous().view({B, T, C});
   y = at_site(hook, linear(attn_proj, y, lin, prefix + "attn_proj"), "attn_out");
-  auto r = at_site(hook, x + y, "residual");
+  return at_site(hook, x + y, "residual");
+}
+
+torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const GptHook& hook, const GptLinear& lin,
+                                    const std::string& prefix, const GptAttention& attention) {
+  auto r = gpt_attention_residual(x, ln_1, c_attn, attn_proj, heads, hook, lin, prefix, attention);
   // MLP.
   auto m = at_site(hook, ln_2->forward(r), "ln");
   m = at_site(hook, torch::gelu(linear(c_fc, m, lin, prefix + "c_fc")), "mlp_hidden");

@@ -69,6 +69,15 @@ using GptLinear = std::function<torch::Tensor(const torch::Tensor& x, const torc
 /// ranks (the hook sites of the core are then not called).
 using GptAttention = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)>;
 
+/// The attention half of a pre-LayerNorm block: x + attn_proj(attention(c_attn(ln_1(x)))) for x [B,
+/// T, C] → [B, T, C], with the hook sites, GptLinear names (`prefix` + "c_attn", "attn_proj") and
+/// GptAttention of GptBlockImpl::forward, which calls it; the mixture-of-experts block
+/// (core/models/moe) shares it, so both blocks attend with the same operations.
+torch::Tensor gpt_attention_residual(const torch::Tensor& x, torch::nn::LayerNorm& ln_1, torch::nn::Linear& c_attn,
+                                     torch::nn::Linear& attn_proj, int64_t heads, const GptHook& hook,
+                                     const GptLinear& linear = {}, const std::string& prefix = "",
+                                     const GptAttention& attention = {});
+
 /// One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
 struct GptBlockImpl : torch::nn::Module {
   GptBlockImpl(const GptConfig& c);
