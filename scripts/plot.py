@@ -704,10 +704,62 @@ def plot_contextparallel(doc, out, fmt):
     return paths
 
 
+def plot_expertparallel(doc, out, fmt):
+    """Expert parallelism: the imbalance (max/mean tokens per expert) and the dropped fraction per
+    training step of each balancing method, the loss curves, the tokens per expert at the last
+    step, and the dropped fraction against the capacity factor."""
+    paths, res = [], doc["results"]
+    bal = [r for r in res.get("balance", []) if isinstance(r, dict) and "imbalance" in r]
+    if bal:
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+        for r in bal:
+            steps = list(range(1, len(r["imbalance"]) + 1))
+            axes[0].plot(steps, [num(v) for v in r["imbalance"]], label=r["name"])
+            axes[1].plot(steps, [num(v) for v in r["dropped"]], label=r["name"])
+            axes[2].plot(steps, [num(v) for v in r["loss"]], label=r["name"])
+        axes[0].set_ylabel("max / mean tokens per expert (worst layer)")
+        axes[1].set_ylabel("dropped fraction of the token choices")
+        axes[2].set_ylabel("training loss (nats)")
+        for ax in axes:
+            ax.set_xlabel("step")
+            ax.legend(fontsize=8)
+        fig.suptitle("Load balancing over training: none, Switch's aux loss, DeepSeek-V3's aux-free bias")
+        save(fig, out, "balance", fmt, paths)
+    tok = res.get("tokens_per_expert", [])
+    if tok:
+        few_bars(len(tok), "rows in results.tokens_per_expert")
+        experts = sorted((k for k in tok[0] if re.fullmatch(r"e\d+", k)), key=lambda k: int(k[1:]))
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / len(tok)
+        for j, r in enumerate(tok):
+            ax.bar([i + j * width for i in range(len(experts))], [r[k] for k in experts], width=width, label=r["name"])
+        ax.axhline(tok[0]["capacity"], color="r", ls="--", label="capacity x e")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(experts))])
+        ax.set_xticklabels(experts)
+        ax.set_ylabel("tokens at the last step")
+        ax.set_title("Tokens per expert (every rank's)")
+        ax.legend(fontsize=7)
+        save(fig, out, "tokens_per_expert", fmt, paths)
+    drops = res.get("dropped_vs_capacity", [])
+    if drops:
+        cf = [num(r["capacity_factor"]) for r in drops]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for key in [k for k in drops[0] if k not in ("capacity_factor", "capacity")]:
+            ax.plot(cf, [num(r[key]) for r in drops], "o-", label=key if key == "initial" else "trained " + key)
+        ax.set_xscale("log")
+        ax.set_xlabel("capacity factor")
+        ax.set_ylabel("dropped fraction of the token choices")
+        ax.set_title("Dropped tokens vs capacity factor")
+        ax.legend(fontsize=8)
+        save(fig, out, "dropped_vs_capacity", fmt, paths)
+    return paths
+
+
 PLOTTERS = {"underflow": plot_underflow, "lossscale": plot_lossscale, "dataparallel": plot_dataparallel,
             "pipeline": plot_pipeline, "accumulate": plot_accumulate, "checkpoint": plot_checkpoint,
             "collectives": plot_collectives, "shard": plot_shard, "fp8": plot_fp8, "fp4": plot_fp4,
-            "tensorparallel": plot_tensorparallel, "contextparallel": plot_contextparallel, "plan": plot_plan}
+            "tensorparallel": plot_tensorparallel, "contextparallel": plot_contextparallel,
+            "expertparallel": plot_expertparallel, "plan": plot_plan}
 
 
 MAX_BYTES = 64 * 2**20  # the most plot.py reads of one result file

@@ -45,6 +45,21 @@ namespace mpt {
 // A namespace of its own: the experiment files are compiled in unity batches.
 namespace epx {
 
+/// The MoE layer of the /moe keys with balancing `balance` (also the mesh section's).
+moe::MoeConfig moe_config(const Config& cfg, const std::string& balance) {
+  moe::MoeConfig m;
+  m.experts = cfg.integer("/moe/experts");
+  m.top_k = cfg.integer("/moe/top_k");
+  m.capacity_factor = cfg.number("/moe/capacity_factor");
+  m.balance = moe::balance_from_name(balance);
+  m.aux_loss_coeff = cfg.number("/moe/aux_loss_coeff");
+  m.bias_update_rate = cfg.number("/moe/bias_update_rate");
+  return m;
+}
+
+Report run_expertparallel_mesh(const Context& ctx);           // expertparallel_mesh.cpp
+void validate_expertparallel_mesh(const Config& cfg, int world_size);
+
 namespace {
 
 const char* const kBalances[] = {"none", "aux_loss", "aux_free"};
@@ -81,19 +96,14 @@ ConfigSpec expertparallel_spec() {
   cfs.max = 1e6;
   cfs.unique = true;
   s.add("/capacity/factors", cfs);
-  add_dist_keys(s, DistKeys{"training step (counted over the balancing methods)", 1, 7, false});
+  s.integer("/mesh/steps", 0, "steps of the DP x TP mesh with EP inside DP (0: off; > 0: that section alone, "
+            "/nproc = dp x tp)", 0, 10000);
+  s.integer("/mesh/dp", 2, "mesh: data-parallel degree", 1, 8);
+  s.integer("/mesh/tp", 2, "mesh: tensor-parallel degree (attention heads and expert width split; expert TP = TP)", 1, 8);
+  s.integer("/mesh/ep", 2, "mesh: expert-parallel degree, carved out of dp (must divide /mesh/dp)", 1, 8);
+  s.choice("/mesh/balance", "aux_loss", {"none", "aux_loss", "aux_free"}, "mesh: the balancing method trained");
+  add_dist_keys(s, DistKeys{"training step (counted over the balancing methods; the mesh: its steps)", 1, 7, false});
   return s;
-}
-
-moe::MoeConfig moe_config(const Config& cfg, const std::string& balance) {
-  moe::MoeConfig m;
-  m.experts = cfg.integer("/moe/experts");
-  m.top_k = cfg.integer("/moe/top_k");
-  m.capacity_factor = cfg.number("/moe/capacity_factor");
-  m.balance = moe::balance_from_name(balance);
-  m.aux_loss_coeff = cfg.number("/moe/aux_loss_coeff");
-  m.bias_update_rate = cfg.number("/moe/bias_update_rate");
-  return m;
 }
 
 double max_over(dist::Group& g, double x) {
@@ -236,7 +246,8 @@ StepCheck check_step(const Config& cfg, const GptConfig& gc, const std::string& 
   routing_diff = static_cast<int64_t>(max_over(*g, static_cast<double>(routing_diff)));
   double expert_diff = 0, dense_ratio = 0, dense_diff = 0;
   const double u = bounds::kFp32UnitRoundoff;
-  const double gam = 2 * bounds::gamma(e - 1, u) * (1 + 2 * std::numeric_limits<float>::epsilon());
+  // Σ|part| itself is an fp32 sum of e terms (an all-reduce), at least (1 − γ_{e−1}) of the exact one.
+  const double gam = 2 * bounds::gamma(e - 1, u) / (1 - bounds::gamma(e - 1, u));
   auto ep_params = ep_model.named_parameters();
   for (const auto& kv : one->named_parameters()) {
     const auto& p = ep_params[kv.key()];
@@ -370,6 +381,7 @@ double dropped_fraction(moe::MoeGptImpl& model, double cf, const std::shared_ptr
 
 Report run_expertparallel(const Context& ctx) {
   const auto& cfg = ctx.cfg;
+  if (cfg.integer("/mesh/steps") > 0) return run_expertparallel_mesh(ctx);
   Report report;
   World& w = *ctx.world;
   auto g = w.new_group("ep/", w.size(), torch::kCPU);
@@ -541,6 +553,16 @@ MemoryEstimate expertparallel_memory(const Config& cfg, int world_size) {
 /// Cross-key checks before any work and any worker (exit 2 naming the keys).
 void validate_expertparallel(const Config& cfg, int world_size) {
   validate_gpt_keys(cfg, "/model", "/data", /*validation_windows=*/false);
+  if (cfg.integer("/fault/rank") >= world_size)
+    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1,
+                                  cfg.integer("/fault/rank")));
+  if (cfg.integer("/mesh/steps") > 0) {
+    if (cfg.integer("/moe/top_k") > cfg.integer("/moe/experts"))
+      throw ConfigError(fmt::format("/moe/top_k: expected at most /moe/experts = {}, got {}", cfg.integer("/moe/experts"),
+                                    cfg.integer("/moe/top_k")));
+    validate_expertparallel_mesh(cfg, world_size);
+    return;
+  }
   const int64_t E = cfg.integer("/moe/experts"), k = cfg.integer("/moe/top_k");
   if (E % world_size != 0)
     throw ConfigError(fmt::format("/moe/experts: expected a multiple of the EP degree e = {} (/nproc: every rank holds "

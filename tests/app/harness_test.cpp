@@ -200,7 +200,7 @@ TEST_CASE("the registry lists every experiment once, in mpt list's order, each w
   std::vector<std::string> names;
   for (const auto& e : experiments()) names.push_back(e.name);
   CHECK(names == std::vector<std::string>{"underflow", "lossscale", "dataparallel", "pipeline", "accumulate",
-                                          "checkpoint", "collectives", "fp8", "fp4", "shard", "tensorparallel", "contextparallel", "plan"});
+                                          "checkpoint", "collectives", "fp8", "fp4", "shard", "tensorparallel", "contextparallel", "expertparallel", "plan"});
   for (const auto& e : experiments()) {
     INFO(e.name);
     CHECK(find_experiment(e.name) == &e);

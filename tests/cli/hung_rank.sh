@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A hung or dead rank (issue 4, faults; issue 19): a two-process run of a multi-process experiment
-# with the shared /fault and /dist keys (dataparallel, shard, tensorparallel, contextparallel) where rank 1, from
-# step 1 on, stays alive but silent (FAULT_MODE=hang, the default: it sleeps forever) or dies
+# with the shared /fault and /dist keys (dataparallel, shard, tensorparallel, contextparallel,
+# expertparallel) where rank 1, from step 1 on, stays alive but silent (FAULT_MODE=hang, the default: it sleeps forever) or dies
 # (FAULT_MODE=exit: it exits with code 86 mid-step). Checks that
 #  - mpt exits 3 within a bound (timeout + report window + start-up, far below "forever");
 #  - rank 0's error names rank 1 as the rank that did not answer;

@@ -6,6 +6,7 @@
 #   launcher_env.sh MPT shard          the same for `mpt shard` (ZeRO stages 0-3 on 2 ranks)
 #   launcher_env.sh MPT tensorparallel the same for `mpt tensorparallel` (a TP group of t = 2)
 #   launcher_env.sh MPT contextparallel the same for `mpt contextparallel` (the sequence over c = 2)
+#   launcher_env.sh MPT expertparallel the same for `mpt expertparallel` (the experts over e = 2)
 #   launcher_env.sh MPT unreachable    rank 1 of 2 with a master nobody listens on: a clear error
 #                                      (exit 3) within the timeout, not a hang
 #   launcher_env.sh MPT garbage        rank 1 of 2 whose MASTER_PORT answers random bytes (at once, or
@@ -27,6 +28,7 @@ dataparallel=(dataparallel --config configs/dataparallel_quick.json --set train.
 shard=(shard --config configs/shard_quick.json --set dist.timeout_s=10)
 tensorparallel=(tensorparallel --config configs/tensorparallel_quick.json --set dist.timeout_s=10)
 contextparallel=(contextparallel --config configs/contextparallel_quick.json --set dist.timeout_s=10)
+expertparallel=(expertparallel --config configs/expertparallel_quick.json --set dist.timeout_s=10)
 pipeline=(pipeline --set executor=processes --set pipeline.stages=2 --set cost.forward_us=50
           --set "pipeline.microbatches=[1,4]" --set pipeline.steps=1 --set pipeline.timeout_s=20)
 
@@ -70,6 +72,7 @@ case $mode in
   shard) two_ranks 'stage3: parameters equal DDP.s bitwise, every step \(N = 2\) +0 <= 0 +OK' "${shard[@]}" ;;
   tensorparallel) two_ranks 'OK: 15 of 15 checks passed' "${tensorparallel[@]}" ;;
   contextparallel) two_ranks 'OK: 24 of 24 checks passed' "${contextparallel[@]}" ;;
+  expertparallel) two_ranks 'OK: 32 of 32 checks passed' "${expertparallel[@]}" ;;
   pipeline) two_ranks '1f1b\.m4: processes gradient == threads gradient \(bitwise\) +0 <= 0 +OK' "${pipeline[@]}" ;;
   unreachable)
     expect 3 "cannot reach the TCPStore at 127.0.0.1:$port within 3 s" 20 "unreachable master reported" \

@@ -1,6 +1,6 @@
 # Timelines: `--trace FILE` (docs/timelines.md; tests/cli/trace_cases.py says what each case checks).
 foreach(case pipeline_threads pipeline_processes pipeline_workers dataparallel single mesh unwritable atomic plot
-        over_store_limit contextparallel)
+        over_store_limit contextparallel expertparallel)
   add_test(NAME cli.trace_${case}
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/trace_cases.py $<TARGET_FILE:mpt> ${case}
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})

@@ -381,6 +381,25 @@ def case_contextparallel(mpt, tmp):
     print(f"ok: contextparallel ring: {sum(1 for e in events if e.get('cat') == 'comm')} communication slices")
 
 
+def case_expertparallel(mpt, tmp):
+    """Expert parallelism on 2 ranks: the dispatch and combine all-to-alls (forward and backward) on
+    each rank's communication track, with their bytes, and the local experts' forward ("experts")
+    on the compute track."""
+    run(mpt, ["expertparallel", "--config", os.path.join(ROOT, "configs/expertparallel_quick.json"),
+              "--out", "r.json", "--trace", "t.json"], tmp)
+    doc = validate(os.path.join(tmp, "t.json"))
+    events = x_events(doc)
+    for rank in (0, 1):
+        a2a = [e for e in events if e["pid"] == rank and e.get("cat") == "comm" and e["name"] == "all_to_all"]
+        if not a2a or not all((e.get("args") or {}).get("bytes", 0) > 0 for e in a2a):
+            fail(f"rank {rank}: no all_to_all with bytes on the communication track")
+        if len(a2a) % 4:
+            fail(f"rank {rank}: {len(a2a)} all-to-alls, not 4 per MoE layer and step (dispatch, combine, both backward)")
+        if not any(e["pid"] == rank and e["name"] == "experts" and e.get("cat") == "compute" for e in events):
+            fail(f"rank {rank}: no 'experts' slice on the compute track")
+    print(f"ok: expertparallel: {sum(1 for e in events if e['name'] == 'all_to_all')} all-to-all slices")
+
+
 STORE_MESSAGE_LIMIT = 8 << 20  # LibTorch 2.x's libuv TCPStore: MAX_PAYLOAD_LEN, one message
 
 
@@ -510,6 +529,7 @@ CASES = {
     "single": case_single,
     "mesh": case_mesh,
     "contextparallel": case_contextparallel,
+    "expertparallel": case_expertparallel,
     "unwritable": case_unwritable,
     "over_store_limit": case_over_store_limit,
     "atomic": case_atomic,

@@ -72,7 +72,38 @@ TEST_CASE("MeshLayout::groups: every group of an axis once, in the order every r
   CHECK(d3.groups("pp")[2].ranks == std::vector<int>{2, 5});
   CHECK(d3.groups("cp").size() == 6);  // cp = 1: a group of one rank per (pp, dp, tp)
   CHECK(d3.groups("cp")[4].ranks == std::vector<int>{4});
-  CHECK_THROWS_AS(d3.groups("ep"), std::invalid_argument);
+  CHECK(d3.groups("ep").size() == 6);  // ep = 1: a group of one rank per (pp, dp, tp)
+  CHECK_THROWS_AS(d3.groups("sp"), std::invalid_argument);
+}
+
+TEST_CASE("MeshLayout with expert parallelism: EP groups carved out of DP, the expert-DP groups across them",
+          "[mesh]") {
+  // dp 4 x tp 2 with ep 2: ranks (dp, tp) = 2·dp + tp; EP groups of 2 consecutive DP coordinates.
+  const MeshLayout m(/*dp=*/4, /*tp=*/2, /*pp=*/1, /*cp=*/1, /*ep=*/2);
+  REQUIRE(m.size() == 8);  // ep adds no ranks
+  CHECK(m.coord(5).ep == 0);  // dp 2
+  CHECK(m.coord(7).ep == 1);  // dp 3
+  CHECK(m.ep_group(0, 3, 1) == std::vector<int>{5, 7});   // dp 2, 3 at tp 1
+  CHECK(m.edp_group(0, 3, 1) == std::vector<int>{3, 7});  // dp 1, 3: the same experts
+  const auto eps = m.groups("ep");
+  REQUIRE(eps.size() == 4);  // tp 2 x dp/ep 2
+  CHECK(eps[0].name == "mesh/ep/pp0tp0ep0/");
+  CHECK(eps[0].ranks == std::vector<int>{0, 2});
+  CHECK(eps[3].ranks == std::vector<int>{5, 7});
+  const auto edps = m.groups("edp");
+  REQUIRE(edps.size() == 4);  // tp 2 x ep 2
+  CHECK(edps[1].ranks == std::vector<int>{2, 6});
+  for (const char* axis : {"ep", "edp"}) {
+    std::vector<int> seen(8, 0);
+    for (const auto& g : m.groups(axis))
+      for (int r : g.ranks) ++seen[static_cast<std::size_t>(r)];
+    CHECK(seen == std::vector<int>(8, 1));
+  }
+  // ep = dp (Megatron's common case): the EP group is the DP group, the expert-DP groups single ranks.
+  const MeshLayout full(2, 2, 1, 1, 2);
+  CHECK(full.ep_group(0, 1, 0) == full.dp_group(0, 0));
+  CHECK(full.edp_group(0, 1, 0) == std::vector<int>{2});
+  CHECK_THROWS_AS(MeshLayout(4, 1, 1, 1, 3), std::invalid_argument);  // 3 does not divide 4
 }
 
 TEST_CASE("MeshLayout with context parallelism: Megatron's tp-cp-dp-pp order, the CP groups between TP and DP",

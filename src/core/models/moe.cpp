@@ -127,11 +127,15 @@ MoeMlpImpl::MoeMlpImpl(int64_t width, int64_t hidden, int64_t n) {
   expert_bias = register_buffer("expert_bias", torch::zeros({n}));
 }
 
+torch::Tensor apply_expert(const ExpertFn& fn, MoeMlpImpl& mlp, int64_t i, const torch::Tensor& x) {
+  return fn ? fn(mlp, i, x) : mlp.experts[static_cast<std::size_t>(i)]->forward(x);
+}
+
 torch::Tensor LocalExperts::run(MoeMlpImpl& mlp, const torch::Tensor& buffers) {
   const int64_t G = buffers.size(0), E = buffers.size(1), cap = buffers.size(2), C = buffers.size(3);
   auto x = buffers.permute({1, 0, 2, 3}).reshape({E, G * cap, C});
   std::vector<torch::Tensor> ys;
-  for (int64_t i = 0; i < E; ++i) ys.push_back(mlp.experts[static_cast<std::size_t>(i)]->forward(x[i]));
+  for (int64_t i = 0; i < E; ++i) ys.push_back(apply_expert(fn_, mlp, i, x[i]));
   return torch::stack(ys).view({E, G, cap, C}).permute({1, 0, 2, 3});
 }
 
@@ -155,7 +159,7 @@ MoeGptImpl::MoeGptImpl(const GptConfig& c, const MoeConfig& m) : cfg(c), moe(m) 
 }
 
 std::vector<torch::Tensor> MoeGptImpl::forward(const std::vector<torch::Tensor>& idx, Experts& experts,
-                                               std::vector<LayerRouting>* routing) {
+                                               std::vector<LayerRouting>* routing, const GptLinear& linear) {
   TORCH_CHECK(!idx.empty(), "MoeGpt: no group");
   const auto G = idx.size();
   const int64_t T = idx[0].size(1), C = cfg.width;
@@ -167,11 +171,13 @@ std::vector<torch::Tensor> MoeGptImpl::forward(const std::vector<torch::Tensor>&
   aux_.assign(G, {});
   if (routing) routing->clear();
   const int64_t B = idx[0].size(0), N = B * T, cap = capacity(N, moe);
-  for (auto& block : blocks) {
+  for (std::size_t l = 0; l < blocks.size(); ++l) {
+    auto& block = blocks[l];
+    const std::string prefix = "h" + std::to_string(l) + ".";
     std::vector<torch::Tensor> r(G), bufs(G);
     std::vector<Routing> routes(G);
     for (std::size_t g = 0; g < G; ++g) {
-      r[g] = gpt_attention_residual(x[g], block->ln_1, block->c_attn, block->attn_proj, block->heads, {});
+      r[g] = gpt_attention_residual(x[g], block->ln_1, block->c_attn, block->attn_proj, block->heads, {}, linear, prefix);
       auto h = block->ln_2->forward(r[g]).reshape({N, C});
       routes[g] = route(torch::linear(h, block->mlp->router->weight), block->mlp->expert_bias, moe, cap);
       bufs[g] = dispatch(h, routes[g]);

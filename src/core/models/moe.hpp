@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,14 @@ struct MoeMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(MoeMlp);
 
+/// How one expert is applied: expert `i` of `mlp` to its rows x [M, C] → [M, C]. Empty means the
+/// module itself (ExpertImpl::forward); tensor parallelism (core/parallel/ep's TpMoeShards) passes
+/// its column- and row-parallel shards of the expert.
+using ExpertFn = std::function<torch::Tensor(MoeMlpImpl& mlp, int64_t i, const torch::Tensor& x)>;
+
+/// Expert i of `mlp` on x through `fn` (empty: the module).
+torch::Tensor apply_expert(const ExpertFn& fn, MoeMlpImpl& mlp, int64_t i, const torch::Tensor& x);
+
 /// Who runs the experts of a layer: the dispatched buffers of G groups [G, E, cap, C] → the
 /// experts' outputs in the same layout (autograd through both).
 class Experts {
@@ -117,7 +126,11 @@ class Experts {
 /// concatenated in group order — the rows its expert-parallel owner receives from the ranks.
 class LocalExperts : public Experts {
  public:
+  explicit LocalExperts(ExpertFn fn = {}) : fn_(std::move(fn)) {}
   torch::Tensor run(MoeMlpImpl& mlp, const torch::Tensor& buffers) override;
+
+ private:
+  ExpertFn fn_;
 };
 
 /// A pre-LayerNorm block whose MLP is a mixture of experts.
@@ -146,8 +159,10 @@ struct MoeGptImpl : torch::nn::Module {
   MoeGptImpl(const GptConfig& c, const MoeConfig& m);
   /// idx: one [B_g, T] int64 tensor per group (all of one shape, T ≤ context) → logits [B_g, T, V]
   /// per group; the experts run by `experts`. `routing` (if not null) receives each layer's.
+  /// `linear` replaces the attention's Linear GEMMs (GptLinear, names "h<i>.c_attn" and
+  /// "h<i>.attn_proj"; empty: torch::linear), as tensor parallelism needs.
   std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& idx, Experts& experts,
-                                     std::vector<LayerRouting>* routing = nullptr);
+                                     std::vector<LayerRouting>* routing = nullptr, const GptLinear& linear = {});
   /// Group `g`'s Switch losses of the last forward summed over the layers (in layer order) and
   /// divided by `total_groups` (every group of the batch, on every rank): a group's share of the
   /// mean over the groups. 0 unless AuxLoss. Throws std::out_of_range for a group not in that forward.

@@ -54,7 +54,8 @@ torch::Tensor all_to_all(const torch::Tensor& x, dist::Group& g) {
 
 }  // namespace
 
-ExpertParallel::ExpertParallel(std::shared_ptr<dist::Group> group) : group_(std::move(group)) {}
+ExpertParallel::ExpertParallel(std::shared_ptr<dist::Group> group, moe::ExpertFn fn)
+    : group_(std::move(group)), fn_(std::move(fn)) {}
 
 torch::Tensor ExpertParallel::run(moe::MoeMlpImpl& mlp, const torch::Tensor& buffers) {
   if (buffers.size(0) != 1) throw std::invalid_argument("ExpertParallel: one group per rank");
@@ -66,7 +67,7 @@ torch::Tensor ExpertParallel::run(moe::MoeMlpImpl& mlp, const torch::Tensor& buf
   std::vector<torch::Tensor> ys;
   {
     trace::Scope sc(trace::Track::Compute, "experts");
-    for (int64_t i = 0; i < El; ++i) ys.push_back(mlp.experts[static_cast<std::size_t>(first + i)]->forward(x[i]));
+    for (int64_t i = 0; i < El; ++i) ys.push_back(moe::apply_expert(fn_, mlp, first + i, x[i]));
   }
   // combine: [El, e, cap, C] → e chunks (destination rank) of [El, cap, C] → back: chunk i holds
   // rank i's experts' outputs for this rank's tokens, i.e. [E, cap, C] in expert order.
@@ -105,6 +106,64 @@ void allreduce_dense_grads(moe::MoeGptImpl& model, dist::Group& group, std::map<
     }
     group.allreduce(g);
   }
+}
+
+TpMoeShards::TpMoeShards(moe::MoeGptImpl& full, std::shared_ptr<dist::Group> tpg, int64_t first, int64_t count)
+    : full_(&full) {
+  const int64_t t = tpg->size(), r = tpg->rank(), C = full.cfg.width, H = full.cfg.mlp_ratio * C;
+  if (full.cfg.heads % t != 0 || H % t != 0)
+    throw std::invalid_argument("TpMoeShards: t = " + std::to_string(t) + " must divide the heads (" +
+                                std::to_string(full.cfg.heads) + ") and the expert width (" + std::to_string(H) + ")");
+  const auto hidden = tp::contiguous_shard(H, t, r), cols_c = tp::contiguous_shard(C, t, r);
+  const auto qkv = tp::qkv_shard(C, full.cfg.heads, t, r);
+  std::map<std::string, TpLeaf> sharded;  // by the full parameter's name
+  for (std::size_t l = 0; l < full.blocks.size(); ++l) {
+    auto& b = *full.blocks[l];
+    const std::string h = "h" + std::to_string(l) + ".";
+    auto col = std::make_unique<tp::ColumnParallelLinear>(b.c_attn->weight, b.c_attn->bias, qkv, tpg);
+    auto row = std::make_unique<tp::RowParallelLinear>(b.attn_proj->weight, b.attn_proj->bias, cols_c, tpg);
+    sharded[h + "c_attn.weight"] = {h + "c_attn.weight", col->weight, 0, qkv, false};
+    sharded[h + "c_attn.bias"] = {h + "c_attn.bias", col->bias, 0, qkv, false};
+    sharded[h + "attn_proj.weight"] = {h + "attn_proj.weight", row->weight, 1, cols_c, false};
+    sharded[h + "attn_proj.bias"] = {h + "attn_proj.bias", row->bias, -1, {}, false};
+    columns_[h + "c_attn"] = std::move(col);
+    rows_[h + "attn_proj"] = std::move(row);
+    for (int64_t i = first; i < first + count; ++i) {
+      auto& ex = *b.mlp->experts[static_cast<std::size_t>(i)];
+      const std::string n = h + "mlp.experts." + std::to_string(i) + ".";
+      ExpertShards s;
+      s.c_fc = std::make_unique<tp::ColumnParallelLinear>(ex.c_fc->weight, ex.c_fc->bias, hidden, tpg);
+      s.c_proj = std::make_unique<tp::RowParallelLinear>(ex.c_proj->weight, ex.c_proj->bias, hidden, tpg);
+      sharded[n + "c_fc.weight"] = {n + "c_fc.weight", s.c_fc->weight, 0, hidden, true};
+      sharded[n + "c_fc.bias"] = {n + "c_fc.bias", s.c_fc->bias, 0, hidden, true};
+      sharded[n + "c_proj.weight"] = {n + "c_proj.weight", s.c_proj->weight, 1, hidden, true};
+      sharded[n + "c_proj.bias"] = {n + "c_proj.bias", s.c_proj->bias, -1, {}, true};
+      experts_[{b.mlp.get(), i}] = std::move(s);
+    }
+  }
+  for (const auto& kv : full.named_parameters()) {
+    const auto it = sharded.find(kv.key());
+    if (it != sharded.end())
+      leaves_.push_back(it->second);
+    else if (!is_expert_param(kv.key()) && kv.key().find(".c_attn.") == std::string::npos &&
+             kv.key().find(".attn_proj.") == std::string::npos)
+      leaves_.push_back({kv.key(), kv.value(), -1, {}, false});
+  }
+}
+
+GptLinear TpMoeShards::linear() const {
+  return [this](const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&, const std::string& name) {
+    const auto c = columns_.find(name);
+    if (c != columns_.end()) return c->second->forward(x);
+    return rows_.at(name)->forward(x);
+  };
+}
+
+moe::ExpertFn TpMoeShards::expert_fn() const {
+  return [this](moe::MoeMlpImpl& mlp, int64_t i, const torch::Tensor& x) {
+    const auto& s = experts_.at({&mlp, i});
+    return s.c_proj->forward(torch::gelu(s.c_fc->forward(x)));
+  };
 }
 
 }  // namespace mpt::ep

@@ -26,6 +26,7 @@
 
 #include "core/dist/group.hpp"
 #include "core/models/moe.hpp"
+#include "core/parallel/tp.hpp"
 
 namespace mpt::ep {
 
@@ -50,12 +51,14 @@ double payload_per_layer(int64_t e, int64_t E, int64_t cap, int64_t C, double el
 /// std::invalid_argument for e not dividing E or more than one group, RuntimeFailure when a peer fails.
 class ExpertParallel : public moe::Experts {
  public:
-  explicit ExpertParallel(std::shared_ptr<dist::Group> group);
+  /// `fn` applies an expert (moe::ExpertFn; empty: the module's own weights).
+  explicit ExpertParallel(std::shared_ptr<dist::Group> group, moe::ExpertFn fn = {});
   torch::Tensor run(moe::MoeMlpImpl& mlp, const torch::Tensor& buffers) override;
   dist::Group& group() { return *group_; }
 
  private:
   std::shared_ptr<dist::Group> group_;
+  moe::ExpertFn fn_;
 };
 
 /// Releases the storage of the experts `model`'s rank does not hold (their parameters become
@@ -74,5 +77,45 @@ void allreduce_dense_grads(moe::MoeGptImpl& model, dist::Group& group,
 
 /// Whether parameter `name` of the MoE GPT belongs to an expert ("….mlp.experts.<i>.…").
 bool is_expert_param(const std::string& name);
+
+/// One local tensor of the MoE GPT on a TP group, and where it sits in the full model.
+struct TpLeaf {
+  std::string name;     ///< the full model's parameter name
+  torch::Tensor local;  ///< the leaf this rank updates
+  int dim = -1;         ///< split dim of the full tensor (-1: replicated over the TP group)
+  torch::Tensor index;  ///< indices along `dim` held here (undefined when replicated)
+  bool expert = false;  ///< an expert's (complete on its EP owner; not summed over the EP group)
+};
+
+/// The MoE GPT under tensor parallelism (Megatron-LM's, core/parallel/tp) on `tp`, with expert
+/// tensor parallelism equal to it (Megatron-core's default expert_tensor_parallel_size): each
+/// block's c_attn column-parallel by whole heads, attn_proj row-parallel; each held expert's c_fc
+/// column-parallel and c_proj row-parallel (the partial outputs all-reduced over `tp`); the
+/// embeddings, LayerNorms, router and lm_head replicated (every TP rank routes the same tokens).
+/// The shards are sliced from `full` (which must outlive this): its replicated modules are used
+/// as they are. Holds the experts [first, first + count) (expert parallelism: local_experts; one
+/// process: all). Throws std::invalid_argument when t does not divide the heads or the expert width.
+class TpMoeShards {
+ public:
+  TpMoeShards(moe::MoeGptImpl& full, std::shared_ptr<dist::Group> tp, int64_t first, int64_t count);
+  /// The attention Linears for MoeGptImpl::forward (names "h<i>.c_attn", "h<i>.attn_proj").
+  GptLinear linear() const;
+  /// The held experts' shards for LocalExperts / ExpertParallel (std::out_of_range for another expert).
+  moe::ExpertFn expert_fn() const;
+  /// Every leaf this rank updates: the replicated parameters of `full` (not the attention's
+  /// Linears, not the experts), then the shards, in the full model's parameter order.
+  const std::vector<TpLeaf>& leaves() const { return leaves_; }
+
+ private:
+  struct ExpertShards {
+    std::unique_ptr<tp::ColumnParallelLinear> c_fc;
+    std::unique_ptr<tp::RowParallelLinear> c_proj;
+  };
+  moe::MoeGptImpl* full_;
+  std::map<std::string, std::unique_ptr<tp::ColumnParallelLinear>> columns_;  // "h<i>.c_attn"
+  std::map<std::string, std::unique_ptr<tp::RowParallelLinear>> rows_;        // "h<i>.attn_proj"
+  std::map<std::pair<const moe::MoeMlpImpl*, int64_t>, ExpertShards> experts_;
+  std::vector<TpLeaf> leaves_;
+};
 
 }  // namespace mpt::ep
