@@ -511,12 +511,19 @@ Report run_expertparallel(const Context& ctx) {
     const dist::CommCount cc = it == first.comm.end() ? dist::CommCount{} : it->second;
     const double formula = static_cast<double>(L) * ep::bytes_per_layer(e, E, first.capacity, gc.width);
     const double payload = static_cast<double>(L) * ep::payload_per_layer(e, E, first.capacity, gc.width);
+    // The expert weights this rank holds (the others' released), as `mpt plan` counts them per device.
+    double held = 0;
+    for (const auto& kv : runs[balances.front()].model->named_parameters())
+      if (ep::is_expert_param(kv.key())) held += static_cast<double>(kv.value().numel() * kv.value().element_size());
     comm.rows.push_back({{"name", "all_to_all"}, {"calls", cc.calls}, {"sent", cc.sent_bytes}, {"formula", formula},
-                         {"payload", static_cast<double>(cc.payload_bytes)}, {"payload_formula", payload}});
+                         {"payload", static_cast<double>(cc.payload_bytes)}, {"payload_formula", payload},
+                         {"expert_weight_bytes", held}, {"capacity", first.capacity}});
     report.check("all-to-all bytes sent per step equal to the formula 4 L (e-1)/e E cap C 4", std::abs(cc.sent_bytes - formula), 0.0);
     report.check("all-to-all payload per step equal to the formula 4 L E cap C 4",
                  std::abs(static_cast<double>(cc.payload_bytes) - payload), 0.0);
   }
+  comm.notes.push_back("in the result file: the expert weight bytes this rank holds (E/e experts of every layer) and "
+                       "the capacity per expert and rank");
   comm.notes.push_back("per layer: dispatch and combine forward, their gradients backward, each an all-to-all of the "
                        "capacity-padded [E, cap, C] buffer, of which (e-1)/e leaves the rank; the padding travels "
                        "too (Megatron-core's dropless dispatcher sends the counts first and no padding)");
