@@ -182,7 +182,9 @@ moe::MoeGpt gather_reference(const Config& cfg, const GptConfig& gc, const std::
 torch::Tensor rank_loss(moe::MoeGptImpl& m, const torch::Tensor& logits, const torch::Tensor& targets, int64_t g,
                         int64_t groups) {
   const int64_t total = targets.numel() * groups;
-  return moe::group_lm_loss(logits, targets, total) + m.aux_loss(g, groups);
+  auto lm = moe::group_lm_loss(logits, targets, total);  // sequenced: the graph is built in one order
+  auto aux = m.aux_loss(g, groups);
+  return lm + aux;
 }
 
 // ----------------------------------------------------------------------------
@@ -418,7 +420,7 @@ Report run_expertparallel(const Context& ctx) {
   for (const auto& m : balances) cf_cols.push_back(float_col(m, "trained " + m, "", 4));
   Table drops{"dropped_vs_capacity",
               fmt::format("Dropped fraction of the token choices vs capacity factor (the first batch; capacity = "
-                          "ceil(N k cf / E), N = {} tokens per rank)", b * gc.context),
+                          "min(N, ceil(N k cf / E)), at least 1; N = {} tokens per rank)", b * gc.context),
               cf_cols};
 
   std::map<std::string, Curve> curves;

@@ -65,7 +65,8 @@ std::pair<double, torch::Tensor> step(MeshModel& m, const std::vector<torch::Ten
   torch::Tensor loss;
   for (std::size_t g = 0; g < xs.size(); ++g) {
     const int64_t total = ys[g].numel() * groups;
-    auto lg = moe::group_lm_loss(logits[g], ys[g], total) + m.full->aux_loss(static_cast<int64_t>(g), groups);
+    auto lm = moe::group_lm_loss(logits[g], ys[g], total);
+    auto lg = lm + m.full->aux_loss(static_cast<int64_t>(g), groups);
     loss = g == 0 ? lg : loss + lg;
   }
   loss.backward();

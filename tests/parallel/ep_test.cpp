@@ -9,30 +9,15 @@
 
 #include "catch.hpp"
 #include "dist/two_ranks.hpp"
+#include "models/moe_testing.hpp"
 #include "core/dist/dist.hpp"
 #include "core/models/moe.hpp"
 #include "core/parallel/ep.hpp"
 
 using namespace mpt;
+using mpt::testing::int_values;
+using mpt::testing::moe_config;
 using mpt::testing::on_ranks;
-
-namespace {
-
-std::vector<int64_t> as_vector(const torch::Tensor& t) {
-  auto c = t.contiguous().to(torch::kLong);
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
-
-moe::MoeConfig config(int64_t E, int64_t k, double cf, moe::Balance b = moe::Balance::None) {
-  moe::MoeConfig m;
-  m.experts = E;
-  m.top_k = k;
-  m.capacity_factor = cf;
-  m.balance = b;
-  return m;
-}
-
-}  // namespace
 
 TEST_CASE("ep: experts over all-to-all on 2 and 4 ranks equal one process holding every expert", "[ep]") {
   GptConfig gc;
@@ -49,7 +34,7 @@ TEST_CASE("ep: experts over all-to-all on 2 and 4 ranks equal one process holdin
   const int threads = torch::get_num_threads();
   torch::set_num_threads(1);
   for (const int n : {2, 4}) {
-    const auto m = config(4, 2, 1.0, moe::Balance::AuxLoss);
+    const auto m = moe_config(4, 2, 1.0, moe::Balance::AuxLoss);
     torch::manual_seed(3);
     const auto idx = torch::randint(gc.vocab, {n * 2, 8}, torch::kLong);
     const auto groups = idx.chunk(n);
@@ -90,7 +75,7 @@ TEST_CASE("ep: experts over all-to-all on 2 and 4 ranks equal one process holdin
         if (ep::is_expert_param(kv.key()) && kv.value().numel() > 0)
           expert_grads[static_cast<std::size_t>(r)][kv.key()] = kv.value().grad().clone();
       for (const auto& lr : routing) {
-        auto c = as_vector(lr.counts[0]);
+        auto c = int_values(lr.counts[0]);
         counts[static_cast<std::size_t>(r)].insert(counts[static_cast<std::size_t>(r)].end(), c.begin(), c.end());
       }
     });
@@ -101,7 +86,7 @@ TEST_CASE("ep: experts over all-to-all on 2 and 4 ranks equal one process holdin
       CHECK(logits[static_cast<std::size_t>(r)].equal(one_logits[static_cast<std::size_t>(r)].detach()));
       std::vector<int64_t> want;
       for (const auto& lr : one_routing) {
-        auto c = as_vector(lr.counts[r]);
+        auto c = int_values(lr.counts[r]);
         want.insert(want.end(), c.begin(), c.end());
       }
       CHECK(counts[static_cast<std::size_t>(r)] == want);

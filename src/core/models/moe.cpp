@@ -167,7 +167,10 @@ std::vector<torch::Tensor> MoeGptImpl::forward(const std::vector<torch::Tensor>&
   for (const auto& x : idx) TORCH_CHECK(x.sizes() == idx[0].sizes(), "MoeGpt: groups of different shapes");
   const auto pos = torch::arange(T, torch::kLong);
   std::vector<torch::Tensor> x(G);
-  for (std::size_t g = 0; g < G; ++g) x[g] = wte->forward(idx[g]) + wpe->forward(pos);
+  for (std::size_t g = 0; g < G; ++g) {
+    auto tok = wte->forward(idx[g]);  // sequenced, as Python's left-to-right wte(idx) + wpe(pos)
+    x[g] = tok + wpe->forward(pos);
+  }
   aux_.assign(G, {});
   if (routing) routing->clear();
   const int64_t B = idx[0].size(0), N = B * T, cap = capacity(N, moe);

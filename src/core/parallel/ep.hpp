@@ -47,7 +47,8 @@ double payload_per_layer(int64_t e, int64_t E, int64_t cap, int64_t C, double el
 /// The experts of a layer run over the ranks of `group` (moe::Experts): buffers [1, E, cap, C] of
 /// this rank's group → the outputs [1, E, cap, C] for its tokens, through the all-to-alls (autograd:
 /// the backward's all-to-alls are the same exchange on the gradients). Every rank of the group
-/// must call it in the same order. Only the experts this rank holds are touched. Throws
+/// must call it in the same order. Only the experts this rank holds are touched. The group must
+/// outlive the autograd graphs built through it (their backward exchanges on it). Throws
 /// std::invalid_argument for e not dividing E or more than one group, RuntimeFailure when a peer fails.
 class ExpertParallel : public moe::Experts {
  public:
