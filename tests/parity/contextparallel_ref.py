@@ -35,22 +35,19 @@ balance (useful, computed and ran pairs) and comm (bytes sent, collectives, form
 compare.py checks them against mpt's result file exactly. The timings (balance_times) are not
 compared.
 """
-import datetime
 import json
 import math
 import os
 import re
-import socket
 import struct
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mpt_threads  # noqa: E402
+import gloo_ranks  # noqa: E402
 from lossscale_gpt_ref import TinyGpt  # noqa: E402
 
 INF = float("inf")
@@ -699,12 +696,9 @@ def comm_rows(cfg, c, comms):
     return rows
 
 
-def worker(rank, c, port, result_path):
-    doc = json.load(open(result_path))
+def ranks_results(rank, c, doc):
+    """One rank's work; rank 0's return value is the reference's results."""
     cfg = doc["config"]
-    mpt_threads.use(result_path, per_rank=True)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=c,
-                           timeout=datetime.timedelta(seconds=60))
     ring_rs = doc["env"].get("dist", {}).get("reduce_scatter", "ring").startswith("ring") or \
         not hasattr(dist, "reduce_scatter_tensor")
     comm = Comm(rank, c, ring_rs)
@@ -712,37 +706,13 @@ def worker(rank, c, port, result_path):
     results["gpt"], comms = gpt_rows(cfg, comm)
     results["balance"] = balance_rows(cfg, comm)
     results["comm"] = comm_rows(cfg, c, comms)
-    dist.barrier()
-    dist.destroy_process_group()
-    if rank == 0:
-        json.dump(results, sys.stdout)
-        sys.stdout.flush()
+    return results
 
 
 def main():
     result_path = sys.argv[1]
-    doc = json.load(open(result_path))
-    c = int(doc["env"]["cp_degree"])
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, c, port, result_path)) for r in range(1, c)]
-    for p in procs:
-        p.start()
-    try:
-        worker(0, c, port, result_path)
-    except BaseException:
-        for p in procs:  # the peers would wait for rank 0 until the group's timeout
-            p.terminate()
-        raise
-    finally:
-        for p in procs:
-            p.join(120)
-    bad = [p.exitcode for p in procs if p.exitcode != 0]
-    if bad:
-        sys.exit(f"contextparallel_ref.py: a rank exited with {bad}")
+    c = int(json.load(open(result_path))["env"]["cp_degree"])
+    gloo_ranks.run(c, result_path, ranks_results, "contextparallel_ref.py")
 
 
 if __name__ == "__main__":

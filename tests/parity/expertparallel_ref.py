@@ -41,21 +41,18 @@ loss_curve, dropped_vs_capacity and comm (calls, bytes sent and payload, and the
 compare.py checks them against mpt's result file exactly. mpt's results hold no timings, so
 every key is compared.
 """
-import datetime
 import json
 import math
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mpt_threads  # noqa: E402
+import gloo_ranks  # noqa: E402
 from lossscale_gpt_ref import clean  # noqa: E402
 
 INF = float("inf")
@@ -634,18 +631,9 @@ class Run:
                 "dropped_vs_capacity": drops, "comm": comm_rows}
 
 
-def worker(rank, e, port, result_path):
-    doc = json.load(open(result_path))
-    cfg = doc["config"]
-    mpt_threads.use(result_path, per_rank=True)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=e,
-                            timeout=datetime.timedelta(seconds=60))
-    results = Run(cfg, Comm(rank, e)).results()
-    dist.barrier()
-    dist.destroy_process_group()
-    if rank == 0:
-        json.dump(results, sys.stdout)
-        sys.stdout.flush()
+def ranks_results(rank, e, doc):
+    """One rank's work; rank 0's return value is the reference's results."""
+    return Run(doc["config"], Comm(rank, e)).results()
 
 
 def main():
@@ -654,27 +642,7 @@ def main():
     if doc["config"].get("mesh", {}).get("steps", 0) > 0:
         sys.exit("expertparallel_ref.py mirrors the expert-parallel sections; /mesh/steps > 0 (the DP x TP mesh) "
                  "is not mirrored")
-    e = int(doc["env"]["ep_degree"])
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, e, port, result_path)) for r in range(1, e)]
-    for p in procs:
-        p.start()
-    try:
-        worker(0, e, port, result_path)
-    except BaseException:
-        for p in procs:  # the peers would wait for rank 0 until the group's timeout
-            p.terminate()
-        raise
-    finally:
-        for p in procs:
-            p.join(120)
-    bad = [p.exitcode for p in procs if p.exitcode != 0]
-    if bad:
-        sys.exit(f"expertparallel_ref.py: a rank exited with {bad}")
+    gloo_ranks.run(int(doc["env"]["ep_degree"]), result_path, ranks_results, "expertparallel_ref.py")
 
 
 if __name__ == "__main__":
