@@ -103,8 +103,9 @@ class TpMoeShards {
   GptLinear linear() const;
   /// The held experts' shards for LocalExperts / ExpertParallel (std::out_of_range for another expert).
   moe::ExpertFn expert_fn() const;
-  /// Every leaf this rank updates: the replicated parameters of `full` (not the attention's
-  /// Linears, not the experts), then the shards, in the full model's parameter order.
+  /// Every leaf this rank updates, in the full model's parameter order: the replicated parameters
+  /// of `full` as they are, the attention's Linears and the held experts as their shards (the
+  /// experts this rank does not hold are left out).
   const std::vector<TpLeaf>& leaves() const { return leaves_; }
 
  private:
