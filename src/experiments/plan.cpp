@@ -1,10 +1,12 @@
 /*
  * mpt plan — from the miniature to the cluster: memory per device and step time of a layout
- * (dp × tp × pp, virtual stages, sequence parallelism, ZeRO stage, schedule) for a model, a
- * precision recipe and a machine, term by term, each term named after its formula and source.
+ * (dp × cp × tp × pp, expert parallelism inside dp, virtual stages, sequence parallelism, ZeRO
+ * stage, schedule) for a model, a precision recipe and a machine, term by term, each term named
+ * after its formula and source.
  *
- *  1. model:   parameters (Megatron-LM's count, generalised to GQA, SwiGLU, RMSNorm) and FLOPs
- *              per token (Narayanan et al. 2021, §5.1).
+ *  1. model:   parameters (Megatron-LM's count, generalised to GQA, SwiGLU, RMSNorm and a mixture
+ *              of experts) and FLOPs per token (Narayanan et al. 2021, §5.1); with experts the
+ *              routing per microbatch and layer (capacity, padding, the dropped fraction's bounds).
  *  2. memory:  weights, gradients, master weights, optimizer states (ZeRO's 2Ψ + 2Ψ + KΨ, split
  *              per ZeRO stage), fp8 weight copies, activations (Korthikanti et al. 2022, Table 2)
  *              times the pairs the schedule holds (core/pipeline's schedules replayed), logits,
@@ -13,7 +15,7 @@
  *              layer, pipeline send/recv, the schedule's idle time (bubble_time_theory), the DP /
  *              ZeRO collectives left after overlap, the optimizer's memory traffic; tokens/s,
  *              MFU, achieved FLOP/s per device and the time to train on /train/tokens.
- *     communication: every collective of a step on that device (TP, PP, DP/ZeRO), calls,
+ *     communication: every collective of a step on that device (TP, CP, EP, PP, DP/ZeRO), calls,
  *              payload bytes (as mpt's process-group counters count them) and time.
  *  4. search:  (--search N) every layout of the model on N devices, ranked by step time among
  *              those that fit, with the reason each rejected one fails.
@@ -73,6 +75,9 @@ ConfigSpec plan_spec() {
            "gpt: LayerNorm, GELU, biases, learned positions, dropout; llama: RMSNorm, SwiGLU, no biases, RoPE, no "
            "dropout; preset: the preset's");
   s.choice("/model/tied", "preset", {"preset", "tied", "untied"}, "whether the output head shares the token embedding");
+  s.integer("/model/experts", 0, std::string("experts per block's MLP (a mixture of experts, each of the MLP's shape, and "
+            "a router); 1: dense") + keep + " (custom: dense)", 0, 1 << 20);
+  s.integer("/model/top_k", 0, std::string("experts each token is routed to, 1 .. experts") + keep, 0, 1 << 20);
   s.integer("/train/global_batch", 512, "samples per optimizer step", 1, 1LL << 40);
   s.integer("/train/microbatch", 1, "samples per forward/backward on one replica", 1, 1 << 20);
   s.choice("/train/recipe", "bf16", {"fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-blockwise", "mxfp8"},
@@ -84,6 +89,14 @@ ConfigSpec plan_spec() {
             "attention as one fused kernel (FlashAttention): no s x s scores stored or streamed through memory");
   s.boolean("/train/fp32_grads", false, "gradients kept in fp32 (Megatron-LM's main_grad) rather than in the weights' format");
   s.number("/train/tokens", 15e12, "tokens to train on (the time-to-train line)", 0, 1e18);
+  Param cf;
+  cf.type = ParamType::Number;
+  cf.default_value = 1.25;
+  cf.doc = "mixture of experts, drop-and-pad: each expert computes ceil(n k cf / E) rows (at most n) of the n tokens "
+           "a rank routes per microbatch and layer; the rest are dropped";
+  cf.exclusive_min = 0.0;
+  cf.max = 1e6;
+  s.add("/train/capacity_factor", cf);
   s.integer("/layout/dp", 4, "data-parallel replicas", 1, 1 << 24);
   s.integer("/layout/tp", 8, "tensor-parallel ranks", 1, 1 << 16);
   s.integer("/layout/pp", 2, "pipeline stages", 1, 1 << 16);
@@ -92,6 +105,8 @@ ConfigSpec plan_spec() {
   s.choice("/layout/cp_attention", "ring", {"ring", "all_gather", "ulysses"},
            "how context parallelism's attention reaches the other ranks' keys (core/parallel/cp): ring, all_gather or "
            "ulysses");
+  s.integer("/layout/ep", 1, "expert-parallel ranks (mpt expertparallel), carved out of dp: must divide /layout/dp and "
+            "/model/experts; the experts' gradients reduced and ZeRO-sharded over dp x cp / ep", 1, 1 << 16);
   s.integer("/layout/virtual_stages", 1, "model chunks per stage (interleaved-1f1b: >= 2; zb-v: 2)", 1, 1 << 10);
   s.boolean("/layout/sequence_parallel", true, "sequence parallelism with TP (Korthikanti et al. 2022)");
   s.integer("/layout/zero", 1, "ZeRO stage over the data-parallel group (0-3)", 0, 3);
@@ -148,6 +163,11 @@ pl::ModelShape model_from(const Config& cfg) {
   if (cfg.str("/model/tied") != "preset") m.tied = cfg.str("/model/tied") == "tied";
   if (m.kv_heads > m.heads)
     throw ConfigError(fmt::format("/model/kv_heads: expected at most /model/heads = {}, got {}", m.heads, m.kv_heads));
+  if (cfg.integer("/model/experts") > 0) m.experts = cfg.integer("/model/experts");
+  if (cfg.integer("/model/top_k") > 0) m.top_k = cfg.integer("/model/top_k");
+  if (m.moe() && (m.top_k < 1 || m.top_k > m.experts))
+    throw ConfigError(fmt::format("/model/top_k: expected 1 .. /model/experts = {} for a mixture of experts, got {}",
+                                  m.experts, m.top_k));
   return m;
 }
 
@@ -161,6 +181,7 @@ pl::Training training_from(const Config& cfg) {
   t.flash_attention = cfg.boolean("/train/flash_attention");
   t.fp32_grads = cfg.boolean("/train/fp32_grads");
   t.tokens = cfg.number("/train/tokens");
+  t.capacity_factor = cfg.number("/train/capacity_factor");
   return t;
 }
 
@@ -172,6 +193,7 @@ pl::Layout layout_from(const Config& cfg) {
   l.virtual_stages = cfg.integer("/layout/virtual_stages");
   l.cp = cfg.integer("/layout/cp");
   l.cp_attention = cfg.str("/layout/cp_attention");
+  l.ep = cfg.integer("/layout/ep");
   l.sequence_parallel = cfg.boolean("/layout/sequence_parallel");
   l.zero = static_cast<int>(cfg.integer("/layout/zero"));
   l.schedule = cfg.str("/layout/schedule");
@@ -265,22 +287,48 @@ std::string human_time(double s) {
 // 1. The model
 // ----------------------------------------------------------------------------
 Table model_table(const pl::ModelShape& m, const pl::Training& t) {
-  Table tb{"model", fmt::format("Model: {} ({} layers, hidden {}, {} heads / {} K/V, ffn {}, vocab {}, sequence {})", m.name,
-                                m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.sequence),
+  Table tb{"model", fmt::format("Model: {} ({} layers, hidden {}, {} heads / {} K/V, ffn {}, vocab {}, sequence {}{})", m.name,
+                                m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.sequence,
+                                m.moe() ? fmt::format(", {} experts, top-{}", m.experts, m.top_k) : ""),
            {text_col("name", "term"), sci_col("value", "value", "-", 5), text_col("formula", "formula")}};
   const auto pc = pl::count_params(m);
   tb.rows.push_back({{"name", "parameters"}, {"value", pc.total}, {"formula", "L x per layer + embedding + positions + head + norm"}});
-  tb.rows.push_back({{"name", "per layer"}, {"value", pc.per_layer},
-                     {"formula", m.swiglu ? "2h^2 + 2h·kv + 3hf + norms" : "2h^2 + 2h·kv + 2hf + biases + norms (12h^2 + 13h at f = 4h)"}});
+  if (!m.moe()) {
+    tb.rows.push_back({{"name", "per layer"}, {"value", pc.per_layer},
+                       {"formula", m.swiglu ? "2h^2 + 2h·kv + 3hf + norms" : "2h^2 + 2h·kv + 2hf + biases + norms (12h^2 + 13h at f = 4h)"}});
+  } else {
+    tb.rows.push_back({{"name", "per layer"}, {"value", pc.per_layer},
+                       {"formula", fmt::format("2h^2 + 2h·kv{} + E experts + router + norms", m.bias ? " + biases" : "")}});
+    tb.rows.push_back({{"name", "one expert"}, {"value", pc.expert},
+                       {"formula", m.swiglu ? "3hf (SwiGLU: gate, up, down)" : "2hf + f + h (GELU MLP with biases)"}});
+    tb.rows.push_back({{"name", "router per layer"}, {"value", pc.router}, {"formula", "E·h, no bias"}});
+    tb.rows.push_back({{"name", "active parameters"}, {"value", pc.active},
+                       {"formula", "the total with k experts per layer instead of E"}});
+  }
   tb.rows.push_back({{"name", "embedding"}, {"value", pc.embedding}, {"formula", "V·h"}});
   tb.rows.push_back({{"name", "head"}, {"value", pc.head}, {"formula", m.tied ? "tied to the embedding: 0" : "V·h"}});
   tb.rows.push_back({{"name", "positions"}, {"value", pc.positions}, {"formula", m.learned_positions ? "s·h (learned)" : "RoPE: 0"}});
   const double h = static_cast<double>(m.hidden), s = static_cast<double>(m.sequence);
   const double per_token = 6 * (static_cast<double>(m.layers) * (pc.matmul_per_layer + 2 * s * h) + static_cast<double>(m.vocab) * h);
   tb.rows.push_back({{"name", "model FLOPs per token"}, {"value", per_token},
-                     {"formula", "3 passes x (2 x matrix weights + 4sh per layer + 2Vh) (Narayanan et al. 2021, §5.1)"}});
-  tb.notes.push_back(fmt::format("training: global batch {} x {} tokens, microbatch {}, {}, {}, recompute {}", t.global_batch,
-                                 m.sequence, t.microbatch, t.recipe, t.optimizer, t.recompute));
+                     {"formula", m.moe() ? "3 passes x (2 x active matrix weights (attention, router, k experts) + 4sh per "
+                                           "layer + 2Vh) (Narayanan et al. 2021, §5.1; the experts' padding not counted)"
+                                         : "3 passes x (2 x matrix weights + 4sh per layer + 2Vh) (Narayanan et al. 2021, §5.1)"}});
+  tb.notes.push_back(fmt::format("training: global batch {} x {} tokens, microbatch {}, {}, {}, recompute {}{}", t.global_batch,
+                                 m.sequence, t.microbatch, t.recipe, t.optimizer, t.recompute,
+                                 m.moe() ? fmt::format(", capacity factor {:g}", t.capacity_factor) : ""));
+  return tb;
+}
+
+/// The routing of a mixture of experts per microbatch, layer and rank (Estimate::moe): the tokens
+/// routed, each expert's capacity, the E·cap rows computed, and what the capacity implies for the
+/// padding and the dropped fraction whatever the router does (docs/plan.md, "Mixture of experts").
+Table moe_table(const pl::Estimate& e, const pl::Layout& l) {
+  Table tb{"moe", fmt::format("Mixture of experts, drop-and-pad, per microbatch and layer on one rank (ep {})", l.ep),
+           {text_col("name", "term"), float_col("value", "value", "", 4), text_col("formula", "formula")}};
+  for (const auto& term : e.moe) tb.rows.push_back({{"name", term.name}, {"value", term.value}, {"formula", term.formula}});
+  tb.notes.push_back("the experts compute E·cap rows per rank whatever the routing; an imbalanced router drops more "
+                     "choices (up to the last bound) and pads more rows, at the same compute and all-to-all bytes");
   return tb;
 }
 
@@ -289,8 +337,8 @@ Table model_table(const pl::ModelShape& m, const pl::Training& t) {
 // ----------------------------------------------------------------------------
 Table memory_table(const pl::Estimate& e, const pl::Layout& l, const pl::System& sys) {
   Table tb{"memory",
-           fmt::format("Memory per device ({} stage{}): dp {}{} x tp {} x pp {}{}, ZeRO-{}, on {}", e.stage,
-                       l.pp > 1 ? " of the pipeline" : "", l.dp,
+           fmt::format("Memory per device ({} stage{}): dp {}{}{} x tp {} x pp {}{}, ZeRO-{}, on {}", e.stage,
+                       l.pp > 1 ? " of the pipeline" : "", l.dp, l.ep > 1 ? fmt::format(" (ep {})", l.ep) : "",
                        l.cp > 1 ? fmt::format(" x cp {} ({})", l.cp, l.cp_attention) : "", l.tp, l.pp,
                        l.sequence_parallel && l.tp > 1 ? " (SP)" : "", l.zero, sys.name),
            {text_col("name", "term"), int_col("bytes", "bytes", "B"), text_col("gib", "GiB"), text_col("formula", "formula")}};
@@ -320,7 +368,7 @@ Table time_table(const pl::Estimate& e, const pl::Layout& l, const pl::Training&
 Table communication_table(const pl::Estimate& e) {
   Table tb{"communication",
            fmt::format("Communication per step on one device of the {} (payload: the all-reduce's buffer, the "
-                       "all-gather's output, the reduce-scatter's input, the message sent)",
+                       "all-gather's output, the reduce-scatter's input, the all-to-all's input, the message sent)",
                        e.comm_device),
            {text_col("name", "group / collective"), float_col("calls", "calls"), int_col("bytes", "payload", "B"),
             float_col("seconds", "time", "s"), text_col("formula", "calls from")}};
@@ -328,20 +376,25 @@ Table communication_table(const pl::Estimate& e) {
     tb.rows.push_back({{"name", c.group + "/" + c.collective}, {"calls", c.calls}, {"bytes", std::llround(c.bytes)},
                        {"seconds", c.seconds}, {"formula", c.formula}});
   if (e.comm.empty()) tb.notes.push_back("none: dp = tp = pp = 1");
-  tb.notes.push_back("time = calls x latency + payload x the ring's share (2(n-1)/n all-reduce, (n-1)/n all-gather and "
-                     "reduce-scatter, 1 send) / busbw, before overlap; the time table says what is hidden");
+  tb.notes.push_back("time = calls x latency + payload x the ring's share (2(n-1)/n all-reduce, (n-1)/n all-gather, "
+                     "reduce-scatter and all-to-all, 1 send) / busbw, before overlap; the time table says what is hidden");
   return tb;
 }
 
 // ----------------------------------------------------------------------------
 // 4. Search
 // ----------------------------------------------------------------------------
-Table search_table(const std::vector<pl::Candidate>& cs, int64_t devices, int64_t top, const pl::System& sys) {
-  Table tb{"search", fmt::format("Search: every layout on {} devices, fastest first among those that fit", devices),
-           {text_col("name", "rank"), int_col("dp", "dp"), int_col("tp", "tp"), int_col("pp", "pp"), int_col("microbatch", "mb"),
-            int_col("zero", "zero"), text_col("recompute", "recompute"), float_col("memory_gib", "memory", "GiB"),
-            float_col("step_s", "step", "s"), sci_col("tokens_per_s", "tokens/s", "-", 4), pct_col("mfu", "MFU", 1),
-            text_col("verdict", "verdict")}};
+/// The search's rows: the fitting layouts fastest first (or the closest misses), with the count of
+/// the rest by reason; an ep column where the model has experts (`moe`).
+Table search_table(const std::vector<pl::Candidate>& cs, int64_t devices, int64_t top, const pl::System& sys, bool moe) {
+  std::vector<Column> cols{text_col("name", "rank"), int_col("dp", "dp")};
+  if (moe) cols.push_back(int_col("ep", "ep"));
+  for (auto c : {int_col("tp", "tp"), int_col("pp", "pp"), int_col("microbatch", "mb"), int_col("zero", "zero")})
+    cols.push_back(c);
+  for (auto c : {text_col("recompute", "recompute"), float_col("memory_gib", "memory", "GiB"), float_col("step_s", "step", "s"),
+                 sci_col("tokens_per_s", "tokens/s", "-", 4), pct_col("mfu", "MFU", 1), text_col("verdict", "verdict")})
+    cols.push_back(c);
+  Table tb{"search", fmt::format("Search: every layout on {} devices, fastest first among those that fit", devices), cols};
   int64_t fit = 0, no_fit = 0, bad = 0;
   std::map<std::string, int64_t> reasons;
   for (const auto& c : cs) {
@@ -353,18 +406,20 @@ Table search_table(const std::vector<pl::Candidate>& cs, int64_t devices, int64_
     }
   }
   auto row = [&](const pl::Candidate& c, const std::string& name) {
-    return json{{"name", name},
-                {"dp", c.layout.dp},
-                {"tp", c.layout.tp},
-                {"pp", c.layout.pp},
-                {"microbatch", c.training.microbatch},
-                {"zero", c.layout.zero},
-                {"recompute", c.training.recompute},
-                {"memory_gib", c.est.memory_bytes / kGiB},
-                {"step_s", c.est.step_s},
-                {"tokens_per_s", c.est.tokens_per_s},
-                {"mfu", c.est.mfu},
-                {"verdict", c.rejected.empty() ? std::string("fits") : c.rejected}};
+    json r{{"name", name},
+           {"dp", c.layout.dp},
+           {"tp", c.layout.tp},
+           {"pp", c.layout.pp},
+           {"microbatch", c.training.microbatch},
+           {"zero", c.layout.zero},
+           {"recompute", c.training.recompute},
+           {"memory_gib", c.est.memory_bytes / kGiB},
+           {"step_s", c.est.step_s},
+           {"tokens_per_s", c.est.tokens_per_s},
+           {"mfu", c.est.mfu},
+           {"verdict", c.rejected.empty() ? std::string("fits") : c.rejected}};
+    if (moe) r["ep"] = c.layout.ep;
+    return r;
   };
   int64_t shown = 0;
   for (const auto& c : cs) {
@@ -384,14 +439,18 @@ Table search_table(const std::vector<pl::Candidate>& cs, int64_t devices, int64_
 }
 
 /// The search's Pareto frontier: the fitting layouts no other beats in both step time and memory,
-/// by memory ascending (each faster than every one before it), with their memory per term.
-Table frontier_table(const std::vector<pl::Candidate>& cs) {
-  Table tb{"frontier", "Frontier: the fastest layout for each memory budget (no other is both faster and smaller)",
-           {text_col("name", "rank"), int_col("dp", "dp"), int_col("tp", "tp"), int_col("pp", "pp"),
-            int_col("microbatch", "mb"), int_col("zero", "zero"), text_col("recompute", "recompute"),
-            float_col("weights_gib", "weights", "GiB"), float_col("gradients_gib", "grads", "GiB"),
-            float_col("optimizer_gib", "master+opt", "GiB"), float_col("activations_gib", "activations", "GiB"),
-            float_col("other_gib", "other", "GiB"), float_col("memory_gib", "memory", "GiB"), float_col("step_s", "step", "s")}};
+/// by memory ascending (each faster than every one before it), with their memory per term (the
+/// experts' states with the dense ones); an ep column where the model has experts (`moe`).
+Table frontier_table(const std::vector<pl::Candidate>& cs, bool moe) {
+  std::vector<Column> cols{text_col("name", "rank"), int_col("dp", "dp")};
+  if (moe) cols.push_back(int_col("ep", "ep"));
+  for (auto c : {int_col("tp", "tp"), int_col("pp", "pp"), int_col("microbatch", "mb"), int_col("zero", "zero"),
+                 text_col("recompute", "recompute"), float_col("weights_gib", "weights", "GiB"),
+                 float_col("gradients_gib", "grads", "GiB"), float_col("optimizer_gib", "master+opt", "GiB"),
+                 float_col("activations_gib", "activations", "GiB"), float_col("other_gib", "other", "GiB"),
+                 float_col("memory_gib", "memory", "GiB"), float_col("step_s", "step", "s")})
+    cols.push_back(c);
+  Table tb{"frontier", "Frontier: the fastest layout for each memory budget (no other is both faster and smaller)", cols};
   std::vector<const pl::Candidate*> fit;
   for (const auto& c : cs)
     if (c.rejected.empty()) fit.push_back(&c);
@@ -404,28 +463,39 @@ Table frontier_table(const std::vector<pl::Candidate>& cs) {
     if (c->est.step_s >= best) continue;
     best = c->est.step_s;
     std::map<std::string, double> by;
-    for (const auto& term : c->est.memory) by[term.name] += term.value;
+    for (const auto& term : c->est.memory) {
+      // the experts' states in the same columns as the dense ones
+      const bool expert = term.name.rfind("expert ", 0) == 0;
+      by[expert ? term.name.substr(7) : term.name] += term.value;
+    }
     const double w = by["weights"], g = by["gradients"], o = by["master weights"] + by["optimizer states"],
                  a = by["activations"];
-    tb.rows.push_back({{"name", std::to_string(++rank)}, {"dp", c->layout.dp}, {"tp", c->layout.tp}, {"pp", c->layout.pp},
-                       {"microbatch", c->training.microbatch}, {"zero", c->layout.zero}, {"recompute", c->training.recompute},
-                       {"weights_gib", w / kGiB}, {"gradients_gib", g / kGiB}, {"optimizer_gib", o / kGiB},
-                       {"activations_gib", a / kGiB}, {"other_gib", (c->est.memory_bytes - w - g - o - a) / kGiB},
-                       {"memory_gib", c->est.memory_bytes / kGiB}, {"step_s", c->est.step_s}});
+    json r{{"name", std::to_string(++rank)}, {"dp", c->layout.dp}, {"tp", c->layout.tp}, {"pp", c->layout.pp},
+           {"microbatch", c->training.microbatch}, {"zero", c->layout.zero}, {"recompute", c->training.recompute},
+           {"weights_gib", w / kGiB}, {"gradients_gib", g / kGiB}, {"optimizer_gib", o / kGiB},
+           {"activations_gib", a / kGiB}, {"other_gib", (c->est.memory_bytes - w - g - o - a) / kGiB},
+           {"memory_gib", c->est.memory_bytes / kGiB}, {"step_s", c->est.step_s}};
+    if (moe) r["ep"] = c->layout.ep;
+    tb.rows.push_back(r);
   }
-  tb.notes.push_back("other: logits, fp8 weight copies, communication buffers and the system's reserve; "
+  tb.notes.push_back(std::string("other: logits, fp8 weight copies, communication buffers and the system's reserve; ") +
+                     (moe ? "weights, grads and master+opt include the experts'; " : "") +
                      "results.search_points holds every fitting layout (scripts/plot.py draws them with this frontier)");
   return tb;
 }
 
-/// Every fitting layout as a point (memory, step time), for scripts/plot.py's frontier plot.
-json search_points(const std::vector<pl::Candidate>& cs) {
+/// Every fitting layout as a point (memory, step time), for scripts/plot.py's frontier plot (with
+/// its ep where the model has experts, `moe`).
+json search_points(const std::vector<pl::Candidate>& cs, bool moe) {
   json pts = json::array();
   for (const auto& c : cs)
-    if (c.rejected.empty())
-      pts.push_back({{"dp", c.layout.dp}, {"tp", c.layout.tp}, {"pp", c.layout.pp}, {"microbatch", c.training.microbatch},
-                     {"zero", c.layout.zero}, {"recompute", c.training.recompute},
-                     {"memory_gib", c.est.memory_bytes / kGiB}, {"step_s", c.est.step_s}});
+    if (c.rejected.empty()) {
+      json pt{{"dp", c.layout.dp}, {"tp", c.layout.tp}, {"pp", c.layout.pp}, {"microbatch", c.training.microbatch},
+              {"zero", c.layout.zero}, {"recompute", c.training.recompute},
+              {"memory_gib", c.est.memory_bytes / kGiB}, {"step_s", c.est.step_s}};
+      if (moe) pt["ep"] = c.layout.ep;
+      pts.push_back(pt);
+    }
   return pts;
 }
 
@@ -457,7 +527,8 @@ std::pair<int64_t, json> calibration_link(const Config& cfg) {
   json link = {{"all_reduce", collective_from(coll, "all_reduce", path)},
                {"all_gather", collective_from(coll, "all_gather", path)},
                {"reduce_scatter", collective_from(coll, "reduce_scatter", path)},
-               {"send_recv", collective_from(coll, "sendrecv", path)}};
+               {"send_recv", collective_from(coll, "sendrecv", path)},
+               {"all_to_all", collective_from(coll, "alltoall", path)}};
   return {np->get<int64_t>(), link};
 }
 
@@ -532,7 +603,7 @@ Report calibrate(const Context& ctx) {
   const double mem_gib = phys / static_cast<double>(ranks) / kGiB;
   tb.rows.push_back({{"name", "memory per rank"}, {"value", mem_gib}, {"unit", "GiB"}, {"how", "physical memory / ranks"}});
   tb.rows.push_back({{"name", "reserved"}, {"value", rss / kGiB}, {"unit", "GiB"}, {"how", "this process's resident memory (LibTorch's own)"}});
-  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}) {
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"}) {
     tb.rows.push_back({{"name", std::string(op) + " busbw"}, {"value", link[op]["busbw_gbps"]}, {"unit", "GB/s"},
                        {"how", "the largest over the collectives result's sizes"}});
     tb.rows.push_back({{"name", std::string(op) + " latency"}, {"value", link[op]["latency_us"]}, {"unit", "us"},
@@ -569,6 +640,7 @@ Report run_plan(const Context& ctx) {
   const int64_t devices = cfg.integer("/search/devices");
   if (devices == 0) {
     const auto e = pl::estimate(m, t, l, sys);
+    if (!e.moe.empty()) report.add(moe_table(e, l));
     report.add(memory_table(e, l, sys));
     report.add(time_table(e, l, t, sys));
     report.add(communication_table(e));
@@ -585,14 +657,15 @@ Report run_plan(const Context& ctx) {
     const auto start = std::chrono::steady_clock::now();
     const auto cs = pl::search(m, t, l, sys, devices);
     report.timings["search_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    Table st = search_table(cs, devices, cfg.integer("/search/top"), sys);
+    Table st = search_table(cs, devices, cfg.integer("/search/top"), sys, m.moe());
     if (l.cp > 1)
       st.notes.push_back(fmt::format("/layout/cp = {} is not searched: every layout here has cp = 1 (plan a CP layout "
                                      "without --search)", l.cp));
+    if (m.moe()) st.notes.push_back("ep: every degree dividing dp and the experts was tried (/layout/ep is not read)");
     report.add(std::move(st));
     if (std::any_of(cs.begin(), cs.end(), [](const pl::Candidate& c) { return c.rejected.empty(); })) {
-      report.add(frontier_table(cs));
-      report.results["search_points"] = search_points(cs);
+      report.add(frontier_table(cs, m.moe()));
+      report.results["search_points"] = search_points(cs, m.moe());
     }
   }
   if (cfg.boolean("/published")) {

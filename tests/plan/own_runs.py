@@ -2,7 +2,9 @@
 """`mpt plan` against mpt's own runs: the bytes each term predicts vs the bytes the experiments measure.
 
 Runs `mpt shard` (the tiny GPT, ZeRO stages 0-3, 2 processes), `mpt tensorparallel` (the quick
-config, t = 2) and its mesh, `mpt contextparallel` (the quick config, c = 2), then `mpt plan` on the same model, batch and layout, and compares term by term:
+config, t = 2) and its mesh, `mpt contextparallel` (the quick config, c = 2), `mpt expertparallel`
+(the quick config, e = 2) and its mesh, then `mpt plan` on the same model, batch and layout, and
+compares term by term:
 
 - model states per rank (shard's tensors counted at the optimizer step) against plan's weights,
   gradients and master weights + optimizer states. The plan uses the ZeRO paper's accounting;
@@ -28,6 +30,13 @@ config, t = 2) and its mesh, `mpt contextparallel` (the quick config, c = 2), th
   sends and receives, all-gather K/V's all-gathers and reduce-scatters and Ulysses' all-to-alls
   against the plan's cp terms of the same layout: exact; and the ring's sends and receives in the
   mesh dp 2 x cp 2 x tp 2 (tensorparallel_mesh_cp8), exact.
+- expert parallelism (expertparallel's quick config: the MoE GPT of 1 layer, E = 4, top-2, capacity
+  factor 1.25, e = 2 processes, each its own sequences: dp 2 with ep 2): the all-to-all payload of
+  a step (dispatch, combine and their gradients, the process group's counter) against the plan's
+  ep/all_to_all, and the expert weight bytes one rank holds against the plan's expert weights:
+  exact; and the all-to-all bytes a rank sends per step in the mesh dp 2 x tp 2 with ep 2
+  (expertparallel_mesh, 2 layers) against the plan's payload of the same layout, less the named
+  1/ep a rank keeps (its own chunk).
 
 Prints a table (markdown, docs/plan.md "Own runs") and exits 1 when any term differs from the
 prediction plus its named difference.
@@ -252,6 +261,54 @@ def main():
         for kind in ("send", "recv"):
             compare(f"mesh dp {dp} x cp {cpd} x tp {t}", f"cp {kind} bytes/step", c8comm.get(f"first/cp/{kind}", 0),
                     pc8.get(f"cp/{kind}", 0), 0, "")
+
+        # --- expertparallel (the quick config, e = 2): the MoE GPT on dp = ep = e ranks, each routing its own
+        # sequences (one microbatch per step); the all-to-all payload of a step and the expert weights one rank
+        # holds against the plan's ep/all_to_all and expert weights of the same layout, exact
+        ep_args = ["expertparallel", "--config", "configs/expertparallel_quick.json"]
+        ed = run(mpt, ep_args, os.path.join(tmp, "ep.json"))
+        ec = ed["config"]
+        # the vocabulary is the corpus's (not in the result): the same corpus as shard's, whose Ψ gave it above
+        assert (ec["data"]["text_dir"], ec["data"]["text_files"]) == (cfg["data"]["text_dir"], cfg["data"]["text_files"]), \
+            "expertparallel and shard read different corpora: the vocabulary derived from shard's Ψ does not apply"
+        g, mo, e = ec["model"], ec["moe"], ed["env"]["ep_degree"]
+        b = ec["data"]["batch"]
+
+        def moe_sets(g, mo, dp, ep, t, microbatch, optimizer):
+            return ["model.preset=mpt-moe", f"model.layers={g['layers']}", f"model.hidden={g['width']}",
+                    f"model.heads={g['heads']}", f"model.sequence={g['context']}", f"model.vocab={vocab}",
+                    f"model.ffn={g['mlp_ratio'] * g['width']}", f"model.experts={mo['experts']}",
+                    f"model.top_k={mo['top_k']}", f"train.capacity_factor={mo['capacity_factor']}",
+                    "train.recipe=fp32", f"train.optimizer={optimizer}", "train.recompute=none",
+                    f"train.global_batch={dp * microbatch}", f"train.microbatch={microbatch}", f"layout.dp={dp}",
+                    f"layout.ep={ep}", f"layout.tp={t}", "layout.pp=1", "layout.zero=0",
+                    "layout.sequence_parallel=false"]
+
+        pe, pce = plan_terms(mpt, moe_sets(g, mo, e, e, 1, b, "sgd-momentum"), os.path.join(tmp, "plan_ep.json"))
+        pm = {r["name"]: r["value"] for r in json.load(open(os.path.join(tmp, "plan_ep.json")))["results"]["moe"]}
+        ecomm = ed["results"]["comm"][0]
+        assert ecomm["capacity"] == pm["capacity"], (ecomm["capacity"], pm["capacity"])
+        compare(f"expertparallel (e = {e})", "ep all_to_all bytes/step", int(ecomm["payload"]), pce.get("ep/all_to_all", 0),
+                0, "")
+        compare(f"expertparallel (e = {e})", "expert weights", int(ecomm["expert_weight_bytes"]), pe["expert weights"], 0, "")
+
+        # --- expertparallel's mesh (expertparallel_mesh: dp 2 x tp 2, ep 2, 2 layers, no SP: every TP rank of an EP
+        # pair exchanges its own copy of its tokens): the all-to-all bytes a rank sends per step against the plan's
+        # ep/all_to_all payload of the same layout, which a rank hands its group whole and keeps 1/ep of
+        em_args = ["expertparallel", "--config", "configs/expertparallel_mesh.json"]
+        emc = json.loads(subprocess.run([mpt] + em_args + ["--print-config"], capture_output=True, text=True,
+                                        check=True).stdout)
+        emd = run(mpt, em_args, os.path.join(tmp, "ep_mesh.json"))
+        ms = emc["mesh"]
+        _, pcm = plan_terms(mpt, moe_sets(emc["model"], emc["moe"], ms["dp"], ms["ep"], ms["tp"], emc["data"]["batch"], "sgd"),
+                            os.path.join(tmp, "plan_ep_mesh.json"))
+        payload = pcm.get("ep/all_to_all", 0)
+        # every step sends the same bytes (fixed by the shapes): the first step's, or the first step that differs
+        steps = emd["results"]["mesh"]
+        row = next((r for r in steps if int(r["a2a_sent"]) != int(steps[0]["a2a_sent"])), steps[0])
+        compare(f"mesh dp {ms['dp']} x tp {ms['tp']}, ep {ms['ep']} (step {row['step']} of {len(steps)})",
+                "ep all_to_all sent bytes/step", int(row["a2a_sent"]), payload, -payload // ms["ep"],
+                "a rank keeps its own chunk: (ep - 1)/ep of the payload is sent")
 
     print("| run | term | measured bytes | plan bytes | difference | named difference | what it is | |")
     print("|---|---|---|---|---|---|---|---|")

@@ -11,10 +11,11 @@ using namespace mpt::plan;
 namespace {
 
 // A system file: 8 devices of 80 GiB, 300 TFLOP/s in bf16 and fp16, no fp8, one link of
-// 100 GB/s and 10 us for every collective.
+// 100 GB/s and 10 us for every collective (the all-to-all too).
 nlohmann::json system_json() {
   nlohmann::json link = {{"busbw_gbps", 100}, {"latency_us", 10}};
-  nlohmann::json l = {{"all_reduce", link}, {"all_gather", link}, {"reduce_scatter", link}, {"send_recv", link}};
+  nlohmann::json l = {{"all_reduce", link}, {"all_gather", link}, {"reduce_scatter", link}, {"send_recv", link},
+                      {"all_to_all", link}};
   return {{"name", "test"},
           {"devices_per_node", 8},
           {"memory_gib", 80},
@@ -42,6 +43,14 @@ double comm_bytes(const Estimate& e, const std::string& name) {
   for (const auto& c : e.comm)
     if (c.group + "/" + c.collective == name) return c.bytes;
   return 0.0;
+}
+
+/// The value of the routing term `name` of a mixture of experts (Estimate::moe).
+double moe_term(const Estimate& e, const std::string& name) {
+  for (const auto& t : e.moe)
+    if (t.name == name) return t.value;
+  FAIL("no MoE term " << name);
+  return 0;
 }
 
 ModelShape gpt(int64_t layers, int64_t h, int64_t a, int64_t s) {
@@ -422,4 +431,161 @@ TEST_CASE("context parallelism: activations and logits / cp, each attention's CP
   CHECK(layout_error(m, t, l).empty());
   l.cp_attention = "zigzag";
   CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("/layout/cp_attention"));
+}
+
+TEST_CASE("mixture of experts: parameters with E experts and the router, Mixtral 8x7B's 46.7B (12.9B active), "
+          "mpt's MoE GPT as moe_gpt_num_params, the capacity", "[plan]") {
+  // Mixtral 8x7B (Jiang et al. 2024, Table 1): per layer q, o 4096², k, v 4096·1024, 8 SwiGLU experts of 3·4096·14336,
+  // the router 8·4096, two RMSNorms; embedding and untied head 32000·4096, the final norm.
+  const double attn = 2.0 * 4096 * 4096 + 2.0 * 4096 * 1024, expert = 3.0 * 4096 * 14336, router = 8 * 4096.0;
+  const double ends = 2 * 32000.0 * 4096 + 4096;
+  const ParamCounts mx = count_params(preset("mixtral-8x7b"));
+  CHECK(mx.total == 32 * (attn + 8 * expert + router + 2 * 4096) + ends);
+  CHECK(mx.total == 46702792704.0);
+  CHECK(mx.active == 32 * (attn + 2 * expert + router + 2 * 4096) + ends);
+  CHECK(mx.active == 12879925248.0);
+  CHECK(mx.matmul_per_layer == attn + router + 2 * expert);  // a token's GEMMs: attention, router, 2 experts
+  // core/models/moe's MoE GPT at `mpt expertparallel`'s defaults (docs/expertparallel.md: 314,496):
+  // per block LayerNorms 2·2C, c_attn 3C² + 3C, c_proj C² + C, router E·C, 8 experts of 2·C·H + H + C.
+  const double C = 64, H = 128, E = 8;
+  const double block = 4 * C + 3 * C * C + 3 * C + C * C + C + E * C + E * (2 * C * H + H + C);
+  CHECK(count_params(preset("mpt-moe")).total == 96 * C + 32 * C + 2 * block + 2 * C + 96 * C);
+  CHECK(count_params(preset("mpt-moe")).total == 314496.0);
+  // dense models: E = 0 or 1 changes nothing
+  ModelShape one = preset("llama3-8b");
+  one.experts = 1;
+  one.top_k = 1;
+  CHECK(count_params(one).total == count_params(preset("llama3-8b")).total);
+  // capacity = min(n, ceil(n·k·cf/E)), at least 1 (core/models/moe's capacity)
+  CHECK(expert_capacity(32, 2, 1.25, 4) == 20);
+  CHECK(expert_capacity(32, 2, 0.5, 4) == 8);
+  CHECK(expert_capacity(32, 2, 4.0, 4) == 32);  // cf >= E/k: every token, never more
+  CHECK(expert_capacity(1, 1, 0.01, 8) == 1);
+}
+
+TEST_CASE("expert parallelism: the experts' states over ep and the expert-DP group, the all-to-all payload, the "
+          "padded rows' FLOPs and activations, the routing bounds", "[plan]") {
+  // A GPT of L = 4, h = 1024, a = 16, s = 512 (f = 4h, LayerNorm, biases, learned positions, tied, dropout)
+  // with E = 8 experts, top-2, capacity factor 1.25; bf16, Adam, ZeRO-1; dp 4 with ep 2, microbatch 2,
+  // 2 microbatches per replica.
+  ModelShape m = gpt(4, 1024, 16, 512);
+  m.experts = 8;
+  m.top_k = 2;
+  Training t;
+  t.microbatch = 2;
+  t.global_batch = 16;
+  t.recompute = "selective";
+  t.capacity_factor = 1.25;
+  Layout l;
+  l.dp = 4;
+  l.ep = 2;
+  l.zero = 1;
+  const System sys = test_system();
+  const double L = 4, h = 1024, f = 4096, s = 512, b = 2, E = 8, k = 2, mb = 2;
+  const ParamCounts pc = count_params(m);
+  const double expert = 2 * h * f + f + h;  // one GELU expert with its biases
+  REQUIRE(pc.expert == expert);
+  SECTION("tp = 1: a rank routes n = sb = 1024 tokens, cap = ceil(1024·2·1.25/8) = 320, E·cap = 2560 rows") {
+    REQUIRE(layout_error(m, t, l).empty());
+    const Estimate e = estimate(m, t, l, sys);
+    const double n = s * b, cap = 320, rows = E * cap;
+    // the E/ep = 4 experts of each layer on this device; the dense parameters whole (ZeRO-1 shards the states)
+    const double experts_dev = L * (E / 2) * expert, dense = pc.total - L * E * expert;
+    CHECK(term(e, "expert weights") == 2 * experts_dev);
+    CHECK(term(e, "expert gradients") == 2 * experts_dev);
+    CHECK(term(e, "weights") == 2 * dense);
+    // ZeRO-1: master and Adam over the expert-DP group of dp/ep = 2 ranks; the dense ones over dp = 4
+    CHECK(term(e, "expert master weights") == 4 * experts_dev / 2);
+    CHECK(term(e, "expert optimizer states") == 8 * experts_dev / 2);
+    CHECK(term(e, "optimizer states") == 8 * dense / 4);
+    // 4 all-to-alls per layer and microbatch of the [E, cap, h] buffer, bf16
+    CHECK(comm_bytes(e, "ep/all_to_all") == mb * L * 4 * rows * h * 2);
+    // ZeRO-1's reduce-scatter and all-gather: the dense gradients over dp, the experts' over the expert-DP group
+    CHECK(comm_bytes(e, "dp/reduce_scatter") == 2 * dense);
+    CHECK(comm_bytes(e, "edp/reduce_scatter") == 2 * experts_dev);
+    CHECK(comm_bytes(e, "edp/all_gather") == 2 * experts_dev);
+    // the routing per microbatch and layer
+    CHECK(moe_term(e, "tokens routed") == n);
+    CHECK(moe_term(e, "capacity") == cap);
+    CHECK(moe_term(e, "expert rows") == rows);
+    CHECK(moe_term(e, "padding, at least") == Approx(1 - n * k / rows).epsilon(1e-15));  // 0.2
+    CHECK(moe_term(e, "dropped fraction, at least") == 0);  // E·cap >= n·k: a balanced router keeps every choice
+    CHECK(moe_term(e, "dropped fraction, at most") == 1 - cap / n);  // 0.6875
+    // FLOPs: the model's count k·n rows per expert GEMM, the hardware's the E·cap padded rows (8 microbatches of
+    // the global batch, 3 passes)
+    CHECK(e.hardware_flops - e.model_flops == Approx(3 * L * 2 * (2 * h * f) * (rows - k * n) * 8 + L * 4 * b * s * s * h * 8)
+                                                   .epsilon(1e-12));
+    // activations: the MLP's 4sbf replaced by 4·rows·f, plus the dispatched buffer 2·rows·h, the combine's
+    // 2·n·k·h and the router's fp32 probabilities 4·n·E, per layer
+    ModelShape dense_m = m;
+    dense_m.experts = 0;
+    Layout dl = l;
+    dl.ep = 1;
+    const Estimate d = estimate(dense_m, t, dl, sys);
+    CHECK(term(e, "activations") - term(d, "activations") ==
+          L * (4 * rows * f - 4 * s * b * f + 2 * rows * h + 2 * n * k * h + 4 * n * E));
+    // cf = 0.5: cap 128, at least 1 - 8·128/2048 = 1/2 of the choices dropped, the payload shrinks with it
+    t.capacity_factor = 0.5;
+    const Estimate half = estimate(m, t, l, sys);
+    CHECK(moe_term(half, "capacity") == 128);
+    CHECK(moe_term(half, "dropped fraction, at least") == 0.5);
+    CHECK(comm_bytes(half, "ep/all_to_all") == mb * L * 4 * (E * 128) * h * 2);
+  }
+  SECTION("tp = 2 with SP: a rank routes sb/t = 512 tokens (cap 160), the expert-TP GEMMs on the t ranks' rows") {
+    l.tp = 2;
+    l.sequence_parallel = true;
+    REQUIRE(layout_error(m, t, l).empty());
+    const Estimate e = estimate(m, t, l, sys);
+    const double rows = E * 160, rows_dev = 2 * rows;
+    CHECK(moe_term(e, "tokens routed") == 512);
+    CHECK(moe_term(e, "capacity") == 160);
+    // each expert's matrices and column-parallel bias split over TP, its row-parallel bias replicated
+    CHECK(term(e, "expert weights") == 2 * L * (E / 2) * (h * f + f / 2 + h));
+    CHECK(comm_bytes(e, "ep/all_to_all") == mb * L * 4 * rows * h * 2);
+    // TP all-gathers per microbatch: sbh for the attention (1 forward, 2 backward per layer), the head's (1 forward,
+    // 1 backward) and the embedding's backward; t·E·cap·h for the experts' rows (1 forward, 1 backward per layer)
+    const double act = 2 * s * b * h, xact = 2 * rows_dev * h;
+    CHECK(comm_bytes(e, "tp/all_gather") == mb * ((L + 1 + 2 * L + 1 + 1) * act + 2 * L * xact));
+    CHECK(comm_bytes(e, "tp/reduce_scatter") == mb * ((L + L + 1) * act + 2 * L * xact));
+  }
+  SECTION("layouts: ep divides dp and E, only with experts; k in 1 .. E; a capacity factor > 0") {
+    l.ep = 3;
+    CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("/layout/ep = 3 does not divide /layout/dp = 4"));
+    l.ep = 4;
+    m.experts = 6;
+    CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("/model/experts = 6 is not a multiple of /layout/ep = 4"));
+    m.experts = 8;
+    m.top_k = 9;
+    CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("/model/top_k = 9"));
+    m.top_k = 2;
+    t.capacity_factor = 0;
+    CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("/train/capacity_factor"));
+    t.capacity_factor = 1.25;
+    CHECK(layout_error(m, t, l).empty());
+    m.experts = 0;
+    CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("/layout/ep = 4: expert parallelism needs"));
+  }
+  SECTION("the search tries every ep dividing dp and E; a dense model only ep = 1") {
+    const auto cs = search(m, t, Layout{}, sys, 16);
+    bool ep_fits = false;
+    for (const auto& c : cs) {
+      CHECK(c.layout.dp % c.layout.ep == 0);
+      CHECK(m.experts % c.layout.ep == 0);
+      if (c.rejected.empty() && c.layout.ep > 1) ep_fits = true;
+    }
+    CHECK(ep_fits);
+    ModelShape dense_m = m;
+    dense_m.experts = 0;
+    for (const auto& c : search(dense_m, t, Layout{}, sys, 16)) CHECK(c.layout.ep == 1);
+  }
+}
+
+TEST_CASE("system files: the all-to-all of each link is read, and named when missing", "[plan]") {
+  nlohmann::json j = system_json();
+  j["inter_node"]["all_to_all"]["busbw_gbps"] = 25;
+  CHECK(parse_system(j, "f.json").inter.all_to_all.busbw == 25e9);
+  j["intra_node"]["all_to_all"].erase("busbw_gbps");
+  CHECK_THROWS_WITH(parse_system(j, "f.json"), Catch::Contains("f.json: /intra_node/all_to_all/busbw_gbps: missing"));
+  j["intra_node"].erase("all_to_all");  // a file from before expert parallelism
+  CHECK_THROWS_WITH(parse_system(j, "f.json"), Catch::Contains("f.json: /intra_node/all_to_all: missing"));
 }

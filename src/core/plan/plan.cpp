@@ -61,9 +61,23 @@ std::vector<ModelShape> make_presets() {
   p.push_back(llama_style("llama3-405b", 126, 16384, 128, 8, 53248));
   p.push_back(gpt_style("megatron-1t", 128, 25600, 160, 51200, 2048, false));
   p.back().tied = true;  // Megatron-LM shares the word embeddings: 1,008B parameters as in the paper
+  // Jiang et al. 2024, Table 1 (context 32768); Hugging Face's MixtralConfig: untied, router without a bias
+  ModelShape mixtral = llama_style("mixtral-8x7b", 32, 4096, 32, 8, 14336);
+  mixtral.vocab = 32000;
+  mixtral.sequence = 32768;
+  mixtral.experts = 8;
+  mixtral.top_k = 2;
+  p.push_back(mixtral);
   ModelShape tiny = gpt_style("mpt-gpt", 2, 128, 4, 96, 64, false);
   tiny.dropout = false;  // core/models/gpt has no dropout
   p.push_back(tiny);
+  // `mpt expertparallel`'s defaults: the tiny GPT (mlp_ratio 2) with 8 experts, top-2 (core/models/moe)
+  ModelShape moe = gpt_style("mpt-moe", 2, 64, 4, 96, 32, false);
+  moe.ffn = 2 * 64;
+  moe.dropout = false;
+  moe.experts = 8;
+  moe.top_k = 2;
+  p.push_back(moe);
   return p;
 }
 
@@ -154,17 +168,36 @@ ParamCounts count_params(const ModelShape& m) {
   ParamCounts c;
   const double attn = 2 * h * h + 2 * h * kv;        // q, o: h·h; k, v: h·kv
   const double mlp = (m.swiglu ? 3 : 2) * h * f;     // gate, up, down | fc1, fc2
-  c.matmul_per_layer = attn + mlp;
-  double biases = 0;
-  if (m.bias) biases = (2 * h + 2 * kv) + (m.swiglu ? 2 * f + h : f + h);
+  const double attn_bias = m.bias ? 2 * h + 2 * kv : 0.0;
+  const double mlp_bias = m.bias ? (m.swiglu ? 2 * f + h : f + h) : 0.0;
   const double norm = m.rmsnorm ? h : 2 * h;
-  c.per_layer = c.matmul_per_layer + biases + 2 * norm;
   c.embedding = static_cast<double>(m.vocab) * h;
   c.positions = m.learned_positions ? static_cast<double>(m.sequence) * h : 0;
   c.head = m.tied ? 0 : static_cast<double>(m.vocab) * h;
   c.final_norm = norm;
-  c.total = static_cast<double>(m.layers) * c.per_layer + c.embedding + c.positions + c.head + c.final_norm;
+  const double ends = c.embedding + c.positions + c.head + c.final_norm, L = static_cast<double>(m.layers);
+  if (!m.moe()) {
+    c.matmul_per_layer = attn + mlp;
+    c.per_layer = c.matmul_per_layer + attn_bias + mlp_bias + 2 * norm;
+    c.total = c.active = L * c.per_layer + ends;
+    return c;
+  }
+  // every block: E experts of the dense MLP's shape (their biases too) and a router of E·h weights
+  const double E = static_cast<double>(m.experts), k = static_cast<double>(m.top_k);
+  c.expert = mlp + mlp_bias;
+  c.expert_matmul = mlp;
+  c.router = E * h;
+  c.matmul_per_layer = attn + c.router + k * mlp;
+  c.per_layer = attn + attn_bias + c.router + E * c.expert + 2 * norm;
+  c.total = L * c.per_layer + ends;
+  c.active = L * (attn + attn_bias + c.router + k * c.expert + 2 * norm) + ends;
   return c;
+}
+
+int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor, int64_t experts) {
+  const double c = std::ceil(static_cast<double>(tokens) * static_cast<double>(top_k) * capacity_factor /
+                             static_cast<double>(experts));
+  return std::max<int64_t>(1, std::min<int64_t>(tokens, static_cast<int64_t>(c)));
 }
 
 double System::peak_for(const std::string& recipe) const {
@@ -204,7 +237,7 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
       fail(ptr, fmt::format("expected {}a number in [{:g}, {:g}], got {}", zero_ok ? "0 or " : "", lo, hi, v->dump()));
     return d;
   };
-  const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "send_recv"};
+  const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"};
   object(j, "", {"name", "_comment", "devices_per_node", "memory_gib", "reserved_gib", "peak_tflops", "gemm_efficiency",
                  "memory_bandwidth_gbps", "intra_node", "inter_node"});
   System s;
@@ -225,19 +258,24 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
   s.peak_fp8 = number("/peak_tflops/fp8", 1e-9, 1e6, true) * 1e12;
   s.gemm_efficiency = number("/gemm_efficiency", 1e-3, 1);
   s.memory_bandwidth = number("/memory_bandwidth_gbps", 1e-6, 1e6) * 1e9;
-  for (auto [name, link] : {std::pair<const char*, Link*>{"intra_node", &s.intra}, {"inter_node", &s.inter}}) {
-    const std::string lp = std::string("/") + name;
-    if (j.contains(name)) object(j[name], lp, ops);
-    for (auto [coll, c] : {std::pair<const char*, Collective*>{"all_reduce", &link->all_reduce},
-                           {"all_gather", &link->all_gather},
-                           {"reduce_scatter", &link->reduce_scatter},
-                           {"send_recv", &link->send_recv}}) {
-      const std::string base = fmt::format("{}/{}", lp, coll);
-      if (j.contains(name) && j[name].contains(coll)) object(j[name][coll], base, {"busbw_gbps", "latency_us"});
-      c->busbw = number(base + "/busbw_gbps", 1e-6, 1e6) * 1e9;
-      c->latency_s = number(base + "/latency_us", 0, 1e7) * 1e-6;
-    }
+  // the collectives of both links, then the all-to-all of both (added with expert parallelism: a
+  // file without it is named there, after the older fields)
+  const std::pair<const char*, Link*> links[] = {{"intra_node", &s.intra}, {"inter_node", &s.inter}};
+  auto collective = [&](const char* name, const char* coll, Collective* c) {
+    const std::string base = fmt::format("/{}/{}", name, coll);
+    if (j.contains(name) && j[name].is_object() && j[name].contains(coll))
+      object(j[name][coll], base, {"busbw_gbps", "latency_us"});
+    c->busbw = number(base + "/busbw_gbps", 1e-6, 1e6) * 1e9;
+    c->latency_s = number(base + "/latency_us", 0, 1e7) * 1e-6;
+  };
+  for (auto [name, link] : links) {
+    if (j.contains(name)) object(j[name], std::string("/") + name, ops);
+    collective(name, "all_reduce", &link->all_reduce);
+    collective(name, "all_gather", &link->all_gather);
+    collective(name, "reduce_scatter", &link->reduce_scatter);
+    collective(name, "send_recv", &link->send_recv);
   }
+  for (auto [name, link] : links) collective(name, "all_to_all", &link->all_to_all);
   if (s.reserved_bytes >= s.memory_bytes)
     fail("/reserved_gib", fmt::format("expected less than /memory_gib ({:g}), got {:g}", s.memory_bytes / kGiB,
                                       s.reserved_bytes / kGiB));
@@ -264,12 +302,60 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const int mb = static_cast<int>(e.microbatches);
   const double layers_per_stage = static_cast<double>(m.layers) / p;
   const double layers_per_chunk = layers_per_stage / v;
+  const double sp = l.sequence_parallel ? tp : 1.0;  // what sequence parallelism divides by
+
+  // ---- a mixture of experts with drop-and-pad (GShard, Switch; Megatron-core's capacity factor
+  // with moe_pad_expert_input_to_capacity; core/models/moe): per microbatch and layer a rank routes
+  // its s positions of b sequences (1/t of them under SP), n_route tokens; each expert takes cap of
+  // them, the rest are dropped and empty rows padded, so the buffer [E, cap, h] has E·cap rows
+  // whatever the routing. A device's E/ep experts receive cap rows from each of the ep ranks: E·cap
+  // rows, and under SP the t TP ranks' rows gathered for the expert-TP GEMMs (Megatron-core's
+  // all-to-all dispatcher), t·E·cap rows at f/t.
+  const bool moe = m.moe();
+  const double E = moe ? static_cast<double>(m.experts) : 0.0, k = moe ? static_cast<double>(m.top_k) : 0.0;
+  const double epd = static_cast<double>(l.ep);
+  const int64_t n_route_i = moe ? t.microbatch * (m.sequence / l.cp) / (l.sequence_parallel ? l.tp : 1) : 0;
+  const int64_t cap_i = moe ? expert_capacity(n_route_i, m.top_k, t.capacity_factor, m.experts) : 0;
+  const double n_route = static_cast<double>(n_route_i), cap = static_cast<double>(cap_i);
+  const double rows = E * cap;         // one routing group's buffer: E·cap rows
+  const double rows_dev = sp * rows;   // the rows of one device's expert GEMMs
+  // the ranks holding the same experts: Megatron-core's expert-data-parallel group, dp·cp/ep
+  const int64_t edp = l.dp * l.cp / l.ep;
+  if (moe) {
+    e.moe.push_back({"tokens routed", n_route,
+                     fmt::format("microbatch x s/cp{} = {:g} x {:g}{}: the tokens a rank routes per microbatch and layer",
+                                 l.sequence_parallel && l.tp > 1 ? " / t (sequence parallel)" : "", b, s,
+                                 l.sequence_parallel && l.tp > 1 ? fmt::format(" / {:g}", tp) : "")});
+    e.moe.push_back({"capacity", cap,
+                     fmt::format("min(n, ceil(n·k·cf/E)) = min({:g}, ceil({:g}·{:g}·{:g}/{:g})) rows per expert "
+                                 "(Megatron-core's get_capacity of n·k choices)", n_route, n_route, k, t.capacity_factor, E)});
+    e.moe.push_back({"expert rows", rows,
+                     "E·cap: the [E, cap, h] buffer each rank dispatches; the experts compute on these rows whatever "
+                     "the routing (drop-and-pad: the imbalance moves drops and padding, not compute)"});
+    e.moe.push_back({"padding, at least", std::max(0.0, 1 - n_route * k / rows),
+                     "1 - n·k/(E·cap): the buffer's rows no choice can fill (every choice kept)"});
+    e.moe.push_back({"dropped fraction, at least", std::max(0.0, 1 - rows / (n_route * k)),
+                     "1 - E·cap/(n·k): at most E·cap of the n·k choices are kept (perfectly balanced routing reaches it)"});
+    e.moe.push_back({"dropped fraction, at most", 1 - cap / n_route,
+                     "1 - cap/n: every token on the same k experts (router collapse), each keeping cap"});
+  }
 
   // ---- parameters on one device of the first and of the last stage
   // Matrices and column-parallel biases split over TP; norms and row-parallel biases replicated
   // (Megatron-LM's ColumnParallelLinear / RowParallelLinear); vocabulary-parallel embedding and head.
-  double layer_tp = pc.matmul_per_layer / tp + 2 * (m.rmsnorm ? h : 2 * h);
-  if (m.bias) layer_tp += (h + 2 * kv + (m.swiglu ? 2 * f : f)) / tp + 2 * h;
+  // With experts the block's dense part is the attention, the router (replicated over TP, as
+  // Megatron-core's TopKRouter and core/parallel/ep's TpMoeShards keep it) and the norms; each of
+  // the E/ep experts a device holds is split over TP as the dense MLP (expert TP = TP).
+  double layer_tp = 0, expert_tp = 0;
+  if (!moe) {
+    layer_tp = pc.matmul_per_layer / tp + 2 * (m.rmsnorm ? h : 2 * h);
+    if (m.bias) layer_tp += (h + 2 * kv + (m.swiglu ? 2 * f : f)) / tp + 2 * h;
+  } else {
+    layer_tp = (2 * h * h + 2 * h * kv) / tp + pc.router + 2 * (m.rmsnorm ? h : 2 * h);
+    if (m.bias) layer_tp += (h + 2 * kv) / tp + h;
+    expert_tp = E / epd * (pc.expert_matmul / tp + (m.bias ? (m.swiglu ? 2 * f : f) / tp + h : 0.0));
+  }
+  const double experts_dev = layers_per_stage * expert_tp;  // the experts' parameters on a device of any stage
   // One device holds both ends of the model with pp = 1 and under ZB-V's V (rank 0 runs the first
   // and the last chunk); there a tied head is the embedding itself. A tied head on a stage of its
   // own keeps a copy of the embedding (Megatron-LM's shared word embeddings).
@@ -295,16 +381,23 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const double score = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * S * b;
   // split by TP; all-gather CP keeps the gathered K and V of the other cp − 1 ranks for the backward
   const double kv_gathered = l.cp > 1 && l.cp_attention == "all_gather" ? 4 * (S - s) * b * kv : 0.0;
-  const double in_tp = 2 * sbh + 4 * s * b * kv + kv_gathered + 2 * sbh + (m.swiglu ? 6 : 4) * s * b * f;
+  // the MLP's activation (GELU input and output, or SwiGLU's gate, up and product) on the sb
+  // tokens; with experts on the rows of the device's expert GEMMs instead
+  const double mlp_rows = moe ? rows_dev : s * b;
+  const double in_tp = 2 * sbh + 4 * s * b * kv + kv_gathered + 2 * sbh + (m.swiglu ? 6 : 4) * mlp_rows * f;
   const double replicated = 2 * sbh + 2 * sbh + 4 * sbh + (m.dropout ? 2 * sbh : 0);  // inputs, norms, masks
+  // what an MoE layer keeps besides (core/models/moe's autograd, 2-byte elements): the dispatched
+  // buffer, the experts' input 2·rows·h (replicated over TP: the column-parallel input), and the
+  // combine's k gathered expert outputs per token 2·n·k·h; the router's fp32 probabilities 4·n·E
+  // (in bytes, whatever the recipe) are added after the scaling below
+  const double moe_kept = moe ? 2 * rows_dev * h + 2 * n_route * k * h : 0.0;
   double per_layer = 0;
   std::string act_formula;
-  const double sp = l.sequence_parallel ? tp : 1.0;
   if (t.recompute == "full") {
     per_layer = 2 * sbh / sp;
     act_formula = "full recompute: the layer input, 2sbh" + std::string(l.sequence_parallel ? "/t" : "");
   } else {
-    per_layer = in_tp / tp + replicated / sp;
+    per_layer = in_tp / tp + replicated / sp + moe_kept;
     act_formula = l.sequence_parallel ? "(34sbh" : "sbh(10 + 24/t";
     if (t.recompute == "none" && !t.flash_attention) {
       per_layer += score / tp;
@@ -318,8 +411,15 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     if (kv_gathered > 0) act_formula += " + the all-gathered K, V: 4(S - s)b·kv";
     act_formula += " (Korthikanti et al. 2022, Table 2; the shape's own terms)";
     if (l.cp > 1) act_formula += fmt::format(", s = S/cp = {:g} positions per device (context parallel)", s);
+    if (moe)
+      act_formula += fmt::format("; MoE: the experts' {}·rows·f/t on rows = {}E·cap = {:g} instead of the MLP's {}sbf/t, "
+                                 "+ the dispatched buffer 2·rows·h, the combine's 2·n·k·h, the router's fp32 "
+                                 "probabilities 4·n·E (n = {:g} tokens routed)",
+                                 m.swiglu ? 6 : 4, l.sequence_parallel && l.tp > 1 ? "t·" : "", rows_dev,
+                                 m.swiglu ? 6 : 4, n_route);
   }
   per_layer *= ab;
+  if (moe && t.recompute != "full") per_layer += 4 * n_route * E;
   std::vector<int> held(static_cast<std::size_t>(p), 1);
   if (p > 1) held = held_pairs(l.schedule, p, mb, v);
 
@@ -338,11 +438,33 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     mem.push_back({"optimizer states", ms.optimizer,
                    fmt::format("{}: {} B/param{}", t.optimizer, sb.optimizer,
                                l.zero >= 1 ? fmt::format(" / {} (ZeRO-1)", over) : "")});
+    if (moe) {
+      // the dense parameters above; the E/ep experts of every block here, their states sharded
+      // over the expert-data-parallel group (Megatron-core's distributed optimizer over it)
+      for (std::size_t i = 0; i < 4; ++i) mem[mem.size() - 4 + i].formula += " (the dense parameters)";
+      const ModelStates xs = model_states(experts_dev, t, l.zero, edp);
+      const std::string eover = l.cp > 1 ? "dp·cp/ep" : "dp/ep";
+      const std::string held_s =
+          fmt::format("{:g} layers x {:g}/{} experts x {:g} params{}", layers_per_stage, E, l.ep,
+                      pc.expert_matmul / tp + (m.bias ? (m.swiglu ? 2 * f : f) / tp + h : 0.0),
+                      l.tp > 1 ? " (matrices and column-parallel biases / t: expert TP = TP)" : "");
+      mem.push_back({"expert weights", xs.weights,
+                     fmt::format("{} B/param of {}{}", sb.weights, held_s,
+                                 l.zero >= 3 ? fmt::format(" / {} (ZeRO-3)", eover) : "")});
+      mem.push_back({"expert gradients", xs.gradients,
+                     fmt::format("{} B/param{}", sb.grads, l.zero >= 2 ? fmt::format(" / {} (ZeRO-2)", eover) : "")});
+      mem.push_back({"expert master weights", xs.master,
+                     sb.master > 0 ? fmt::format("fp32 copy, 4 B/param{}", l.zero >= 1 ? fmt::format(" / {} (ZeRO-1)", eover) : "")
+                                   : std::string("none: the weights are fp32")});
+      mem.push_back({"expert optimizer states", xs.optimizer,
+                     fmt::format("{}: {} B/param{}", t.optimizer, sb.optimizer,
+                                 l.zero >= 1 ? fmt::format(" / {} (ZeRO-1)", eover) : "")});
+    }
     if (is_fp8(t.recipe)) {
       // the GEMMs read an fp8 copy of each weight matrix; MX keeps a row- and a column-wise one
       const double copies = t.recipe == "mxfp8" ? 2.0 : 1.0;
       const double scale = t.recipe == "mxfp8" ? 1.0 / 32 : t.recipe == "fp8-blockwise" ? 4.0 / (128 * 128) : 0.0;
-      const double matmul = (params - (is_first ? emb_tp + pc.positions : 0) - (is_last ? head_tp : 0));
+      const double matmul = (params + experts_dev - (is_first ? emb_tp + pc.positions : 0) - (is_last ? head_tp : 0));
       mem.push_back({"fp8 weight copies", std::max(0.0, matmul) * copies * (1 + scale),
                      fmt::format("1 B/param of the block matrices{}{}", copies > 1 ? " x2 (row- and column-wise)" : "",
                                  scale > 0 ? fmt::format(" + scales ({:g} B/param)", scale) : "")});
@@ -355,7 +477,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     double comm = 0;
     std::vector<std::string> parts;
     if (l.zero == 3 && l.dp > 1) {
-      comm += 2 * layer_tp * sb.weights;
+      comm += 2 * (layer_tp + (edp > 1 ? expert_tp : 0.0)) * sb.weights;
       parts.push_back("ZeRO-3: two gathered layers (the one computing, the one prefetched)");
     }
     if (l.sequence_parallel && l.tp > 1) {
@@ -393,29 +515,41 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // GEMMs and 4sh for attention's two batched products; logits 2Vh. Backward twice the forward.
   // Per microbatch of whole sequences; under CP each device does 1/cp of it (the balanced split
   // gives every rank the same causal share).
+  // With experts the model FLOPs count each token's k experts and the router (the active
+  // parameters); the device computes every expert on its E·cap padded rows: per microbatch the
+  // cp·(t under SP) routing groups' E·cap rows each, cf·k times a dense MLP's tokens (up to the
+  // ceiling and the cap at n), whatever the imbalance (drop-and-pad). The hardware FLOPs and the
+  // compute time count those.
   const double tokens_mb = b * S;
   const double fwd_layer = 2 * pc.matmul_per_layer * tokens_mb + 4 * b * S * S * h;
+  const double fwd_layer_hw =
+      !moe ? fwd_layer
+           : 2 * (pc.matmul_per_layer - k * pc.expert_matmul) * tokens_mb +
+                 2 * pc.expert_matmul * rows * (tokens_mb / n_route) + 4 * b * S * S * h;
   const double fwd_logits = 2 * V * h * tokens_mb;
   double recompute_layer = 0;
-  if (t.recompute == "full") recompute_layer = fwd_layer;
+  if (t.recompute == "full") recompute_layer = fwd_layer_hw;
   if (t.recompute == "selective") recompute_layer = 4 * b * S * S * h;
   const double samples = static_cast<double>(t.global_batch);
   e.model_flops = 3 * (static_cast<double>(m.layers) * fwd_layer + fwd_logits) * samples / b;
-  e.hardware_flops = e.model_flops + static_cast<double>(m.layers) * recompute_layer * samples / b;
+  e.hardware_flops = 3 * (static_cast<double>(m.layers) * fwd_layer_hw + fwd_logits) * samples / b +
+                     static_cast<double>(m.layers) * recompute_layer * samples / b;
 
   // ---- time per microbatch on the slowest stage (the last: its layers and the logits)
   const double rate = peak * sys.gemm_efficiency;
-  const double fwd_stage = (layers_per_stage * fwd_layer + fwd_logits) / tp / cpd;
+  const double fwd_stage = (layers_per_stage * fwd_layer_hw + fwd_logits) / tp / cpd;
   // Elementwise kernels, memory-bound: per layer and forward, in element passes (each element read
   // or written once is a pass): the attention scores a·s²·b/t (scale-mask-softmax: read, write;
   // dropout: read, write, mask) unless fused (FlashAttention); the MLP's f-wide activation (GELU
   // or SwiGLU: read, write, bias) sbf/t; the h-wide tensors sbh (two norms: read, write; two
-  // residual adds: 2 reads, 1 write; two dropouts: read, write, mask), split by t with SP. The
-  // backward streams twice the forward's bytes; a full recompute adds a forward, a selective one
-  // the scores' passes again.
+  // residual adds: 2 reads, 1 write; two dropouts: read, write, mask), split by t with SP. With
+  // experts the f-wide activation is on the device's expert rows, and the [E, cap, h] buffer is
+  // written by the dispatch and read by the combine (2 passes). The backward streams twice the
+  // forward's bytes; a full recompute adds a forward, a selective one the scores' passes again.
   const double eb = act_bytes_per_element(t.recipe);
   const double score_bytes = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * S * b / tp * eb;
-  const double other_bytes = (3.0 * s * b * f / tp + (m.dropout ? 16.0 : 10.0) * sbh / sp) * eb;
+  const double other_bytes =
+      (3.0 * mlp_rows * f / tp + (m.dropout ? 16.0 : 10.0) * sbh / sp + (moe ? 2.0 * rows * h : 0.0)) * eb;
   const double mem_fwd = layers_per_stage * (score_bytes + other_bytes) / sys.memory_bandwidth;
   const double mem_recompute = t.recompute == "full" ? mem_fwd
                                : t.recompute == "selective" ? layers_per_stage * score_bytes / sys.memory_bandwidth
@@ -437,8 +571,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                        : coll == "send" ? calls * send_s(lk.send_recv, bytes_each)
                        : coll == "all_reduce" ? calls * collective_s(lk.all_reduce, bytes_each, n, 2)
                        : coll == "all_gather" ? calls * collective_s(lk.all_gather, bytes_each, n, 1)
-                       // an all-to-all sends (n − 1)/n of its input, as an all-gather of its output (nccl-tests' busbw)
-                       : coll == "all_to_all" ? calls * collective_s(lk.all_gather, bytes_each, n, 1)
+                       // an all-to-all sends (n − 1)/n of its input (nccl-tests' alltoall busbw)
+                       : coll == "all_to_all" ? calls * collective_s(lk.all_to_all, bytes_each, n, 1)
                                               : calls * collective_s(lk.reduce_scatter, bytes_each, n, 1);
     auto it = std::find_if(e.comm.begin(), e.comm.end(),
                            [&](const CommTerm& c) { return c.group == group && c.collective == coll; });
@@ -461,7 +595,54 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // learned positions: then it all-reduces and keeps its sequence shard, and its backward
   // all-gathers (Megatron-core's LanguageModelEmbedding). A full recompute runs the forward's
   // collectives again.
-  if (l.tp > 1) {
+  // With experts (expert TP = TP) the MLP's collectives carry the device's expert rows, rows·h
+  // instead of sbh: without SP the experts' row-parallel outputs all-reduced forward and their
+  // column-parallel inputs' gradients backward (core/parallel/ep's TpMoeShards, one per expert of
+  // ep·cap rows: E·cap·h per layer); with SP Megatron-core's all-to-all dispatcher all-gathers the
+  // received rows over TP and reduce-scatters the outputs (t·E·cap·h), the backward the reverse,
+  // and no re-gather of the experts' input (it keeps the gathered rows: the activations above).
+  if (l.tp > 1 && moe) {
+    const Link& lk = link_for(sys, l.tp, 1);
+    const double msg = sbh * eb, xmsg = rows_dev * h * eb, ce = 4 * s * b, Ls = layers_per_stage,
+                 emb = both_ends ? 1.0 : 0.0;
+    const double emb_rs = m.learned_positions ? 0.0 : emb, emb_ar = m.learned_positions ? emb : 0.0;
+    const double again = t.recompute == "full" ? Ls : 0.0;  // per layer and half (attention or experts)
+    const std::string emb_s = both_ends ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 1 per layer to recompute" : "";
+    const std::string xs = l.sequence_parallel ? "t·E·cap·h" : "E·cap·h";
+    if (!l.sequence_parallel) {
+      tp_fwd += add_comm("tp", "all_reduce", mbd * (Ls + emb), msg, lk, l.tp,
+                         fmt::format("sbh: 1 per layer forward (attention){}", emb_s)) / mbd;
+      tp_fwd += add_comm("tp", "all_reduce", mbd * Ls, xmsg, lk, l.tp,
+                         xs + ": the experts' outputs, 1 per layer forward") / mbd;
+      tp_bwd += add_comm("tp", "all_reduce", mbd * (Ls + 1 + again), msg, lk, l.tp,
+                         fmt::format("sbh: 1 per layer backward (attention), 1 before the head{}", rc_s)) / mbd;
+      tp_bwd += add_comm("tp", "all_reduce", mbd * (Ls + again), xmsg, lk, l.tp,
+                         fmt::format("{}: the experts' input gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
+    } else {
+      tp_fwd += add_comm("tp", "all_gather", mbd * (Ls + 1), msg, lk, l.tp, "sbh: 1 per layer forward (attention), 1 before the head") / mbd;
+      tp_fwd += add_comm("tp", "all_gather", mbd * Ls, xmsg, lk, l.tp, xs + ": the received rows, 1 per layer forward") / mbd;
+      tp_fwd += add_comm("tp", "reduce_scatter", mbd * (Ls + emb_rs), msg, lk, l.tp,
+                         fmt::format("sbh: 1 per layer forward (attention){}", emb_rs > 0 ? emb_s : "")) / mbd;
+      tp_fwd += add_comm("tp", "reduce_scatter", mbd * Ls, xmsg, lk, l.tp, xs + ": the experts' outputs, 1 per layer forward") / mbd;
+      tp_fwd += add_comm("tp", "all_reduce", mbd * emb_ar, msg, lk, l.tp,
+                         "sbh: 1 after the embedding (learned positions: all-reduced, then split)") / mbd;
+      tp_bwd += add_comm("tp", "all_gather", mbd * (2 * Ls + 1 + emb + again), msg, lk, l.tp,
+                         fmt::format("1 per layer backward, 1 per layer + 1 re-gathering the GEMM inputs{}{}",
+                                     both_ends ? ", 1 for the embedding" : "", rc_s)) / mbd;
+      tp_bwd += add_comm("tp", "all_gather", mbd * (Ls + again), xmsg, lk, l.tp,
+                         fmt::format("{}: the outputs' gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
+      tp_bwd += add_comm("tp", "reduce_scatter", mbd * (Ls + 1 + again), msg, lk, l.tp,
+                         fmt::format("1 per layer backward, 1 after the head{}", rc_s)) / mbd;
+      tp_bwd += add_comm("tp", "reduce_scatter", mbd * (Ls + again), xmsg, lk, l.tp,
+                         fmt::format("{}: the received rows' gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
+      // the norms, the attention's row-parallel bias and the router see 1/t of the tokens
+      const double sp_params = Ls * (2 * (m.rmsnorm ? h : 2 * h) + (m.bias ? h : 0.0) + pc.router) + pc.final_norm;
+      tp_step += add_comm("tp", "all_reduce", 1, sp_params * sb.grads, lk, l.tp,
+                          "once per step: the norms', the attention's row-parallel bias' and the router's gradients "
+                          "(sequence parallel)");
+    }
+    tp_fwd += add_comm("tp", "all_reduce", mbd * 3, ce, lk, l.tp, "3 x 4sb: the vocabulary-parallel cross-entropy") / mbd;
+  } else if (l.tp > 1) {
     const Link& lk = link_for(sys, l.tp, 1);
     const double msg = sbh * eb, ce = 4 * s * b, Ls = layers_per_stage, emb = both_ends ? 1.0 : 0.0;
     const double emb_rs = m.learned_positions ? 0.0 : emb, emb_ar = m.learned_positions ? emb : 0.0;
@@ -518,7 +699,24 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
       cp_bwd += add_comm("cp", "all_to_all", 2 * bw, kvb, lk, n, "dk and dv, per layer backward") / mbd;
     }
   }
-  double f_op = t_f + tp_fwd + cp_fwd, bw_op = t_bw + tp_bwd + cp_bwd;
+  // EP (core/parallel/ep, `mpt expertparallel`; Megatron-core's MoEAlltoAllTokenDispatcher with
+  // the buffers padded to the capacity): per MoE layer and microbatch the [E, cap, h] buffer goes
+  // out to the experts' owners (dispatch) and comes back (combine), and their gradients the same
+  // way backward: 4 all-to-alls of E·cap·h elements each (the payload every rank hands its group;
+  // (ep − 1)/ep of it leaves the rank). Without SP every TP rank exchanges its own copy of the same
+  // tokens. A full recompute runs the forward's two again. Not overlapped with the experts.
+  double ep_fwd = 0, ep_bwd = 0;
+  if (moe && l.ep > 1) {
+    // the EP group: the same TP and CP coordinates, consecutive DP ones (tp·cp ranks apart)
+    const Link& lk = link_for(sys, l.ep, l.tp * l.cp);
+    const double Ls = layers_per_stage, buf = rows * h * eb;
+    const double fw = mbd * Ls * (t.recompute == "full" ? 2.0 : 1.0), bw = mbd * Ls;
+    ep_fwd += add_comm("ep", "all_to_all", 2 * fw, buf, lk, l.ep,
+                       fmt::format("E·cap·h = {:g}·{:g}·{:g}: dispatch and combine, per layer forward{}", E, cap, h,
+                                   t.recompute == "full" ? " (and again to recompute)" : "")) / mbd;
+    ep_bwd += add_comm("ep", "all_to_all", 2 * bw, buf, lk, l.ep, "their gradients, per layer backward") / mbd;
+  }
+  double f_op = t_f + tp_fwd + cp_fwd + ep_fwd, bw_op = t_bw + tp_bwd + cp_bwd + ep_bwd;
   // the bubble: the schedule's idle time per stage (core/pipeline's bubble_time_theory), B and W
   // each half of the backward; ZB-V's closed form wants F = B = W: a third of the microbatch each
   double idle = 0;
@@ -586,6 +784,25 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                                    : "the updated weights, once per step");
     }
   }
+  // The experts' gradients, as the dense ones above but over the expert-data-parallel group of the
+  // dp·cp/ep ranks holding the same experts (Megatron-core's expert_data_parallel group; `mpt
+  // expertparallel`'s mesh "edp"): nothing to reduce when dp·cp/ep = 1. Its members:
+  // every CP coordinate, DP coordinates ep apart (ranks tp fastest, then cp, then dp).
+  if (moe && edp > 1) {
+    const int64_t span = l.tp * ((l.cp - 1) + l.cp * (l.dp / l.ep - 1) * l.ep) + 1;
+    const Link& lk = span <= sys.devices_per_node ? sys.intra : sys.inter;
+    const double g = experts_dev * sb.grads, w = experts_dev * sb.weights;
+    if (l.zero == 0) {
+      t_dp += add_comm("edp", "all_reduce", 1, g, lk, edp, "the experts' gradients, once per step");
+    } else {
+      t_dp += add_comm("edp", "reduce_scatter", l.zero >= 2 ? mbd : 1.0, g, lk, edp,
+                       l.zero >= 2 ? "the experts' gradients, every microbatch (only a shard is kept)"
+                                   : "the experts' gradients, once per step");
+      t_dp += add_comm("edp", "all_gather", l.zero == 3 ? 2 * mbd : 1.0, w, lk, edp,
+                       l.zero == 3 ? "the experts' weights, for every microbatch's forward and backward"
+                                   : "the experts' updated weights, once per step");
+    }
+  }
   // overlap: ZeRO 0-2 reduce during the last microbatch's backward (ZeRO-2's earlier ones during
   // theirs); ZeRO-3 gathers ahead of compute
   const double hide = !l.overlap_dp ? 0.0 : l.zero == 3 ? mb * (t_f + t_bw) : l.zero == 2 ? mb * t_bw : t_bw;
@@ -593,16 +810,20 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // optimizer: an elementwise pass reading and writing every state of this device once
   double state = 0;
   for (const auto& term : e.memory)
-    if (term.name == "weights" || term.name == "gradients" || term.name == "master weights" ||
-        term.name == "optimizer states")
-      state += term.value;
+    for (const char* name : {"weights", "gradients", "master weights", "optimizer states"})
+      if (term.name == name || term.name == std::string("expert ") + name) state += term.value;
   const double t_opt = 2 * state / sys.memory_bandwidth;
 
-  e.time.push_back({"compute", mb * (t_f + t_bw - t_mem),
-                    fmt::format("{:.3g} GFLOP per microbatch on the slowest stage at {:.0f}% of {:.4g} TFLOP/s, x{} "
-                                "microbatches",
-                                (fwd_stage * 3 + layers_per_stage * recompute_layer / tp) / 1e9,
-                                sys.gemm_efficiency * 100, peak / 1e12, mb)});
+  std::string compute_formula =
+      fmt::format("{:.3g} GFLOP per microbatch on the slowest stage at {:.0f}% of {:.4g} TFLOP/s, x{} microbatches",
+                  (fwd_stage * 3 + layers_per_stage * recompute_layer / tp) / 1e9, sys.gemm_efficiency * 100,
+                  peak / 1e12, mb);
+  if (moe)
+    compute_formula += fmt::format("; the experts' GEMMs on E·cap = {:g} padded rows per {:g} tokens routed (cf·k = "
+                                   "{:g} times a dense MLP's tokens; drop-and-pad: fixed by the capacity, whatever "
+                                   "the routing's imbalance, which moves only the drops and the padding)",
+                                   rows, n_route, rows / n_route);
+  e.time.push_back({"compute", mb * (t_f + t_bw - t_mem), compute_formula});
   e.time.push_back({"elementwise", mb * t_mem,
                     fmt::format("{:.3g} GB per microbatch at {:.0f} GB/s: norms, activations, residuals{}{}",
                                 t_mem * sys.memory_bandwidth / 1e9, sys.memory_bandwidth / 1e9,
@@ -610,13 +831,17 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   e.time.push_back({"tp collectives", mb * (tp_fwd + tp_bwd) + tp_step,
                     l.tp > 1 ? fmt::format("{} per layer per microbatch{}, the embedding's, head's and cross-entropy's "
                                            "(communication table)",
-                                           l.sequence_parallel ? "6 AG + 4 RS" : "4 all-reduces",
+                                           l.sequence_parallel ? (moe ? "5 AG + 4 RS" : "6 AG + 4 RS") : "4 all-reduces",
                                            t.recompute == "full" ? " (+2 to recompute)" : "")
                              : std::string("none (tp = 1)")});
   if (l.cp > 1)  // a row only for a CP layout: the time tables of the others stay as they were
     e.time.push_back({"cp communication", mb * (cp_fwd + cp_bwd),
                       fmt::format("{} over cp = {} ranks, per layer per microbatch (communication table), not overlapped",
                                   l.cp_attention, l.cp)});
+  if (moe && l.ep > 1)  // a row only for an expert-parallel layout
+    e.time.push_back({"ep all-to-all", mb * (ep_fwd + ep_bwd),
+                      fmt::format("4 per layer per microbatch of the [E, cap, h] buffer over ep = {} ranks, (ep - 1)/ep "
+                                  "of it sent (communication table), not overlapped", l.ep)});
   e.time.push_back({"bubble", idle,
                     p > 1 ? fmt::format("{} idle time (core/pipeline bubble_time_theory), {:.1f}% of the pipeline",
                                         l.schedule, e.bubble_fraction * 100)

@@ -14,9 +14,11 @@ namespace mpt::plan {
 /// Bytes in a GiB (2^30): the unit of memory_gib and of the tables.
 inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-/// A dense decoder-only transformer's shape. GPT-style (LayerNorm, GELU MLP with ffn = 4·hidden,
+/// A decoder-only transformer's shape. GPT-style (LayerNorm, GELU MLP with ffn = 4·hidden,
 /// biases, learned positions, dropout) or Llama-style (RMSNorm, SwiGLU, no biases, RoPE, grouped
-/// K/V heads, no dropout).
+/// K/V heads, no dropout); dense, or a mixture of experts: every block's MLP a set of `experts`
+/// MLPs of the dense one's shape (ffn wide, its biases) and a router of E·h weights without a bias,
+/// each token through `top_k` of them (Switch, GShard, Mixtral; core/models/moe).
 struct ModelShape {
   std::string name;          ///< the preset's name, or "custom"
   int64_t layers = 0;        ///< transformer blocks L
@@ -32,19 +34,34 @@ struct ModelShape {
   bool learned_positions = true;  ///< a learned s·h position table (GPT-2/3); false: RoPE, no parameters
   bool tied = false;         ///< the output head shares the token embedding
   bool dropout = true;       ///< dropout masks are stored (Korthikanti et al. 2022 count them)
+  int64_t experts = 0;       ///< E experts per block's MLP; 0 or 1: dense (one MLP, no router)
+  int64_t top_k = 0;         ///< k experts per token, 1 ≤ k ≤ E (ignored when dense)
+  /// Whether every block's MLP is a mixture of experts (E > 1).
+  bool moe() const { return experts > 1; }
 };
 
 /// Every preset, by name: "gpt3-175b" (Brown et al. 2020, Table 2.1), "llama3-8b", "llama3-70b",
 /// "llama3-405b" (Llama 3 paper, Table 3; Meta's config.json), "megatron-1t" (Narayanan et al.
-/// 2021, Table 1's last row), "mpt-gpt" (mpt's own tiny GPT, core/models/gpt's defaults).
+/// 2021, Table 1's last row), "mixtral-8x7b" (Jiang et al. 2024, Table 1: 32 layers, h 4096, 32
+/// heads / 8 K/V, SwiGLU experts of 14336, V 32000, 32768 tokens, 8 experts, top-2; Hugging Face's
+/// MixtralConfig for mistralai/Mixtral-8x7B-v0.1: RMSNorm, no biases, router without a bias,
+/// RoPE, untied), "mpt-gpt" (mpt's own tiny GPT, core/models/gpt's defaults) and "mpt-moe" (mpt's
+/// own MoE GPT, `mpt expertparallel`'s defaults: the tiny GPT of 2 layers, width 64, context 32,
+/// 8 experts of 128, top-2).
 const std::vector<ModelShape>& presets();
 /// The preset named `name`; throws std::invalid_argument for an unknown name.
 const ModelShape& preset(const std::string& name);
 
 /// Parameters of a model (counts, not bytes).
 struct ParamCounts {
-  double per_layer = 0;   ///< one block: attention, MLP, two norms
-  double matmul_per_layer = 0;  ///< the block's matrix weights (the GEMM FLOPs count these)
+  double per_layer = 0;   ///< one block: attention, MLP (every expert and the router), two norms
+  /// The matrix weights a token's GEMMs pass through in one block (the model FLOPs count these):
+  /// attention and MLP; with experts attention, the router (E·h) and k experts (the active ones).
+  double matmul_per_layer = 0;
+  double expert = 0;      ///< one expert (= the dense MLP): its matrices and biases; 0 when dense
+  double expert_matmul = 0;  ///< one expert's matrices, 2hf (GELU) or 3hf (SwiGLU); 0 when dense
+  double router = 0;      ///< E·h per block (no bias); 0 when dense
+  double active = 0;      ///< total with k experts per block instead of E (Mixtral's "active parameters")
   double embedding = 0;   ///< V·h token table
   double positions = 0;   ///< s·h for learned positions, else 0
   double head = 0;        ///< V·h output projection when untied, else 0
@@ -52,7 +69,13 @@ struct ParamCounts {
   double total = 0;
 };
 /// Counts every weight and bias; for GPT-3 175B 174.6e9 (Megatron's 12·l·h²(1 + 13/12h + (V + s)/12lh)).
+/// With experts each block holds E experts and the router: Mixtral 8x7B 46,702,792,704 (12.9e9 active).
 ParamCounts count_params(const ModelShape& m);
+
+/// Tokens one expert computes from a group of `tokens` (the tokens a rank routes per microbatch
+/// and layer) with drop-and-pad: min(tokens, ⌈tokens·k·cf/E⌉), at least 1 — Megatron-core's
+/// get_capacity of tokens·k choices, core/models/moe's `capacity` (the ceiling of the float64 product).
+int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor, int64_t experts);
 
 /// What is trained and how.
 struct Training {
@@ -64,6 +87,11 @@ struct Training {
   bool flash_attention = true;  ///< attention as one fused kernel (FlashAttention): no s² scores stored or streamed
   bool fp32_grads = false;    ///< gradients accumulated in fp32 (Megatron's main_grad) rather than in the weights' format
   double tokens = 0;          ///< tokens to train on, for the time-to-train line
+  /// Mixture of experts, drop-and-pad (GShard, Switch; Megatron-core's moe_expert_capacity_factor with
+  /// moe_pad_expert_input_to_capacity): each expert computes expert_capacity(tokens) rows per
+  /// microbatch, layer and rank, tokens = microbatch·s/cp (/t under sequence parallelism) the
+  /// tokens that rank routes; choices beyond it are dropped, empty rows padded. Unused when dense.
+  double capacity_factor = 1.25;
 };
 
 /// How the devices are used. Ranks are ordered tp fastest, then dp, then pp (Megatron-LM's order).
@@ -85,6 +113,14 @@ struct Layout {
   /// shards, over the dp·cp ranks (Megatron's data-parallel group with context parallelism).
   int64_t cp = 1;
   std::string cp_attention = "ring";
+  /// Expert parallelism (core/parallel/ep; Megatron-core's expert_model_parallel_size): the E
+  /// experts of every block split over ep ranks carved out of the dp data-parallel ones (ep
+  /// divides dp and E: no devices of its own), each holding E/ep experts (their tensor
+  /// parallelism = tp, Megatron-core's default expert_tensor_parallel_size) and reaching the
+  /// others by all-to-all. The experts' gradients are reduced, and ZeRO shards them, over the
+  /// expert-data-parallel group of dp·cp/ep ranks holding the same experts.
+  int64_t ep = 1;
+  /// Devices of the layout: dp·cp·tp·pp (ep lies inside dp).
   int64_t devices() const { return dp * cp * tp * pp; }
 };
 
@@ -93,9 +129,10 @@ struct Collective {
   double busbw = 0;
   double latency_s = 0;
 };
-/// The collectives of one kind of link (within a node, or across nodes).
+/// The collectives of one kind of link (within a node, or across nodes). all_to_all's busbw is
+/// nccl-tests' alltoall_perf's: the per-rank buffer × (n − 1)/n / time.
 struct Link {
-  Collective all_reduce, all_gather, reduce_scatter, send_recv;
+  Collective all_reduce, all_gather, reduce_scatter, send_recv, all_to_all;
 };
 /// A machine: configs/systems/<name>.json.
 struct System {
@@ -137,11 +174,12 @@ struct Term {
 
 /// One kind of collective on one process group, per step, on the device whose time is modelled
 /// (the last pipeline stage's; under ZB-V rank 0, which runs the first and the last chunk): payload as nccl-tests' "size" and mpt's dist::Group counters
-/// count it (the all-reduce's buffer, the all-gather's output, the reduce-scatter's input, a
-/// send's message).
+/// count it (the all-reduce's buffer, the all-gather's output, the reduce-scatter's input, the
+/// all-to-all's input, a send's message).
 struct CommTerm {
-  std::string group;       ///< "tp", "pp", "dp" or "embedding" (tied weights on the first and last stage)
-  std::string collective;  ///< "all_reduce", "all_gather", "reduce_scatter" or "send"
+  std::string group;       ///< "tp", "cp", "pp", "dp", "ep" (experts' all-to-alls), "edp" (the experts'
+                           ///< gradients over the expert-data-parallel group) or "embedding" (tied weights)
+  std::string collective;  ///< "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send" or "recv"
   double calls = 0;        ///< per step
   double bytes = 0;        ///< payload per step, summed over the calls
   double seconds = 0;      ///< latency per call + payload x the ring's factor / busbw, before any overlap
@@ -166,10 +204,16 @@ struct Estimate {
   double flops_per_device = 0;  ///< hardware_flops / (step_s · devices): "achieved FLOP/s per GPU"
   double time_to_train_s = 0; ///< Training::tokens / tokens_per_s
   int64_t microbatches = 0;   ///< per replica per step
+  /// A mixture of experts per microbatch, layer and rank (empty when dense): "tokens routed",
+  /// "capacity", "expert rows" (E·cap), "padding" (the share of E·cap no token fills when every
+  /// choice is kept), "dropped fraction, at least" 1 − E·cap/(tokens·k) and "dropped fraction, at
+  /// most" 1 − cap/tokens (every token on the same k experts).
+  std::vector<Term> moe;
 };
 
 /// "" when `layout` can run `m` with `t`, else why not, naming the config keys (heads % tp,
-/// kv_heads % tp, layers % (pp·v), global_batch % (dp·microbatch), the schedule's own rules).
+/// kv_heads % tp, layers % (pp·v), global_batch % (dp·microbatch), the schedule's own rules; with
+/// experts k in [1, E], a capacity factor > 0, ep dividing dp and E; ep > 1 only with experts).
 std::string layout_error(const ModelShape& m, const Training& t, const Layout& l);
 
 /// The estimate of `layout` (valid: layout_error is ""). Memory per term (docs/plan.md):
@@ -180,6 +224,10 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
 /// communication buffers and the system's reserve. Time: GEMM FLOPs at the system's peak times
 /// its efficiency, TP collectives per layer, pipeline send/recv, the schedule's idle time
 /// (bubble_time_theory), the exposed DP/ZeRO collectives and the optimizer's memory traffic.
+/// With experts: the E/ep experts' model states on their own rows ("expert weights", ...; ZeRO
+/// and the gradient reduction over the dp·cp/ep expert-data-parallel ranks), the MoE layer's
+/// activations and GEMMs on the E·cap padded rows, 4 all-to-alls of the [E, cap, h] buffer per
+/// layer and microbatch over ep ranks (group "ep"), and `moe`'s routing bounds.
 /// Throws std::invalid_argument when the system has no peak for the recipe's format.
 Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const System& s);
 
@@ -192,7 +240,8 @@ struct Candidate {
 };
 /// Every layout of `devices` devices: dp·tp·pp = devices, tp a divisor of the heads and within
 /// a node, microbatch 1, 2, 4, 8 (dividing the replica's batch), ZeRO 0-3, recompute none,
-/// selective, full; the schedule, virtual stages, sequence parallelism and overlap of `base`.
+/// selective, full, and with experts every ep dividing dp and E (else ep = 1); the schedule,
+/// virtual stages, sequence parallelism and overlap of `base`; cp = 1.
 /// Sorted: fitting layouts by step time, then the rest by how far they miss.
 std::vector<Candidate> search(const ModelShape& m, const Training& t, const Layout& base, const System& s,
                               int64_t devices);

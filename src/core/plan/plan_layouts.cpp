@@ -3,6 +3,7 @@
 #include "core/plan/plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -12,8 +13,21 @@
 namespace mpt::plan {
 
 std::string layout_error(const ModelShape& m, const Training& t, const Layout& l) {
-  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.cp < 1)
-    return "/layout/dp, /layout/tp, /layout/pp, /layout/cp and /layout/virtual_stages must be >= 1";
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.cp < 1 || l.ep < 1)
+    return "/layout/dp, /layout/tp, /layout/pp, /layout/cp, /layout/ep and /layout/virtual_stages must be >= 1";
+  if (m.experts < 0) return fmt::format("/model/experts = {}: expected 0 or 1 (dense) or more experts", m.experts);
+  if (m.moe() && (m.top_k < 1 || m.top_k > m.experts))
+    return fmt::format("/model/top_k = {}: expected 1 .. /model/experts = {} (each token's experts)", m.top_k, m.experts);
+  if (m.moe() && !(std::isfinite(t.capacity_factor) && t.capacity_factor > 0))
+    return fmt::format("/train/capacity_factor = {:g}: expected a finite number > 0", t.capacity_factor);
+  if (l.ep > 1 && !m.moe())
+    return fmt::format("/layout/ep = {}: expert parallelism needs a mixture of experts (/model/experts > 1)", l.ep);
+  if (l.dp % l.ep != 0)
+    return fmt::format("/layout/ep = {} does not divide /layout/dp = {} (expert parallelism is carved out of the "
+                       "data-parallel ranks, as in Megatron-core)", l.ep, l.dp);
+  if (m.moe() && m.experts % l.ep != 0)
+    return fmt::format("/model/experts = {} is not a multiple of /layout/ep = {} (each EP rank holds E/ep experts)",
+                       m.experts, l.ep);
   if (l.cp_attention != "ring" && l.cp_attention != "all_gather" && l.cp_attention != "ulysses")
     return fmt::format("/layout/cp_attention = \"{}\": expected ring, all_gather or ulysses", l.cp_attention);
   if (l.cp > 1 && m.sequence % (2 * l.cp) != 0)
@@ -41,7 +55,8 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
                      : fmt::format("/model/sequence / /layout/cp = {} is not a multiple of /layout/tp = {} (sequence "
                                    "parallelism splits each CP rank's positions over the TP ranks)", m.sequence / l.cp, l.tp);
   if (m.ffn % l.tp != 0)
-    return fmt::format("/model/ffn = {} is not a multiple of /layout/tp = {}", m.ffn, l.tp);
+    return fmt::format("/model/ffn = {} is not a multiple of /layout/tp = {}{}", m.ffn, l.tp,
+                       m.moe() ? " (each expert is split over TP: expert TP = TP)" : "");
   if (m.layers % (l.pp * l.virtual_stages) != 0)
     return fmt::format("/model/layers = {} is not a multiple of /layout/pp · /layout/virtual_stages = {} · {}",
                        m.layers, l.pp, l.virtual_stages);
@@ -94,30 +109,38 @@ std::vector<Candidate> search(const ModelShape& m, const Training& t, const Layo
     for (int64_t pp = 1; pp <= devices / tp; ++pp) {
       if ((devices / tp) % pp != 0) continue;
       const int64_t dp = devices / tp / pp;
-      for (int64_t micro : {1, 2, 4, 8}) {
-        for (int zero = 0; zero <= 3; ++zero) {
-          for (const char* rc : {"none", "selective", "full"}) {
-            Candidate c;
-            c.layout = base;
-            c.layout.dp = dp;
-            c.layout.tp = tp;
-            c.layout.pp = pp;
-            c.layout.cp = 1;  // the search ranks dp x tp x pp layouts; a CP layout is planned on its own
-            c.layout.zero = zero;
-            c.layout.sequence_parallel = base.sequence_parallel && tp > 1;
-            if (pp == 1) c.layout.virtual_stages = 1;
-            c.training = t;
-            c.training.microbatch = micro;
-            c.training.recompute = rc;
-            c.rejected = layout_error(m, c.training, c.layout);
-            if (c.rejected.empty()) {
-              c.est = estimate(m, c.training, c.layout, sys);
-              if (!c.est.fits)
-                c.rejected = fmt::format("needs {:.1f} GiB, {:.1f} GiB more than the {:.0f} GiB a device has",
-                                         c.est.memory_bytes / kGiB, (c.est.memory_bytes - sys.memory_bytes) / kGiB,
-                                         sys.memory_bytes / kGiB);
+      // with experts every EP degree the replicas and the experts allow; dense: ep = 1
+      std::vector<int64_t> eps{1};
+      if (m.moe())
+        for (int64_t ep = 2; ep <= dp; ++ep)
+          if (dp % ep == 0 && m.experts % ep == 0) eps.push_back(ep);
+      for (int64_t ep : eps) {
+        for (int64_t micro : {1, 2, 4, 8}) {
+          for (int zero = 0; zero <= 3; ++zero) {
+            for (const char* rc : {"none", "selective", "full"}) {
+              Candidate c;
+              c.layout = base;
+              c.layout.dp = dp;
+              c.layout.tp = tp;
+              c.layout.pp = pp;
+              c.layout.ep = ep;
+              c.layout.cp = 1;  // the search ranks dp x tp x pp layouts; a CP layout is planned on its own
+              c.layout.zero = zero;
+              c.layout.sequence_parallel = base.sequence_parallel && tp > 1;
+              if (pp == 1) c.layout.virtual_stages = 1;
+              c.training = t;
+              c.training.microbatch = micro;
+              c.training.recompute = rc;
+              c.rejected = layout_error(m, c.training, c.layout);
+              if (c.rejected.empty()) {
+                c.est = estimate(m, c.training, c.layout, sys);
+                if (!c.est.fits)
+                  c.rejected = fmt::format("needs {:.1f} GiB, {:.1f} GiB more than the {:.0f} GiB a device has",
+                                           c.est.memory_bytes / kGiB, (c.est.memory_bytes - sys.memory_bytes) / kGiB,
+                                           sys.memory_bytes / kGiB);
+              }
+              out.push_back(std::move(c));
             }
-            out.push_back(std::move(c));
           }
         }
       }
