@@ -38,3 +38,14 @@ cli_case(plan_bad_huge 2 "/model: this layout needs .* bytes per device, more th
 cli_case(plan_calibrate_directory 2 "/calibrate/collectives: tests: not a regular file" plan --calibrate --set calibrate.collectives=tests)
 cli_case(plan_print_config_calibrate 2 "/calibrate/collectives: /nonexistent/c.json: no such file" plan --print-config --calibrate
          --set calibrate.collectives=/nonexistent/c.json)
+# Mixture of experts (layout.ep, model.experts / top_k, train.capacity_factor): Mixtral 8x7B with
+# ep 8 inside dp 8 and tp 8 fits an 80 GB device, its all-to-all on the ep group; bad input exits 2
+# naming the key.
+cli_case(plan_mixtral_ep8 0 "ep/all_to_all" plan --set model.preset=mixtral-8x7b --set layout.dp=8 --set layout.ep=8
+         --set layout.tp=8)
+cli_case(plan_ep_not_dividing_dp 2 "/layout/ep = 3 does not divide /layout/dp = 4" plan --set model.preset=mixtral-8x7b
+         --set layout.ep=3)
+cli_case(plan_top_k_over_experts 2 "/model/top_k: expected 1 .. /model/experts = 8 for a mixture of experts, got 9" plan
+         --set model.preset=mixtral-8x7b --set model.top_k=9)
+cli_case(plan_capacity_factor_zero 2 "/train/capacity_factor: expected a number > 0" plan --set model.preset=mixtral-8x7b
+         --set train.capacity_factor=0)
