@@ -81,12 +81,6 @@ ConfigSpec contextparallel_spec() {
 
 GptConfig gpt_config(const Config& cfg) { return gpt_config_at(cfg, "/model", cfg.integer("/model/vocab")); }
 
-double max_over(dist::Group& g, double x) {
-  auto t = torch::tensor({x}, torch::kFloat64);
-  g.allreduce(t, dist::ReduceOp::Max);
-  return t.item<double>();
-}
-
 /// max |a − b| in float64 (models/mlp's max_abs_diff subtracts in the tensors' type): the exact
 /// references are float64, and fp32 differences are exact there.
 double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
@@ -108,6 +102,8 @@ torch::Tensor gather_sequence(const torch::Tensor& local, dist::Group& g, cp::Sp
 double worst_ratio(const torch::Tensor& got, const torch::Tensor& want, const torch::Tensor& bound) {
   auto d = (got.to(torch::kDouble) - want.to(torch::kDouble)).abs();
   auto r = torch::where(bound > 0, d / bound, torch::where(d > 0, torch::full_like(d, INFINITY), torch::zeros_like(d)));
+  // where() sends a NaN bound or difference to a branch that hides it: a NaN anywhere fails.
+  if (d.isnan().any().item<bool>() || bound.isnan().any().item<bool>()) return NAN;
   return r.max().item<double>();
 }
 
@@ -352,7 +348,7 @@ std::pair<Table, Table> activation_tables(const Config& cfg, dist::Group& g, con
     const std::string name = cp::variant_name(v);
     const double formula = cp::block_activation_bytes(v, split, T, c, B, h, a);
     const double mine = static_cast<double>(runs[i].block_bytes.at(0));
-    const double hi = max_over(g, mine), lo = -max_over(g, -mine);
+    const double hi = dist::max_over(g, mine), lo = -dist::max_over(g, -mine);
     f.rows.push_back({{"name", name}, {"formula", formula}, {"vs_one_process", formula / one}});
     m.rows.push_back({{"name", name}, {"min_rank", lo}, {"max_rank", hi}, {"formula", formula}});
     report.check(name + ": activation bytes of a block = the formula, every rank (max |measured - formula|)",

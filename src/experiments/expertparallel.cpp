@@ -97,19 +97,13 @@ ConfigSpec expertparallel_spec() {
   cfs.unique = true;
   s.add("/capacity/factors", cfs);
   s.integer("/mesh/steps", 0, "steps of the DP x TP mesh with EP inside DP (0: off; > 0: that section alone, "
-            "/nproc = dp x tp)", 0, 10000);
+            "/nproc = dp x tp; /moe/balances, /capacity/factors and /train/steps are then unused)", 0, 10000);
   s.integer("/mesh/dp", 2, "mesh: data-parallel degree", 1, 8);
   s.integer("/mesh/tp", 2, "mesh: tensor-parallel degree (attention heads and expert width split; expert TP = TP)", 1, 8);
   s.integer("/mesh/ep", 2, "mesh: expert-parallel degree, carved out of dp (must divide /mesh/dp)", 1, 8);
   s.choice("/mesh/balance", "aux_loss", {"none", "aux_loss", "aux_free"}, "mesh: the balancing method trained");
   add_dist_keys(s, DistKeys{"training step (counted over the balancing methods; the mesh: its steps)", 1, 7, false});
   return s;
-}
-
-double max_over(dist::Group& g, double x) {
-  auto t = torch::tensor({x}, torch::kFloat64);
-  g.allreduce(t, dist::ReduceOp::Max);
-  return t.item<double>();
 }
 
 /// max |a − b| in float64 (0 for two empty tensors).
@@ -237,7 +231,7 @@ StepCheck check_step(const Config& cfg, const GptConfig& gc, const std::string& 
   std::map<std::string, torch::Tensor> abs_sum;
   ep::allreduce_dense_grads(ep_model, *g, &abs_sum);
 
-  const double logits_diff = max_over(*g, max_abs(logits[0], one_logits[static_cast<std::size_t>(r)]));
+  const double logits_diff = dist::max_over(*g, max_abs(logits[0], one_logits[static_cast<std::size_t>(r)]));
   int64_t routing_diff = 0, dropped = 0, choices = 0;
   for (std::size_t l = 0; l < routing.size(); ++l) {
     routing_diff += (routing[l].counts[0] - one_routing[l].counts[r]).abs().sum().item<int64_t>() +
@@ -245,7 +239,7 @@ StepCheck check_step(const Config& cfg, const GptConfig& gc, const std::string& 
     dropped += (one_routing[l].counts - one_routing[l].kept).sum().item<int64_t>();
     choices += one_routing[l].counts.sum().item<int64_t>();
   }
-  routing_diff = static_cast<int64_t>(max_over(*g, static_cast<double>(routing_diff)));
+  routing_diff = static_cast<int64_t>(dist::max_over(*g, static_cast<double>(routing_diff)));
   double expert_diff = 0, dense_ratio = 0, dense_diff = 0;
   const double u = bounds::kFp32UnitRoundoff;
   // Σ|part| itself is an fp32 sum of e terms (an all-reduce), at least (1 − γ_{e−1}) of the exact one.
@@ -260,12 +254,14 @@ StepCheck check_step(const Config& cfg, const GptConfig& gc, const std::string& 
     auto d = (p.grad().to(torch::kDouble) - kv.value().grad().to(torch::kDouble)).abs();
     auto bound = abs_sum.at(kv.key()).to(torch::kDouble) * gam;
     auto ratio = torch::where(bound > 0, d / bound, torch::where(d > 0, torch::full_like(d, INFINITY), torch::zeros_like(d)));
-    dense_ratio = nan_max(dense_ratio, ratio.max().item<double>());
+    // where() sends a NaN bound or difference to a branch that hides it: a NaN anywhere fails.
+    const bool nan = d.isnan().any().item<bool>() || bound.isnan().any().item<bool>();
+    dense_ratio = nan_max(dense_ratio, nan ? NAN : ratio.max().item<double>());
     dense_diff = nan_max(dense_diff, d.max().item<double>());
   }
-  expert_diff = max_over(*g, expert_diff);
-  dense_ratio = max_over(*g, dense_ratio);
-  dense_diff = max_over(*g, dense_diff);
+  expert_diff = dist::max_over(*g, expert_diff);
+  dense_ratio = dist::max_over(*g, dense_ratio);
+  dense_diff = dist::max_over(*g, dense_diff);
   // Two sums of the same e rank losses in different orders (the all-reduce's, one process's in
   // group order): each within γ_{e−1}·Σ|loss_r| of the exact sum.
   const double loss_bound = gam * abs_losses;
@@ -282,7 +278,11 @@ StepCheck check_step(const Config& cfg, const GptConfig& gc, const std::string& 
   report.check(name + ": dense gradients within 2 gamma_(e-1) sum|rank parts| of one process's (max err/bound)",
                dense_ratio, 1.0);
   report.check(name + ": loss within 2 gamma_(e-1) sum|rank losses| of one process's (|diff| / bound)",
-               loss_bound > 0 ? loss_diff / loss_bound : (loss_diff > 0 ? INFINITY : 0.0), 1.0);
+               std::isnan(loss_diff) || std::isnan(loss_bound) ? NAN
+               : loss_bound > 0                             ? loss_diff / loss_bound
+               : loss_diff > 0                              ? INFINITY
+                                                            : 0.0,
+               1.0);
   ep_model.zero_grad();
   return out;
 }
@@ -396,14 +396,15 @@ Report run_expertparallel(const Context& ctx) {
   const int64_t E = cfg.integer("/moe/experts"), L = gc.layers;
 
   Table checks = check_table(cfg, gc, e);
+  const std::string last = fmt::format("last {}", std::min<int64_t>(10, steps));  // the mean of the last steps
   Table balance{"balance",
-                fmt::format("Training {} steps on e = {} ({} sequences of {} tokens per rank): imbalance = max/mean "
+                fmt::format("Training {} step{} on e = {} ({} sequences of {} tokens per rank): imbalance = max/mean "
                             "tokens per expert (the worst layer), dropped = fraction of the token choices over "
-                            "capacity", steps, e, b, gc.context),
+                            "capacity", steps, steps == 1 ? "" : "s", e, b, gc.context),
                 {text_col("name", "method"), float_col("imbalance_first", "imbalance step 1", "", 3),
-                 float_col("imbalance_last", "imbalance last 10", "", 3), float_col("dropped_first", "dropped step 1", "", 4),
-                 float_col("dropped_last", "dropped last 10", "", 4), float_col("loss_first", "loss step 1", "nats", 4),
-                 float_col("loss_last", "loss last 10", "nats", 4)}};
+                 float_col("imbalance_last", "imbalance " + last, "", 3), float_col("dropped_first", "dropped step 1", "", 4),
+                 float_col("dropped_last", "dropped " + last, "", 4), float_col("loss_first", "loss step 1", "nats", 4),
+                 float_col("loss_last", "loss " + last, "nats", 4)}};
   std::vector<Column> expert_cols = {text_col("name", "method/layer")};
   for (int64_t i = 0; i < E; ++i) expert_cols.push_back(int_col("e" + std::to_string(i), "e" + std::to_string(i)));
   expert_cols.push_back(int_col("capacity", "capacity x e"));
@@ -552,7 +553,7 @@ MemoryEstimate expertparallel_memory(const Config& cfg, int world_size) {
         4 * 4 * P);
   const double T = static_cast<double>(c.context), B = static_cast<double>(cfg.integer("/data/batch")) * world_size,
                C = static_cast<double>(c.width), L = static_cast<double>(c.layers), k = cfg.integer("/moe/top_k");
-  e.add("activations of the one-process reference (every rank's tokens)", "/data/batch, /model/*",
+  e.add("activations of the one-process reference (every rank's tokens)", "/data/batch, /model/*, /moe/*",
         4 * L * T * B * (64 * C + 8 * static_cast<double>(cfg.integer("/model/heads")) * T + 8 * k * C * c.mlp_ratio));
   e.add("text batches", "/train/steps, /data/batch", 16 * static_cast<double>(cfg.integer("/train/steps")) * B * T);
   e.times(world_size, "processes (/nproc)");

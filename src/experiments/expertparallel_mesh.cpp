@@ -141,13 +141,18 @@ Report run_expertparallel_mesh(const Context& ctx) {
   std::shared_ptr<dist::Group> edp;
   if (epd == 1 && dp > 1) edp = mesh.dp();
   else if (epd > 1 && epd < dp) edp = mesh.group("edp");
+  // Bitwise where every sum across ranks has at most two terms and each expert runs one GEMM over
+  // its EP group's rows, as the reference's over every group's (ep = dp).
   const bool bitwise = dp <= 2 && epd == dp;
+  const std::string why_not = dp > 2 ? "reported: the dense gradients are sums of more than two parts across ranks"
+                                     : "reported: an expert's gradient is dp/ep GEMMs summed over the expert-DP group, "
+                                       "the reference's one GEMM over every group's rows";
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(cfg.integer("/seed")));
   Table t{"mesh", fmt::format("MoE GPT (E = {}, top-{}, {}) on the dp {} x tp {} mesh, ep {}: every step against the same TP "
                               "model without DP and EP{}, and against one process without TP",
                               E, cfg.integer("/moe/top_k"), cfg.str("/mesh/balance"), dp, tpd, epd,
-                              bitwise ? " (bitwise)" : " (reported: sums of more than two terms across ranks)"),
+                              bitwise ? " (bitwise)" : " (" + why_not + ")"),
           {int_col("step", "step"), float_col("loss", "loss", "nats", 7), sci_col("vs_tp_reference", "params vs TP ref"),
            sci_col("loss_vs_one_process", "loss vs 1-proc"), float_col("imbalance", "imbalance", "", 3),
            int_col("a2a_sent", "all-to-all sent", "bytes"), int_col("a2a_formula", "formula", "bytes")}};
@@ -193,10 +198,12 @@ Report run_expertparallel_mesh(const Context& ctx) {
     report.check(fmt::format("mesh step {}: all-to-all bytes sent on the EP group equal to the formula", s + 1),
                  std::abs(sent - formula), 0.0);
   }
-  t.notes.push_back("TP reference: the same TP shards on this rank's TP group, every DP shard's sequences as a group "
-                    "and every expert held (no EP): the experts' GEMMs see the same rows, and each dense gradient is "
-                    "the same dp parts added (a + b = b + a for dp = 2); one process: the plain MoE GPT, no TP (the "
-                    "row-parallel sums differ in the last bits: reported)");
+  t.notes.push_back(bitwise ? "TP reference: the same TP shards on this rank's TP group, every DP shard's sequences as a "
+                              "group and every expert held (no EP): the experts' GEMMs see the same rows, and each "
+                              "dense gradient is the same dp parts added (a + b = b + a): bitwise"
+                            : "TP reference: the same TP shards on this rank's TP group, every DP shard's sequences as a "
+                              "group and every expert held (no EP); " + why_not);
+  t.notes.push_back("one process: the plain MoE GPT, no TP (the row-parallel sums differ in the last bits: reported)");
   t.notes.push_back("all-to-all: the EP group's dispatch and combine per MoE layer, forward and backward, 4 (ep-1)/ep "
                     "E cap C 4 bytes; with tp > 1 every TP rank of an EP pair exchanges its own copy (no sequence "
                     "parallelism: its tokens are replicated over TP)");
@@ -208,8 +215,8 @@ Report run_expertparallel_mesh(const Context& ctx) {
 void validate_expertparallel_mesh(const Config& cfg, int world_size) {
   const int64_t dp = cfg.integer("/mesh/dp"), tpd = cfg.integer("/mesh/tp"), epd = cfg.integer("/mesh/ep");
   if (dp * tpd != world_size)
-    throw ConfigError(fmt::format("/mesh/dp: expected dp x tp = {} x {} = the processes ({}), got {} processes",
-                                  dp, tpd, dp * tpd, world_size));
+    throw ConfigError(fmt::format("/mesh/dp, /mesh/tp: expected dp x tp = the processes ({}), got {} x {} = {}",
+                                  world_size, dp, tpd, dp * tpd));
   if (dp % epd != 0)
     throw ConfigError(fmt::format("/mesh/ep: expected a divisor of /mesh/dp = {} (EP groups are carved out of DP), got {}",
                                   dp, epd));

@@ -115,11 +115,7 @@ ConfigSpec tensorparallel_spec() {
 GptConfig gpt_of(const Config& cfg) { return gpt_config_at(cfg, "/model", cfg.integer("/model/vocab")); }
 
 /// The largest value of x over the ranks (checks are the worst rank's).
-double max_over_ranks(World& w, double x) {
-  auto t = torch::tensor({x}, torch::kFloat64);
-  w.group()->allreduce(t, dist::ReduceOp::Max);
-  return t.item<double>();
-}
+double max_over_ranks(World& w, double x) { return dist::max_over(*w.group(), x); }
 
 double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.numel() == 0) return 0.0;

@@ -70,11 +70,18 @@ add_test(NAME cli.expertparallel_mesh_killed_rank
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.expertparallel_mesh_killed_rank PROPERTIES TIMEOUT 120 ENVIRONMENT FAULT_MODE=exit)
 # Bad mesh inputs: exit 2 naming the key, before any process starts.
-cli_case(expertparallel_mesh_size 2 "/mesh/dp: expected dp x tp = 2 x 2 = the processes \\(4\\), got 2 processes" ${EPM}
+cli_case(expertparallel_mesh_size 2 "/mesh/dp, /mesh/tp: expected dp x tp = the processes \\(2\\), got 2 x 2 = 4" ${EPM}
          --nproc 2)
 cli_case(expertparallel_mesh_ep_not_dividing_dp 2 "/mesh/ep: expected a divisor of /mesh/dp = 2 .*got 4" ${EPM}
          --set mesh.ep=4)
 cli_case(expertparallel_mesh_tp_not_dividing_heads 2 "/mesh/tp: expected a divisor of /model/heads = 4, got 3" ${EPM}
          --nproc 6 --set mesh.tp=3)
+# Training that diverges (lr 1000: NaN by step 4) fails its checks (exit 1, the result written)
+# instead of passing them on NaN: a NaN difference or bound, and a NaN on another rank, fail.
+add_test(NAME cli.expertparallel_diverged
+         COMMAND bash -c "d=$(mktemp -d); \"$0\" expertparallel --config configs/expertparallel_quick.json --set train.lr=1000 --out $d/r.json > $d/log 2>&1; rc=$?; grep -Eq 'trained: loss within .* nan <= 1 +FAILED' $d/log && grep -Eq 'trained: dense gradients within .* nan <= 1 +FAILED' $d/log && [ $rc = 1 ]; s=$?; [ $s = 0 ] && echo ok || cat $d/log; rm -rf $d; exit $s"
+                 $<TARGET_FILE:mpt>
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.expertparallel_diverged PROPERTIES TIMEOUT 120)
 cli_case(expertparallel_mesh_experts 2 "/moe/experts: expected a multiple of /mesh/ep = 2, got 3" ${EPM}
          --set moe.experts=3)

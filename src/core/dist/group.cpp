@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -21,6 +22,8 @@
 
 #include "core/dist/detail.hpp"
 #include "core/dist/group.hpp"
+
+#include <limits>
 #include "core/dist/job_state.hpp"
 #include "core/errors.hpp"
 #include "core/runtime/compat.hpp"
@@ -324,5 +327,12 @@ void Group::barrier() {
 }
 
 void settle(Group& group, torch::Tensor& token) { group.allreduce(token); }
+
+double max_over(Group& group, double x) {
+  auto all = torch::empty({group.size()}, torch::kFloat64);
+  group.all_gather(torch::tensor({x}, torch::kFloat64), all);
+  if (all.isnan().any().item<bool>()) return std::numeric_limits<double>::quiet_NaN();
+  return all.max().item<double>();
+}
 
 }  // namespace mpt::dist

@@ -371,4 +371,10 @@ class Group {
 /// Throws what allreduce throws.
 void settle(Group& group, torch::Tensor& token);
 
+/// The largest of every rank's `x` (float64), NaN if any rank's is NaN, on every rank: what a
+/// check of the worst rank needs, which a MAX all-reduce cannot give (Gloo's max, like
+/// std::max, drops a NaN met second). An all-gather of one value per rank. Throws what
+/// all_gather throws.
+double max_over(Group& group, double x);
+
 }  // namespace mpt::dist
