@@ -129,8 +129,9 @@ print(round(2 * n1["steps"] * d["timings"]["per_n"]["n1"]["step_ms"] / 1000, 2))
     # (the store watchdog ends rank 1), while rank 1 forms the next phase's process group (the
     # watchdog again: seen in CI on a fast machine, stop 30), or while rank 1 still connects (a
     # bounded connect). Each must say that the store did not answer, or could not be reached,
-    # on rank 1.
-    grep -Eq "(failed|barrier) on rank 1 of 2: .*the store did not answer|rank 1 of 2: forming the process group '[^']*': the store did not answer within|rank 1: cannot reach the TCPStore at .*(did not answer|Connection refused)" "$tmp/err" \
+    # on rank 1. Forming a group, the store's own timeout may come before the watchdog's verdict:
+    # "the store did not answer: Socket Timeout" (a CPU-starved fresh-clone rehearsal, stop 49).
+    grep -Eq "(failed|barrier) on rank 1 of 2: .*the store did not answer|rank 1 of 2: forming the process group '[^']*': the store did not answer( within|: )|rank 1: cannot reach the TCPStore at .*(did not answer|Connection refused)" "$tmp/err" \
       || fail "rank 1 does not say the store did not answer"
     [ "$took" -le 20000 ] || fail "rank 1 took ${took} ms after the stop for a 3 s timeout"
     sleep 0.3
