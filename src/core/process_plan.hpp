@@ -2,6 +2,11 @@
 // read from them (core/experiment.hpp's contract), so that each experiment does not spell it out.
 #pragma once
 
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/errors.hpp"
 #include "core/io/config.hpp"
 #include "core/experiment.hpp"
 
@@ -46,6 +51,19 @@ inline ProcessPlan dist_fault_plan(const Config& cfg) {
   p.fault.step = cfg.integer("/fault/step");
   p.fault.hang = cfg.str("/fault/mode") == "hang";
   return p;
+}
+
+/// The fault keys' cross-checks for an experiment's validate(): /fault/rank a rank of the
+/// `world_size` (or -1), and, when a rank is to fail, /fault/step below `steps` (the fault points
+/// the run has; `steps_what` says what bounds them in the message, e.g. "/mesh/steps"). Throws
+/// ConfigError naming the key.
+inline void validate_fault_keys(const Config& cfg, int world_size, int64_t steps, const std::string& steps_what) {
+  const int64_t fault = cfg.integer("/fault/rank");
+  if (fault >= world_size)
+    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
+  if (fault >= 0 && cfg.integer("/fault/step") >= steps)
+    throw ConfigError(fmt::format("/fault/step: expected a step < {} = {}, got {}", steps_what, steps,
+                                  cfg.integer("/fault/step")));
 }
 
 }  // namespace mpt

@@ -50,7 +50,7 @@
 namespace mpt {
 
 // A namespace of its own: the experiment files are compiled in unity batches, where another
-// file's helpers (max_abs, GptRun, ...) would meet these.
+// file's helpers (GptRun, worst_ratio, ...) would meet these.
 namespace cpx {
 
 namespace {
@@ -80,12 +80,6 @@ ConfigSpec contextparallel_spec() {
 }
 
 GptConfig gpt_config(const Config& cfg) { return gpt_config_at(cfg, "/model", cfg.integer("/model/vocab")); }
-
-/// max |a − b| in float64 (models/mlp's max_abs_diff subtracts in the tensors' type): the exact
-/// references are float64, and fp32 differences are exact there.
-double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-}
 
 /// The whole sequence from every rank's share along `dim` (positions under `split`): x [.., Tl, ..] → [.., T, ..].
 torch::Tensor gather_sequence(const torch::Tensor& local, dist::Group& g, cp::Split split, int64_t dim) {
@@ -138,10 +132,10 @@ Table attention_table(const Config& cfg, dist::Group& g, Report& report) {
     const torch::Tensor refs[] = {b.y_ref, b.dq_ref, b.dk_ref, b.dv_ref}, bounds[] = {b.y, b.dq, b.dk, b.dv};
     double worst = 0, diff_one = 0;
     for (std::size_t i = 0; i < 4; ++i) {
-      const double r = worst_ratio(got[i], refs[i], bounds[i]), d1 = max_abs(got[i], one[i]);
+      const double r = worst_ratio(got[i], refs[i], bounds[i]), d1 = max_abs_diff64(got[i], one[i]);
       worst = nan_max(worst, r);  // nan_max: a NaN fails the check instead of vanishing
       diff_one = nan_max(diff_one, d1);
-      t.rows.push_back({{"name", run + "/" + names[i]}, {"vs_one_process", d1}, {"vs_exact", max_abs(got[i], refs[i])},
+      t.rows.push_back({{"name", run + "/" + names[i]}, {"vs_one_process", d1}, {"vs_exact", max_abs_diff64(got[i], refs[i])},
                         {"max_bound", bounds[i].max().item<double>()}, {"worst_ratio", r}});
     }
     report.check(run + " attention: y, dq, dk, dv within the derived bound of the exact attention (max err/bound)",
@@ -248,13 +242,13 @@ Table gpt_table(const Config& cfg, const std::shared_ptr<dist::Group>& g, std::v
     double gd = 0, grel = 0;
     json per_param = json::object();
     for (const auto& kv : full->named_parameters()) {
-      const double d = max_abs(r.grads.at(kv.key()), kv.value().grad());
+      const double d = max_abs_diff64(r.grads.at(kv.key()), kv.value().grad());
       per_param[kv.key()] = d;
       gd = nan_max(gd, d);
       grel = nan_max(grel, d / std::max(kv.value().grad().abs().max().item<double>(), 1e-300));
     }
     const std::string name = cp::variant_name(variant);
-    const double ld = max_abs(r.logits, logits1.detach());
+    const double ld = max_abs_diff64(r.logits, logits1.detach());
     t.rows.push_back({{"name", name}, {"loss", r.loss}, {"loss_diff", std::abs(r.loss - loss1.item<double>())},
                       {"logits_diff", ld}, {"grad_diff", gd}, {"grad_rel", grel}, {"grads", per_param}});
     // The loss: the mean of N = B·T non-negative token losses, summed in another order (c partial
@@ -503,12 +497,7 @@ void validate_contextparallel(const Config& cfg, int world_size) {
   const int64_t Tb = cfg.integer("/balance/seq");
   if (Tb % (2 * c) != 0)
     throw ConfigError(fmt::format("/balance/seq: expected a multiple of 2c = {} (c = {} from /nproc), got {}", 2 * c, c, Tb));
-  const int64_t fault = cfg.integer("/fault/rank");
-  if (fault >= world_size)
-    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
-  if (fault >= 0 && cfg.integer("/fault/step") >= 2 * cfg.integer("/balance/steps"))
-    throw ConfigError(fmt::format("/fault/step: expected a step < 2 x /balance/steps = {}, got {}",
-                                  2 * cfg.integer("/balance/steps"), cfg.integer("/fault/step")));
+  validate_fault_keys(cfg, world_size, 2 * cfg.integer("/balance/steps"), "2 x /balance/steps");
 }
 
 }  // namespace

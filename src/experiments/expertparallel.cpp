@@ -106,12 +106,6 @@ ConfigSpec expertparallel_spec() {
   return s;
 }
 
-/// max |a − b| in float64 (0 for two empty tensors).
-double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.numel() == 0) return 0;
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-}
-
 /// The text batches: step s's global batch of e·b sequences drawn by text_batch (nanoGPT's
 /// get_batch) from one generator seeded with /seed; group g (rank g) holds sequences g·b .. (g+1)·b − 1.
 struct Batches {
@@ -231,7 +225,7 @@ StepCheck check_step(const Config& cfg, const GptConfig& gc, const std::string& 
   std::map<std::string, torch::Tensor> abs_sum;
   ep::allreduce_dense_grads(ep_model, *g, &abs_sum);
 
-  const double logits_diff = dist::max_over(*g, max_abs(logits[0], one_logits[static_cast<std::size_t>(r)]));
+  const double logits_diff = dist::max_over(*g, max_abs_diff64(logits[0], one_logits[static_cast<std::size_t>(r)]));
   int64_t routing_diff = 0, dropped = 0, choices = 0;
   for (std::size_t l = 0; l < routing.size(); ++l) {
     routing_diff += (routing[l].counts[0] - one_routing[l].counts[r]).abs().sum().item<int64_t>() +
@@ -248,7 +242,7 @@ StepCheck check_step(const Config& cfg, const GptConfig& gc, const std::string& 
   for (const auto& kv : one->named_parameters()) {
     const auto& p = ep_params[kv.key()];
     if (ep::is_expert_param(kv.key())) {
-      if (p.numel() > 0) expert_diff = nan_max(expert_diff, max_abs(p.grad(), kv.value().grad()));
+      if (p.numel() > 0) expert_diff = nan_max(expert_diff, max_abs_diff64(p.grad(), kv.value().grad()));
       continue;
     }
     auto d = (p.grad().to(torch::kDouble) - kv.value().grad().to(torch::kDouble)).abs();
@@ -563,9 +557,6 @@ MemoryEstimate expertparallel_memory(const Config& cfg, int world_size) {
 /// Cross-key checks before any work and any worker (exit 2 naming the keys).
 void validate_expertparallel(const Config& cfg, int world_size) {
   validate_gpt_keys(cfg, "/model", "/data", /*validation_windows=*/false);
-  if (cfg.integer("/fault/rank") >= world_size)
-    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1,
-                                  cfg.integer("/fault/rank")));
   if (cfg.integer("/mesh/steps") > 0) {
     if (cfg.integer("/moe/top_k") > cfg.integer("/moe/experts"))
       throw ConfigError(fmt::format("/moe/top_k: expected at most /moe/experts = {}, got {}", cfg.integer("/moe/experts"),
@@ -578,13 +569,9 @@ void validate_expertparallel(const Config& cfg, int world_size) {
     throw ConfigError(fmt::format("/moe/experts: expected a multiple of the EP degree e = {} (/nproc: every rank holds "
                                   "E/e experts), got {}", world_size, E));
   if (k > E) throw ConfigError(fmt::format("/moe/top_k: expected at most /moe/experts = {}, got {}", E, k));
-  const int64_t fault = cfg.integer("/fault/rank");
-  if (fault >= world_size)
-    throw ConfigError(fmt::format("/fault/rank: expected -1 or a rank 0 .. {}, got {}", world_size - 1, fault));
-  const int64_t total = cfg.integer("/train/steps") * static_cast<int64_t>(cfg.strings("/moe/balances").size());
-  if (fault >= 0 && cfg.integer("/fault/step") >= total)
-    throw ConfigError(fmt::format("/fault/step: expected a step < /train/steps x the methods of /moe/balances = {}, "
-                                  "got {}", total, cfg.integer("/fault/step")));
+  validate_fault_keys(cfg, world_size,
+                      cfg.integer("/train/steps") * static_cast<int64_t>(cfg.strings("/moe/balances").size()),
+                      "/train/steps x the methods of /moe/balances");
 }
 
 }  // namespace

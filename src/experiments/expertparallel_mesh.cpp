@@ -18,6 +18,7 @@
 #include "core/models/moe.hpp"
 #include "core/parallel/ep.hpp"
 #include "core/parallel/mesh.hpp"
+#include "core/process_plan.hpp"
 #include "core/runtime/runtime.hpp"
 
 namespace mpt::epx {
@@ -228,9 +229,7 @@ void validate_expertparallel_mesh(const Config& cfg, int world_size) {
   if (H % tpd != 0)
     throw ConfigError(fmt::format("/mesh/tp: expected a divisor of the expert width /model/mlp_ratio x /model/width = "
                                   "{}, got {}", H, tpd));
-  if (cfg.integer("/fault/rank") >= 0 && cfg.integer("/fault/step") >= cfg.integer("/mesh/steps"))
-    throw ConfigError(fmt::format("/fault/step: expected a step < /mesh/steps = {}, got {}", cfg.integer("/mesh/steps"),
-                                  cfg.integer("/fault/step")));
+  validate_fault_keys(cfg, world_size, cfg.integer("/mesh/steps"), "/mesh/steps");
 }
 
 }  // namespace mpt::epx

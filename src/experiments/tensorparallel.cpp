@@ -117,11 +117,6 @@ GptConfig gpt_of(const Config& cfg) { return gpt_config_at(cfg, "/model", cfg.in
 /// The largest value of x over the ranks (checks are the worst rank's).
 double max_over_ranks(World& w, double x) { return dist::max_over(*w.group(), x); }
 
-double max_abs(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.numel() == 0) return 0.0;
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-}
-
 namespace {
 
 /// max |diff| / bound over the elements (an element with bound 0 must match exactly).
@@ -191,11 +186,11 @@ std::vector<MlpRow> mlp_rows(World& w, const std::shared_ptr<dist::Group>& g, co
   const auto& rows = mlp.fc1.rows;
   std::vector<MlpRow> rowsout;
   auto bit = [&](const std::string& name, const std::string& what, const torch::Tensor& a, const torch::Tensor& b) {
-    rowsout.push_back({name, what, max_over_ranks(w, max_abs(a, b)), 0.0, 0.0, true});
+    rowsout.push_back({name, what, max_over_ranks(w, max_abs_diff64(a, b)), 0.0, 0.0, true});
   };
   auto bounded = [&](const std::string& name, const std::string& what, const torch::Tensor& a, const torch::Tensor& b,
                      const torch::Tensor& bound) {
-    rowsout.push_back({name, what, max_over_ranks(w, max_abs(a, b)), max_over_ranks(w, bound.max().item<double>()),
+    rowsout.push_back({name, what, max_over_ranks(w, max_abs_diff64(a, b)), max_over_ranks(w, bound.max().item<double>()),
                        max_over_ranks(w, worst_ratio(a, b, bound)), false});
   };
   torch::NoGradGuard no_grad;
@@ -237,9 +232,9 @@ Table mlp_table(const Config& cfg, World& w, const std::shared_ptr<dist::Group>&
   const auto &fc1 = r.fc1, &fc2 = r.fc2;
   // End to end against the one-process run (reported: after a GEMM that is not bitwise, the
   // next tensors differ by more than one operation's bound).
-  const double e2e_z = max_over_ranks(w, max_abs(z, z1)), e2e_dx = max_over_ranks(w, max_abs(xt.grad(), x1.grad()));
-  const double e2e_w1 = max_over_ranks(w, max_abs(mlp.fc1.weight.grad(), fc1->weight.grad().index_select(0, rows)));
-  const double e2e_w2 = max_over_ranks(w, max_abs(mlp.fc2.weight.grad(), fc2->weight.grad().index_select(1, rows)));
+  const double e2e_z = max_over_ranks(w, max_abs_diff64(z, z1)), e2e_dx = max_over_ranks(w, max_abs_diff64(xt.grad(), x1.grad()));
+  const double e2e_w1 = max_over_ranks(w, max_abs_diff64(mlp.fc1.weight.grad(), fc1->weight.grad().index_select(0, rows)));
+  const double e2e_w2 = max_over_ranks(w, max_abs_diff64(mlp.fc2.weight.grad(), fc2->weight.grad().index_select(1, rows)));
 
   Table t{"mlp", fmt::format("MLP {}-{}-{} on TP = {} (ColumnParallelLinear, GELU, RowParallelLinear) vs one process",
                              in, hid, out, g->size()),
@@ -287,7 +282,7 @@ GptRun run_tp(const TinyGpt& full, const std::shared_ptr<dist::Group>& g, int64_
     auto shards = tp::all_gather_shards(p.local.grad(), *g);
     if (p.dim < 0) {
       double spread = 0;
-      for (const auto& s : shards) spread = nan_max(spread, max_abs(s, shards[0]));
+      for (const auto& s : shards) spread = nan_max(spread, max_abs_diff64(s, shards[0]));
       out.rank_spread[p.name] = spread;
       out.grads[p.name] = shards[0];
       continue;
@@ -375,9 +370,9 @@ Table grads_table(const GptCase& c, const GptRun& tpr, const GptRun& spr, Report
   for (const auto& kv : grads1) {
     const auto& name = kv.first;
     json row = {{"name", name}, {"max_grad", kv.second.abs().max().item<double>()},
-                {"tp_vs_1", max_abs(tpr.grads.at(name), kv.second)}};
+                {"tp_vs_1", max_abs_diff64(tpr.grads.at(name), kv.second)}};
     if (sp) {
-      const double d = max_abs(spr.grads.at(name), tpr.grads.at(name));
+      const double d = max_abs_diff64(spr.grads.at(name), tpr.grads.at(name));
       row["sp_vs_tp"] = d;
       const auto it = spr.rank_spread.find(name);
       const bool partial = (name.find("ln_") != std::string::npos) || (name.find("proj.bias") != std::string::npos);

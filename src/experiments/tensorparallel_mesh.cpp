@@ -285,13 +285,13 @@ std::array<double, 3> compare_parameters(World& w, const Mesh& mesh, const MeshM
   double da = 0, db = 0, theta = 0;
   auto& tpg = *mesh.tp();
   for (std::size_t i = 0; i < mm.mesh_ps.size(); ++i) {
-    da = nan_max(da, max_abs(mm.mesh_ps[i], mm.ref_ps[i]));
+    da = nan_max(da, max_abs_diff64(mm.mesh_ps[i], mm.ref_ps[i]));
     const auto* spar = mm.sharded[i];
     auto shards = tp::all_gather_shards(mm.mesh_ps[i].detach(), tpg);
     torch::Tensor whole = spar->dim < 0 ? shards[0]
                                         : tp::unshard(shards, tp::all_gather_shards(spar->index, tpg), spar->dim,
                                                       mm.full_ps[i].size(spar->dim));
-    db = nan_max(db, max_abs(whole, mm.full_ps[i]));
+    db = nan_max(db, max_abs_diff64(whole, mm.full_ps[i]));
     theta = nan_max(theta, mm.full_ps[i].detach().abs().max().item<double>());
   }
   return {max_over_ranks(w, da), max_over_ranks(w, db), theta};

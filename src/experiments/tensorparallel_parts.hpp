@@ -21,9 +21,6 @@ namespace mpt {
 GptConfig gpt_of(const Config& cfg);
 /// The largest value of x over the ranks (a check is the worst rank's). Collective: every rank calls it.
 double max_over_ranks(World& w, double x);
-/// max |a − b| in float64 (0 for empty tensors): the difference of two fp32 values is exact in
-/// float64, where max_abs_diff (core/models/mlp) subtracts in fp32 and may round it.
-double max_abs(const torch::Tensor& a, const torch::Tensor& b);
 /// The GPT of sections 2-5 and its one-process reference: the model and batch from /seed, the
 /// loss and every gradient of one process.
 struct GptCase {

@@ -40,6 +40,14 @@ inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
 
+/// Largest |a − b| with the subtraction in float64 (max_abs_diff subtracts in the tensors' type):
+/// for comparisons against float64 references, where an fp32 difference is exact. 0 for empty
+/// tensors; NaN when any element's difference is.
+inline double max_abs_diff64(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.numel() == 0) return 0.0;
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
 /// Largest |a[i] − b[i]| over paired tensor lists (e.g. two models' gradients, same order); NaN
 /// as soon as one pair's difference is NaN, so that a check on it fails (std::max would drop it).
 inline double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
