@@ -7,6 +7,8 @@
  *  1. model:   parameters (Megatron-LM's count, generalised to GQA, SwiGLU, RMSNorm and a mixture
  *              of experts) and FLOPs per token (Narayanan et al. 2021, §5.1); with experts the
  *              routing per microbatch and layer (capacity, padding, the dropped fraction's bounds).
+ *              Or the MLP of mpt's own experiments (model.style mlp, model.widths): each pipeline
+ *              stage planned with its own layers (table mlp_stages; core/plan/plan_mlp.cpp).
  *  2. memory:  weights, gradients, master weights, optimizer states (ZeRO's 2Ψ + 2Ψ + KΨ, split
  *              per ZeRO stage), fp8 weight copies, activations (Korthikanti et al. 2022, Table 2)
  *              times the pairs the schedule holds (core/pipeline's schedules replayed), logits,
@@ -20,7 +22,13 @@
  *  4. search:  (--search N) every layout of the model on N devices, ranked by step time among
  *              those that fit, with the reason each rejected one fails.
  *  5. published (--set published=true): the model against published runs (the ZeRO paper's
- *              Figure 1, Megatron-LM's Table 1), each row with its error.
+ *              Figure 1, Megatron-LM's Table 1, BLOOM-176B, Llama 3 405B's Table 4), each row
+ *              with its error.
+ *
+ * Stages may be uneven (Megatron-core's num_layers_in_first/last_pipeline_stage and
+ * account_for_embedding/loss_in_pipeline_split: layout.first_stage_layers, last_stage_layers,
+ * account_for_embedding, account_for_loss): memory is the stage that needs most, the step time the
+ * slowest stage's.
  *
  * Pure arithmetic: no tensors, no processes. The formulas live in core/plan; docs/plan.md has each.
  *
@@ -71,13 +79,19 @@ ConfigSpec plan_spec() {
   s.integer("/model/ffn", 0, std::string("MLP hidden width") + keep + " (custom gpt: 4 x hidden)", 0, 1 << 26);
   s.integer("/model/vocab", 0, std::string("vocabulary") + keep, 0, 1 << 26);
   s.integer("/model/sequence", 0, std::string("tokens per sample") + keep, 0, 1 << 24);
-  s.choice("/model/style", "preset", {"preset", "gpt", "llama"},
+  s.choice("/model/style", "preset", {"preset", "gpt", "llama", "mlp"},
            "gpt: LayerNorm, GELU, biases, learned positions, dropout; llama: RMSNorm, SwiGLU, no biases, RoPE, no "
-           "dropout; preset: the preset's");
+           "dropout; mlp (with /model/preset = custom): the Linear + ReLU network of /model/widths, no dropout; "
+           "preset: the preset's");
   s.choice("/model/tied", "preset", {"preset", "tied", "untied"}, "whether the output head shares the token embedding");
   s.integer("/model/experts", 0, std::string("experts per block's MLP (a mixture of experts, each of the MLP's shape, and "
             "a router); 1: dense") + keep + " (custom: dense)", 0, 1 << 20);
   s.integer("/model/top_k", 0, std::string("experts each token is routed to, 1 .. experts") + keep, 0, 1 << 20);
+  s.integers("/model/widths", {0}, "/model/style = mlp: the layer widths w_0 (input) .. w_L (output) of the MLP "
+             "(Linear layers with biases, a ReLU after all but the last: core/models/mlp); [0]: none (a transformer)",
+             0, 1 << 24);
+  s.choice("/model/dropout", "preset", {"preset", "on", "off"},
+           "dropout after each ReLU (mlp) or in each block (gpt), its masks stored; preset: the preset's or the style's");
   s.integer("/train/global_batch", 512, "samples per optimizer step", 1, 1LL << 40);
   s.integer("/train/microbatch", 1, "samples per forward/backward on one replica", 1, 1 << 20);
   s.choice("/train/recipe", "bf16", {"fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-blockwise", "mxfp8"},
@@ -108,6 +122,16 @@ ConfigSpec plan_spec() {
   s.integer("/layout/ep", 1, "expert-parallel ranks (mpt expertparallel), carved out of dp: must divide /layout/dp and "
             "/model/experts; the experts' gradients reduced and ZeRO-sharded over dp x cp / ep", 1, 1 << 16);
   s.integer("/layout/virtual_stages", 1, "model chunks per stage (interleaved-1f1b: >= 2; zb-v: 2)", 1, 1 << 10);
+  s.integer("/layout/first_stage_layers", 0, "uneven stages: transformer layers of the first pipeline stage (Megatron-core's "
+            "num_layers_in_first_pipeline_stage); 0: an even share; the middle stages share the rest evenly", 0, 1 << 20);
+  s.integer("/layout/last_stage_layers", 0, "uneven stages: transformer layers of the last pipeline stage (Megatron-core's "
+            "num_layers_in_last_pipeline_stage); 0: an even share", 0, 1 << 20);
+  s.boolean("/layout/account_for_embedding", false,
+            "uneven stages: the embedding counts as one layer of the first stage when the layers are split (Megatron-core's "
+            "account_for_embedding_in_pipeline_split)");
+  s.boolean("/layout/account_for_loss", false,
+            "uneven stages: the output head and loss count as one layer of the last stage when the layers are split "
+            "(Megatron-core's account_for_loss_in_pipeline_split)");
   s.boolean("/layout/sequence_parallel", true, "sequence parallelism with TP (Korthikanti et al. 2022)");
   s.integer("/layout/zero", 1, "ZeRO stage over the data-parallel group (0-3)", 0, 3);
   s.choice("/layout/schedule", "1f1b", schedule_names(), "pipeline schedule (core/pipeline)");
@@ -125,8 +149,40 @@ ConfigSpec plan_spec() {
             "--set system=<this result file> plans with it");
   s.string("/calibrate/collectives", "results/collectives.json", "the `mpt collectives` result file --calibrate reads");
   s.integer("/calibrate/gemm_n", 1024, "N of the N x N x N products --calibrate times", 64, 8192);
-  s.boolean("/published", false, "also compare the model with published runs (ZeRO Figure 1, Megatron-LM Table 1)");
+  s.boolean("/published", false, "also compare the model with published runs (ZeRO Figure 1, Megatron-LM Table 1, "
+            "BLOOM-176B, Llama 3 405B Table 4)");
   return s;
+}
+
+/// The MLP of /model/widths (/model/style = mlp, /model/preset = custom): a sample is one row, no
+/// dropout unless /model/dropout = on. Throws ConfigError naming a transformer key that is set (an
+/// MLP would ignore it), a preset, fewer than 2 widths or a width below 1.
+pl::ModelShape mlp_from(const Config& cfg, const std::string& preset, const std::vector<long long>& widths) {
+  if (preset != "custom")
+    throw ConfigError(fmt::format("/model/style: mlp needs /model/preset = custom (the MLP is /model/widths), got "
+                                  "/model/preset = \"{}\"", preset));
+  if (widths.size() < 2)
+    throw ConfigError(fmt::format("/model/widths: expected at least 2 widths for /model/style = mlp (the input and the "
+                                  "output of a Linear layer), got {}", widths.size()));
+  for (std::size_t k = 0; k < widths.size(); ++k)
+    if (widths[k] < 1) throw ConfigError(fmt::format("/model/widths/{}: expected a width >= 1, got {}", k, widths[k]));
+  for (const char* key : {"layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence", "experts", "top_k"}) {
+    const long long v = cfg.integer(std::string("/model/") + key);
+    if (v != 0)
+      throw ConfigError(fmt::format("/model/{}: expected 0 for /model/style = mlp (its shape is /model/widths), got {}",
+                                    key, v));
+  }
+  if (cfg.str("/model/tied") != "preset")
+    throw ConfigError(fmt::format("/model/tied: expected \"preset\" for /model/style = mlp (no embedding to tie), got "
+                                  "\"{}\"", cfg.str("/model/tied")));
+  pl::ModelShape m;
+  m.name = preset;
+  m.widths.assign(widths.begin(), widths.end());
+  m.layers = static_cast<int64_t>(widths.size()) - 1;
+  m.sequence = 1;
+  m.dropout = cfg.str("/model/dropout") == "on";
+  m.learned_positions = false;
+  return m;
 }
 
 // The model the config names: a preset with the keys that are set (non-zero) overriding it.
@@ -137,7 +193,13 @@ pl::ModelShape model_from(const Config& cfg) {
   m.name = name;
   const std::string style = cfg.str("/model/style");
   if (custom && style == "preset")
-    throw ConfigError("/model/style: expected \"gpt\" or \"llama\" for /model/preset = custom, got \"preset\"");
+    throw ConfigError("/model/style: expected \"gpt\" or \"llama\" for /model/preset = custom (or \"mlp\" with "
+                      "/model/widths), got \"preset\"");
+  const auto widths = cfg.integers("/model/widths");
+  if (style == "mlp") return mlp_from(cfg, name, widths);
+  if (widths != std::vector<long long>{0})
+    throw ConfigError(fmt::format("/model/widths: expected [0] unless /model/style = mlp (a transformer's shape is "
+                                  "/model/layers, /model/hidden, ...), got {} widths", widths.size()));
   if (style == "gpt" || style == "llama") {
     const bool llama = style == "llama";
     m.swiglu = m.rmsnorm = llama;
@@ -168,6 +230,7 @@ pl::ModelShape model_from(const Config& cfg) {
   if (m.moe() && (m.top_k < 1 || m.top_k > m.experts))
     throw ConfigError(fmt::format("/model/top_k: expected 1 .. /model/experts = {} for a mixture of experts, got {}",
                                   m.experts, m.top_k));
+  if (cfg.str("/model/dropout") != "preset") m.dropout = cfg.str("/model/dropout") == "on";
   return m;
 }
 
@@ -199,6 +262,10 @@ pl::Layout layout_from(const Config& cfg) {
   l.schedule = cfg.str("/layout/schedule");
   l.overlap_dp = cfg.boolean("/layout/overlap_dp");
   l.pp_scatter_gather = cfg.boolean("/layout/pp_scatter_gather");
+  l.first_stage_layers = cfg.integer("/layout/first_stage_layers");
+  l.last_stage_layers = cfg.integer("/layout/last_stage_layers");
+  l.account_for_embedding = cfg.boolean("/layout/account_for_embedding");
+  l.account_for_loss = cfg.boolean("/layout/account_for_loss");
   return l;
 }
 
@@ -286,7 +353,43 @@ std::string human_time(double s) {
 // ----------------------------------------------------------------------------
 // 1. The model
 // ----------------------------------------------------------------------------
+/// The model table of an MLP: its parameters and model FLOPs per sample.
+Table mlp_model_table(const pl::ModelShape& m, const pl::Training& t) {
+  Table tb{"model", fmt::format("Model: MLP {} ({} Linear layers, a ReLU after all but the last{})", fmt::join(m.widths, "-"),
+                                m.layers, m.dropout ? ", dropout after each" : ""),
+           {text_col("name", "term"), sci_col("value", "value", "-", 5), text_col("formula", "formula")}};
+  double matrices = 0;
+  for (std::size_t k = 0; k + 1 < m.widths.size(); ++k)
+    matrices += static_cast<double>(m.widths[k]) * static_cast<double>(m.widths[k + 1]);
+  tb.rows.push_back({{"name", "parameters"}, {"value", pl::count_params(m).total}, {"formula", "sum of w_k·w_k+1 + w_k+1"}});
+  tb.rows.push_back({{"name", "model FLOPs per sample"}, {"value", 6 * matrices},
+                     {"formula", "3 passes x 2 x sum of w_k·w_k+1 (Narayanan et al. 2021, §5.1)"}});
+  tb.notes.push_back(fmt::format("training: global batch {} samples, microbatch {}, {}, {}, recompute {}{}", t.global_batch,
+                                 t.microbatch, t.recipe, t.optimizer, t.recompute,
+                                 t.recompute == "selective" ? " (no attention scores: as none)" : ""));
+  return tb;
+}
+
+/// An MLP's pipeline stages (Estimate::stages): each stage's layers, parameters and activations;
+/// the memory table shows the one that needs most.
+Table mlp_stages_table(const pl::Estimate& e) {
+  Table tb{"mlp_stages", "MLP stages: each stage's layers, parameters and activations (the memory table is the stage that "
+                         "needs most)",
+           {text_col("name", "stage"), text_col("layers", "layers"), sci_col("params", "params", "-", 4),
+            int_col("per_microbatch", "act/microbatch", "B"), int_col("held", "held"), int_col("activations", "activations", "B"),
+            int_col("memory", "memory", "B"), sci_col("forward_flops", "fwd FLOP/microbatch", "-", 4)}};
+  for (const auto& st : e.stages)
+    tb.rows.push_back({{"name", fmt::format("stage {}", st.stage)}, {"layers", st.layers}, {"params", st.params},
+                       {"per_microbatch", std::llround(st.per_microbatch)}, {"held", st.held},
+                       {"activations", std::llround(st.activations)}, {"memory", std::llround(st.memory)},
+                       {"forward_flops", st.forward_flops}});
+  tb.notes.push_back("held: (microbatch, chunk) pairs at the stage's peak, the schedule replayed (core/pipeline's "
+                     "peak_in_flight); act/microbatch: the stage's largest chunk");
+  return tb;
+}
+
 Table model_table(const pl::ModelShape& m, const pl::Training& t) {
+  if (m.mlp()) return mlp_model_table(m, t);
   Table tb{"model", fmt::format("Model: {} ({} layers, hidden {}, {} heads / {} K/V, ffn {}, vocab {}, sequence {}{})", m.name,
                                 m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.sequence,
                                 m.moe() ? fmt::format(", {} experts, top-{}", m.experts, m.top_k) : ""),
@@ -641,6 +744,7 @@ Report run_plan(const Context& ctx) {
   if (devices == 0) {
     const auto e = pl::estimate(m, t, l, sys);
     if (!e.moe.empty()) report.add(moe_table(e, l));
+    if (!e.stages.empty()) report.add(mlp_stages_table(e));
     report.add(memory_table(e, l, sys));
     report.add(time_table(e, l, t, sys));
     report.add(communication_table(e));
@@ -661,6 +765,10 @@ Report run_plan(const Context& ctx) {
     if (l.cp > 1)
       st.notes.push_back(fmt::format("/layout/cp = {} is not searched: every layout here has cp = 1 (plan a CP layout "
                                      "without --search)", l.cp));
+    if (l.uneven())
+      st.notes.push_back("/layout/first_stage_layers, /layout/last_stage_layers, /layout/account_for_embedding and "
+                         "/layout/account_for_loss are not searched: every layout here has even stages (plan an uneven "
+                         "layout without --search)");
     if (m.moe()) st.notes.push_back("ep: every degree dividing dp and the experts was tried (/layout/ep is not read)");
     report.add(std::move(st));
     if (std::any_of(cs.begin(), cs.end(), [](const pl::Candidate& c) { return c.rejected.empty(); })) {
@@ -669,7 +777,7 @@ Report run_plan(const Context& ctx) {
     }
   }
   if (cfg.boolean("/published")) {
-    report.add(plan_published::published_runs_table(load_system("a100-80gb-dgx"), report));
+    report.add(plan_published::published_runs_table(load_system("a100-80gb-dgx"), load_system("h100-sxm-dgx"), report));
   }
   report.env["system"] = sys.name;
   return report;

@@ -88,6 +88,100 @@ std::vector<PublishedRow> megatron_table1(const pl::System& a100) {
   return rows;
 }
 
+// Llama 3 405B, Table 4 of "The Llama 3 Herd of Models" (Llama Team, AI @ Meta 2024, §3.3.2), its two
+// 8,192-token rows on H100-80GB (Grand Teton: 8 per server, NVLink; RoCE 400 Gb/s per GPU): TP 8,
+// CP 1, PP 16, DP 64 / 128, batch size per DP group 32 / 16 sequences (16M tokens per batch),
+// 430 / 400 TFLOP/s per GPU (BF16 MFU 43 % / 41 %). From the text: no activation checkpointing at
+// 8K tokens; FSDP sharding the optimizer states and gradients, fp32 gradient accumulation and
+// reduce-scatter; an interleaved schedule; one layer fewer on the first and the last stage, "the
+// first model chunk on the first stage has only the embedding, and the last model chunk on the
+// last stage has only output projection and loss calculation" (Megatron-core's
+// account_for_embedding/loss_in_pipeline_split: 126 + 2 = 128 = 16 stages x 8 chunks of one layer).
+// Assumed (not published): microbatch 1, virtual stages 8 (one layer per chunk, from the sentence
+// above), Megatron's interleaved schedule (N = p), sequence parallelism (Korthikanti et al. cited
+// for TP), FlashAttention, and the FSDP traffic as ZeRO-1's (one reduce-scatter and one all-gather
+// per step, overlapped with the last backward; ZeRO-2 with pp > 1 is refused here).
+struct LlamaRow {
+  const char* name;
+  int64_t gpus, dp, batch_per_dp;
+  double tflops;
+};
+const LlamaRow kLlamaTable4[] = {{"llama3_405b_8k_gpus", 8192, 64, 32, 430}, {"llama3_405b_16k_gpus", 16384, 128, 16, 400}};
+
+std::vector<PublishedRow> llama3_table4(const pl::System& h100) {
+  std::vector<PublishedRow> rows;
+  for (const auto& r : kLlamaTable4) {
+    const pl::ModelShape m = pl::preset("llama3-405b");  // 126 layers, h 16384, f 53248, 128 heads / 8 K/V
+    pl::Training t;
+    t.global_batch = r.dp * r.batch_per_dp;  // 2048 sequences of 8192 tokens: 16.8M tokens
+    t.microbatch = 1;
+    t.recipe = "bf16";
+    t.recompute = "none";
+    t.flash_attention = true;
+    t.fp32_grads = true;
+    pl::Layout l;
+    l.tp = 8;
+    l.pp = 16;
+    l.dp = r.dp;
+    l.cp = 1;
+    l.sequence_parallel = true;
+    l.zero = 1;
+    l.schedule = "interleaved-1f1b";
+    l.virtual_stages = 8;
+    l.account_for_embedding = l.account_for_loss = true;
+    l.overlap_dp = true;
+    const auto e = pl::estimate(m, t, l, h100);
+    rows.push_back({r.name, "Llama 3 paper, Table 4", "TFLOP/s per GPU (model FLOPs)", r.tflops, e.flops_per_device / 1e12,
+                    0.10});
+  }
+  return rows;
+}
+
+// BLOOM-176B (BigScience, tr11-176B-ml) on 384 A100-80GB (48 nodes of 8, Jean Zay): the run's SLURM
+// script (bigscience-workshop/bigscience, train/tr11-176B-ml/tr11-176B-ml.slurm): TP 4, PP 12 (DP 8),
+// micro batch 2, global batch 2048, 70 layers, hidden 14336, 112 heads, sequence 2048, vocabulary
+// padded to 250880, bf16, ALiBi, `--checkpoint-activations` (full recompute), `--pp-partition-method
+// 'type:transformer|embedding'` (the tied embedding counted as a layer at both ends: 5, 6 x 10, 5;
+// the run's README), ZeRO stage 0 with DeepSpeed's bf16 optimizer ("it implements its own zero stage
+// 1 equivalent": fp32 gradient accumulation, a sharded fp32 master), Megatron's default dropout 0.1
+// (the README), Megatron-DeepSpeed on DeepSpeed's PipelineEngine (1F1B; pipeline messages split over
+// TP and gathered, is_pipe_partitioned; the gradients reduced after the last microbatch). Published:
+// 149.77 TFLOP/s per GPU at iteration 85,376 (104.70 s per iteration, global batch 2048; the README's
+// log line at the end of the first epoch), Megatron-DeepSpeed's eq. 3 count (recompute included).
+// Not modelled: the embedding LayerNorm (2h parameters), DeepSpeed's all-reduce of the fp32
+// gradients (modelled as ZeRO-1's reduce-scatter and all-gather, a quarter fewer bytes).
+std::vector<PublishedRow> bloom_176b(const pl::System& a100) {
+  pl::ModelShape m = pl::preset("megatron-1t");  // GPT style: LayerNorm, GELU, biases, dropout, tied
+  m.name = "bloom-176b";
+  m.layers = 70;
+  m.hidden = 14336;
+  m.heads = m.kv_heads = 112;
+  m.ffn = 4 * 14336;
+  m.vocab = 250880;
+  m.sequence = 2048;
+  m.learned_positions = false;  // ALiBi
+  pl::Training t;
+  t.global_batch = 2048;
+  t.microbatch = 2;
+  t.recipe = "bf16";
+  t.recompute = "full";
+  t.flash_attention = false;
+  t.fp32_grads = true;
+  pl::Layout l;
+  l.tp = 4;
+  l.pp = 12;
+  l.dp = 8;
+  l.sequence_parallel = false;
+  l.zero = 1;
+  l.schedule = "1f1b";
+  l.overlap_dp = false;
+  l.pp_scatter_gather = true;
+  l.account_for_embedding = l.account_for_loss = true;
+  const auto e = pl::estimate(m, t, l, a100);
+  return {{"bloom_176b", "BigScience tr11-176B-ml (README, iteration 85376)", "TFLOP/s per GPU (eq. 3)", 149.77,
+           e.flops_per_device / 1e12, 0.10}};
+}
+
 Table published_table(const std::vector<PublishedRow>& rows, Report& report) {
   Table tb{"published", "Published runs against the model (each row's own configuration; one GEMM efficiency per system)",
            {text_col("name", "row"), text_col("quantity", "quantity"), float_col("published", "published"),
@@ -105,9 +199,11 @@ Table published_table(const std::vector<PublishedRow>& rows, Report& report) {
 
 }  // namespace
 
-Table published_runs_table(const pl::System& a100, Report& report) {
+Table published_runs_table(const pl::System& a100, const pl::System& h100, Report& report) {
   auto rows = zero_figure1();
   for (auto& r : megatron_table1(a100)) rows.push_back(std::move(r));
+  for (auto& r : bloom_176b(a100)) rows.push_back(std::move(r));
+  for (auto& r : llama3_table4(h100)) rows.push_back(std::move(r));
   return published_table(rows, report);
 }
 

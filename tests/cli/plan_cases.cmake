@@ -1,8 +1,9 @@
 # `mpt plan` CLI cases (see cli_case in tests/CMakeLists.txt): pure arithmetic, no processes.
 cli_case(plan_defaults 0 "fits the 79.6 GiB of a device" plan)
 cli_case(plan_search 0 "1824 layouts tried: [0-9]+ fit" plan --search 1024)
-# Published runs: ZeRO Figure 1 within 2 %, Megatron-LM's Table 1 within 10 % (each a check).
-cli_case(plan_published 0 "OK: 14 of 14 checks passed" plan --set published=true)
+# Published runs: ZeRO Figure 1 within 2 %, Megatron-LM's Table 1, BLOOM-176B and Llama 3 405B's Table 4 within 10 %
+# (each a check).
+cli_case(plan_published 0 "OK: 17 of 17 checks passed" plan --set published=true)
 cli_case(plan_gpt3_on_a100 0 "gpt3-175b" plan --set model.preset=gpt3-175b --set system=a100-80gb-dgx
          --set layout.pp=8 --set layout.dp=8 --set train.global_batch=1536 --set train.recipe=fp16)
 # Nothing fits: 405B on 8 devices; the closest layouts and how much each misses by.
@@ -12,6 +13,15 @@ cli_case(plan_bad_tp 2 "/model/heads = 64 is not a multiple of /layout/tp = 3" p
 cli_case(plan_bad_layers 2 "/model/layers = 80 is not a multiple of /layout/pp · /layout/virtual_stages = 3 · 1" plan --set layout.pp=3)
 cli_case(plan_bad_batch 2 "/train/global_batch = 510 is not a multiple of /layout/dp · /train/microbatch = 4 · 1" plan
          --set train.global_batch=510)
+# Uneven stages (Megatron-core's num_layers_in_first/last_pipeline_stage, account_for_embedding/loss_in_pipeline_split):
+# the two ends' layers must leave the middle stages whole ones, at least one each; Llama 3 405B's 126 + 2 on 16 stages.
+cli_case(plan_bad_stage_sum 2 "/layout/first_stage_layers \\+ /layout/last_stage_layers = 30 \\+ 30 = 60: expected /model/layers = 80"
+         plan --set layout.pp=2 --set layout.first_stage_layers=30 --set layout.last_stage_layers=30)
+cli_case(plan_bad_stage_empty 2 "leave 0 of /model/layers = 80 for 2 middle stage.*a stage would hold 0 layers" plan
+         --set layout.pp=4 --set layout.first_stage_layers=40 --set layout.last_stage_layers=40)
+cli_case(plan_llama3_405b_uneven 0 "uneven stages: first 7, middle 8, last 7 layers" plan --set model.preset=llama3-405b
+         --set layout.pp=16 --set layout.dp=64 --set layout.schedule=interleaved-1f1b --set layout.virtual_stages=8
+         --set layout.account_for_embedding=true --set layout.account_for_loss=true --set train.global_batch=2048)
 cli_case(plan_bad_custom 2 "/model/style: expected \"gpt\" or \"llama\" for /model/preset = custom" plan --set model.preset=custom)
 cli_case(plan_bad_system_name 2 "/system: no shipped system named \"h300\" \\(expected one of: a100-80gb-dgx, ci-epyc-2cpu, h100-sxm-dgx, h200-sxm-dgx"
          plan --set system=h300)
@@ -21,8 +31,9 @@ cli_case(plan_bad_system_zero 2 "/memory_gib: expected a number in \\[1e-06, 1e\
 cli_case(plan_no_fp8_on_a100 2 "the system \"a100-80gb-dgx\" .* has no fp8-tensorwise peak" plan --set system=a100-80gb-dgx
          --set train.recipe=fp8-tensorwise)
 # The plan against mpt's own runs (tests/plan/own_runs.py): shard's model states per rank at ZeRO
-# 0-3 and tensorparallel's activation bytes per layer, each equal to the plan's term plus its
-# named difference (docs/plan.md, "Own runs").
+# 0-3, tensorparallel's activation bytes per layer, the collectives' payloads, and the MLP experiments'
+# (accumulate, checkpoint, dataparallel, pipeline) peaks and payloads, each equal to the plan's term plus
+# its named difference (docs/plan.md, "Own runs").
 add_test(NAME cli.plan_own_runs COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/plan/own_runs.py $<TARGET_FILE:mpt>
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 # --calibrate: this machine from a `mpt collectives` result, then a plan on the system it wrote
@@ -49,3 +60,12 @@ cli_case(plan_top_k_over_experts 2 "/model/top_k: expected 1 .. /model/experts =
          --set model.preset=mixtral-8x7b --set model.top_k=9)
 cli_case(plan_capacity_factor_zero 2 "/train/capacity_factor: expected a number > 0" plan --set model.preset=mixtral-8x7b
          --set train.capacity_factor=0)
+# The MLP (model.style mlp, model.widths): mpt pipeline's network on 4 stages, each stage planned with its
+# own layers (the mlp_stages table); a layout it cannot run exits 2 naming the key.
+cli_case(plan_mlp_pipeline 0 "Model: MLP 16-64-64-64-64-64-64-64-1" plan --set model.preset=custom --set model.style=mlp
+         --set "model.widths=[16,64,64,64,64,64,64,64,1]" --set train.recipe=fp32 --set train.global_batch=64
+         --set train.microbatch=16 --set layout.dp=1 --set layout.tp=1 --set layout.pp=4)
+cli_case(plan_mlp_bad_tp 2 "/layout/tp = 8: the MLP model is planned without tensor parallelism" plan
+         --set model.preset=custom --set model.style=mlp --set "model.widths=[784,128,10]")
+cli_case(plan_mlp_bad_heads 2 "/model/heads: expected 0 for /model/style = mlp" plan --set model.preset=custom
+         --set model.style=mlp --set "model.widths=[784,128,10]" --set model.heads=4)

@@ -2,9 +2,11 @@
 #include "core/plan/plan.hpp"
 
 #include <cmath>
+#include <vector>
 
 #include "catch.hpp"
 #include "core/errors.hpp"
+#include "core/pipeline/schedule.hpp"
 
 using namespace mpt::plan;
 
@@ -588,4 +590,342 @@ TEST_CASE("system files: the all-to-all of each link is read, and named when mis
   CHECK_THROWS_WITH(parse_system(j, "f.json"), Catch::Contains("f.json: /intra_node/all_to_all/busbw_gbps: missing"));
   j["intra_node"].erase("all_to_all");  // a file from before expert parallelism
   CHECK_THROWS_WITH(parse_system(j, "f.json"), Catch::Contains("f.json: /intra_node/all_to_all: missing"));
+}
+
+TEST_CASE("uneven stages: Megatron-core's first/last stage layers and the embedding and loss counted as layers; the "
+          "rules, each refusal naming the keys", "[plan]") {
+  ModelShape m = gpt(10, 1024, 16, 512);
+  Training t;
+  t.global_batch = 8;
+  Layout l;
+  l.pp = 4;
+  SECTION("the split: the counts as set, the middle stages sharing the rest; only the first set, the rest over p - 1") {
+    l.first_stage_layers = 1;
+    l.last_stage_layers = 1;
+    REQUIRE(layout_error(m, t, l).empty());
+    CHECK(stage_layers(m, l) == std::vector<int64_t>{1, 4, 4, 1});
+    l.last_stage_layers = 0;
+    m.layers = 7;  // 1, then 6 over the other 3 stages
+    REQUIRE(layout_error(m, t, l).empty());
+    CHECK(stage_layers(m, l) == std::vector<int64_t>{1, 2, 2, 2});
+    l.first_stage_layers = 0;
+    m.layers = 8;  // even: L/p each
+    CHECK(stage_layers(m, l) == std::vector<int64_t>{2, 2, 2, 2});
+  }
+  SECTION("the embedding and the loss as layers: BLOOM's 70 + 2 on 12 stages, Llama 3's 126 + 2 on 16 in chunks of one") {
+    m.layers = 70;
+    m.heads = m.kv_heads = 16;
+    l.pp = 12;
+    l.account_for_embedding = l.account_for_loss = true;
+    t.global_batch = 24;
+    REQUIRE(layout_error(m, t, l).empty());
+    std::vector<int64_t> bloom(12, 6);
+    bloom.front() = bloom.back() = 5;  // the run's README: [embed | 5], 6 x 10, [5 | embed]
+    CHECK(stage_layers(m, l) == bloom);
+    m.layers = 126;
+    l.pp = 16;
+    l.schedule = "interleaved-1f1b";
+    l.virtual_stages = 8;  // 128 = 16 x 8 chunks of one layer: the first chunk the embedding, the last the loss
+    t.global_batch = 32;
+    REQUIRE(layout_error(m, t, l).empty());
+    std::vector<int64_t> llama(16, 8);
+    llama.front() = llama.back() = 7;
+    CHECK(stage_layers(m, l) == llama);
+    l.account_for_loss = false;  // 127 over 16 stages
+    CHECK_THAT(layout_error(m, t, l), Catch::Matchers::Contains("= 127 is not a multiple of /layout/pp = 16"));
+  }
+  SECTION("refused, naming the keys") {
+    auto err = [&]() { return layout_error(m, t, l); };
+    l.pp = 2;
+    l.first_stage_layers = 4;
+    l.last_stage_layers = 4;  // 8 of 10 layers, no middle stage to take the rest
+    CHECK_THAT(err(), Catch::Matchers::Contains("/layout/first_stage_layers + /layout/last_stage_layers = 4 + 4 = 8: "
+                                                "expected /model/layers = 10"));
+    l.pp = 4;
+    l.first_stage_layers = l.last_stage_layers = 5;  // the two middle stages would hold 0 layers
+    CHECK_THAT(err(), Catch::Matchers::Contains("a stage would hold 0 layers"));
+    l.first_stage_layers = 2;
+    l.last_stage_layers = 3;  // 5 layers over 2 middle stages
+    CHECK_THAT(err(), Catch::Matchers::Contains("= 5 is not a multiple of the 2 middle stage(s)"));
+    l.first_stage_layers = 1;
+    l.last_stage_layers = 1;
+    l.schedule = "interleaved-1f1b";
+    l.virtual_stages = 2;  // Megatron-core: a stage's layers a multiple of its chunks
+    CHECK_THAT(err(), Catch::Matchers::Contains("/layout/first_stage_layers = 1 is not a multiple of /layout/virtual_stages = 2"));
+    l.schedule = "1f1b";
+    l.virtual_stages = 1;
+    l.account_for_embedding = true;
+    CHECK_THAT(err(), Catch::Matchers::Contains("cannot be set with /layout/account_for_embedding"));
+    l.first_stage_layers = l.last_stage_layers = 0;  // 11 over 4 stages
+    CHECK_THAT(err(), Catch::Matchers::Contains("= 11 is not a multiple of /layout/pp = 4"));
+    m.layers = 2;
+    l.account_for_loss = true;  // 4 over 4 stages: the first and the last would hold the embedding and the loss only
+    CHECK_THAT(err(), Catch::Matchers::Contains("without a transformer layer"));
+    m.layers = 10;
+    l.pp = 1;
+    CHECK_THAT(err(), Catch::Matchers::Contains("uneven stages need /layout/pp > 1"));
+    l.pp = 2;
+    l.schedule = "zb-v";
+    l.virtual_stages = 2;
+    CHECK_THAT(err(), Catch::Matchers::Contains("not the V of zb-v"));
+    l.schedule = "1f1b";
+    l.virtual_stages = 1;
+    l.account_for_embedding = l.account_for_loss = false;
+    CHECK(err().empty());  // even again
+  }
+}
+
+TEST_CASE("uneven stages: the stage that needs most memory, the slowest stage's pace and bubble, its sends and "
+          "gradients", "[plan]") {
+  // A GPT of L = 10 (h = 1024, a = 16, s = 512, f = 4h, V = 64, LayerNorm, biases, dropout, tied) on 4 stages of
+  // 1, 4, 4, 1 layers; fp32 with plain SGD (4 + 4 B per parameter), full recompute, FlashAttention, microbatch 1,
+  // 8 microbatches, 1F1B: stage i holds p - i = 4, 3, 2, 1 microbatches at its peak.
+  ModelShape m = gpt(10, 1024, 16, 512);
+  m.vocab = 64;
+  Training t;
+  t.global_batch = 8;
+  t.recipe = "fp32";
+  t.optimizer = "sgd";
+  t.recompute = "full";
+  Layout l;
+  l.pp = 4;
+  l.first_stage_layers = 1;
+  l.last_stage_layers = 1;
+  const System sys = test_system();
+  const double s = 512, b = 1, h = 1024, f = 4096, V = 64, mb = 8, p = 4;
+  const double per_layer = count_params(m).per_layer;
+  REQUIRE(per_layer == 12 * h * h + 13 * h);
+  SECTION("memory: a middle stage (4 layers, 3 microbatches held) needs more than the first (1 layer, 4 held)") {
+    REQUIRE(layout_error(m, t, l).empty());
+    const Estimate e = estimate(m, t, l, sys);
+    CHECK(e.stage == "middle");
+    CHECK(term(e, "weights") == 4 * 4 * per_layer);
+    CHECK(term(e, "gradients") == 4 * 4 * per_layer);
+    // full recompute keeps the layer input, 2sbh elements of 4 bytes, per layer: 4 layers x 3 microbatches
+    CHECK(term(e, "activations") == 3 * 4 * (2 * s * b * h * 2));
+  }
+  SECTION("time: the middle stages set the pace; the step is m times their time plus (p - 1) times it (1F1B)") {
+    const Estimate e = estimate(m, t, l, sys);
+    REQUIRE(e.comm_device.rfind("middle stage", 0) == 0);
+    // per layer and microbatch: GEMM FLOPs 2 x 12h^2 x sb + 4bs^2h forward at 20 TFLOP/s x 0.5; elementwise
+    // (3sbf + 16sbh) x 4 bytes forward at 2000 GB/s; backward twice, the recompute once more: 4 of each
+    const double rate = 20e12 * 0.5, fwd = 2 * 12 * h * h * s * b + 4 * b * s * s * h;
+    const double mem = (3 * s * b * f + 16 * s * b * h) * 4 / 2000e9;
+    const double t_mid = 4 * (4 * fwd / rate + 4 * mem);
+    const double t_last = (4 * fwd + 3 * 2 * V * h * s * b) / rate + 4 * mem;  // 1 layer and the logits
+    REQUIRE(t_mid > t_last);
+    CHECK(term(e, "compute") == Approx(mb * 4 * 4 * fwd / rate).epsilon(1e-12));
+    CHECK(term(e, "elementwise") == Approx(mb * 4 * 4 * mem).epsilon(1e-12));
+    CHECK(term(e, "bubble") == Approx((p - 1) * t_mid).epsilon(1e-12));
+    // that bubble, at the slowest stage's time, bounds the schedule's own timeline from above: core/pipeline's
+    // simulate_schedule replays 1F1B with each stage's own forward and backward (1, 4, 4, 1 layers, the logits last)
+    std::vector<double> fs, bs, ws;
+    for (int i = 0; i < 4; ++i) {
+      const double Li = (i == 0 || i == 3) ? 1 : 4, logits = i == 3 ? 2 * V * h * s * b : 0.0;
+      fs.push_back((Li * fwd + logits) / rate + Li * mem);
+      bs.push_back((2 * (Li * fwd + logits) + Li * fwd) / rate + 3 * Li * mem);
+      ws.push_back(0.0);
+    }
+    const double replayed = mpt::simulate_schedule(mpt::make_schedule(mpt::ScheduleKind::OneFOneB, 4, 8), fs, bs, ws).step_s;
+    CHECK(replayed >= mb * t_mid);
+    CHECK(replayed <= term(e, "compute") + term(e, "elementwise") + term(e, "bubble"));
+    // a middle rank sends an activation and a gradient of sbh (4 bytes) per microbatch, and receives as many
+    CHECK(comm_bytes(e, "pp/send") == mb * 2 * s * b * h * 4);
+    CHECK(comm_bytes(e, "pp/recv") == mb * 2 * s * b * h * 4);
+    CHECK(comm_bytes(e, "embedding/all_reduce") == 0);  // the tied embedding's all-reduce is the ends' own
+  }
+  SECTION("communication follows the stage: TP per layer only, the gradients of its 4 layers, no loss all-reduce") {
+    t.recompute = "none";
+    l.tp = 2;
+    const Estimate e = estimate(m, t, l, sys);
+    REQUIRE(e.comm_device.rfind("middle stage", 0) == 0);
+    // 2 all-reduces forward, 2 backward per layer of sbh (4 bytes): no embedding's, head's or cross-entropy's
+    CHECK(comm_bytes(e, "tp/all_reduce") == mb * 4 * 4 * (s * b * h * 4));
+    l.tp = 1;
+    l.dp = 2;
+    t.global_batch = 16;  // 8 microbatches per replica
+    const Estimate d = estimate(m, t, l, sys);
+    CHECK(comm_bytes(d, "dp/all_reduce") == 4 * per_layer * 4);  // ZeRO-0: its 4 layers' fp32 gradients, once
+  }
+  SECTION("even stages: the last stage sets the pace and is the one modelled, as before") {
+    m.layers = 8;
+    l.first_stage_layers = l.last_stage_layers = 0;
+    const Estimate e = estimate(m, t, l, sys);
+    CHECK(e.comm_device == "last stage");
+    CHECK(e.stage == "first");
+  }
+}
+
+// ---- The MLP (ModelShape::widths): mpt's own experiments' networks (own runs: tests/plan/own_runs.py)
+
+namespace {
+
+ModelShape mlp_shape(std::vector<int64_t> widths) {
+  ModelShape m;
+  m.name = "custom";
+  m.widths = std::move(widths);
+  m.layers = static_cast<int64_t>(m.widths.size()) - 1;
+  m.sequence = 1;
+  m.dropout = false;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("MLP: parameters, and the activations autograd keeps for Linear + ReLU in each recipe", "[plan][mlp]") {
+  const ModelShape m = mlp_shape({784, 128, 128, 10});  // mpt accumulate's memory table
+  CHECK(count_params(m).total == 784.0 * 128 + 128 + 128.0 * 128 + 128 + 128.0 * 10 + 10);  // 118,282
+  Training t;
+  t.recipe = "fp32";
+  t.recompute = "none";
+  const double b = 512;
+  // every Linear's input (784, 128, 128 wide) and the fp32 loss input (10 wide)
+  CHECK(mlp_activation_bytes(m, t, 512, 0, 3) == 4 * b * (784 + 128 + 128) + 4 * b * 10);
+  // a stage of the first layer alone: its input and its ReLU output (the next stage keeps a copy)
+  CHECK(mlp_activation_bytes(m, t, 512, 0, 1) == 4 * b * (784 + 128));
+  // the last layer alone: its input and the loss input
+  CHECK(mlp_activation_bytes(m, t, 512, 2, 3) == 4 * b * 128 + 4 * b * 10);
+  // selective recompute drops attention scores: an MLP has none
+  t.recompute = "selective";
+  CHECK(mlp_activation_bytes(m, t, 512, 0, 3) == 4 * b * (784 + 128 + 128 + 10));
+  // full recompute: every layer keeps its input only (the loss's input stays)
+  t.recompute = "full";
+  CHECK(mlp_activation_bytes(m, t, 512, 0, 1) == 4 * b * 784);
+  CHECK(mlp_activation_bytes(m, t, 512, 0, 3) == 4 * b * (784 + 128 + 128) + 4 * b * 10);
+  // bf16: 2-byte activations, the loss input in fp32
+  t.recompute = "none";
+  t.recipe = "bf16";
+  CHECK(mlp_activation_bytes(m, t, 512, 0, 3) == 2 * b * (784 + 128 + 128) + 4 * b * 10);
+  // dropout: every ReLU output kept besides its dropout output (the next input) and a 1-byte mask
+  ModelShape d = m;
+  d.dropout = true;
+  t.recipe = "fp32";
+  CHECK(mlp_activation_bytes(d, t, 512, 0, 2) == 4 * b * (784 + 128) + 2 * (4 + 1) * b * 128);
+  CHECK_THROWS_AS(mlp_activation_bytes(m, t, 512, 2, 4), std::invalid_argument);
+}
+
+TEST_CASE("MLP: one device's model states and activations, its DP payload, ZeRO's", "[plan][mlp]") {
+  const ModelShape m = mlp_shape({784, 128, 128, 10});
+  const double psi = 118282;
+  Training t;
+  t.recipe = "fp32";
+  t.optimizer = "sgd";
+  t.recompute = "none";
+  t.global_batch = 512;
+  t.microbatch = 128;
+  Layout l;  // dp = tp = pp = 1
+  const System sys = test_system();
+  REQUIRE(layout_error(m, t, l).empty());
+  Estimate e = estimate(m, t, l, sys);
+  CHECK(e.stage == "only");
+  CHECK(term(e, "weights") == 4 * psi);
+  CHECK(term(e, "gradients") == 4 * psi);
+  CHECK(term(e, "master weights") == 0);
+  CHECK(term(e, "optimizer states") == 0);
+  CHECK(term(e, "activations") == 4.0 * 128 * (784 + 128 + 128 + 10));  // one microbatch at a time
+  CHECK(e.microbatches == 4);
+  CHECK(e.comm.empty());
+  CHECK(e.model_flops == 6.0 * (784 * 128 + 128 * 128 + 128 * 10) * 512);
+  // dp 2, ZeRO-0: the loss's 8 B and the fp32 gradients once per step
+  l.dp = 2;
+  e = estimate(m, t, l, sys);
+  CHECK(comm_bytes(e, "dp/all_reduce") == 8 + 4 * psi);
+  // bf16 with Adam and ZeRO-1: 2 + 2 B/param, the fp32 master and Adam's 8 B/param over dp
+  t.recipe = "bf16";
+  t.optimizer = "adam";
+  l.zero = 1;
+  e = estimate(m, t, l, sys);
+  CHECK(term(e, "weights") == 2 * psi);
+  CHECK(term(e, "master weights") == 4 * psi / 2);
+  CHECK(term(e, "optimizer states") == 8 * psi / 2);
+  CHECK(comm_bytes(e, "dp/reduce_scatter") == 2 * psi);
+  CHECK(comm_bytes(e, "dp/all_gather") == 2 * psi);
+  // fp8: a 1-byte copy of each weight matrix (not the biases)
+  t.recipe = "fp8-tensorwise";
+  Training fp8 = t;
+  System s8 = test_system();
+  s8.peak_fp8 = 600e12;
+  CHECK(term(estimate(m, fp8, l, s8), "fp8 weight copies") == 784.0 * 128 + 128.0 * 128 + 128.0 * 10);
+}
+
+TEST_CASE("MLP: pipeline stages of their own width, the schedule's held microbatches, the boundary messages",
+          "[plan][mlp]") {
+  // mpt pipeline's default network: 16 -> 64 (x7) -> 1, 8 layers on 4 stages of 2
+  const ModelShape m = mlp_shape({16, 64, 64, 64, 64, 64, 64, 64, 1});
+  Training t;
+  t.recipe = "fp32";
+  t.optimizer = "sgd";
+  t.recompute = "none";
+  t.global_batch = 64;
+  t.microbatch = 16;  // m = 4
+  Layout l;
+  l.pp = 4;
+  l.schedule = "1f1b";
+  const System sys = test_system();
+  REQUIRE(layout_error(m, t, l).empty());
+  Estimate e = estimate(m, t, l, sys);
+  REQUIRE(e.stages.size() == 4);
+  const double b = 16;
+  // per microbatch: stage 0 its inputs 16 + 64 and its last ReLU output 64; the middle stages 64 + 64
+  // + 64; the last 64 + 64 and the loss input 1
+  const double first = 4 * b * (16 + 64 + 64), mid = 4 * b * (64 + 64 + 64), last = 4 * b * (64 + 64) + 4 * b * 1;
+  CHECK(e.stages[0].per_microbatch == first);
+  CHECK(e.stages[1].per_microbatch == mid);
+  CHECK(e.stages[3].per_microbatch == last);
+  // 1F1B: stage s holds min(p - s, m) microbatches (Narayanan et al. 2021)
+  CHECK(e.stages[0].held == 4);
+  CHECK(e.stages[1].held == 3);
+  CHECK(e.stages[3].held == 1);
+  CHECK(e.stages[1].activations == 3 * mid);
+  CHECK(e.stages[1].params == 2 * (64.0 * 64 + 64));
+  CHECK(e.stages[1].layers == "2-3");
+  // stage 1: 8 B/param (fp32 weights and gradients, SGD) of its 8320 and 3 microbatches: the most
+  CHECK(e.stage == "middle");
+  CHECK(term(e, "activations") == 3 * mid);
+  // stages 1 and 2 have the most GEMM FLOPs (2·64·64 per sample each): the later is modelled, a middle
+  // rank receiving its input and its output's gradient (b·64 floats each) and sending as many, per microbatch
+  CHECK(e.comm_device == "middle stage (stage 2, layers 4-5)");
+  CHECK(comm_bytes(e, "pp/recv") == 4 * 2 * b * 64 * 4);
+  CHECK(comm_bytes(e, "pp/send") == 4 * 2 * b * 64 * 4);
+  CHECK(comm_bytes(e, "dp/all_reduce") == 0);  // dp = 1
+  // GPipe holds all m = 4 microbatches on every stage
+  l.schedule = "gpipe";
+  e = estimate(m, t, l, sys);
+  for (const auto& st : e.stages) CHECK(st.held == 4);
+  CHECK(term(e, "activations") == 4 * mid);
+  // ZB-V: rank 0 runs the first and the last of 2p = 4 chunks (V placement): two sends per microbatch
+  const ModelShape v = mlp_shape({8, 16, 16, 16, 1});
+  Layout lv;
+  lv.pp = 2;
+  lv.virtual_stages = 2;
+  lv.schedule = "zb-v";
+  t.global_batch = 8;
+  t.microbatch = 2;
+  REQUIRE(layout_error(v, t, lv).empty());
+  e = estimate(v, t, lv, sys);
+  CHECK(e.comm_device.rfind("first stage", 0) == 0);
+  CHECK(e.stages[0].layers == "0, 3");
+  CHECK(comm_bytes(e, "pp/send") == 4 * (2 * 16 * 4 + 2 * 16 * 4));
+}
+
+TEST_CASE("MLP: layouts it cannot run are refused naming the keys", "[plan][mlp]") {
+  const ModelShape m = mlp_shape({784, 128, 128, 10});
+  Training t;
+  t.global_batch = 512;
+  t.microbatch = 64;
+  Layout l;
+  l.tp = 2;
+  CHECK(layout_error(m, t, l).rfind("/layout/tp = 2: the MLP model is planned without tensor parallelism", 0) == 0);
+  l.tp = 1;
+  l.pp = 2;
+  CHECK(layout_error(m, t, l) ==
+        "/model/widths: the MLP's 3 Linear layers are not a multiple of /layout/pp · /layout/virtual_stages = 2 · 1");
+  l.pp = 1;
+  t.global_batch = 500;
+  CHECK(layout_error(m, t, l).rfind("/train/global_batch = 500", 0) == 0);
+  t.global_batch = 512;
+  l.cp = 2;
+  CHECK(layout_error(m, t, l).rfind("/layout/cp = 2", 0) == 0);
+  l.cp = 1;
+  CHECK(layout_error(mlp_shape({784}), t, l).rfind("/model/widths: expected at least 2 widths", 0) == 0);
 }

@@ -13,14 +13,11 @@
 
 #include "core/errors.hpp"
 #include "core/pipeline/schedule.hpp"
+#include "core/plan/plan_detail.hpp"
 
 namespace mpt::plan {
 
 namespace {
-
-double act_bytes_per_element(const std::string& recipe) { return recipe == "fp32" ? 4.0 : 2.0; }
-
-bool is_fp8(const std::string& recipe) { return recipe.rfind("fp8", 0) == 0 || recipe == "mxfp8"; }
 
 // Bytes per parameter of each model state: ZeRO's 2Ψ (weights) + 2Ψ (gradients) + KΨ (K = 12: fp32
 // master, Adam's m and v) for mixed precision (Rajbhandari et al. 2020, §3.1).
@@ -37,44 +34,6 @@ StateBytes state_bytes(const Training& t) {
   return b;
 }
 
-// Time of one collective of `bytes` (the per-rank buffer, nccl-tests' "size") over `n` ranks:
-// latency + bytes · factor / busbw, factor 2(n − 1)/n for all-reduce and (n − 1)/n for
-// all-gather and reduce-scatter (nccl-tests' doc/PERFORMANCE.md, busbw), 1 for send/recv.
-double collective_s(const Collective& c, double bytes, int64_t n, double factor_num) {
-  if (n <= 1 || bytes <= 0) return 0.0;
-  const double factor = factor_num * static_cast<double>(n - 1) / static_cast<double>(n);
-  return c.latency_s + bytes * factor / c.busbw;
-}
-double send_s(const Collective& c, double bytes) { return bytes <= 0 ? 0.0 : c.latency_s + bytes / c.busbw; }
-
-// A group of `size` ranks `stride` apart stays inside a node when its span fits one (ranks are
-// placed tp fastest, then dp, then pp; nodes hold consecutive ranks).
-const Link& link_for(const System& s, int64_t size, int64_t stride) {
-  return (size - 1) * stride + 1 <= s.devices_per_node ? s.intra : s.inter;
-}
-
-// Replayed peak of (microbatch, chunk) pairs held per stage, cached: the peak saturates once m
-// reaches the schedule's bound, so a replay with m' = min(m, 4p) gives it for any larger m whose
-// bound is the same (GPipe's bound grows with m, and is its exact peak).
-std::vector<int> held_pairs(const std::string& schedule, int p, int m, int v) {
-  static std::mutex mu;
-  static std::map<std::tuple<std::string, int, int, int>, std::vector<int>> cache;
-  const ScheduleSpec& spec = schedule_spec(schedule);
-  int mr = std::min(m, 4 * p);
-  if (spec.microbatches_in_groups) mr = std::max(p, mr - mr % p);
-  if (spec.peak_bound(p, m, v) != spec.peak_bound(p, mr, v)) return std::vector<int>(p, spec.peak_bound(p, m, v));
-  // a replay of more than 2·10^7 ops (thousands of stages) would take seconds: every stage gets the
-  // schedule's bound instead, an upper bound of the last stage's
-  if (static_cast<double>(p) * mr * v * 3 > 2e7) return std::vector<int>(p, spec.peak_bound(p, m, v));
-  const auto key = std::make_tuple(schedule, p, mr, v);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  auto peaks = peak_in_flight(make_schedule(spec.kind, p, mr, v));
-  cache.emplace(key, peaks);
-  return peaks;
-}
-
 }  // namespace
 
 ModelStates model_states(double params, const Training& t, int zero, int64_t dp) {
@@ -89,6 +48,7 @@ ModelStates model_states(double params, const Training& t, int zero, int64_t dp)
 }
 
 Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const System& sys) {
+  if (m.mlp()) return estimate_mlp(m, t, l, sys);  // plan_mlp.cpp: an MLP's stages differ
   Estimate e;
   const double peak = sys.peak_for(t.recipe);
   if (peak <= 0) throw std::invalid_argument(fmt::format("the system '{}' has no {} peak", sys.name, t.recipe));
@@ -106,8 +66,11 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   const int v = static_cast<int>(l.pp > 1 ? l.virtual_stages : 1);
   e.microbatches = t.global_batch / (l.dp * t.microbatch);
   const int mb = static_cast<int>(e.microbatches);
-  const double layers_per_stage = static_cast<double>(m.layers) / p;
-  const double layers_per_chunk = layers_per_stage / v;
+  // the layers of each stage: L/p, or the uneven split of Megatron-core's keys (stage_layers); a
+  // middle stage's (they all hold the same), 0 without middle stages
+  const std::vector<int64_t> sl = stage_layers(m, l);
+  const double L_first = static_cast<double>(sl.front()), L_last = static_cast<double>(sl.back());
+  const double L_mid = p > 2 ? static_cast<double>(sl[1]) : 0.0;
   const double sp = l.sequence_parallel ? tp : 1.0;  // what sequence parallelism divides by
 
   // ---- a mixture of experts with drop-and-pad (GShard, Switch; Megatron-core's capacity factor
@@ -161,18 +124,17 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     if (m.bias) layer_tp += (h + 2 * kv) / tp + h;
     expert_tp = E / epd * (pc.expert_matmul / tp + (m.bias ? (m.swiglu ? 2 * f : f) / tp + h : 0.0));
   }
-  const double experts_dev = layers_per_stage * expert_tp;  // the experts' parameters on a device of any stage
   // One device holds both ends of the model with pp = 1 and under ZB-V's V (rank 0 runs the first
   // and the last chunk); there a tied head is the embedding itself. A tied head on a stage of its
   // own keeps a copy of the embedding (Megatron-LM's shared word embeddings).
   const bool vee = p > 1 && schedule_spec(l.schedule).placement == Placement::V;
   const bool both_ends = p == 1 || vee;
-  e.comm_device = p == 1 ? "only stage" : vee ? "first stage (ZB-V: the first and last chunks)" : "last stage";
   const double emb_tp = pc.embedding / tp;
   const double head_tp = both_ends ? pc.head / tp : (m.tied ? pc.embedding : pc.head) / tp;
-  const double first = layers_per_stage * layer_tp + emb_tp + pc.positions + (both_ends ? head_tp + pc.final_norm : 0);
+  const double first = L_first * layer_tp + emb_tp + pc.positions + (both_ends ? head_tp + pc.final_norm : 0);
   // the other end: pp > 1 the last stage; under ZB-V the turning rank p - 1, blocks only
-  const double last = layers_per_stage * layer_tp + (both_ends ? 0 : head_tp + pc.final_norm);
+  const double last = L_last * layer_tp + (both_ends ? 0 : head_tp + pc.final_norm);
+  const double mid_params = L_mid * layer_tp;  // a middle stage: blocks only
   const StateBytes sb = state_bytes(t);
 
   // ---- activations per layer, bytes (Korthikanti et al. 2022, §4.1 and Table 2, generalised):
@@ -180,7 +142,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // mask] + per head 2s²b (softmax) [+ s²b mask + 2s²b dropout output]; MLP 2sbh (input) + 4sbf
   // (GELU input and output) [+ sbh mask] or, SwiGLU, 2sbh + 6sbf (gate, up, their product);
   // norms 4sbh. At f = 4h, kv = h with dropout: 34sbh + 5as²b.
-  const double ab = act_bytes_per_element(t.recipe) / 2.0;  // the formulas count 2-byte elements
+  const double ab = detail::activation_element_bytes(t.recipe) / 2.0;  // the formulas count 2-byte elements
   const double sbh = s * b * h;
   // softmax (+ mask, dropout output) of this device's s queries against the S keys (S = s
   // without CP); a fused attention kernel (FlashAttention) stores none
@@ -227,11 +189,14 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   per_layer *= ab;
   if (moe && t.recompute != "full") per_layer += 4 * n_route * E;
   std::vector<int> held(static_cast<std::size_t>(p), 1);
-  if (p > 1) held = held_pairs(l.schedule, p, mb, v);
+  if (p > 1) held = detail::replayed_held_pairs(l.schedule, p, mb, v);
 
   // ---- memory terms, per stage
-  auto stage_memory = [&](double params, int held_pairs, bool is_last, bool is_first) {
+  // one stage of Ls layers holding `params` (dense) parameters and `held_pairs` (microbatch, chunk)
+  // pairs at its peak; is_last / is_first: it holds the head (the logits) / the embedding
+  auto stage_memory = [&](double Ls, double params, int held_pairs, bool is_last, bool is_first) {
     std::vector<Term> mem;
+    const double experts_dev = Ls * expert_tp, layers_per_chunk = Ls / v;
     const ModelStates ms = model_states(params, t, l.zero, l.dp * l.cp);
     const char* over = l.cp > 1 ? "dp·cp" : "dp";  // the ranks ZeRO shards over
     mem.push_back({"weights", ms.weights,
@@ -251,7 +216,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
       const ModelStates xs = model_states(experts_dev, t, l.zero, edp);
       const std::string eover = l.cp > 1 ? "dp·cp/ep" : "dp/ep";
       const std::string held_s =
-          fmt::format("{:g} layers x {:g}/{} experts x {:g} params{}", layers_per_stage, E, l.ep,
+          fmt::format("{:g} layers x {:g}/{} experts x {:g} params{}", Ls, E, l.ep,
                       pc.expert_matmul / tp + (m.bias ? (m.swiglu ? 2 * f : f) / tp + h : 0.0),
                       l.tp > 1 ? " (matrices and column-parallel biases / t: expert TP = TP)" : "");
       mem.push_back({"expert weights", xs.weights,
@@ -266,7 +231,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                      fmt::format("{}: {} B/param{}", t.optimizer, sb.optimizer,
                                  l.zero >= 1 ? fmt::format(" / {} (ZeRO-1)", eover) : "")});
     }
-    if (is_fp8(t.recipe)) {
+    if (detail::fp8_recipe(t.recipe)) {
       // the GEMMs read an fp8 copy of each weight matrix; MX keeps a row- and a column-wise one
       const double copies = t.recipe == "mxfp8" ? 2.0 : 1.0;
       const double scale = t.recipe == "mxfp8" ? 1.0 / 32 : t.recipe == "fp8-blockwise" ? 4.0 / (128 * 128) : 0.0;
@@ -301,17 +266,30 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     return x;
   };
   if (p == 1) {
-    e.memory = stage_memory(first, 1, true, true);
+    e.memory = stage_memory(L_first, first, 1, true, true);
     e.stage = "only";
   } else {
-    auto mf = stage_memory(first, held.front(), vee, true);
-    auto ml = stage_memory(last, held.back(), !vee, false);
+    auto mf = stage_memory(L_first, first, held.front(), vee, true);
+    auto ml = stage_memory(L_last, last, held.back(), !vee, false);
     if (total(mf) >= total(ml)) {
       e.memory = std::move(mf);
       e.stage = "first";
     } else {
       e.memory = std::move(ml);
       e.stage = "last";
+    }
+    // the middle stages of a looped pipeline: blocks only, the same layers each; the one holding the
+    // most pairs. With even stages never more than the first (the same layers without the
+    // embedding, no more pairs held), with uneven ones (more layers than the ends) it may bind.
+    if (!vee && p > 2) {
+      std::size_t most = 1;
+      for (std::size_t i = 2; i + 1 < held.size(); ++i)
+        if (held[i] > held[most]) most = i;
+      auto mm = stage_memory(L_mid, mid_params, held[most], false, false);
+      if (total(mm) > total(e.memory)) {
+        e.memory = std::move(mm);
+        e.stage = "middle";
+      }
     }
   }
   e.memory_bytes = total(e.memory);
@@ -341,9 +319,25 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   e.hardware_flops = 3 * (static_cast<double>(m.layers) * fwd_layer_hw + fwd_logits) * samples / b +
                      static_cast<double>(m.layers) * recompute_layer * samples / b;
 
-  // ---- time per microbatch on the slowest stage (the last: its layers and the logits)
+  // ---- time per microbatch on the slowest stage: with even stages the last (its layers and the
+  // logits); with uneven ones (stage_layers) whichever of the first, the middle and the last
+  // stages takes longest per microbatch, compute and communication (stage_times below)
   const double rate = peak * sys.gemm_efficiency;
-  const double fwd_stage = (layers_per_stage * fwd_layer_hw + fwd_logits) / tp / cpd;
+  // a pipeline stage as a device: its layers, whether it holds the embedding (first_end) and the
+  // head with the loss (last_end), its parameters
+  struct StageDevice {
+    std::string name;
+    double layers = 0;
+    bool first_end = false, last_end = false;
+    double params = 0;
+  };
+  // its time per microbatch (s): GEMMs and elementwise passes forward (t_f) and backward (t_bw,
+  // with the recompute), the elementwise share (t_mem), the forward FLOPs (fwd_stage), and its TP,
+  // CP and EP collectives per microbatch forward and backward (TP's once per step, tp_step)
+  struct StageTimes {
+    double t_f = 0, t_bw = 0, t_mem = 0, fwd_stage = 0, tp_fwd = 0, tp_bwd = 0, tp_step = 0, cp_fwd = 0, cp_bwd = 0,
+           ep_fwd = 0, ep_bwd = 0;
+  };
   // Elementwise kernels, memory-bound: per layer and forward, in element passes (each element read
   // or written once is a pass): the attention scores a·s²·b/t (scale-mask-softmax: read, write;
   // dropout: read, write, mask) unless fused (FlashAttention); the MLP's f-wide activation (GELU
@@ -352,34 +346,29 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // experts the f-wide activation is on the device's expert rows, and the [E, cap, h] buffer is
   // written by the dispatch and read by the combine (2 passes). The backward streams twice the
   // forward's bytes; a full recompute adds a forward, a selective one the scores' passes again.
-  const double eb = act_bytes_per_element(t.recipe);
+  const double eb = detail::activation_element_bytes(t.recipe);
   const double score_bytes = t.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * a * s * S * b / tp * eb;
   const double other_bytes =
       (3.0 * mlp_rows * f / tp + (m.dropout ? 16.0 : 10.0) * sbh / sp + (moe ? 2.0 * rows * h : 0.0)) * eb;
-  const double mem_fwd = layers_per_stage * (score_bytes + other_bytes) / sys.memory_bandwidth;
-  const double mem_recompute = t.recompute == "full" ? mem_fwd
-                               : t.recompute == "selective" ? layers_per_stage * score_bytes / sys.memory_bandwidth
-                                                            : 0.0;
-  const double t_f = fwd_stage / rate + mem_fwd;
-  const double t_bw = (2 * fwd_stage + layers_per_stage * recompute_layer / tp / cpd) / rate + 2 * mem_fwd + mem_recompute;
-  const double t_mem = mem_fwd * 3 + mem_recompute;
   // ---- communication of one step on the modelled device (the last stage's; ZB-V's rank 0, which
   // holds the last chunk), per group and collective
   // (payload as nccl-tests and dist::Group count it); each call costs the link's latency plus the
   // ring's share of its payload. Phases: per microbatch forward, per microbatch backward, per step.
   const double mbd = static_cast<double>(mb);
-  double tp_fwd = 0, tp_bwd = 0, tp_step = 0;  // seconds: per microbatch forward / backward, per step
-  // `timed` false: a receive, whose time is its sender's send
+  // `timed` false: a receive, whose time is its sender's send; while `recording` is false (a stage
+  // timed only to find the slowest) nothing is added to the communication table
+  bool recording = true;
   auto add_comm = [&](const std::string& group, const std::string& coll, double calls, double bytes_each,
                       const Link& lk, int64_t n, const std::string& what, bool timed = true) {
     if (calls <= 0 || bytes_each <= 0 || n <= 1) return 0.0;
     const double sec = !timed ? 0.0
-                       : coll == "send" ? calls * send_s(lk.send_recv, bytes_each)
-                       : coll == "all_reduce" ? calls * collective_s(lk.all_reduce, bytes_each, n, 2)
-                       : coll == "all_gather" ? calls * collective_s(lk.all_gather, bytes_each, n, 1)
+                       : coll == "send" ? calls * detail::send_seconds(lk.send_recv, bytes_each)
+                       : coll == "all_reduce" ? calls * detail::collective_seconds(lk.all_reduce, bytes_each, n, 2)
+                       : coll == "all_gather" ? calls * detail::collective_seconds(lk.all_gather, bytes_each, n, 1)
                        // an all-to-all sends (n − 1)/n of its input (nccl-tests' alltoall busbw)
-                       : coll == "all_to_all" ? calls * collective_s(lk.all_to_all, bytes_each, n, 1)
-                                              : calls * collective_s(lk.reduce_scatter, bytes_each, n, 1);
+                       : coll == "all_to_all" ? calls * detail::collective_seconds(lk.all_to_all, bytes_each, n, 1)
+                                              : calls * detail::collective_seconds(lk.reduce_scatter, bytes_each, n, 1);
+    if (!recording) return sec;
     auto it = std::find_if(e.comm.begin(), e.comm.end(),
                            [&](const CommTerm& c) { return c.group == group && c.collective == coll; });
     if (it == e.comm.end()) it = e.comm.insert(e.comm.end(), CommTerm{group, coll, 0, 0, 0, ""});
@@ -389,139 +378,204 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     it->formula += (it->formula.empty() ? "" : "; ") + what;
     return sec;
   };
-  // TP (Megatron-LM, Shoeybi et al. 2019, §3; the vocabulary-parallel embedding, head and
-  // cross-entropy): without SP, per layer two all-reduces of the sbh activation in the forward
-  // (after the attention and MLP projections) and two in the backward (before QKV and FC1); one
-  // after the embedding (first stage), one before the head in the backward and three of 4sb for
-  // the cross-entropy (max, target logit, sum of exponentials; last stage). With SP (Korthikanti et
-  // al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of the same
-  // payload, and the backward all-gathers each column-parallel GEMM's input again for its weight
-  // gradient (the activations keep only the 1/t shard); the norms' and row-parallel biases'
-  // gradients are all-reduced once per step. The embedding reduce-scatters its output, except with
-  // learned positions: then it all-reduces and keeps its sequence shard, and its backward
-  // all-gathers (Megatron-core's LanguageModelEmbedding). A full recompute runs the forward's
-  // collectives again.
-  // With experts (expert TP = TP) the MLP's collectives carry the device's expert rows, rows·h
-  // instead of sbh: without SP the experts' row-parallel outputs all-reduced forward and their
-  // column-parallel inputs' gradients backward (core/parallel/ep's TpMoeShards, one per expert of
-  // ep·cap rows: E·cap·h per layer); with SP Megatron-core's all-to-all dispatcher all-gathers the
-  // received rows over TP and reduce-scatters the outputs (t·E·cap·h), the backward the reverse,
-  // and no re-gather of the experts' input (it keeps the gathered rows: the activations above).
-  if (l.tp > 1 && moe) {
-    const Link& lk = link_for(sys, l.tp, 1);
-    const double msg = sbh * eb, xmsg = rows_dev * h * eb, ce = 4 * s * b, Ls = layers_per_stage,
-                 emb = both_ends ? 1.0 : 0.0;
-    const double emb_rs = m.learned_positions ? 0.0 : emb, emb_ar = m.learned_positions ? emb : 0.0;
-    const double again = t.recompute == "full" ? Ls : 0.0;  // per layer and half (attention or experts)
-    const std::string emb_s = both_ends ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 1 per layer to recompute" : "";
-    const std::string xs = l.sequence_parallel ? "t·E·cap·h" : "E·cap·h";
-    if (!l.sequence_parallel) {
-      tp_fwd += add_comm("tp", "all_reduce", mbd * (Ls + emb), msg, lk, l.tp,
-                         fmt::format("sbh: 1 per layer forward (attention){}", emb_s)) / mbd;
-      tp_fwd += add_comm("tp", "all_reduce", mbd * Ls, xmsg, lk, l.tp,
-                         xs + ": the experts' outputs, 1 per layer forward") / mbd;
-      tp_bwd += add_comm("tp", "all_reduce", mbd * (Ls + 1 + again), msg, lk, l.tp,
-                         fmt::format("sbh: 1 per layer backward (attention), 1 before the head{}", rc_s)) / mbd;
-      tp_bwd += add_comm("tp", "all_reduce", mbd * (Ls + again), xmsg, lk, l.tp,
-                         fmt::format("{}: the experts' input gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
-    } else {
-      tp_fwd += add_comm("tp", "all_gather", mbd * (Ls + 1), msg, lk, l.tp, "sbh: 1 per layer forward (attention), 1 before the head") / mbd;
-      tp_fwd += add_comm("tp", "all_gather", mbd * Ls, xmsg, lk, l.tp, xs + ": the received rows, 1 per layer forward") / mbd;
-      tp_fwd += add_comm("tp", "reduce_scatter", mbd * (Ls + emb_rs), msg, lk, l.tp,
-                         fmt::format("sbh: 1 per layer forward (attention){}", emb_rs > 0 ? emb_s : "")) / mbd;
-      tp_fwd += add_comm("tp", "reduce_scatter", mbd * Ls, xmsg, lk, l.tp, xs + ": the experts' outputs, 1 per layer forward") / mbd;
-      tp_fwd += add_comm("tp", "all_reduce", mbd * emb_ar, msg, lk, l.tp,
-                         "sbh: 1 after the embedding (learned positions: all-reduced, then split)") / mbd;
-      tp_bwd += add_comm("tp", "all_gather", mbd * (2 * Ls + 1 + emb + again), msg, lk, l.tp,
-                         fmt::format("1 per layer backward, 1 per layer + 1 re-gathering the GEMM inputs{}{}",
-                                     both_ends ? ", 1 for the embedding" : "", rc_s)) / mbd;
-      tp_bwd += add_comm("tp", "all_gather", mbd * (Ls + again), xmsg, lk, l.tp,
-                         fmt::format("{}: the outputs' gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
-      tp_bwd += add_comm("tp", "reduce_scatter", mbd * (Ls + 1 + again), msg, lk, l.tp,
-                         fmt::format("1 per layer backward, 1 after the head{}", rc_s)) / mbd;
-      tp_bwd += add_comm("tp", "reduce_scatter", mbd * (Ls + again), xmsg, lk, l.tp,
-                         fmt::format("{}: the received rows' gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
-      // the norms, the attention's row-parallel bias and the router see 1/t of the tokens
-      const double sp_params = Ls * (2 * (m.rmsnorm ? h : 2 * h) + (m.bias ? h : 0.0) + pc.router) + pc.final_norm;
-      tp_step += add_comm("tp", "all_reduce", 1, sp_params * sb.grads, lk, l.tp,
-                          "once per step: the norms', the attention's row-parallel bias' and the router's gradients "
-                          "(sequence parallel)");
+  // One stage's time per microbatch: its d.layers layers (and the logits where it holds the head,
+  // d.last_end), the elementwise passes, and its TP, CP and EP collectives (the embedding's where it
+  // holds the embedding, d.first_end; the head's and the cross-entropy's where it holds the head).
+  auto stage_times = [&](const StageDevice& d) {
+    StageTimes st;
+    const double fwd_stage = (d.layers * fwd_layer_hw + (d.last_end ? fwd_logits : 0.0)) / tp / cpd;
+    const double mem_fwd = d.layers * (score_bytes + other_bytes) / sys.memory_bandwidth;
+    const double mem_recompute = t.recompute == "full" ? mem_fwd
+                                 : t.recompute == "selective" ? d.layers * score_bytes / sys.memory_bandwidth
+                                                              : 0.0;
+    st.fwd_stage = fwd_stage;
+    st.t_f = fwd_stage / rate + mem_fwd;
+    st.t_bw = (2 * fwd_stage + d.layers * recompute_layer / tp / cpd) / rate + 2 * mem_fwd + mem_recompute;
+    st.t_mem = mem_fwd * 3 + mem_recompute;
+    double& tp_fwd = st.tp_fwd;
+    double& tp_bwd = st.tp_bwd;
+    double& tp_step = st.tp_step;
+    // TP (Megatron-LM, Shoeybi et al. 2019, §3; the vocabulary-parallel embedding, head and
+    // cross-entropy): without SP, per layer two all-reduces of the sbh activation in the forward
+    // (after the attention and MLP projections) and two in the backward (before QKV and FC1); one
+    // after the embedding (first stage), one before the head in the backward and three of 4sb for
+    // the cross-entropy (max, target logit, sum of exponentials; last stage). With SP (Korthikanti et
+    // al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of the same
+    // payload, and the backward all-gathers each column-parallel GEMM's input again for its weight
+    // gradient (the activations keep only the 1/t shard); the norms' and row-parallel biases'
+    // gradients are all-reduced once per step. The embedding reduce-scatters its output, except with
+    // learned positions: then it all-reduces and keeps its sequence shard, and its backward
+    // all-gathers (Megatron-core's LanguageModelEmbedding). A full recompute runs the forward's
+    // collectives again.
+    // With experts (expert TP = TP) the MLP's collectives carry the device's expert rows, rows·h
+    // instead of sbh: without SP the experts' row-parallel outputs all-reduced forward and their
+    // column-parallel inputs' gradients backward (core/parallel/ep's TpMoeShards, one per expert of
+    // ep·cap rows: E·cap·h per layer); with SP Megatron-core's all-to-all dispatcher all-gathers the
+    // received rows over TP and reduce-scatters the outputs (t·E·cap·h), the backward the reverse,
+    // and no re-gather of the experts' input (it keeps the gathered rows: the activations above).
+    if (l.tp > 1 && moe) {
+      const Link& lk = detail::group_link(sys, l.tp, 1);
+      const double msg = sbh * eb, xmsg = rows_dev * h * eb, ce = 4 * s * b, Ls = d.layers,
+                   emb = d.first_end ? 1.0 : 0.0, hd = d.last_end ? 1.0 : 0.0;
+      const double emb_rs = m.learned_positions ? 0.0 : emb, emb_ar = m.learned_positions ? emb : 0.0;
+      const double again = t.recompute == "full" ? Ls : 0.0;  // per layer and half (attention or experts)
+      const std::string emb_s = d.first_end ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 1 per layer to recompute" : "";
+      const std::string xs = l.sequence_parallel ? "t·E·cap·h" : "E·cap·h";
+      if (!l.sequence_parallel) {
+        tp_fwd += add_comm("tp", "all_reduce", mbd * (Ls + emb), msg, lk, l.tp,
+                           fmt::format("sbh: 1 per layer forward (attention){}", emb_s)) / mbd;
+        tp_fwd += add_comm("tp", "all_reduce", mbd * Ls, xmsg, lk, l.tp,
+                           xs + ": the experts' outputs, 1 per layer forward") / mbd;
+        tp_bwd += add_comm("tp", "all_reduce", mbd * (Ls + hd + again), msg, lk, l.tp,
+                           fmt::format("sbh: 1 per layer backward (attention){}{}", d.last_end ? ", 1 before the head" : "",
+                                       rc_s)) / mbd;
+        tp_bwd += add_comm("tp", "all_reduce", mbd * (Ls + again), xmsg, lk, l.tp,
+                           fmt::format("{}: the experts' input gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
+      } else {
+        tp_fwd += add_comm("tp", "all_gather", mbd * (Ls + hd), msg, lk, l.tp,
+                           std::string("sbh: 1 per layer forward (attention)") + (d.last_end ? ", 1 before the head" : "")) / mbd;
+        tp_fwd += add_comm("tp", "all_gather", mbd * Ls, xmsg, lk, l.tp, xs + ": the received rows, 1 per layer forward") / mbd;
+        tp_fwd += add_comm("tp", "reduce_scatter", mbd * (Ls + emb_rs), msg, lk, l.tp,
+                           fmt::format("sbh: 1 per layer forward (attention){}", emb_rs > 0 ? emb_s : "")) / mbd;
+        tp_fwd += add_comm("tp", "reduce_scatter", mbd * Ls, xmsg, lk, l.tp, xs + ": the experts' outputs, 1 per layer forward") / mbd;
+        tp_fwd += add_comm("tp", "all_reduce", mbd * emb_ar, msg, lk, l.tp,
+                           "sbh: 1 after the embedding (learned positions: all-reduced, then split)") / mbd;
+        tp_bwd += add_comm("tp", "all_gather", mbd * (2 * Ls + hd + emb + again), msg, lk, l.tp,
+                           fmt::format("1 per layer backward, 1 per layer{} re-gathering the GEMM inputs{}{}",
+                                       d.last_end ? " + 1" : "", d.first_end ? ", 1 for the embedding" : "", rc_s)) / mbd;
+        tp_bwd += add_comm("tp", "all_gather", mbd * (Ls + again), xmsg, lk, l.tp,
+                           fmt::format("{}: the outputs' gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
+        tp_bwd += add_comm("tp", "reduce_scatter", mbd * (Ls + hd + again), msg, lk, l.tp,
+                           fmt::format("1 per layer backward{}{}", d.last_end ? ", 1 after the head" : "", rc_s)) / mbd;
+        tp_bwd += add_comm("tp", "reduce_scatter", mbd * (Ls + again), xmsg, lk, l.tp,
+                           fmt::format("{}: the received rows' gradients, 1 per layer backward{}", xs, rc_s)) / mbd;
+        // the norms, the attention's row-parallel bias and the router see 1/t of the tokens
+        const double sp_params =
+            Ls * (2 * (m.rmsnorm ? h : 2 * h) + (m.bias ? h : 0.0) + pc.router) + (d.last_end ? pc.final_norm : 0.0);
+        tp_step += add_comm("tp", "all_reduce", 1, sp_params * sb.grads, lk, l.tp,
+                            "once per step: the norms', the attention's row-parallel bias' and the router's gradients "
+                            "(sequence parallel)");
+      }
+      tp_fwd += add_comm("tp", "all_reduce", mbd * 3 * hd, ce, lk, l.tp, "3 x 4sb: the vocabulary-parallel cross-entropy") / mbd;
+    } else if (l.tp > 1) {
+      const Link& lk = detail::group_link(sys, l.tp, 1);
+      const double msg = sbh * eb, ce = 4 * s * b, Ls = d.layers, emb = d.first_end ? 1.0 : 0.0, hd = d.last_end ? 1.0 : 0.0;
+      const double emb_rs = m.learned_positions ? 0.0 : emb, emb_ar = m.learned_positions ? emb : 0.0;
+      const double again = t.recompute == "full" ? 2 * Ls : 0.0;
+      const std::string emb_s = d.first_end ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 2 per layer to recompute" : "";
+      if (!l.sequence_parallel) {
+        tp_fwd += add_comm("tp", "all_reduce", mbd * (2 * Ls + emb), msg, lk, l.tp,
+                           fmt::format("sbh: 2 per layer forward{}", emb_s)) / mbd;
+        tp_bwd += add_comm("tp", "all_reduce", mbd * (2 * Ls + hd + again), msg, lk, l.tp,
+                           fmt::format("2 per layer backward{}{}", d.last_end ? ", 1 before the head" : "", rc_s)) / mbd;
+      } else {
+        tp_fwd += add_comm("tp", "all_gather", mbd * (2 * Ls + hd), msg, lk, l.tp,
+                           std::string("sbh: 2 per layer forward") + (d.last_end ? ", 1 before the head" : "")) / mbd;
+        tp_fwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + emb_rs), msg, lk, l.tp,
+                           fmt::format("sbh: 2 per layer forward{}", emb_rs > 0 ? emb_s : "")) / mbd;
+        tp_fwd += add_comm("tp", "all_reduce", mbd * emb_ar, msg, lk, l.tp,
+                           "sbh: 1 after the embedding (learned positions: all-reduced, then split)") / mbd;
+        tp_bwd += add_comm("tp", "all_gather", mbd * (4 * Ls + hd + emb + again), msg, lk, l.tp,
+                           fmt::format("2 per layer backward, 2 per layer{} re-gathering the GEMM inputs{}{}",
+                                       d.last_end ? " + 1" : "", d.first_end ? ", 1 for the embedding" : "", rc_s)) / mbd;
+        tp_bwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + hd + again), msg, lk, l.tp,
+                           fmt::format("2 per layer backward{}{}", d.last_end ? ", 1 after the head" : "", rc_s)) / mbd;
+        const double sp_params = Ls * (2 * (m.rmsnorm ? h : 2 * h) + (m.bias ? 2 * h : 0.0)) + (d.last_end ? pc.final_norm : 0.0);
+        tp_step += add_comm("tp", "all_reduce", 1, sp_params * sb.grads, lk, l.tp,
+                            "once per step: the norms' and row-parallel biases' gradients (sequence parallel)");
+      }
+      tp_fwd += add_comm("tp", "all_reduce", mbd * 3 * hd, ce, lk, l.tp, "3 x 4sb: the vocabulary-parallel cross-entropy") / mbd;
     }
-    tp_fwd += add_comm("tp", "all_reduce", mbd * 3, ce, lk, l.tp, "3 x 4sb: the vocabulary-parallel cross-entropy") / mbd;
-  } else if (l.tp > 1) {
-    const Link& lk = link_for(sys, l.tp, 1);
-    const double msg = sbh * eb, ce = 4 * s * b, Ls = layers_per_stage, emb = both_ends ? 1.0 : 0.0;
-    const double emb_rs = m.learned_positions ? 0.0 : emb, emb_ar = m.learned_positions ? emb : 0.0;
-    const double again = t.recompute == "full" ? 2 * Ls : 0.0;
-    const std::string emb_s = both_ends ? ", 1 after the embedding" : "", rc_s = again > 0 ? ", 2 per layer to recompute" : "";
-    if (!l.sequence_parallel) {
-      tp_fwd += add_comm("tp", "all_reduce", mbd * (2 * Ls + emb), msg, lk, l.tp,
-                         fmt::format("sbh: 2 per layer forward{}", emb_s)) / mbd;
-      tp_bwd += add_comm("tp", "all_reduce", mbd * (2 * Ls + 1 + again), msg, lk, l.tp,
-                         fmt::format("2 per layer backward, 1 before the head{}", rc_s)) / mbd;
-    } else {
-      tp_fwd += add_comm("tp", "all_gather", mbd * (2 * Ls + 1), msg, lk, l.tp, "sbh: 2 per layer forward, 1 before the head") / mbd;
-      tp_fwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + emb_rs), msg, lk, l.tp,
-                         fmt::format("sbh: 2 per layer forward{}", emb_rs > 0 ? emb_s : "")) / mbd;
-      tp_fwd += add_comm("tp", "all_reduce", mbd * emb_ar, msg, lk, l.tp,
-                         "sbh: 1 after the embedding (learned positions: all-reduced, then split)") / mbd;
-      tp_bwd += add_comm("tp", "all_gather", mbd * (4 * Ls + 1 + emb + again), msg, lk, l.tp,
-                         fmt::format("2 per layer backward, 2 per layer + 1 re-gathering the GEMM inputs{}{}",
-                                     both_ends ? ", 1 for the embedding" : "", rc_s)) / mbd;
-      tp_bwd += add_comm("tp", "reduce_scatter", mbd * (2 * Ls + 1 + again), msg, lk, l.tp,
-                         fmt::format("2 per layer backward, 1 after the head{}", rc_s)) / mbd;
-      const double sp_params = Ls * (2 * (m.rmsnorm ? h : 2 * h) + (m.bias ? 2 * h : 0.0)) + pc.final_norm;
-      tp_step += add_comm("tp", "all_reduce", 1, sp_params * sb.grads, lk, l.tp,
-                          "once per step: the norms' and row-parallel biases' gradients (sequence parallel)");
+    // CP (core/parallel/cp, `mpt contextparallel`): per layer and microbatch, this device's K and V
+    // of s positions (kvb bytes each) and its q or output of sbh: ring, K/V sent cp − 1 times forward
+    // and again backward, the dK/dV partials cp times (one message each, K with V); all-gather, K and
+    // V all-gathered forward (output payload S) and their gradients reduce-scattered backward; Ulysses,
+    // q, k, v all-to-all to head-sharded and the output back, the gradients the same way backward. A
+    // full recompute runs the forward's again. Not overlapped with the attention here (ring attention
+    // overlaps each step's send with the previous block: an upper bound).
+    double& cp_fwd = st.cp_fwd;
+    double& cp_bwd = st.cp_bwd;
+    if (l.cp > 1) {
+      const Link& lk = detail::group_link(sys, l.cp, l.tp);
+      const double Ls = d.layers, kvb = s * b * kv / tp * eb, qb = sbh / tp * eb;
+      const double fw = mbd * Ls * (t.recompute == "full" ? 2.0 : 1.0), bw = mbd * Ls;
+      const int64_t n = l.cp;
+      if (l.cp_attention == "ring") {
+        cp_fwd += add_comm("cp", "send", fw * (cpd - 1), 2 * kvb, lk, n, "K and V: cp - 1 per layer forward") / mbd;
+        cp_bwd += add_comm("cp", "send", bw * (2 * cpd - 1), 2 * kvb, lk, n,
+                           "cp - 1 K/V and cp dK/dV per layer backward (the partials travel home)") / mbd;
+        add_comm("cp", "recv", fw * (cpd - 1) + bw * (2 * cpd - 1), 2 * kvb, lk, n,
+                 "as many as sent (timed as the peer's sends)", false);
+      } else if (l.cp_attention == "all_gather") {
+        cp_fwd += add_comm("cp", "all_gather", 2 * fw, kvb * cpd, lk, n, "K and V of all S positions, per layer") / mbd;
+        cp_bwd += add_comm("cp", "reduce_scatter", 2 * bw, kvb * cpd, lk, n, "dK and dV, per layer") / mbd;
+      } else {
+        cp_fwd += add_comm("cp", "all_to_all", 2 * fw, qb, lk, n, "q and the output, per layer forward") / mbd;
+        cp_fwd += add_comm("cp", "all_to_all", 2 * fw, kvb, lk, n, "k and v, per layer forward") / mbd;
+        cp_bwd += add_comm("cp", "all_to_all", 2 * bw, qb, lk, n, "dq and the output's gradient, per layer backward") / mbd;
+        cp_bwd += add_comm("cp", "all_to_all", 2 * bw, kvb, lk, n, "dk and dv, per layer backward") / mbd;
+      }
     }
-    tp_fwd += add_comm("tp", "all_reduce", mbd * 3, ce, lk, l.tp, "3 x 4sb: the vocabulary-parallel cross-entropy") / mbd;
-  }
-  // CP (core/parallel/cp, `mpt contextparallel`): per layer and microbatch, this device's K and V
-  // of s positions (kvb bytes each) and its q or output of sbh: ring, K/V sent cp − 1 times forward
-  // and again backward, the dK/dV partials cp times (one message each, K with V); all-gather, K and
-  // V all-gathered forward (output payload S) and their gradients reduce-scattered backward; Ulysses,
-  // q, k, v all-to-all to head-sharded and the output back, the gradients the same way backward. A
-  // full recompute runs the forward's again. Not overlapped with the attention here (ring attention
-  // overlaps each step's send with the previous block: an upper bound).
-  double cp_fwd = 0, cp_bwd = 0;
-  if (l.cp > 1) {
-    const Link& lk = link_for(sys, l.cp, l.tp);
-    const double Ls = layers_per_stage, kvb = s * b * kv / tp * eb, qb = sbh / tp * eb;
-    const double fw = mbd * Ls * (t.recompute == "full" ? 2.0 : 1.0), bw = mbd * Ls;
-    const int64_t n = l.cp;
-    if (l.cp_attention == "ring") {
-      cp_fwd += add_comm("cp", "send", fw * (cpd - 1), 2 * kvb, lk, n, "K and V: cp - 1 per layer forward") / mbd;
-      cp_bwd += add_comm("cp", "send", bw * (2 * cpd - 1), 2 * kvb, lk, n,
-                         "cp - 1 K/V and cp dK/dV per layer backward (the partials travel home)") / mbd;
-      add_comm("cp", "recv", fw * (cpd - 1) + bw * (2 * cpd - 1), 2 * kvb, lk, n,
-               "as many as sent (timed as the peer's sends)", false);
-    } else if (l.cp_attention == "all_gather") {
-      cp_fwd += add_comm("cp", "all_gather", 2 * fw, kvb * cpd, lk, n, "K and V of all S positions, per layer") / mbd;
-      cp_bwd += add_comm("cp", "reduce_scatter", 2 * bw, kvb * cpd, lk, n, "dK and dV, per layer") / mbd;
-    } else {
-      cp_fwd += add_comm("cp", "all_to_all", 2 * fw, qb, lk, n, "q and the output, per layer forward") / mbd;
-      cp_fwd += add_comm("cp", "all_to_all", 2 * fw, kvb, lk, n, "k and v, per layer forward") / mbd;
-      cp_bwd += add_comm("cp", "all_to_all", 2 * bw, qb, lk, n, "dq and the output's gradient, per layer backward") / mbd;
-      cp_bwd += add_comm("cp", "all_to_all", 2 * bw, kvb, lk, n, "dk and dv, per layer backward") / mbd;
+    // EP (core/parallel/ep, `mpt expertparallel`; Megatron-core's MoEAlltoAllTokenDispatcher with
+    // the buffers padded to the capacity): per MoE layer and microbatch the [E, cap, h] buffer goes
+    // out to the experts' owners (dispatch) and comes back (combine), and their gradients the same
+    // way backward: 4 all-to-alls of E·cap·h elements each (the payload every rank hands its group;
+    // (ep − 1)/ep of it leaves the rank). Without SP every TP rank exchanges its own copy of the same
+    // tokens. A full recompute runs the forward's two again. Not overlapped with the experts.
+    double& ep_fwd = st.ep_fwd;
+    double& ep_bwd = st.ep_bwd;
+    if (moe && l.ep > 1) {
+      // the EP group: the same TP and CP coordinates, consecutive DP ones (tp·cp ranks apart)
+      const Link& lk = detail::group_link(sys, l.ep, l.tp * l.cp);
+      const double Ls = d.layers, buf = rows * h * eb;
+      const double fw = mbd * Ls * (t.recompute == "full" ? 2.0 : 1.0), bw = mbd * Ls;
+      ep_fwd += add_comm("ep", "all_to_all", 2 * fw, buf, lk, l.ep,
+                         fmt::format("E·cap·h = {:g}·{:g}·{:g}: dispatch and combine, per layer forward{}", E, cap, h,
+                                     t.recompute == "full" ? " (and again to recompute)" : "")) / mbd;
+      ep_bwd += add_comm("ep", "all_to_all", 2 * bw, buf, lk, l.ep, "their gradients, per layer backward") / mbd;
     }
+    return st;
+  };
+  // The modelled device: pp = 1 the only stage, ZB-V rank 0 (the first and the last chunk); looped
+  // pipelines the slowest stage per microbatch, which sets the pipeline's pace (the step is m times
+  // its time plus the schedule's bubble at its time). With even stages that is the last (the
+  // others' layers plus the head, the logits and the cross-entropy); with uneven ones the first, the
+  // middle and the last stages are timed and the slowest (the later on a tie) is taken.
+  std::vector<StageDevice> devs;
+  if (p == 1) {
+    devs.push_back({"only stage", L_first, true, true, first});
+  } else if (vee) {
+    devs.push_back({"first stage (ZB-V: the first and last chunks)", L_first, true, true, first});
+  } else if (!l.uneven()) {
+    devs.push_back({"last stage", L_last, false, true, last});
+  } else {
+    devs.push_back({"first stage", L_first, true, false, first});
+    if (p > 2) devs.push_back({"middle stage", L_mid, false, false, mid_params});
+    devs.push_back({"last stage", L_last, false, true, last});
   }
-  // EP (core/parallel/ep, `mpt expertparallel`; Megatron-core's MoEAlltoAllTokenDispatcher with
-  // the buffers padded to the capacity): per MoE layer and microbatch the [E, cap, h] buffer goes
-  // out to the experts' owners (dispatch) and comes back (combine), and their gradients the same
-  // way backward: 4 all-to-alls of E·cap·h elements each (the payload every rank hands its group;
-  // (ep − 1)/ep of it leaves the rank). Without SP every TP rank exchanges its own copy of the same
-  // tokens. A full recompute runs the forward's two again. Not overlapped with the experts.
-  double ep_fwd = 0, ep_bwd = 0;
-  if (moe && l.ep > 1) {
-    // the EP group: the same TP and CP coordinates, consecutive DP ones (tp·cp ranks apart)
-    const Link& lk = link_for(sys, l.ep, l.tp * l.cp);
-    const double Ls = layers_per_stage, buf = rows * h * eb;
-    const double fw = mbd * Ls * (t.recompute == "full" ? 2.0 : 1.0), bw = mbd * Ls;
-    ep_fwd += add_comm("ep", "all_to_all", 2 * fw, buf, lk, l.ep,
-                       fmt::format("E·cap·h = {:g}·{:g}·{:g}: dispatch and combine, per layer forward{}", E, cap, h,
-                                   t.recompute == "full" ? " (and again to recompute)" : "")) / mbd;
-    ep_bwd += add_comm("ep", "all_to_all", 2 * bw, buf, lk, l.ep, "their gradients, per layer backward") / mbd;
+  std::size_t pick = devs.size() - 1;
+  if (devs.size() > 1) {
+    recording = false;
+    double slowest = -1;
+    for (std::size_t i = 0; i < devs.size(); ++i) {
+      const StageTimes x = stage_times(devs[i]);
+      const double per_mb = x.t_f + x.t_bw + x.tp_fwd + x.tp_bwd + x.cp_fwd + x.cp_bwd + x.ep_fwd + x.ep_bwd;
+      if (per_mb >= slowest) {
+        slowest = per_mb;
+        pick = i;
+      }
+    }
+    recording = true;
   }
+  const StageDevice& dev = devs[pick];
+  e.comm_device = dev.name;
+  if (l.uneven())
+    e.comm_device += fmt::format(" ({:g} layers; uneven stages, the slowest per microbatch)", dev.layers);
+  const StageTimes st = stage_times(dev);
+  const double t_f = st.t_f, t_bw = st.t_bw, t_mem = st.t_mem, fwd_stage = st.fwd_stage, tp_fwd = st.tp_fwd,
+               tp_bwd = st.tp_bwd, tp_step = st.tp_step, cp_fwd = st.cp_fwd, cp_bwd = st.cp_bwd, ep_fwd = st.ep_fwd,
+               ep_bwd = st.ep_bwd;
+  const double experts_dev = dev.layers * expert_tp;  // the experts' parameters on the modelled device
   double f_op = t_f + tp_fwd + cp_fwd + ep_fwd, bw_op = t_bw + tp_bwd + cp_bwd + ep_bwd;
   // the bubble: the schedule's idle time per stage (core/pipeline's bubble_time_theory), B and W
   // each half of the backward; ZB-V's closed form wants F = B = W: a third of the microbatch each
@@ -543,27 +597,33 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // Tied weights on two stages: the head's gradient is all-reduced with the first stage's once per
   // step (Megatron-LM's embedding group).
   double t_pp = 0;
-  const double per_mb = vee ? 2.0 : 2.0 * v - 1;  // sends (and receives) per microbatch on the modelled rank
+  // sends (and receives) per microbatch on the modelled rank: the first and the last 2v - 1, a
+  // middle one 2v (every chunk's activation out and gradient back), ZB-V's rank 0 2
+  const bool middle_dev = !dev.first_end && !dev.last_end;
+  const double per_mb = vee ? 2.0 : middle_dev ? 2.0 * v : 2.0 * v - 1;
   if (p > 1) {
-    const Link& lk = link_for(sys, 2, l.tp * l.cp * l.dp);
+    const Link& lk = detail::group_link(sys, 2, l.tp * l.cp * l.dp);
     const bool split = l.sequence_parallel || l.pp_scatter_gather;
     const std::string msg_s = split ? "sbh/t" : "sbh";
+    // gradients sent (= activations received) and activations sent (= gradients received) per microbatch
+    const int grads_out = dev.first_end ? v - 1 : v, acts_out = dev.last_end ? v - 1 : v;
+    const char* rank_s = dev.last_end ? "the last rank" : dev.first_end ? "the first rank" : "a middle rank";
     const std::string sends = vee ? msg_s + ": ZB-V's rank 0, the first chunk's activation and the last chunk's "
                                             "gradient per microbatch"
-                                  : fmt::format("{}: the last rank, {} gradient(s) and {} activation(s) per microbatch "
-                                                "({} chunk(s))", msg_s, v, v - 1, v);
+                                  : fmt::format("{}: {}, {} gradient(s) and {} activation(s) per microbatch "
+                                                "({} chunk(s))", msg_s, rank_s, grads_out, acts_out, v);
     const std::string recvs = vee ? msg_s + ": ZB-V's rank 0, the last chunk's input activation and the first chunk's "
                                             "output gradient per microbatch"
-                                  : fmt::format("{}: the last rank, {} activation(s) and {} gradient(s) per microbatch",
-                                                msg_s, v, v - 1);
+                                  : fmt::format("{}: {}, {} activation(s) and {} gradient(s) per microbatch",
+                                                msg_s, rank_s, grads_out, acts_out);
     const double pmsg = split ? sbh * eb / tp : sbh * eb;
     t_pp += add_comm("pp", "send", per_mb * mbd, pmsg, lk, 2, sends);
     add_comm("pp", "recv", per_mb * mbd, pmsg, lk, 2, recvs + " (timed as the peer's sends)", false);
     if (l.pp_scatter_gather && !l.sequence_parallel && l.tp > 1)
-      t_pp += add_comm("tp", "all_gather", per_mb * mbd, sbh * eb, link_for(sys, l.tp, 1), l.tp,
+      t_pp += add_comm("tp", "all_gather", per_mb * mbd, sbh * eb, detail::group_link(sys, l.tp, 1), l.tp,
                        "sbh: each received pipeline message gathered (scatter/gather)");
-    if (m.tied && !vee)
-      t_pp += add_comm("embedding", "all_reduce", 1, pc.embedding / tp * sb.grads, link_for(sys, 2, (p - 1) * l.tp * l.cp * l.dp),
+    if (m.tied && !vee && !middle_dev)
+      t_pp += add_comm("embedding", "all_reduce", 1, pc.embedding / tp * sb.grads, detail::group_link(sys, 2, (p - 1) * l.tp * l.cp * l.dp),
                        2, "once per step: the tied head's gradient with the first stage's embedding");
   }
   // DP / ZeRO over dp ranks `tp` apart, the gradients accumulated over the microbatches: ZeRO-0 one
@@ -573,13 +633,13 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   // Under CP the group is the dp·cp ranks holding the same shards (Megatron's data-parallel group
   // with context parallelism): each CP rank's gradient covers its share of the tokens.
   double t_dp = 0;
-  const double params_dev = both_ends ? first : last;  // the modelled device's
+  const double params_dev = dev.params;  // the modelled device's
   const int64_t dpc = l.dp * l.cp;
   if (dpc > 1) {
-    const Link& lk = link_for(sys, dpc, l.tp);
+    const Link& lk = detail::group_link(sys, dpc, l.tp);
     const double g = params_dev * sb.grads, w = params_dev * sb.weights;
     // the step's mean loss for the log, on the last stage (Megatron-LM's train_step: 2 fp32 values)
-    t_dp += add_comm("dp", "all_reduce", 1, 8, lk, dpc, "the loss's mean for the log, 8 B");
+    if (dev.last_end) t_dp += add_comm("dp", "all_reduce", 1, 8, lk, dpc, "the loss's mean for the log, 8 B");
     if (l.zero == 0) {
       t_dp += add_comm("dp", "all_reduce", 1, g, lk, dpc, "the gradients, once per step");
     } else {
@@ -622,23 +682,32 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
 
   std::string compute_formula =
       fmt::format("{:.3g} GFLOP per microbatch on the slowest stage at {:.0f}% of {:.4g} TFLOP/s, x{} microbatches",
-                  (fwd_stage * 3 + layers_per_stage * recompute_layer / tp) / 1e9, sys.gemm_efficiency * 100,
+                  (fwd_stage * 3 + dev.layers * recompute_layer / tp) / 1e9, sys.gemm_efficiency * 100,
                   peak / 1e12, mb);
   if (moe)
     compute_formula += fmt::format("; the experts' GEMMs on E·cap = {:g} padded rows per {:g} tokens routed (cf·k = "
                                    "{:g} times a dense MLP's tokens; drop-and-pad: fixed by the capacity, whatever "
                                    "the routing's imbalance, which moves only the drops and the padding)",
                                    rows, n_route, rows / n_route);
+  if (l.uneven())
+    compute_formula += fmt::format("; uneven stages: first {}{}, last {} layers, the {} the slowest (it sets the pace)",
+                                   sl.front(), p > 2 ? fmt::format(", middle {}", sl[1]) : std::string(), sl.back(),
+                                   dev.name);
   e.time.push_back({"compute", mb * (t_f + t_bw - t_mem), compute_formula});
   e.time.push_back({"elementwise", mb * t_mem,
                     fmt::format("{:.3g} GB per microbatch at {:.0f} GB/s: norms, activations, residuals{}{}",
                                 t_mem * sys.memory_bandwidth / 1e9, sys.memory_bandwidth / 1e9,
                                 m.dropout ? ", dropout" : "", t.flash_attention ? " (attention fused)" : ", softmax over a·s²·b scores")});
   e.time.push_back({"tp collectives", mb * (tp_fwd + tp_bwd) + tp_step,
-                    l.tp > 1 ? fmt::format("{} per layer per microbatch{}, the embedding's, head's and cross-entropy's "
-                                           "(communication table)",
+                    l.tp > 1 ? fmt::format("{} per layer per microbatch{}{} (communication table)",
                                            l.sequence_parallel ? (moe ? "5 AG + 4 RS" : "6 AG + 4 RS") : "4 all-reduces",
-                                           t.recompute == "full" ? " (+2 to recompute)" : "")
+                                           t.recompute == "full" ? " (+2 to recompute)" : "",
+                                           // even stages keep their words; an uneven stage names its own ends
+                                           !l.uneven() || (dev.first_end && dev.last_end)
+                                               ? ", the embedding's, head's and cross-entropy's"
+                                               : dev.first_end ? ", the embedding's"
+                                               : dev.last_end  ? ", the head's and cross-entropy's"
+                                                               : ", no embedding's, head's or cross-entropy's (a middle stage)")
                              : std::string("none (tp = 1)")});
   if (l.cp > 1)  // a row only for a CP layout: the time tables of the others stay as they were
     e.time.push_back({"cp communication", mb * (cp_fwd + cp_bwd),
@@ -654,23 +723,12 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                           : std::string("none (pp = 1)")});
   e.time.push_back({"pp send/recv", t_pp,
                     p > 1 ? fmt::format("{:g} send(s) per microbatch x {} microbatches{}", per_mb, mb,
-                                        m.tied && !vee ? " + the tied embedding's all-reduce" : "")
+                                        m.tied && !vee && !middle_dev ? " + the tied embedding's all-reduce" : "")
                           : "none (pp = 1)"});
-  std::string dp_formula = "none (dp = 1)";
-  if (l.dp > 1) {
-    const char* behind = l.zero == 3 ? "the compute" : l.zero == 2 ? "the microbatches' backwards" : "the last microbatch's backward";
-    if (!l.overlap_dp) dp_formula = fmt::format("{:.3g} s in all, not overlapped", t_dp);
-    else if (t_dp_exposed <= 0) dp_formula = fmt::format("{:.3g} s in all, hidden behind {}", t_dp, behind);
-    else dp_formula = fmt::format("{:.3g} s in all, {:.3g} s of it hidden behind {}", t_dp, t_dp - t_dp_exposed, behind);
-  }
-  e.time.push_back({"dp/zero collectives (exposed)", t_dp_exposed, dp_formula});
+  e.time.push_back(detail::dp_exposed_term(l, t_dp, t_dp_exposed));
   e.time.push_back({"optimizer step", t_opt, "read and write every state of this device once at the memory bandwidth"});
   e.step_s = pipe + tp_step + t_pp + t_dp_exposed + t_opt;
-  const double n = static_cast<double>(l.devices());
-  e.tokens_per_s = samples * S / e.step_s;
-  e.mfu = e.model_flops / (e.step_s * n * peak);
-  e.flops_per_device = e.hardware_flops / (e.step_s * n);
-  e.time_to_train_s = t.tokens > 0 ? t.tokens / e.tokens_per_s : 0;
+  detail::set_rates(e, samples * S, l.devices(), peak, t.tokens);
   return e;
 }
 

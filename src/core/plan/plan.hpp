@@ -38,6 +38,12 @@ struct ModelShape {
   int64_t top_k = 0;         ///< k experts per token, 1 ≤ k ≤ E (ignored when dense)
   /// Whether every block's MLP is a mixture of experts (E > 1).
   bool moe() const { return experts > 1; }
+  /// An MLP instead of a transformer (`model.style` mlp): Linear layers with biases, a ReLU after
+  /// every one but the last, optionally dropout after each ReLU (`dropout`), as core/models/mlp
+  /// builds them; widths w_0 (the input) .. w_L (the output), layers = L. Empty: a transformer.
+  std::vector<int64_t> widths;
+  /// Whether the model is an MLP (widths given).
+  bool mlp() const { return !widths.empty(); }
 };
 
 /// Every preset, by name: "gpt3-175b" (Brown et al. 2020, Table 2.1), "llama3-8b", "llama3-70b",
@@ -70,6 +76,7 @@ struct ParamCounts {
 };
 /// Counts every weight and bias; for GPT-3 175B 174.6e9 (Megatron's 12·l·h²(1 + 13/12h + (V + s)/12lh)).
 /// With experts each block holds E experts and the router: Mixtral 8x7B 46,702,792,704 (12.9e9 active).
+/// An MLP: total = active = Σ_k (w_k·w_k+1 + w_k+1), the other fields 0.
 ParamCounts count_params(const ModelShape& m);
 
 /// Tokens one expert computes from a group of `tokens` (the tokens a rank routes per microbatch
@@ -120,6 +127,21 @@ struct Layout {
   /// others by all-to-all. The experts' gradients are reduced, and ZeRO shards them, over the
   /// expert-data-parallel group of dp·cp/ep ranks holding the same experts.
   int64_t ep = 1;
+  /// Uneven pipeline stages, Megatron-core's num_layers_in_first_pipeline_stage and
+  /// num_layers_in_last_pipeline_stage: the transformer layers of the first and of the last stage
+  /// (0: an even share); the stages between share the rest evenly. Megatron-core's rules: each set
+  /// count >= 1 and a multiple of virtual_stages, the middle stages' share whole, >= 1 layer and a
+  /// multiple of virtual_stages, no middle layers without middle stages (pp = 2: the two sum to L).
+  int64_t first_stage_layers = 0, last_stage_layers = 0;
+  /// Megatron-core's account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split:
+  /// the embedding (the output head and loss) counted as one more layer of the first (last) stage
+  /// when the L layers are split, (L + 1 + 1)/pp per stage: Llama 3 405B's 126 + 2 on 16 stages,
+  /// BLOOM's Megatron-DeepSpeed `--pp-partition-method type:transformer|embedding` (70 + 2 on 12).
+  bool account_for_embedding = false, account_for_loss = false;
+  /// Whether the stages hold different numbers of layers (any of the four keys above is set).
+  bool uneven() const {
+    return first_stage_layers != 0 || last_stage_layers != 0 || account_for_embedding || account_for_loss;
+  }
   /// Devices of the layout: dp·cp·tp·pp (ep lies inside dp).
   int64_t devices() const { return dp * cp * tp * pp; }
 };
@@ -190,10 +212,11 @@ struct CommTerm {
 struct Estimate {
   std::vector<Term> memory;   ///< bytes per device on the stage that needs most
   double memory_bytes = 0;    ///< their sum
-  std::string stage;          ///< which stage that is: "first", "last" or "only"
+  std::string stage;          ///< which stage that is: "first", "middle" (uneven stages), "last" or "only"
   bool fits = false;          ///< memory_bytes <= the system's memory
   std::vector<CommTerm> comm; ///< every collective of a step on the modelled device (the time terms use them)
-  std::string comm_device;    ///< that device: "only stage", "last stage" or ZB-V's "first stage (...)"
+  std::string comm_device;    ///< that device: "only stage", "last stage" or ZB-V's "first stage (...)"; with
+                              ///< uneven stages the slowest stage's ("first stage", "middle stage", "last stage")
   std::vector<Term> time;     ///< seconds per step on the critical path
   double step_s = 0;
   double bubble_fraction = 0; ///< pipeline idle time / pipeline time
@@ -209,10 +232,29 @@ struct Estimate {
   /// choice is kept), "dropped fraction, at least" 1 − E·cap/(tokens·k) and "dropped fraction, at
   /// most" 1 − cap/tokens (every token on the same k experts).
   std::vector<Term> moe;
+  /// An MLP's pipeline stages, first to last (empty for a transformer): its layers differ in width,
+  /// so every stage is planned and `memory` is the one that needs most.
+  struct Stage {
+    int64_t stage = 0;          ///< 0 .. pp − 1
+    std::string layers;         ///< its Linear layers (0-based, as "2-3"; several chunks: "1, 5")
+    double params = 0;          ///< parameters on the stage
+    double per_microbatch = 0;  ///< activation bytes of one microbatch through the stage's largest chunk
+    int held = 0;               ///< (microbatch, chunk) pairs the stage holds at its peak (the schedule replayed)
+    double activations = 0;     ///< per_microbatch × held, bytes
+    double memory = 0;          ///< every memory term of the stage, bytes
+    double forward_flops = 0;   ///< GEMM FLOPs of one microbatch's forward through the stage
+  };
+  std::vector<Stage> stages;
 };
 
+/// The transformer layers of each pipeline stage, first to last (pp entries, summing to m.layers):
+/// L/pp each, or the uneven split of Layout::first_stage_layers / last_stage_layers or
+/// account_for_embedding / account_for_loss (Megatron-core's; docs/plan.md, "Uneven stages").
+/// Requires a layout layout_error accepts; throws std::invalid_argument when the layers do not split.
+std::vector<int64_t> stage_layers(const ModelShape& m, const Layout& l);
+
 /// "" when `layout` can run `m` with `t`, else why not, naming the config keys (heads % tp,
-/// kv_heads % tp, layers % (pp·v), global_batch % (dp·microbatch), the schedule's own rules; with
+/// kv_heads % tp, layers % (pp·v) or the uneven stages' rules, global_batch % (dp·microbatch), the schedule's own rules; with
 /// experts k in [1, E], a capacity factor > 0, ep dividing dp and E; ep > 1 only with experts).
 std::string layout_error(const ModelShape& m, const Training& t, const Layout& l);
 
@@ -231,6 +273,32 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
 /// Throws std::invalid_argument when the system has no peak for the recipe's format.
 Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const System& s);
 
+/// An MLP's layouts (ModelShape::widths; layout_error calls it): "" or why not, naming the keys:
+/// at least one layer, dp and pp only (tp, cp, ep 1; the transformer's uneven-stage keys unset), the
+/// L layers a multiple of pp·v, the global batch of dp·microbatch, the schedule's own rules.
+std::string mlp_layout_error(const ModelShape& m, const Training& t, const Layout& l);
+
+/// Activation bytes one microbatch of `microbatch` samples leaves for the backward in layers
+/// [begin, end) of an MLP (0-based Linear layers), what autograd keeps for Linear + ReLU: every
+/// Linear's input (addmm's mat1), the ReLU output of the range's last layer (ReLU keeps its result;
+/// the next stage keeps its own copy as its input), with dropout each ReLU output and a 1-byte mask
+/// (Korthikanti et al. 2022's count), and on the last layer the fp32 loss input 4·b·w_L (the
+/// GPT's logits). Elements of 4 bytes (fp32) or 2 (the other recipes). Full recompute keeps only
+/// each layer's input (Chen et al. 2016 with one layer per segment; selective recompute drops
+/// attention scores, which an MLP has none of: as none). Throws std::invalid_argument for a range
+/// outside the model.
+double mlp_activation_bytes(const ModelShape& m, const Training& t, int64_t microbatch, int64_t begin, int64_t end);
+
+/// The estimate of an MLP layout (estimate calls it; mlp_layout_error is ""): every pipeline stage
+/// planned (Estimate::stages) with its own layers' parameters and activations × the pairs the
+/// schedule holds there, `memory` the stage that needs most; time from the slowest stage's GEMM
+/// FLOPs (2·Σ w_k·w_k+1 per sample forward, backward twice) and ReLU (dropout) passes, the bubble at
+/// its F and B, its pipeline messages (b·w_k elements at each of its boundaries), the DP / ZeRO
+/// collectives of its parameters (the loss's 8 B where it holds the loss) and the optimizer's memory
+/// traffic, as for the GPT; of equally slow stages the later is modelled (ZB-V: rank 0).
+/// Throws std::invalid_argument when the system has no peak for the recipe's format.
+Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, const System& s);
+
 /// One layout the search tried.
 struct Candidate {
   Layout layout;
@@ -241,7 +309,8 @@ struct Candidate {
 /// Every layout of `devices` devices: dp·tp·pp = devices, tp a divisor of the heads and within
 /// a node, microbatch 1, 2, 4, 8 (dividing the replica's batch), ZeRO 0-3, recompute none,
 /// selective, full, and with experts every ep dividing dp and E (else ep = 1); the schedule,
-/// virtual stages, sequence parallelism and overlap of `base`; cp = 1.
+/// virtual stages, sequence parallelism and overlap of `base`; cp = 1 and even stages (the uneven
+/// keys of `base` are not read).
 /// Sorted: fitting layouts by step time, then the rest by how far they miss.
 std::vector<Candidate> search(const ModelShape& m, const Training& t, const Layout& base, const System& s,
                               int64_t devices);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -12,9 +13,101 @@
 
 namespace mpt::plan {
 
+namespace {
+
+// Uneven stages (Layout::first_stage_layers / last_stage_layers, account_for_embedding /
+// account_for_loss): Megatron-core's rules (TransformerConfig.__post_init__, "Uneven PP" and
+// account_for_*_in_pipeline_split), plus every stage holding at least one layer. "" when they hold.
+std::string uneven_error(const ModelShape& m, const Layout& l) {
+  const int64_t L = m.layers, p = l.pp, v = l.virtual_stages, F = l.first_stage_layers, Z = l.last_stage_layers;
+  const bool counts = F != 0 || Z != 0, account = l.account_for_embedding || l.account_for_loss;
+  if (F < 0 || Z < 0)
+    return fmt::format("/layout/first_stage_layers = {}, /layout/last_stage_layers = {}: expected >= 1 (or 0: an even "
+                       "share)", F, Z);
+  if (counts && account)
+    return "/layout/first_stage_layers, /layout/last_stage_layers: cannot be set with /layout/account_for_embedding or "
+           "/layout/account_for_loss (Megatron-core refuses num_layers_in_first/last_pipeline_stage with "
+           "account_for_embedding/loss_in_pipeline_split)";
+  const char* keys = counts ? "/layout/first_stage_layers, /layout/last_stage_layers"
+                            : "/layout/account_for_embedding, /layout/account_for_loss";
+  if (p < 2) return fmt::format("{}: uneven stages need /layout/pp > 1, got {}", keys, p);
+  const ScheduleSpec* spec = nullptr;
+  try {
+    spec = &schedule_spec(l.schedule);
+  } catch (const std::invalid_argument& err) {
+    return std::string("/layout/schedule: ") + err.what();
+  }
+  if (spec->placement == Placement::V)
+    return fmt::format("{} with /layout/schedule = {}: uneven stages are modelled for the looped placements "
+                       "(Megatron-core's), not the V of zb-v (rank 0 holds the first and the last chunk)", keys,
+                       l.schedule);
+  if (counts) {
+    const int64_t mid = p - (F > 0 ? 1 : 0) - (Z > 0 ? 1 : 0), rest = L - F - Z;
+    for (const auto& [key, n] : {std::pair<const char*, int64_t>{"/layout/first_stage_layers", F},
+                                 {"/layout/last_stage_layers", Z}})
+      if (n > 0 && n % v != 0)
+        return fmt::format("{} = {} is not a multiple of /layout/virtual_stages = {} (Megatron-core: each chunk of the "
+                           "stage holds the same layers)", key, n, v);
+    if (mid == 0 && rest != 0)
+      return fmt::format("/layout/first_stage_layers + /layout/last_stage_layers = {} + {} = {}: expected /model/layers "
+                         "= {} (with /layout/pp = 2 there are no middle stages to take the rest)", F, Z, F + Z, L);
+    if (mid > 0 && rest < mid)
+      return fmt::format("/layout/first_stage_layers, /layout/last_stage_layers = {}, {} leave {} of /model/layers = {} "
+                         "for {} middle stage(s): a stage would hold 0 layers (each needs >= 1)", F, Z, rest, L, mid);
+    if (mid > 0 && rest % mid != 0)
+      return fmt::format("/model/layers - /layout/first_stage_layers - /layout/last_stage_layers = {} - {} - {} = {} is "
+                         "not a multiple of the {} middle stage(s) (/layout/pp = {}): they share it evenly", L, F, Z,
+                         rest, mid, p);
+    if (mid > 0 && (rest / mid) % v != 0)
+      return fmt::format("the middle stages' {} layers each are not a multiple of /layout/virtual_stages = {} "
+                         "(/model/layers - /layout/first_stage_layers - /layout/last_stage_layers over {} stage(s))",
+                         rest / mid, v, mid);
+    return "";
+  }
+  const int64_t e = l.account_for_embedding ? 1 : 0, z = l.account_for_loss ? 1 : 0, n = L + e + z;
+  if (n % p != 0)
+    return fmt::format("/model/layers + the embedding and loss counted as layers (/layout/account_for_embedding, "
+                       "/layout/account_for_loss) = {} + {} + {} = {} is not a multiple of /layout/pp = {}", L, e, z, n, p);
+  if ((n / p) % v != 0)
+    return fmt::format("{} layers per stage (/model/layers + /layout/account_for_embedding + /layout/account_for_loss "
+                       "over /layout/pp) are not a multiple of /layout/virtual_stages = {}", n / p, v);
+  if (n / p - std::max(e, z) < 1)
+    return fmt::format("{}: {} layer(s) per stage leave the first or last stage without a transformer layer (each "
+                       "needs >= 1)", keys, n / p);
+  return "";
+}
+
+}  // namespace
+
+std::vector<int64_t> stage_layers(const ModelShape& m, const Layout& l) {
+  const int64_t p = l.pp, L = m.layers;
+  if (p < 1) throw std::invalid_argument("stage_layers: /layout/pp must be >= 1");
+  if (!l.uneven()) {
+    if (L % p != 0) throw std::invalid_argument(fmt::format("stage_layers: {} layers over {} stages", L, p));
+    return std::vector<int64_t>(static_cast<std::size_t>(p), L / p);
+  }
+  const std::string why = uneven_error(m, l);
+  if (!why.empty()) throw std::invalid_argument(why);
+  std::vector<int64_t> out(static_cast<std::size_t>(p));
+  if (l.first_stage_layers > 0 || l.last_stage_layers > 0) {
+    const int64_t F = l.first_stage_layers, Z = l.last_stage_layers;
+    const int64_t mid = p - (F > 0 ? 1 : 0) - (Z > 0 ? 1 : 0), share = mid > 0 ? (L - F - Z) / mid : 0;
+    for (auto& x : out) x = share;
+    if (F > 0) out.front() = F;
+    if (Z > 0) out.back() = Z;
+    return out;
+  }
+  const int64_t e = l.account_for_embedding ? 1 : 0, z = l.account_for_loss ? 1 : 0, per = (L + e + z) / p;
+  for (auto& x : out) x = per;
+  out.front() -= e;
+  out.back() -= z;
+  return out;
+}
+
 std::string layout_error(const ModelShape& m, const Training& t, const Layout& l) {
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.cp < 1 || l.ep < 1)
     return "/layout/dp, /layout/tp, /layout/pp, /layout/cp, /layout/ep and /layout/virtual_stages must be >= 1";
+  if (m.mlp()) return mlp_layout_error(m, t, l);  // plan_mlp.cpp
   if (m.experts < 0) return fmt::format("/model/experts = {}: expected 0 or 1 (dense) or more experts", m.experts);
   if (m.moe() && (m.top_k < 1 || m.top_k > m.experts))
     return fmt::format("/model/top_k = {}: expected 1 .. /model/experts = {} (each token's experts)", m.top_k, m.experts);
@@ -57,9 +150,13 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
   if (m.ffn % l.tp != 0)
     return fmt::format("/model/ffn = {} is not a multiple of /layout/tp = {}{}", m.ffn, l.tp,
                        m.moe() ? " (each expert is split over TP: expert TP = TP)" : "");
-  if (m.layers % (l.pp * l.virtual_stages) != 0)
+  if (!l.uneven() && m.layers % (l.pp * l.virtual_stages) != 0)
     return fmt::format("/model/layers = {} is not a multiple of /layout/pp · /layout/virtual_stages = {} · {}",
                        m.layers, l.pp, l.virtual_stages);
+  if (l.uneven()) {
+    const std::string why = uneven_error(m, l);
+    if (!why.empty()) return why;
+  }
   if (t.microbatch < 1) return "/train/microbatch must be >= 1";
   if (t.global_batch % (l.dp * t.microbatch) != 0)
     return fmt::format("/train/global_batch = {} is not a multiple of /layout/dp · /train/microbatch = {} · {}",
@@ -125,6 +222,9 @@ std::vector<Candidate> search(const ModelShape& m, const Training& t, const Layo
               c.layout.pp = pp;
               c.layout.ep = ep;
               c.layout.cp = 1;  // the search ranks dp x tp x pp layouts; a CP layout is planned on its own
+              // even stages: the uneven keys name one pp's split (docs/plan.md, "Uneven stages")
+              c.layout.first_stage_layers = c.layout.last_stage_layers = 0;
+              c.layout.account_for_embedding = c.layout.account_for_loss = false;
               c.layout.zero = zero;
               c.layout.sequence_parallel = base.sequence_parallel && tp > 1;
               if (pp == 1) c.layout.virtual_stages = 1;

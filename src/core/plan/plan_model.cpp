@@ -92,6 +92,16 @@ const ModelShape& preset(const std::string& name) {
 }
 
 ParamCounts count_params(const ModelShape& m) {
+  if (m.mlp()) {
+    // an MLP: every Linear's w_k·w_k+1 weights and w_k+1 biases (core/models/mlp); no blocks,
+    // embedding or head: total (= active) only, estimate_mlp sums its layers itself
+    ParamCounts c;
+    for (std::size_t k = 0; k + 1 < m.widths.size(); ++k)
+      c.total += static_cast<double>(m.widths[k]) * static_cast<double>(m.widths[k + 1]) +
+                 static_cast<double>(m.widths[k + 1]);
+    c.active = c.total;
+    return c;
+  }
   const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
   const double kv = static_cast<double>(m.kv_heads) * h / static_cast<double>(m.heads);
   ParamCounts c;

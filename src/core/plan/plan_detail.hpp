@@ -1,0 +1,92 @@
+// The planner's shared arithmetic of links, collectives and held pairs, for the files of core/plan
+// (plan.cpp, plan_mlp.cpp). Internal: not part of plan.hpp's interface.
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/pipeline/schedule.hpp"
+#include "core/plan/plan.hpp"
+
+namespace mpt::plan::detail {
+
+/// Bytes of one activation element: 4 for the fp32 recipe, 2 for the others (bf16, fp16 and the
+/// fp8 recipes keep bf16 activations).
+inline double activation_element_bytes(const std::string& recipe) { return recipe == "fp32" ? 4.0 : 2.0; }
+
+/// Whether `recipe` computes its GEMMs in fp8 (fp8-tensorwise, fp8-blockwise, mxfp8).
+inline bool fp8_recipe(const std::string& recipe) { return recipe.rfind("fp8", 0) == 0 || recipe == "mxfp8"; }
+
+/// Seconds of one collective of `bytes` (the per-rank buffer, nccl-tests' "size") over `n` ranks:
+/// latency + bytes · factor / busbw, factor factor_num·(n − 1)/n: 2(n − 1)/n for all-reduce,
+/// (n − 1)/n for all-gather, reduce-scatter and all-to-all (nccl-tests' doc/PERFORMANCE.md, busbw).
+/// 0 for one rank or no bytes.
+inline double collective_seconds(const Collective& c, double bytes, int64_t n, double factor_num) {
+  if (n <= 1 || bytes <= 0) return 0.0;
+  const double factor = factor_num * static_cast<double>(n - 1) / static_cast<double>(n);
+  return c.latency_s + bytes * factor / c.busbw;
+}
+
+/// Seconds of one send of `bytes`: latency + bytes / busbw (0 for no bytes).
+inline double send_seconds(const Collective& c, double bytes) { return bytes <= 0 ? 0.0 : c.latency_s + bytes / c.busbw; }
+
+/// The link of a group of `size` ranks `stride` apart: intra-node when its span fits a node (ranks
+/// placed tp fastest, then dp, then pp; nodes hold consecutive ranks), else inter-node.
+inline const Link& group_link(const System& s, int64_t size, int64_t stride) {
+  return (size - 1) * stride + 1 <= s.devices_per_node ? s.intra : s.inter;
+}
+
+/// (Microbatch, chunk) pairs each of the p stages holds at its peak under `schedule` with m
+/// microbatches and v chunks per stage: core/pipeline's peak_in_flight of the program replayed,
+/// cached. The peak saturates once m reaches the schedule's bound, so a replay with
+/// m' = min(m, 4p) gives it for any larger m whose bound is the same (GPipe's bound grows with m,
+/// and is its exact peak); beyond 2·10^7 ops every stage gets the schedule's bound.
+inline std::vector<int> replayed_held_pairs(const std::string& schedule, int p, int m, int v) {
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, int, int, int>, std::vector<int>> cache;
+  const ScheduleSpec& spec = schedule_spec(schedule);
+  int mr = std::min(m, 4 * p);
+  if (spec.microbatches_in_groups) mr = std::max(p, mr - mr % p);
+  if (spec.peak_bound(p, m, v) != spec.peak_bound(p, mr, v)) return std::vector<int>(p, spec.peak_bound(p, m, v));
+  if (static_cast<double>(p) * mr * v * 3 > 2e7) return std::vector<int>(p, spec.peak_bound(p, m, v));
+  const auto key = std::make_tuple(schedule, p, mr, v);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto peaks = peak_in_flight(make_schedule(spec.kind, p, mr, v));
+  cache.emplace(key, peaks);
+  return peaks;
+}
+
+/// The time table's "dp/zero collectives (exposed)" row of layout `l`: `t_dp` seconds of DP/ZeRO
+/// collectives per step, `t_dp_exposed` of them not hidden behind the compute (ZeRO-3: the
+/// compute; ZeRO-2: the microbatches' backwards; else the last microbatch's backward).
+inline Term dp_exposed_term(const Layout& l, double t_dp, double t_dp_exposed) {
+  std::string formula = "none (dp = 1)";
+  if (l.dp > 1) {
+    const char* behind = l.zero == 3 ? "the compute" : l.zero == 2 ? "the microbatches' backwards" : "the last microbatch's backward";
+    if (!l.overlap_dp) formula = fmt::format("{:.3g} s in all, not overlapped", t_dp);
+    else if (t_dp_exposed <= 0) formula = fmt::format("{:.3g} s in all, hidden behind {}", t_dp, behind);
+    else formula = fmt::format("{:.3g} s in all, {:.3g} s of it hidden behind {}", t_dp, t_dp - t_dp_exposed, behind);
+  }
+  return {"dp/zero collectives (exposed)", t_dp_exposed, formula};
+}
+
+/// Fills the rates of `e` from e.step_s: tokens/s (`tokens_per_step` tokens, or an MLP's samples,
+/// per step), MFU (model FLOPs over step × `devices` × `peak` FLOP/s, Narayanan et al. 2021),
+/// FLOP/s per device counting the recompute, and the time to train on `tokens_to_train` (0: none).
+inline void set_rates(Estimate& e, double tokens_per_step, int64_t devices, double peak, double tokens_to_train) {
+  const double n = static_cast<double>(devices);
+  e.tokens_per_s = tokens_per_step / e.step_s;
+  e.mfu = e.model_flops / (e.step_s * n * peak);
+  e.flops_per_device = e.hardware_flops / (e.step_s * n);
+  e.time_to_train_s = tokens_to_train > 0 ? tokens_to_train / e.tokens_per_s : 0;
+}
+
+}  // namespace mpt::plan::detail
