@@ -10,7 +10,8 @@ with torch.randperm seeded as mpt's shuffled_indices, rank r reading indices r, 
 local batches of global_batch/N; the model built from the same seed (DDP broadcasts rank
 0's parameters, as mpt's reducer does); DDP with the config's bucket_cap_mb. Step time as
 mpt measures it (batch selection, forward, backward with the all-reduce, optimizer step),
-averaged over the steps after the first.
+the median of the steps after the first (as mpt's: a few steps wait a time slice for the
+all-reduce; docs/performance.md, "The DDP step's spread").
 Prints {"step_ms", "final_loss" (the last step's loss averaged over ranks, as mpt's
 training table), "steps"} from rank 0 as JSON.
 """
@@ -33,6 +34,12 @@ import mpt_threads  # noqa: E402
 
 def worker(rank, n, port, cfg, steps, q, threads):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    # Bound as mpt binds its ranks (core/runtime's bind_cpus, env.threads_policy.cpu_bind): rank r
+    # on its own `threads` CPUs when the ranks' threads fit; before Gloo and the intra-op pool start
+    # their threads, which inherit it. The comparison is of the front ends, not of the binding.
+    allowed = sorted(os.sched_getaffinity(0))
+    if os.environ.get("MPT_CPU_BIND") != "none" and n > 1 and n * threads <= len(allowed):
+        os.sched_setaffinity(0, allowed[rank * threads:(rank + 1) * threads])
     torch.set_num_threads(threads)  # as many as each mpt rank ran with (env.threads_policy)
     mpt_threads.resolve_vml_dispatch()  # as every mpt process does (pytorch/pytorch#188792)
     dist.init_process_group("gloo", rank=rank, world_size=n)
@@ -45,7 +52,7 @@ def worker(rank, n, port, cfg, steps, q, threads):
     ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=cfg["ddp"]["bucket_cap_mb"])
     opt = torch.optim.SGD(ddp.parameters(), lr=t["lr"])
     b = t["global_batch"] // n
-    total, loss = 0.0, None
+    timed, loss = [], None
     for s in range(steps):
         t0 = time.perf_counter()
         idx = shard[s * b:(s + 1) * b]
@@ -55,11 +62,12 @@ def worker(rank, n, port, cfg, steps, q, threads):
         loss.backward()
         opt.step()
         if s > 0:
-            total += time.perf_counter() - t0
+            timed.append(time.perf_counter() - t0)
     final = torch.tensor([loss.item()], dtype=torch.float64)
     dist.all_reduce(final)
     if rank == 0:
-        q.put((total / max(1, steps - 1), final.item() / n))
+        timed.sort()
+        q.put((timed[len(timed) // 2] if timed else 0.0, final.item() / n))
     dist.destroy_process_group()
 
 

@@ -46,6 +46,7 @@
 #include "core/process_plan.hpp"
 #include "core/runtime/memory.hpp"
 #include "core/runtime/runtime.hpp"
+#include "core/runtime/timing.hpp"
 
 namespace mpt {
 
@@ -398,11 +399,7 @@ std::pair<Table, Table> balance_tables(const Config& cfg, const std::shared_ptr<
       wait.push_back(attn.stats().wait_s);
       ran_pairs = attn.stats().pairs_computed / 2;  // forward and backward compute the same pairs
     }
-    auto median = [](std::vector<double> x) {
-      std::sort(x.begin(), x.end());
-      return x[x.size() / 2];
-    };
-    const auto mine = torch::tensor({median(compute), median(wait), static_cast<double>(ran_pairs)}, torch::kFloat64);
+    const auto mine = torch::tensor({median_of(compute), median_of(wait), static_cast<double>(ran_pairs)}, torch::kFloat64);
     const auto all = tp::all_gather_shards(mine, *g);
     double total_useful = 0, slowest = 0;
     for (int64_t r = 0; r < c; ++r) {

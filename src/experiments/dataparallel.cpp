@@ -43,6 +43,7 @@
 #include "core/process_plan.hpp"
 #include "core/runtime/trace.hpp"
 #include "core/parallel/reference.hpp"
+#include "core/runtime/timing.hpp"
 #include "experiments/dataparallel_parts.hpp"
 
 namespace mpt {
@@ -108,7 +109,11 @@ struct TrainOut {
   double final_loss = 0, replica_dev = 0;
   std::vector<double> losses;  // the global loss of every step
   torch::Tensor params;  // final parameters, flattened
-  double step_s = 0, compute_s = 0, exposed_s = 0, allreduce_s = 0;  // per step, after a warm-up step
+  // Per step, after a warm-up step: medians over the timed steps (core/runtime/timing's rule). A
+  // few steps of every run wait 4-6 ms (a time slice) for the all-reduce when the ranks' main
+  // threads and Gloo's threads outnumber the cores; a mean of 60 such steps moved 1.3-1.5x from
+  // run to run, the median does not (docs/performance.md, "The DDP step's spread").
+  double step_s = 0, compute_s = 0, exposed_s = 0, allreduce_s = 0;
 };
 
 /// One step's micro-steps on this rank's local batch (x, y): forward, backward (the overlapped
@@ -167,7 +172,7 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
   TrainOut out;
   out.buckets = static_cast<int64_t>(reducer.buckets().size());
   out.bytes = reducer.total_bytes();
-  double t_step = 0, t_comp = 0, t_exp = 0;
+  std::vector<double> t_step, t_comp, t_exp;
   for (int64_t s = 0;; ++s) {
     // Every rank says whether it still has a full local batch; all stop together.
     const bool mine = (s + 1) * b <= shard.size(0) && (ts.max_steps == 0 || s < ts.max_steps);
@@ -193,16 +198,15 @@ TrainOut train(const Dataset& data, const torch::Tensor& perm, const std::shared
     out.final_loss = l.item<double>();
     out.losses.push_back(out.final_loss);
     if (s > 0) {  // step 0 is a warm-up
-      t_step += t2 - t0;
-      t_comp += (t1 - t0) - exposed;
-      t_exp += exposed;
+      t_step.push_back(t2 - t0);
+      t_comp.push_back((t1 - t0) - exposed);
+      t_exp.push_back(exposed);
     }
     out.steps = s + 1;
   }
-  const double timed = std::max<int64_t>(1, out.steps - 1);
-  out.step_s = t_step / timed;
-  out.compute_s = t_comp / timed;
-  out.exposed_s = t_exp / timed;
+  out.step_s = median_of(t_step);
+  out.compute_s = median_of(t_comp);
+  out.exposed_s = median_of(t_exp);
   out.allreduce_s = reducer.time_allreduce(5);
   // Samples the sampler could not use: what is left once a shard has no full local batch (every
   // shard holds floor(samples / N): drop_last).

@@ -11,6 +11,7 @@
 #include "core/pipeline/trace.hpp"
 #include "core/runtime/runtime.hpp"
 #include "core/runtime/trace.hpp"
+#include "core/runtime/timing.hpp"
 #include "experiments/pipeline_parts.hpp"
 
 namespace mpt::pipe {
@@ -386,8 +387,7 @@ double median_step_s(Bench& bench, const std::vector<std::vector<PipeOp>>& sched
                      const torch::Tensor& yy, const Ranges& step_ranges, Placement placement) {
   std::vector<double> t;
   for (int i = 0; i < bench.n_steps; ++i) t.push_back(bench.step(sched, m, step_ranges, xx, yy, placement).step_s);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median_of(t);
 }
 
 // One schedule's rows: the time model's one step and two steps with and without the barrier,

@@ -53,6 +53,7 @@
 #include "core/process_plan.hpp"
 #include "core/models/mlp.hpp"
 #include "core/runtime/runtime.hpp"
+#include "core/runtime/timing.hpp"
 #include "experiments/shard_parts.hpp"
 
 namespace mpt {
@@ -316,8 +317,7 @@ RunOut train(const Workload& wl, World& w, const Setup& s, const RunSpec& spec, 
   out.comm = comm;
   // The median over steps >= 1 (core/runtime/timing.hpp's statistic: a late start of one step, common
   // with two ranks on two cores, moves a mean, not the median).
-  std::sort(timed.begin(), timed.end());
-  out.step_s = timed.empty() ? 0.0 : timed[timed.size() / 2];
+  out.step_s = median_of(timed);
   // Memory: the largest over the ranks (the first ranks hold the larger shards).
   const dist::HeldBytes h = model->held_peak();
   auto m = torch::tensor({h.params, h.grads, h.optimizer, out.transient_peak}, torch::kInt64).to(torch::kFloat64);

@@ -52,6 +52,9 @@ cli_case(collectives_bad_dtype 2 "/dtype: .*did you mean \"float64\"" ${CQ} --se
 result_case(threads_policy_two_ranks threads_policy_two_ranks ${CQ} --nproc 2 --set "ops=[\"all_reduce\"]")
 result_case(threads_policy_user_wait_policy threads_policy_two_ranks ${CQ} --nproc 2 --set "ops=[\"all_reduce\"]")
 set_tests_properties(cli.threads_policy_user_wait_policy PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=ACTIVE")
+# ... and the binding of each rank to its own cores switched off (env.threads_policy.cpu_bind).
+result_case(threads_policy_no_binding threads_policy_two_ranks ${CQ} --nproc 2 --set "ops=[\"all_reduce\"]")
+set_tests_properties(cli.threads_policy_no_binding PROPERTIES ENVIRONMENT "MPT_CPU_BIND=none")
 
 # Gloo's reduce-scatter and all-gather beside mpt's send/recv ring (columns "ring time",
 # "native/ring"; verified alike), and the ring as the measured default (dist.gloo_algorithm).

@@ -89,8 +89,33 @@ def threads_policy_two_ranks(doc):
         assert p["omp_wait_policy"] == ("PASSIVE" if others >= 0.5 else None), p
     else:
         assert p["omp_wait_policy"] == wait and p["omp_wait_policy_source"] == "environment", (p, wait)
+    # Rank 0 (which writes the result) bound to the first intra_op of the allowed CPUs where both
+    # ranks' threads fit them (core/runtime's bind_cpus), unless MPT_CPU_BIND=none.
+    allowed = sorted(os.sched_getaffinity(0))
+    others = p["runnable_others_at_start"]
+    if os.environ.get("MPT_CPU_BIND") == "none":
+        assert p["cpu_bind"] == "none: MPT_CPU_BIND=none", p
+    elif 2 * p["intra_op"] > cores:
+        assert p["cpu_bind"].startswith("none: 2 process(es) x"), p
+    elif others is not None and others >= 0.5:
+        assert p["cpu_bind"].startswith("none: ") and "other runnable threads at start" in p["cpu_bind"], p
+    else:
+        assert p["cpu_bind"].startswith(f"cpus {_cpu_list(allowed[:p['intra_op']])} of {_cpu_list(allowed)} "
+                                        "(local rank 0 of 2)"), (p, allowed)
     print(f"ok: {p['intra_op']} intra-op thread(s) per rank on {cores} core(s), 2 local processes, "
-          f"OMP_WAIT_POLICY {p['omp_wait_policy']} ({p['omp_wait_policy_source']})")
+          f"OMP_WAIT_POLICY {p['omp_wait_policy']} ({p['omp_wait_policy_source']}), bound: {p['cpu_bind']}")
+
+
+def _cpu_list(cpus):
+    """"0-3,6" for [0, 1, 2, 3, 6], as env.threads_policy.cpu_bind writes a set of CPUs."""
+    out, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
 
 
 def _finite(v):

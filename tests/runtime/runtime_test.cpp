@@ -141,6 +141,49 @@ TEST_CASE("thread policy: the config's count as given, else the usable cores sha
   }
 }
 
+TEST_CASE("binding: each local process on its own intra_op CPUs, only where their threads fit", "[runtime]") {
+  const std::vector<int> two{0, 1}, sparse{2, 3, 6, 7, 9};
+  CHECK(bind_cpus(two, 0, 2, 1) == std::vector<int>{0});
+  CHECK(bind_cpus(two, 1, 2, 1) == std::vector<int>{1});
+  CHECK(bind_cpus(sparse, 0, 2, 2) == std::vector<int>{2, 3});  // the allowed set's own CPUs, in order
+  CHECK(bind_cpus(sparse, 1, 2, 2) == std::vector<int>{6, 7});  // CPU 9 stays free: 2 x 2 of 5
+  CHECK(bind_cpus(two, 0, 1, 2).empty());   // one process: nothing to separate
+  CHECK(bind_cpus(two, 0, 2, 2).empty());   // 2 x 2 threads on 2 CPUs: bound, they would share anyway
+  CHECK(bind_cpus(two, 0, 4, 1).empty());   // more processes than CPUs
+  CHECK(bind_cpus(two, 2, 2, 1).empty());   // a local rank outside the processes
+  CHECK(bind_cpus(two, -1, 2, 1).empty());  // no local rank known
+  CHECK(bind_cpus({}, 0, 2, 1).empty());
+}
+
+TEST_CASE("the local rank comes from the launcher that local_processes_from_environment finds", "[runtime]") {
+  const char* vars[] = {"MPT_RANK", "MPT_LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+  std::map<std::string, std::string> saved;
+  for (const char* v : vars)
+    if (const char* x = std::getenv(v)) saved[v] = x;
+  for (const char* v : vars) ::unsetenv(v);
+  ::setenv("LOCAL_RANK", "1", 1);
+  ::setenv("SLURM_LOCALID", "2", 1);
+  CHECK(local_rank_from_environment() == -1);  // stray variables, no launcher
+  ::setenv("SLURM_PROCID", "5", 1);
+  ::setenv("SLURM_NTASKS", "8", 1);
+  CHECK(local_rank_from_environment() == 2);
+  ::setenv("RANK", "3", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  CHECK(local_rank_from_environment() == 1);  // torchrun before SLURM
+  ::setenv("MPT_RANK", "0", 1);
+  CHECK(local_rank_from_environment() == -1);  // mpt --nproc without MPT_LOCAL_RANK
+  ::setenv("MPT_LOCAL_RANK", "0", 1);
+  CHECK(local_rank_from_environment() == 0);
+  for (const char* bad : {"", "x", "-1", "1.5"}) {
+    CAPTURE(bad);
+    ::setenv("MPT_LOCAL_RANK", bad, 1);
+    CHECK(local_rank_from_environment() == -1);
+  }
+  for (const char* v : vars) ::unsetenv(v);
+  for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
+}
+
 TEST_CASE("local processes come from the launcher's environment", "[runtime]") {
   const char* vars[] = {"MPT_WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
                         "MPT_RANK",       "RANK",             "WORLD_SIZE",            "SLURM_PROCID",

@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <cerrno>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
@@ -261,8 +263,90 @@ int local_processes_from_environment() {
   return 1;
 }
 
+std::vector<int> bind_cpus(const std::vector<int>& allowed, int local_rank, int local_processes, int intra_op) {
+  if (local_processes < 2 || local_rank < 0 || local_rank >= local_processes || intra_op < 1) return {};
+  const auto need = static_cast<std::size_t>(local_processes) * static_cast<std::size_t>(intra_op);
+  if (need > allowed.size()) return {};
+  const auto first = allowed.begin() + static_cast<std::ptrdiff_t>(local_rank) * intra_op;
+  return {first, first + intra_op};
+}
+
+int local_rank_from_environment() {
+  auto index = [](const char* name) {
+    const char* v = std::getenv(name);
+    if (!v) return -1;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    return end != v && *end == '\0' && r >= 0 && r < (1L << 20) ? static_cast<int>(r) : -1;
+  };
+  // The launcher as local_processes_from_environment tells it: mpt --nproc, torchrun, srun.
+  if (std::getenv("MPT_RANK")) return index("MPT_LOCAL_RANK");
+  if (std::getenv("RANK") && std::getenv("WORLD_SIZE")) return index("LOCAL_RANK");
+  if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_NTASKS")) return index("SLURM_LOCALID");
+  return -1;
+}
+
+namespace {
+
+/// "0-3,6" for {0, 1, 2, 3, 6}.
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::string s;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    s += fmt::format("{}{}", s.empty() ? "" : ",", j == i ? fmt::format("{}", cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]));
+    i = j + 1;
+  }
+  return s;
+}
+
+/// Binds every thread of this process (/proc/self/task) to `cpus`; threads started later inherit
+/// their creator's set. Returns the threads it could not bind (a thread that ended meanwhile is not one).
+int bind_process(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  int failed = sched_setaffinity(0, sizeof(set), &set) == 0 ? 0 : 1;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const pid_t tid = static_cast<pid_t>(std::strtol(e.path().filename().c_str(), nullptr, 10));
+    if (tid > 0 && sched_setaffinity(tid, sizeof(set), &set) != 0 && errno != ESRCH) ++failed;
+  }
+  return failed;
+}
+
+/// Binds this process as bind_cpus says (MPT_CPU_BIND=none: not at all); what it did, for
+/// ThreadPolicy::cpu_bind.
+std::string bind_to_own_cores(const ThreadPolicy& p) {
+  if (const char* v = std::getenv("MPT_CPU_BIND"); v && std::string(v) == "none") return "none: MPT_CPU_BIND=none";
+  if (p.local_processes < 2) return "none: one process on this machine";
+  if (static_cast<int64_t>(p.local_processes) * p.intra_op > p.cores)
+    return fmt::format("none: {} process(es) x {} thread(s) do not fit {} core(s)", p.local_processes, p.intra_op, p.cores);
+  // The wait policy's measure (src/app/main.cpp): a process that keeps a core busy would share a
+  // bound rank's core for the whole run, while an unbound rank moves to the less loaded one.
+  if (const double others = start_runnable_others(); others >= 0.5)
+    return fmt::format("none: {:.2f} other runnable threads at start (a busy core would slow the rank bound to it)",
+                       others);
+  const int lr = local_rank_from_environment();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> allowed;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  const std::vector<int> cpus = bind_cpus(allowed, lr, p.local_processes, p.intra_op);
+  if (cpus.empty())
+    return lr < 0 ? "none: no local rank (MPT_LOCAL_RANK, LOCAL_RANK, SLURM_LOCALID)"
+                  : fmt::format("none: local rank {} of {} processes", lr, p.local_processes);
+  if (const int failed = bind_process(cpus); failed > 0)
+    return fmt::format("none: sched_setaffinity failed for {} thread(s)", failed);
+  return fmt::format("cpus {} of {} (local rank {} of {})", cpu_list(cpus), cpu_list(allowed), lr, p.local_processes);
+}
+
+}  // namespace
+
 ThreadPolicy apply_threads(int64_t requested) {
-  const ThreadPolicy p =
+  ThreadPolicy p =
       choose_threads(requested, usable_cores(), local_processes_from_environment(), std::getenv("OMP_NUM_THREADS"));
   // Every process of the machine computes the same policy: the first local one says it, once.
   auto first_local_process = [] {
@@ -277,6 +361,8 @@ ThreadPolicy apply_threads(int64_t requested) {
                  p.intra_op == 1              ? "more processes than cores: each already runs one thread"
                  : p.source == "OMP_NUM_THREADS" ? "unset OMP_NUM_THREADS, or lower it, for max(1, cores / processes)"
                                                  : "set threads to 0 for max(1, cores / processes)");
+  // Before set_num_threads: the intra-op pool it starts inherits the binding.
+  p.cpu_bind = bind_to_own_cores(p);
   torch::set_num_threads(p.intra_op);
   resolve_vml_dispatch();
   return p;
@@ -327,6 +413,7 @@ json to_json(const ThreadPolicy& p) {
           {"cores", p.cores},
           {"local_processes", p.local_processes},
           {"source", p.source},
+          {"cpu_bind", p.cpu_bind},
           {"omp_wait_policy", wait ? json(wait) : json(nullptr)},
           {"omp_wait_policy_source", source},
           {"runnable_others_at_start", others >= 0 ? json(std::round(others * 100) / 100) : json(nullptr)}};

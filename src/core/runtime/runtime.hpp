@@ -75,7 +75,26 @@ struct ThreadPolicy {
   int cores = 1;            ///< CPUs this process may run on (sched_getaffinity; >= 1)
   int local_processes = 1;  ///< mpt processes sharing those cores on this machine (>= 1)
   std::string source;       ///< "config" (/threads > 0), "OMP_NUM_THREADS" (set, /threads 0) or "auto" (max(1, cores / local_processes))
+  std::string cpu_bind;     ///< what apply_threads bound this process to ("cpus 1 of 0-1") or why it did not ("none: ...")
 };
+
+/// The CPUs local process `local_rank` of `local_processes` is bound to: its own `intra_op`
+/// consecutive entries of `allowed` (this process's sched_getaffinity set, ascending), entries
+/// local_rank·intra_op … (local_rank+1)·intra_op − 1. Empty — no binding — when there is nothing
+/// to separate (one local process, a local_rank outside 0 … local_processes − 1) or the processes'
+/// threads do not fit the allowed CPUs (local_processes · intra_op > allowed.size(): bound, they
+/// would share cores all the same, and a launcher that binds, e.g. srun, has already left each
+/// process its own set). The method of torch.backends.xeon.run_cpu (ipexrun) and of
+/// `mpirun --bind-to core`: a rank's main thread, its intra-op threads and Gloo's threads then
+/// hand work to each other on its own cores instead of being spread by the scheduler over the
+/// other ranks' (docs/performance.md, "The DDP step's spread").
+std::vector<int> bind_cpus(const std::vector<int>& allowed, int local_rank, int local_processes, int intra_op);
+
+/// This process's index among the machine's mpt processes, from the launcher that
+/// local_processes_from_environment finds: MPT_LOCAL_RANK (mpt --nproc: MPT_RANK set), LOCAL_RANK
+/// (torchrun: RANK and WORLD_SIZE), SLURM_LOCALID (srun: SLURM_PROCID and SLURM_NTASKS); −1 with
+/// no launcher, or when that variable is missing or not a non-negative integer.
+int local_rank_from_environment();
 
 /// The policy: `requested` > 0 (the config's /threads) is taken as given; else a valid
 /// `omp_num_threads` (the OMP_NUM_THREADS value, 1–1024; a malformed one is warned about on
@@ -98,8 +117,11 @@ int local_processes_from_environment();
 
 /// choose_threads(requested, usable_cores(), local_processes_from_environment(),
 /// getenv("OMP_NUM_THREADS")), applied with torch::set_num_threads; warns on stderr when the
-/// processes together ask for more threads than the usable cores; then resolve_vml_dispatch().
-/// Returns the policy for env.threads_policy.
+/// processes together ask for more threads than the usable cores; binds every thread of this
+/// process (those running now, and so those they start) to bind_cpus(...) of the allowed CPUs
+/// unless MPT_CPU_BIND=none or another process kept a core busy at start (start_runnable_others
+/// ≥ 0.5, the wait policy's rule); then resolve_vml_dispatch(). Returns the policy for
+/// env.threads_policy (cpu_bind says what was bound, or why not).
 ThreadPolicy apply_threads(int64_t requested);
 
 /// An ATen unary op whose contiguous fp32 / fp64 CPU kernel calls oneMKL's VML (ATen/cpu/vml.h's

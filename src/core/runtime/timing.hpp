@@ -38,6 +38,14 @@ double median_seconds(Fn&& fn, int64_t repeats, int64_t warmup = 0) {
   return t[t.size() / 2];
 }
 
+/// The median of `v` (seconds or any measure), the upper one for an even count: what mpt reports
+/// for a loop that times its own steps. 0 for an empty `v` (nothing timed).
+inline double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 /// The fastest of sorted_seconds(fn, repeats, warmup): the run least disturbed by other work,
 /// for a comparison that picks a path (runtime's kernel probe). Throws as sorted_seconds.
 template <class Fn>
