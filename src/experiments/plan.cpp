@@ -337,7 +337,8 @@ void validate_plan(const Config& cfg, int) {
     const auto e = pl::estimate(m, t, l, sys);
     if (!(e.memory_bytes < 9007199254740992.0))
       throw ConfigError(fmt::format("/model: this layout needs {:.3g} bytes per device, more than the 2^53 (8 PiB) mpt "
-                                    "plans for (check /model/sequence, /model/hidden and /train/microbatch)", e.memory_bytes));
+                                    "plans for (check {} and /train/microbatch)", e.memory_bytes,
+                                    m.mlp() ? "/model/widths" : "/model/sequence, /model/hidden"));
   }
 }
 
@@ -355,7 +356,13 @@ std::string human_time(double s) {
 // ----------------------------------------------------------------------------
 /// The model table of an MLP: its parameters and model FLOPs per sample.
 Table mlp_model_table(const pl::ModelShape& m, const pl::Training& t) {
-  Table tb{"model", fmt::format("Model: MLP {} ({} Linear layers, a ReLU after all but the last{})", fmt::join(m.widths, "-"),
+  // a long list of widths (up to 10,000) keeps its ends: the title stays one line
+  const std::size_t n = m.widths.size();
+  const std::string widths =
+      n <= 12 ? fmt::format("{}", fmt::join(m.widths, "-"))
+              : fmt::format("{}-...-{} ({} widths)", fmt::join(m.widths.begin(), m.widths.begin() + 4, "-"),
+                            fmt::join(m.widths.end() - 2, m.widths.end(), "-"), n);
+  Table tb{"model", fmt::format("Model: MLP {} ({} Linear layers, a ReLU after all but the last{})", widths,
                                 m.layers, m.dropout ? ", dropout after each" : ""),
            {text_col("name", "term"), sci_col("value", "value", "-", 5), text_col("formula", "formula")}};
   double matrices = 0;
@@ -505,7 +512,11 @@ Table search_table(const std::vector<pl::Candidate>& cs, int64_t devices, int64_
     else if (c.est.memory_bytes > 0) ++no_fit;
     else {
       ++bad;
-      reasons[c.rejected.substr(0, c.rejected.find(' '))]++;
+      {
+        std::string key = c.rejected.substr(0, c.rejected.find(' '));
+        if (!key.empty() && key.back() == ':') key.pop_back();  // "/model/widths: ..." names the key as the others do
+        reasons[key]++;
+      }
     }
   }
   auto row = [&](const pl::Candidate& c, const std::string& name) {

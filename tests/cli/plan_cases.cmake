@@ -17,7 +17,10 @@ cli_case(plan_bad_batch 2 "/train/global_batch = 510 is not a multiple of /layou
 # the two ends' layers must leave the middle stages whole ones, at least one each; Llama 3 405B's 126 + 2 on 16 stages.
 cli_case(plan_bad_stage_sum 2 "/layout/first_stage_layers \\+ /layout/last_stage_layers = 30 \\+ 30 = 60: expected /model/layers = 80"
          plan --set layout.pp=2 --set layout.first_stage_layers=30 --set layout.last_stage_layers=30)
-cli_case(plan_bad_stage_empty 2 "leave 0 of /model/layers = 80 for 2 middle stage.*a stage would hold 0 layers" plan
+# A choice given as another type names its values (config.cpp): `true` for "on".
+cli_case(plan_bad_choice_type 2 "/model/dropout: expected a string, one of \"preset\", \"on\", \"off\", got a boolean true" plan
+         --set model.dropout=true)
+cli_case(plan_bad_stage_empty 2 "leave 0 of /model/layers = 80 for the other 2 stage.*a stage would hold no layer" plan
          --set layout.pp=4 --set layout.first_stage_layers=40 --set layout.last_stage_layers=40)
 cli_case(plan_llama3_405b_uneven 0 "uneven stages: first 7, middle 8, last 7 layers" plan --set model.preset=llama3-405b
          --set layout.pp=16 --set layout.dp=64 --set layout.schedule=interleaved-1f1b --set layout.virtual_stages=8

@@ -123,7 +123,12 @@ void check_scalar(const Param& p, ParamType scalar, const json& v, const std::st
       if (!v.is_boolean()) fail(source, ptr, fmt::format("expected a boolean (true/false), got {}", got(v)));
       return;
     case ParamType::String:
-      if (!v.is_string()) fail(source, ptr, fmt::format("expected a string, got {}", got(v)));
+      if (!v.is_string()) {
+        std::string list;  // a choice names its values: `true` for "on" is a wrong type and a wrong value at once
+        for (const auto& c : p.choices) list += (list.empty() ? "" : ", ") + fmt::format("\"{}\"", c);
+        fail(source, ptr, p.choices.empty() ? fmt::format("expected a string, got {}", got(v))
+                                            : fmt::format("expected a string, one of {}, got {}", list, got(v)));
+      }
       if (!p.choices.empty() &&
           std::find(p.choices.begin(), p.choices.end(), v.get<std::string>()) == p.choices.end()) {
         std::string list;

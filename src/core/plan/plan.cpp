@@ -360,23 +360,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   bool recording = true;
   auto add_comm = [&](const std::string& group, const std::string& coll, double calls, double bytes_each,
                       const Link& lk, int64_t n, const std::string& what, bool timed = true) {
-    if (calls <= 0 || bytes_each <= 0 || n <= 1) return 0.0;
-    const double sec = !timed ? 0.0
-                       : coll == "send" ? calls * detail::send_seconds(lk.send_recv, bytes_each)
-                       : coll == "all_reduce" ? calls * detail::collective_seconds(lk.all_reduce, bytes_each, n, 2)
-                       : coll == "all_gather" ? calls * detail::collective_seconds(lk.all_gather, bytes_each, n, 1)
-                       // an all-to-all sends (n − 1)/n of its input (nccl-tests' alltoall busbw)
-                       : coll == "all_to_all" ? calls * detail::collective_seconds(lk.all_to_all, bytes_each, n, 1)
-                                              : calls * detail::collective_seconds(lk.reduce_scatter, bytes_each, n, 1);
-    if (!recording) return sec;
-    auto it = std::find_if(e.comm.begin(), e.comm.end(),
-                           [&](const CommTerm& c) { return c.group == group && c.collective == coll; });
-    if (it == e.comm.end()) it = e.comm.insert(e.comm.end(), CommTerm{group, coll, 0, 0, 0, ""});
-    it->calls += calls;
-    it->bytes += calls * bytes_each;
-    it->seconds += sec;
-    it->formula += (it->formula.empty() ? "" : "; ") + what;
-    return sec;
+    return detail::add_comm(e.comm, recording, group, coll, calls, bytes_each, lk, n, what, timed);
   };
   // One stage's time per microbatch: its d.layers layers (and the logits where it holds the head,
   // d.last_end), the elementwise passes, and its TP, CP and EP collectives (the embedding's where it

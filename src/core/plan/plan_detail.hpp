@@ -64,6 +64,31 @@ inline std::vector<int> replayed_held_pairs(const std::string& schedule, int p, 
   return peaks;
 }
 
+/// Seconds of `calls` collectives `coll` ("send", "all_reduce", "all_gather", "reduce_scatter",
+/// "all_to_all") of `bytes_each` over `n` ranks on link `lk` (0 for a receive, `timed` false: its
+/// time is its sender's), added with their bytes and `what` to the (group, coll) row of `comm` when
+/// `record`. Returns the seconds; 0, adding nothing, for no calls, no bytes or one rank.
+inline double add_comm(std::vector<CommTerm>& comm, bool record, const std::string& group, const std::string& coll,
+                       double calls, double bytes_each, const Link& lk, int64_t n, const std::string& what,
+                       bool timed = true) {
+  if (calls <= 0 || bytes_each <= 0 || n <= 1) return 0.0;
+  const double sec = !timed ? 0.0
+                     : coll == "send" ? calls * send_seconds(lk.send_recv, bytes_each)
+                     : coll == "all_reduce" ? calls * collective_seconds(lk.all_reduce, bytes_each, n, 2)
+                     : coll == "all_gather" ? calls * collective_seconds(lk.all_gather, bytes_each, n, 1)
+                     // an all-to-all sends (n − 1)/n of its input (nccl-tests' alltoall busbw)
+                     : coll == "all_to_all" ? calls * collective_seconds(lk.all_to_all, bytes_each, n, 1)
+                                            : calls * collective_seconds(lk.reduce_scatter, bytes_each, n, 1);
+  if (!record) return sec;
+  auto it = std::find_if(comm.begin(), comm.end(), [&](const CommTerm& c) { return c.group == group && c.collective == coll; });
+  if (it == comm.end()) it = comm.insert(comm.end(), CommTerm{group, coll, 0, 0, 0, ""});
+  it->calls += calls;
+  it->bytes += calls * bytes_each;
+  it->seconds += sec;
+  it->formula += (it->formula.empty() ? "" : "; ") + what;
+  return sec;
+}
+
 /// The time table's "dp/zero collectives (exposed)" row of layout `l`: `t_dp` seconds of DP/ZeRO
 /// collectives per step, `t_dp_exposed` of them not hidden behind the compute (ZeRO-3: the
 /// compute; ZeRO-2: the microbatches' backwards; else the last microbatch's backward).

@@ -51,12 +51,16 @@ std::string uneven_error(const ModelShape& m, const Layout& l) {
     if (mid == 0 && rest != 0)
       return fmt::format("/layout/first_stage_layers + /layout/last_stage_layers = {} + {} = {}: expected /model/layers "
                          "= {} (with /layout/pp = 2 there are no middle stages to take the rest)", F, Z, F + Z, L);
+    // the stages without a count of their own: the middle ones, and the first or the last left at 0
+    if (rest < 0)
+      return fmt::format("/layout/first_stage_layers + /layout/last_stage_layers = {} + {} = {}: more than /model/layers "
+                         "= {}", F, Z, F + Z, L);
     if (mid > 0 && rest < mid)
       return fmt::format("/layout/first_stage_layers, /layout/last_stage_layers = {}, {} leave {} of /model/layers = {} "
-                         "for {} middle stage(s): a stage would hold 0 layers (each needs >= 1)", F, Z, rest, L, mid);
+                         "for the other {} stage(s): a stage would hold no layer (each needs >= 1)", F, Z, rest, L, mid);
     if (mid > 0 && rest % mid != 0)
       return fmt::format("/model/layers - /layout/first_stage_layers - /layout/last_stage_layers = {} - {} - {} = {} is "
-                         "not a multiple of the {} middle stage(s) (/layout/pp = {}): they share it evenly", L, F, Z,
+                         "not a multiple of the other {} stage(s) (/layout/pp = {}): they share it evenly", L, F, Z,
                          rest, mid, p);
     if (mid > 0 && (rest / mid) % v != 0)
       return fmt::format("the middle stages' {} layers each are not a multiple of /layout/virtual_stages = {} "

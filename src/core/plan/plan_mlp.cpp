@@ -226,20 +226,7 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
                                 e.stages[static_cast<std::size_t>(rank)].layers);
   auto add_comm = [&](const std::string& group, const std::string& coll, double calls, double bytes_each, const Link& lk,
                       int64_t n, const std::string& what, bool timed = true) {
-    if (calls <= 0 || bytes_each <= 0 || n <= 1) return 0.0;
-    const double sec = !timed ? 0.0
-                       : coll == "send" ? calls * detail::send_seconds(lk.send_recv, bytes_each)
-                       : coll == "all_reduce" ? calls * detail::collective_seconds(lk.all_reduce, bytes_each, n, 2)
-                       : coll == "all_gather" ? calls * detail::collective_seconds(lk.all_gather, bytes_each, n, 1)
-                                              : calls * detail::collective_seconds(lk.reduce_scatter, bytes_each, n, 1);
-    auto it = std::find_if(e.comm.begin(), e.comm.end(),
-                           [&](const CommTerm& c) { return c.group == group && c.collective == coll; });
-    if (it == e.comm.end()) it = e.comm.insert(e.comm.end(), CommTerm{group, coll, 0, 0, 0, ""});
-    it->calls += calls;
-    it->bytes += calls * bytes_each;
-    it->seconds += sec;
-    it->formula += (it->formula.empty() ? "" : "; ") + what;
-    return sec;
+    return detail::add_comm(e.comm, true, group, coll, calls, bytes_each, lk, n, what, timed);
   };
   // PP: per microbatch each chunk boundary between the modelled rank and another carries the
   // activation forward (b·w elements of the boundary's width) and its gradient back
