@@ -257,14 +257,10 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     }
     const std::string comm_formula = parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, "; "));
     mem.push_back({"communication buffers", comm, comm_formula});
-    mem.push_back({"reserved", sys.reserved_bytes, "the system's reserve (CUDA context, workspaces, allocator)"});
+    mem.push_back(detail::reserved_term(sys));
     return mem;
   };
-  auto total = [](const std::vector<Term>& ts) {
-    double x = 0;
-    for (const auto& term : ts) x += term.value;
-    return x;
-  };
+  const auto total = detail::sum_terms;
   if (p == 1) {
     e.memory = stage_memory(L_first, first, 1, true, true);
     e.stage = "only";

@@ -89,6 +89,18 @@ inline double add_comm(std::vector<CommTerm>& comm, bool record, const std::stri
   return sec;
 }
 
+/// The memory table's last term: the system's reserve (CUDA context, workspaces, allocator).
+inline Term reserved_term(const System& sys) {
+  return {"reserved", sys.reserved_bytes, "the system's reserve (CUDA context, workspaces, allocator)"};
+}
+
+/// The sum of the terms' values (bytes or seconds).
+inline double sum_terms(const std::vector<Term>& ts) {
+  double x = 0;
+  for (const auto& term : ts) x += term.value;
+  return x;
+}
+
 /// The time table's "dp/zero collectives (exposed)" row of layout `l`: `t_dp` seconds of DP/ZeRO
 /// collectives per step, `t_dp_exposed` of them not hidden behind the compute (ZeRO-3: the
 /// compute; ZeRO-2: the microbatches' backwards; else the last microbatch's backward).

@@ -180,14 +180,10 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
     }
     mem.push_back({"communication buffers", comm,
                    comm > 0 ? "ZeRO-3: two gathered layers (the one computing, the one prefetched)" : "none"});
-    mem.push_back({"reserved", sys.reserved_bytes, "the system's reserve (CUDA context, workspaces, allocator)"});
+    mem.push_back(detail::reserved_term(sys));
     return mem;
   };
-  auto total = [](const std::vector<Term>& ts) {
-    double x = 0;
-    for (const auto& term : ts) x += term.value;
-    return x;
-  };
+  const auto total = detail::sum_terms;
   int worst = 0;
   for (int s = 0; s < p; ++s) {
     const auto mem = stage_memory(s);
