@@ -1,8 +1,12 @@
 // The parts of `mpt plan` in their own files: the published runs it is checked against
-// (src/experiments/plan_published.cpp). Included by plan*.cpp only.
+// (src/experiments/plan_published.cpp) and the MLP model (plan_mlp.cpp). Included by plan*.cpp only.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "core/experiment.hpp"
+#include "core/io/config.hpp"
 #include "core/plan/plan.hpp"
 
 namespace mpt::plan_published {
@@ -18,3 +22,19 @@ namespace mpt::plan_published {
 Table published_runs_table(const plan::System& a100, const plan::System& h100, Report& report);
 
 }  // namespace mpt::plan_published
+
+namespace mpt::plan_mlp {
+
+/// The MLP of /model/widths (/model/style = mlp, /model/preset = custom `preset`): a sample is one
+/// row, no dropout unless /model/dropout = on. Throws ConfigError naming a transformer key that is
+/// set (an MLP would ignore it), a preset, fewer than 2 widths or a width below 1.
+plan::ModelShape mlp_from(const Config& cfg, const std::string& preset, const std::vector<long long>& widths);
+
+/// The model table of an MLP: its parameters and model FLOPs per sample.
+Table mlp_model_table(const plan::ModelShape& m, const plan::Training& t);
+
+/// An MLP's pipeline stages (Estimate::stages): each stage's layers, parameters and activations;
+/// the memory table shows the one that needs most.
+Table mlp_stages_table(const plan::Estimate& e);
+
+}  // namespace mpt::plan_mlp
