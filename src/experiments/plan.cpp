@@ -285,7 +285,16 @@ pl::System load_system(const std::string& spec) {
   return pl::parse_system(j, "system file " + path);
 }
 
-std::pair<int64_t, json> calibration_link(const Config& cfg);  // below, with the calibration
+using plan_calibrate::calibration_link;
+
+/// Byte counts print as integers: a plan beyond 2^53 bytes (8 PiB) per device is a typo. Throws
+/// ConfigError naming the model's size keys when `bytes` (`what`: "this layout needs") is not below.
+void check_plannable_bytes(double bytes, const pl::ModelShape& m, const std::string& what) {
+  if (!(bytes < 9007199254740992.0))
+    throw ConfigError(fmt::format("/model: {} {:.3g} bytes per device, more than the 2^53 (8 PiB) mpt plans for (check "
+                                  "{} and /train/microbatch)", what, bytes,
+                                  m.mlp() ? "/model/widths" : "/model/sequence, /model/hidden"));
+}
 
 void validate_plan(const Config& cfg, int) {
   if (cfg.boolean("/calibrate/enabled")) {  // measures: the model and the layout are not used
@@ -302,12 +311,7 @@ void validate_plan(const Config& cfg, int) {
     const auto l = layout_from(cfg);
     const std::string why = pl::layout_error(m, t, l);
     if (!why.empty()) throw ConfigError(why);
-    // byte counts print as integers: a plan beyond 2^53 bytes (8 PiB) per device is a typo
-    const auto e = pl::estimate(m, t, l, sys);
-    if (!(e.memory_bytes < 9007199254740992.0))
-      throw ConfigError(fmt::format("/model: this layout needs {:.3g} bytes per device, more than the 2^53 (8 PiB) mpt "
-                                    "plans for (check {} and /train/microbatch)", e.memory_bytes,
-                                    m.mlp() ? "/model/widths" : "/model/sequence, /model/hidden"));
+    check_plannable_bytes(pl::estimate(m, t, l, sys).memory_bytes, m, "this layout needs");
   }
 }
 
@@ -541,137 +545,8 @@ json search_points(const std::vector<pl::Candidate>& cs, bool moe) {
   return pts;
 }
 
-// ----------------------------------------------------------------------------
-// Calibration: this machine as mpt measures it
-// ----------------------------------------------------------------------------
-/// The busbw (GB/s, the largest over sizes) and latency (us, the smallest time: the smallest
-/// size's) of collective `op` in a `mpt collectives` result. Throws ConfigError naming the file.
-json collective_from(const json& d, const std::string& op, const std::string& path);
-
-/// The collectives result /calibrate/collectives names: its ranks and its link (busbw and latency
-/// per collective). Read by validate (so --print-config refuses what a run refuses) and by the
-/// run, before anything is measured. Throws ConfigError naming /calibrate/collectives and the file.
-std::pair<int64_t, json> calibration_link(const Config& cfg) {
-  const std::string path = cfg.str("/calibrate/collectives");
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw ConfigError(fmt::format("/calibrate/collectives: {}: no such file (run `mpt collectives --out {}` first: "
-                                  "--calibrate reads its busbw)", path, path));
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw ConfigError(fmt::format("/calibrate/collectives: {}: not a regular file (expected a `mpt collectives` result)", path));
-  const json coll = read_json_file(path, "collectives result file", kResultLimits);
-  if (!coll.is_object() || coll.value("experiment", "") != "collectives")
-    throw ConfigError(fmt::format("/calibrate/collectives: {} is no `mpt collectives` result", path));
-  const json* np = coll.contains("config") && coll["config"].is_object() && coll["config"].contains("nproc")
-                       ? &coll["config"]["nproc"] : nullptr;
-  if (!np || !np->is_number_integer() || np->get<int64_t>() < 1 || np->get<int64_t>() > 1'000'000)
-    throw ConfigError(fmt::format("/calibrate/collectives: {}: config.nproc: expected a whole number of ranks in [1, 10^6]", path));
-  json link = {{"all_reduce", collective_from(coll, "all_reduce", path)},
-               {"all_gather", collective_from(coll, "all_gather", path)},
-               {"reduce_scatter", collective_from(coll, "reduce_scatter", path)},
-               {"send_recv", collective_from(coll, "sendrecv", path)},
-               {"all_to_all", collective_from(coll, "alltoall", path)}};
-  return {np->get<int64_t>(), link};
-}
-
-json collective_from(const json& d, const std::string& op, const std::string& path) {
-  const auto& t = d.contains("timings") && d["timings"].is_object() ? d["timings"] : json::object();
-  if (!t.contains(op) || !t[op].is_array() || t[op].empty())
-    throw ConfigError(fmt::format("/calibrate/collectives: {} has no timings.{} rows (a `mpt collectives` result with "
-                                  "that operation in /ops is needed)", path, op));
-  double busbw = 0, lat = std::numeric_limits<double>::infinity();
-  for (const auto& r : t[op]) {
-    if (!r.is_object() || !r.contains("busbw_gbps") || !r.contains("time_us") || !r["busbw_gbps"].is_number() ||
-        !r["time_us"].is_number())
-      throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{} rows need numbers busbw_gbps and time_us", path, op));
-    const double bw = r["busbw_gbps"].get<double>(), us = r["time_us"].get<double>();
-    if (!(bw >= 0 && bw <= 1e6 && us > 0 && us <= 1e7))
-      throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{}: busbw_gbps {} and time_us {}: expected "
-                                    "busbw in [0, 10^6] GB/s and a time in (0, 10^7] us", path, op, r["busbw_gbps"].dump(),
-                                    r["time_us"].dump()));
-    busbw = std::max(busbw, bw);
-    lat = std::min(lat, us);
-  }
-  if (!(busbw >= 1e-6)) throw ConfigError(fmt::format("/calibrate/collectives: {}: timings.{} has no positive busbw", path, op));
-  return {{"busbw_gbps", busbw}, {"latency_us", lat}};
-}
-
-/// Measures this machine into a system (the configs/systems/ format): the fastest of 5 N^3
-/// products per format (a format whose kernels the probe refuses gets 0), the bandwidth of a
-/// 256 MiB copy (read + write), the collectives' busbw and latency from a `mpt collectives`
-/// result (one link: every rank on this machine), the memory per rank (physical memory / ranks)
-/// and the reserve (this process's resident memory before any model: LibTorch's own).
-Report calibrate(const Context& ctx) {
-  const auto& cfg = ctx.cfg;
-  Report report;
-  const std::string path = cfg.str("/calibrate/collectives");
-  const auto [ranks, link] = calibration_link(cfg);
-
-  double rss = 0;  // /proc/self/statm: size resident ... in pages, before this section allocates
-  {
-    std::ifstream statm("/proc/self/statm");
-    double size_pages = 0, resident_pages = 0;
-    if (statm >> size_pages >> resident_pages) rss = resident_pages * static_cast<double>(sysconf(_SC_PAGESIZE));
-  }
-  Table tb{"calibration", fmt::format("This machine as mpt measures it ({} ranks per node, from {})", ranks, path),
-           {text_col("name", "quantity"), float_col("value", "value"), text_col("unit", "unit"), text_col("how", "how")}};
-  const int64_t n = cfg.integer("/calibrate/gemm_n");
-  torch::NoGradGuard no_grad;
-  auto opts = torch::TensorOptions().device(ctx.device);
-  json peaks = json::object();
-  for (auto [name, dtype] : {std::pair<const char*, torch::ScalarType>{"fp32", torch::kFloat32},
-                             {"bf16", torch::kBFloat16},
-                             {"fp16", torch::kFloat16}}) {
-    double tflops = 0;
-    std::string how = fmt::format("fastest of 5 {0}x{0}x{0} torch::mm", n);
-    const auto probe = dtype == torch::kFloat32 ? KernelProbe{} : probe_kernels(ctx.device, dtype);
-    if (dtype != torch::kFloat32 && !probe.native()) {
-      how = "no fast native kernels here: " + probe.reason;
-    } else {
-      auto a = torch::rand({n, n}, opts.dtype(dtype)), b = torch::rand({n, n}, opts.dtype(dtype));
-      const double sec = fastest_seconds([&] { (void)torch::mm(a, b); sync_device(ctx.device); }, 5, 1);
-      tflops = 2.0 * static_cast<double>(n) * n * n / sec / 1e12;
-    }
-    peaks[name] = tflops;
-    tb.rows.push_back({{"name", std::string("peak ") + name}, {"value", tflops}, {"unit", "TFLOP/s"}, {"how", how}});
-  }
-  peaks["fp8"] = 0;
-  const int64_t elems = 64LL << 20;  // 256 MiB of fp32
-  auto src = torch::rand({elems}, opts), dst = torch::empty({elems}, opts);
-  const double copy_s = fastest_seconds([&] { dst.copy_(src); sync_device(ctx.device); }, 5, 1);
-  const double bw = 2.0 * static_cast<double>(elems) * 4 / copy_s / 1e9;
-  tb.rows.push_back({{"name", "memory bandwidth"}, {"value", bw}, {"unit", "GB/s"}, {"how", "fastest of 5 copies of 256 MiB (read + write)"}});
-  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  const double mem_gib = phys / static_cast<double>(ranks) / kGiB;
-  tb.rows.push_back({{"name", "memory per rank"}, {"value", mem_gib}, {"unit", "GiB"}, {"how", "physical memory / ranks"}});
-  tb.rows.push_back({{"name", "reserved"}, {"value", rss / kGiB}, {"unit", "GiB"}, {"how", "this process's resident memory (LibTorch's own)"}});
-  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"}) {
-    tb.rows.push_back({{"name", std::string(op) + " busbw"}, {"value", link[op]["busbw_gbps"]}, {"unit", "GB/s"},
-                       {"how", "the largest over the collectives result's sizes"}});
-    tb.rows.push_back({{"name", std::string(op) + " latency"}, {"value", link[op]["latency_us"]}, {"unit", "us"},
-                       {"how", "its smallest time (the smallest size)"}});
-  }
-  const json hw = hardware_fingerprint();
-  json sys = {{"name", fmt::format("this machine ({}; {} ranks)", hw["cpu"].value("model", std::string("unknown CPU")), ranks)},
-              {"_comment", "written by `mpt plan --calibrate`: peaks are measured GEMM rates, so gemm_efficiency is 1"},
-              {"devices_per_node", ranks},
-              {"memory_gib", mem_gib},
-              {"reserved_gib", std::min(rss / kGiB, mem_gib / 2)},
-              {"peak_tflops", peaks},
-              {"gemm_efficiency", 1.0},
-              {"memory_bandwidth_gbps", bw},
-              {"intra_node", link},
-              {"inter_node", link}};
-  pl::parse_system(sys, "the calibrated system");  // what plan will read back must parse
-  tb.notes.push_back("the system is stored under timings.system: plan with it by --set system=<this result file>, or copy "
-                     "it to configs/systems/<name>.json");
-  report.add(tb, Store::Timings);
-  report.timings["system"] = sys;
-  return report;
-}
-
 Report run_plan(const Context& ctx) {
-  if (ctx.cfg.boolean("/calibrate/enabled")) return calibrate(ctx);
+  if (ctx.cfg.boolean("/calibrate/enabled")) return plan_calibrate::calibrate(ctx);
   const auto& cfg = ctx.cfg;
   Report report;
   const auto m = model_from(cfg);
@@ -700,6 +575,12 @@ Report run_plan(const Context& ctx) {
     const auto start = std::chrono::steady_clock::now();
     const auto cs = pl::search(m, t, l, sys, devices);
     report.timings["search_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (std::none_of(cs.begin(), cs.end(), [](const pl::Candidate& c) { return c.rejected.empty(); })) {
+      double least = std::numeric_limits<double>::infinity();  // of the layouts that divide (the others have no estimate)
+      for (const auto& c : cs)
+        if (c.est.memory_bytes > 0) least = std::min(least, c.est.memory_bytes);
+      if (std::isfinite(least)) check_plannable_bytes(least, m, "the smallest layout of the search needs");
+    }
     Table st = search_table(cs, devices, cfg.integer("/search/top"), sys, m.moe());
     if (l.cp > 1)
       st.notes.push_back(fmt::format("/layout/cp = {} is not searched: every layout here has cp = 1 (plan a CP layout "

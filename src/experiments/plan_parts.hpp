@@ -1,9 +1,14 @@
 // The parts of `mpt plan` in their own files: the published runs it is checked against
-// (src/experiments/plan_published.cpp) and the MLP model (plan_mlp.cpp). Included by plan*.cpp only.
+// (src/experiments/plan_published.cpp), the MLP model (plan_mlp.cpp) and the calibration
+// (plan_calibrate.cpp). Included by plan*.cpp only.
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
 
 #include "core/experiment.hpp"
 #include "core/io/config.hpp"
@@ -38,3 +43,32 @@ Table mlp_model_table(const plan::ModelShape& m, const plan::Training& t);
 Table mlp_stages_table(const plan::Estimate& e);
 
 }  // namespace mpt::plan_mlp
+
+namespace mpt::plan_calibrate {
+
+/// The collectives result /calibrate/collectives names: its ranks and its link (busbw and latency
+/// per collective, as a system file's intra_node). Read by validate (so --print-config refuses what
+/// a run refuses) and by the run, before anything is measured. Throws ConfigError naming
+/// /calibrate/collectives and the file.
+std::pair<int64_t, nlohmann::json> calibration_link(const Config& cfg);
+
+/// Host seconds per operator of a training step on `device`: a tiny MLP (16-16-16-16-16, batch 16)
+/// forward and backward timed (median of 400), less its GEMMs at `sys`'s rates
+/// (System::gemm_seconds), / its operators (plan::mlp_operators); never below 0. The step's time
+/// and operator count go to `step_s` and `ops` where given. The dispatch term of an alpha-beta
+/// model of small kernels (as LogP's overhead o, Culler et al. 1993).
+double operator_overhead(const plan::System& sys, torch::Device device, double* step_s = nullptr, double* ops = nullptr);
+
+/// Seconds of one tensor operator outside autograd on `device`: zero_, clone and slice of a 16 × 16
+/// tensor (median of 1000) / 3. A step's bookkeeping around its forward and backward (zeroing or
+/// cloning gradients, slicing a batch) costs this per operator, not operator_overhead's.
+double bare_operator_seconds(torch::Device device);
+
+/// `mpt plan --calibrate`: this machine measured into a system file (under timings.system): GEMM
+/// peaks and rates by size per format, the operator overhead, the memory bandwidth and per rank,
+/// LibTorch's resident reserve, and the collectives of /calibrate/collectives' result.
+/// Throws ConfigError as calibration_link does.
+Report calibrate(const Context& ctx);
+
+}  // namespace mpt::plan_calibrate
+

@@ -25,6 +25,13 @@ cli_case(plan_bad_stage_empty 2 "leave 0 of /model/layers = 80 for the other 2 s
 cli_case(plan_llama3_405b_uneven 0 "uneven stages: first 7, middle 8, last 7 layers" plan --set model.preset=llama3-405b
          --set layout.pp=16 --set layout.dp=64 --set layout.schedule=interleaved-1f1b --set layout.virtual_stages=8
          --set layout.account_for_embedding=true --set layout.account_for_loss=true --set train.global_batch=2048)
+# --search refuses as the plain plan does a model whose smallest layout needs 2^53 bytes or more
+cli_case(plan_search_too_big 2 "/model: the smallest layout of the search needs 1.97e\\+16 bytes per device, more than the 2\\^53" plan
+         --set model.preset=custom --set model.style=mlp --set "model.widths=[16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216,16777216]"
+         --set train.recipe=fp32 --search 8)
+# a number below the smallest double would read as 0 (core/io/config_json): refused, naming where
+cli_case(plan_bad_underflow 2 "/train/tokens: expected a number that is 0 or at least 4.9e-324 in magnitude.*got 1e-400" plan
+         --set train.tokens=1e-400)
 cli_case(plan_bad_custom 2 "/model/style: expected \"gpt\" or \"llama\" for /model/preset = custom" plan --set model.preset=custom)
 cli_case(plan_bad_system_name 2 "/system: no shipped system named \"h300\" \\(expected one of: a100-80gb-dgx, ci-epyc-2cpu, h100-sxm-dgx, h200-sxm-dgx"
          plan --set system=h300)

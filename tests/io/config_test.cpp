@@ -167,6 +167,19 @@ TEST_CASE("deep nesting is refused while parsing, naming the file and the depth"
   CHECK_THAT(m, Catch::Contains("/model/depth: the value is nested deeper than 64 levels"));
 }
 
+TEST_CASE("a number below the smallest double is refused where it stands, not read as 0", "[config][hostile]") {
+  CHECK_THROWS_WITH(parse_json_text(R"({"a": [1, {"b": 2e-400}]})", "f.json"),
+                    Catch::Contains("f.json: /a/1/b: expected a number that is 0 or at least 4.9e-324") &&
+                        Catch::Contains("got 2e-400"));
+  CHECK_THROWS_WITH(parse_json_text(R"({"a": [0.5, 1, -3.1e-999]})", "f.json"), Catch::Contains("f.json: /a/2: "));
+  CHECK_THROWS_WITH(parse_json_text("1e-400", "f.json"), Catch::Contains("f.json: /: "));
+  // zero written any way is zero; the smallest denormal is a number
+  CHECK(parse_json_text(R"({"a": [0e-999, -0.0, 0.000e5]})", "f.json")["a"][0].get<double>() == 0);
+  CHECK(parse_json_text("5e-324", "f.json").get<double>() > 0);
+  const std::string m = error_of(spec(), "", {"model.depth=[1e-400]"});
+  CHECK_THAT(m, Catch::Contains("/model/depth/0: expected a number that is 0 or at least 4.9e-324"));
+}
+
 TEST_CASE("lists are capped at kMaxListLength elements, named in the error", "[config][hostile]") {
   std::string list = "[1";
   for (std::size_t i = 1; i <= kMaxListLength; ++i) list += ",1";

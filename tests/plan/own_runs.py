@@ -58,6 +58,7 @@ Prints a table (markdown, docs/plan.md "Own runs") and exits 1 when any term dif
 prediction plus its named difference.
 
   /usr/bin/python3 tests/plan/own_runs.py build/mpt
+  /usr/bin/python3 tests/plan/own_runs.py build/mpt --timings   # step times (step_times), not asserted
 """
 import json
 import os
@@ -194,7 +195,110 @@ def pipeline_stage_extra(widths, p, stage, b):
     return 4 * b * (sum(widths[k] for k in range(i + 1, min(j, L - 1) + 1)) - (widths[0] if stage == 0 else 0))
 
 
+def step_times(mpt, tmp):
+    """--timings: the step time of mpt's own MLP runs against the plan's, on a system calibrated here.
+
+    `mpt collectives` (the quick config) and `mpt plan --calibrate` measure this machine: GEMM rates by
+    size (a Linear's three GEMMs on operands from memory), the operator overhead (a tiny MLP step less
+    its GEMMs, / its operators) and the memory bandwidth. The plan's forward and backward (compute,
+    elementwise, dispatch and gradient accumulation) is then compared with:
+
+    - accumulate's memory table (the MLP 784-128-128-10, batch 512 in k = 1, 2, 4, 8 microbatches; the
+      median of 100 steps). Named, in the same model: the step zeroes its gradients (zero_grads: 2L bare
+      operators writing 4P bytes) rather than dropping them, so the first microbatch adds too (2L
+      operators, 3 passes over 4P bytes), and slices x and y and flattens x per microbatch (3 bare
+      operators: the calibration's "bare operator", an operator outside autograd).
+    - checkpoint's step (9 blocks Linear(16, 16) + ReLU + dropout 0.1, batch 64, MSE; median of 100),
+      plain and with n segments (full recompute). Named: zero_grads as above, the input's gradient
+      (one more GEMM and operator: x requires grad), MSE's 2 operators instead of cross entropy's 6, the
+      last block's ReLU and dropout (5 operators, 3 more recomputed); bare: zero_grads and the 2n + 1
+      gradient clones after the step.
+
+    A timing: printed, never asserted (docs/plan.md, "Step time of own runs")."""
+    coll = os.path.join(tmp, "collectives.json")
+    run(mpt, ["collectives", "--config", "configs/collectives_quick.json"], coll)
+    cal = run(mpt, ["plan", "--calibrate", "--set", f"calibrate.collectives={coll}"], os.path.join(tmp, "system.json"))
+    system = cal["timings"]["system"]
+    alpha, bw = system["op_overhead_us"] * 1e-6, system["memory_bandwidth_gbps"] * 1e9
+    bare = next(r["value"] for r in cal["timings"]["calibration"] if r["name"] == "bare operator") * 1e-6
+    sysfile = os.path.join(tmp, "system.json")
+    rows = []
+
+    def planned(sets, name):
+        pr = plan_result(mpt, sets + [f"system={sysfile}"], os.path.join(tmp, name))
+        t = {r["name"]: r["seconds"] for r in pr["results"]["time"]}
+        return sum(t.get(k, 0) for k in ("compute", "elementwise", "dispatch", "gradient accumulation"))
+
+    def row(name, measured, plan, named_ops, bare_ops, named_bytes, named_s, why):
+        named = named_ops * alpha + bare_ops * bare + named_bytes / bw + named_s
+        predicted = plan + named
+        rows.append((name, measured * 1e3, plan * 1e3, named * 1e3, predicted * 1e3,
+                     100 * (predicted - measured) / measured, why))
+
+    aw = [784, 128, 128, 10]
+    L, P = len(aw) - 1, sum(aw[k] * aw[k + 1] + aw[k + 1] for k in range(len(aw) - 1))
+    ad = run(mpt, ["accumulate", "--set", "train.steps=2", "--set", "timing.repeats=100"], os.path.join(tmp, "acc_t.json"))
+    batch = ad["config"]["memory"]["batch"]
+    for name, t in ad["timings"]["memory_step_time"].items():
+        k = int(name.split("/")[1])
+        plan = planned(mlp_sets(aw, batch, batch // k), f"plan_acc_t{k}.json")
+        row(f"accumulate {name} (MLP {'-'.join(map(str, aw))}, b = {batch // k})", t["step_s"], plan,
+            2 * L, 2 * L + 3 * k, 16 * P, 0,
+            f"the first microbatch's adds: {2 * L} operators; zero_grads {2 * L}, slices and flatten {3 * k} bare "
+            f"operators; 16P = {16 * P} B")
+
+    cn, cw, cb = 9, 16, 64
+    cd = run(mpt, ["checkpoint", "--set", f"model.depth={cn}", "--set", f"model.width={cw}", "--set", f"data.batch={cb}",
+                   "--set", "checkpoint.no_rng_row=false", "--set", "checkpoint.sweep=false", "--set", "timing.repeats=100"],
+             os.path.join(tmp, "ck_t.json"))
+    cwidths = [cw] * (cn + 1)
+    cP = cn * (cw * cw + cw)
+    sysd = parse_rates(system)
+    x_grad = gemm_seconds(sysd, cb, cw, cw)  # the input's gradient: x requires grad
+    for key, rec, extra in (("none", "none", 0), (f"s={cn} (n)", "full", 3)):
+        t = cd["timings"]["step_time_s"].get(key)
+        if t is None:
+            continue
+        plan = planned(mlp_sets(cwidths, cb, cb, dropout=True, recompute=rec), f"plan_ck_t_{rec}.json")
+        ops = 2 * cn + 1 - 4 + 5 + extra
+        row(f"checkpoint {key} ({cn} blocks of {cw}, b = {cb})", t["step_s"], plan, ops, 2 * cn + 2 * cn + 1,
+            16 * cP + 4 * (cP + cb * cw), x_grad,
+            f"the first add {2 * cn}, x's gradient +1, MSE -4, the last block's ReLU and dropout +{5 + extra}: {ops} "
+            f"operators; zero_grads {2 * cn} and clones {2 * cn + 1} bare operators; 16P + the clones' 4(P + bw) B; x's GEMM")
+
+    print(f"\nStep time (forward and backward) against the plan on this machine as calibrated here "
+          f"(operator overhead {alpha * 1e6:.2f} us, bare operator {bare * 1e6:.2f} us, memory {bw / 1e9:.1f} GB/s; "
+          f"a timing: reported, never asserted):")
+    print("| run | measured ms | plan ms | named ms | plan + named ms | error % | named |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]:.3f} | {r[2]:.3f} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:+.1f} | {r[6]} |")
+
+
+def parse_rates(system):
+    """The fp32 GEMM rates of a calibrated system: [(N, FLOP/s)], N ascending."""
+    return [(n, tf * 1e12) for n, tf in system["gemm_tflops_by_n"]["fp32"]]
+
+
+def gemm_seconds(rates, m, n, k):
+    """System::gemm_seconds for fp32 (src/core/plan/plan_model.cpp): the rate of an N^3 product with the same
+    FLOPs, log-log between the measured sizes, the smallest's below them and the largest's above."""
+    import math
+    size, flops = (m * n * k) ** (1 / 3), 2 * m * n * k
+    if size <= rates[0][0]:
+        return flops / rates[0][1]
+    if size > rates[-1][0]:
+        return flops / rates[-1][1]
+    i = next(j for j in range(1, len(rates)) if rates[j][0] >= size)
+    f = math.log(size / rates[i - 1][0]) / math.log(rates[i][0] / rates[i - 1][0])
+    return flops / math.exp(math.log(rates[i - 1][1]) + f * (math.log(rates[i][1]) - math.log(rates[i - 1][1])))
+
+
 def main():
+    if "--timings" in sys.argv:
+        with tempfile.TemporaryDirectory() as tmp:
+            step_times(os.path.abspath(sys.argv[1]), tmp)
+        return 0
     mpt = os.path.abspath(sys.argv[1])
     rows, failures, bubbles, held_failures, unmeasured = [], 0, [], 0, []
 

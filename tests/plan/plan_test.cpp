@@ -929,3 +929,73 @@ TEST_CASE("MLP: layouts it cannot run are refused naming the keys", "[plan][mlp]
   l.cp = 1;
   CHECK(layout_error(mlp_shape({784}), t, l).rfind("/model/widths: expected at least 2 widths", 0) == 0);
 }
+
+TEST_CASE("GEMM time: the measured rate of its size, log-log between sizes, peak x efficiency without rates",
+          "[plan][mlp]") {
+  System s = test_system();  // fp32: 20 TFLOP/s x 0.5
+  CHECK(s.gemm_seconds("fp32", 64, 32, 16) == Approx(2.0 * 64 * 32 * 16 / 10e12).epsilon(1e-12));
+  auto j = system_json();
+  j["gemm_tflops_by_n"] = {{"fp32", {{16, 1}, {64, 4}}}};
+  s = parse_system(j, "t.json");
+  // N = cbrt(mnk) = 32: halfway between 16 and 64 in log N, so sqrt(1 x 4) = 2 TFLOP/s
+  CHECK(s.gemm_seconds("fp32", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 2e12).epsilon(1e-12));
+  CHECK(s.gemm_seconds("fp32", 64, 32, 16) == Approx(2.0 * 64 * 32 * 16 / 2e12).epsilon(1e-12));  // same FLOPs
+  CHECK(s.gemm_seconds("fp32", 8, 8, 8) == Approx(2.0 * 512 / 1e12).epsilon(1e-12));  // below: the smallest's rate
+  // above the largest size: the larger of its rate and peak x efficiency (10 TFLOP/s here)
+  CHECK(s.gemm_seconds("fp32", 128, 128, 128) == Approx(2.0 * 128 * 128 * 128 / 10e12).epsilon(1e-12));
+  CHECK(s.gemm_seconds("bf16", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 150e12).epsilon(1e-12));  // no bf16 rates
+  auto bad = j;
+  bad["gemm_tflops_by_n"]["fp32"] = {{64, 1}, {16, 4}};
+  CHECK_THROWS_WITH(parse_system(bad, "t.json"),
+                    Catch::Contains("t.json: /gemm_tflops_by_n/fp32/1: expected N in [1, 10^7], above the previous pair's"));
+  bad["gemm_tflops_by_n"]["fp32"] = {{16, 0}};
+  CHECK_THROWS_WITH(parse_system(bad, "t.json"), Catch::Contains("/gemm_tflops_by_n/fp32/0: expected TFLOP/s"));
+  bad["gemm_tflops_by_n"] = {{"fp64", {{16, 1}}}};
+  CHECK_THROWS_WITH(parse_system(bad, "t.json"), Catch::Contains("/gemm_tflops_by_n/fp64: unknown field"));
+  bad = j;
+  bad["op_overhead_us"] = -1;
+  CHECK_THROWS_WITH(parse_system(bad, "t.json"), Catch::Contains("/op_overhead_us: expected a number in [0, 1e+06]"));
+}
+
+TEST_CASE("MLP step time: each GEMM the step runs, its operators' dispatch, gradient accumulation", "[plan][mlp]") {
+  const ModelShape m = mlp_shape({784, 128, 128, 10});
+  Training t;
+  t.recipe = "fp32";
+  t.optimizer = "sgd";
+  t.recompute = "none";
+  t.global_batch = 512;
+  t.microbatch = 128;
+  auto j = system_json();
+  j["op_overhead_us"] = 5;
+  const System sys = parse_system(j, "t.json");
+  // forward: 3 addmm + 2 ReLU + the loss's 3; backward: 3 dW, 3 bias sums, 2 dX (none for layer 0), 2 ReLU, 3
+  const MlpOperators o = mlp_operators(m, t, 128, 0, 3, sys);
+  CHECK(o.forward == 3 + 2 + 3);
+  CHECK(o.backward == 3 + 3 + 2 + 2 + 3);
+  const double g0 = 2.0 * 128 * 784 * 128 / 10e12, g1 = 2.0 * 128 * 128 * 128 / 10e12, g2 = 2.0 * 128 * 128 * 10 / 10e12;
+  CHECK(o.gemm_forward_s == Approx(g0 + g1 + g2).epsilon(1e-12));
+  CHECK(o.gemm_backward_s == Approx(g0 + 2 * g1 + 2 * g2).epsilon(1e-12));
+  // dropout: its mask and multiply forward, one backward, after each hidden layer; full recompute: the forward again
+  ModelShape md = m;
+  md.dropout = true;
+  Training full = t;
+  full.recompute = "full";
+  const MlpOperators od = mlp_operators(md, full, 128, 0, 3, sys);
+  CHECK(od.forward == 8 + 2 * 2);
+  CHECK(od.backward == 13 + 2 * 1 + od.forward);
+  CHECK(od.gemm_backward_s == Approx(o.gemm_backward_s + o.gemm_forward_s).epsilon(1e-12));
+  CHECK_THROWS_AS(mlp_operators(m, t, 128, 1, 4, sys), std::invalid_argument);
+  // the estimate: 4 microbatches of 128 on one device
+  Layout l;
+  const Estimate e = estimate(m, t, l, sys);
+  CHECK(term(e, "compute") == Approx(4 * (o.gemm_forward_s + o.gemm_backward_s)).epsilon(1e-12));
+  CHECK(term(e, "dispatch") == Approx(4 * 21 * 5e-6).epsilon(1e-12));
+  const double psi = 118282;  // 3 microbatches after the first add 2 x 3 operators and 3 x 4 psi bytes each
+  CHECK(term(e, "gradient accumulation") == Approx(3 * (6 * 5e-6 + 12 * psi / 2000e9)).epsilon(1e-12));
+  double sum = 0;
+  for (const auto& x : e.time) sum += x.value;
+  CHECK(sum == Approx(e.step_s).epsilon(1e-12));  // the terms add up to the step
+  // one microbatch: nothing accumulated
+  t.microbatch = 512;
+  CHECK(term(estimate(m, t, l, sys), "gradient accumulation") == 0);
+}

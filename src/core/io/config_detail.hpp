@@ -18,13 +18,21 @@ namespace mpt::config_detail {
 struct TooDeep {
   std::size_t depth;
 };
+/// A number literal with a non-zero digit that reads as 0: below the smallest double (about
+/// 4.9e-324), so strtod underflows. Thrown by parse_rejecting_duplicates with the literal's JSON
+/// pointer: a value read as 0 where the text says otherwise is refused, never used.
+struct Underflow {
+  std::string ptr;   ///< "/train/lr"
+  std::string text;  ///< the literal, "1e-400"
+};
 
 /// Whether `s` is valid UTF-8 (no overlong forms, surrogates or code points beyond U+10FFFF).
 bool valid_utf8(const std::string& s);
 
 // json::parse, and the JSON pointer of the first key that appears twice in one object
 // ("" when none): nlohmann keeps the last value of a repeated key without a word. Linear in
-// the text. Throws TooDeep for nesting beyond max_depth, json::exception for invalid JSON.
+// the text. Throws TooDeep for nesting beyond max_depth, Underflow for a non-zero number that
+// reads as 0, json::exception for invalid JSON.
 // `exact_integers`: see JsonLimits::exact_integers.
 nlohmann::json parse_rejecting_duplicates(const std::string& text, std::string* duplicate, std::size_t max_depth,
                                           bool exact_integers = false);

@@ -28,6 +28,7 @@ namespace {
 using config_detail::config_error;
 using config_detail::parse_rejecting_duplicates;
 using config_detail::TooDeep;
+using config_detail::Underflow;
 using config_detail::valid_utf8;
 
 // Length of the UTF-8 sequence starting at s[i] (1-4), or 0 when it is not valid UTF-8
@@ -83,6 +84,11 @@ class CheckedDomBuilder {
   bool number_integer(json::number_integer_t v) { return add(v), true; }
   bool number_unsigned(json::number_unsigned_t v) { return add(v), true; }
   bool number_float(json::number_float_t v, const json::string_t& text) {
+    // strtod reads a literal below the smallest double (1e-400) as 0: refuse it, naming where
+    if (v == 0) {
+      const std::string mantissa = text.substr(0, text.find_first_of("eE"));
+      if (mantissa.find_first_of("123456789") != std::string::npos) throw Underflow{pointer(), text};
+    }
     // The lexer hands an integer literal beyond int64/uint64 over as a double: keep its digits.
     if (exact_integers_ && text.find_first_of(".eE") == std::string::npos)
       add(json::binary(std::vector<std::uint8_t>(text.begin(), text.end()), kExactIntegerSubtype));
@@ -97,11 +103,7 @@ class CheckedDomBuilder {
     auto [it, inserted] = stack_.back().value->get_ref<json::object_t&>().emplace(k, nullptr);
     stack_.back().key = &it->first;
     slot_ = &it->second;
-    if (!inserted && duplicate_->empty()) {
-      std::string ptr;
-      for (const auto& f : stack_) ptr += "/" + (f.key ? escape(*f.key) : std::to_string(f.index));
-      *duplicate_ = printable_text(ptr, 120);
-    }
+    if (!inserted && duplicate_->empty()) *duplicate_ = pointer();
     return true;
   }
   bool end_object() { return stack_.pop_back(), true; }
@@ -118,6 +120,15 @@ class CheckedDomBuilder {
     const std::string* key = nullptr;  // an object's current key (held by the object)
     long index = -1;                   // an array's current element
   };
+  // The JSON pointer of where the document is at: the key just read, or an array's next element.
+  std::string pointer() const {
+    std::string ptr;
+    for (const auto& f : stack_) {
+      const long index = f.value->is_array() && &f == &stack_.back() ? f.index + 1 : f.index;
+      ptr += "/" + (f.key ? escape(*f.key) : std::to_string(index));
+    }
+    return printable_text(ptr, 120);
+  }
   static std::string escape(const std::string& k) {  // RFC 6901: '~' -> "~0", '/' -> "~1"
     std::string out;
     for (char c : k) out += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
@@ -208,6 +219,9 @@ json parse_json_text(const std::string& text, const std::string& source, const J
   } catch (const TooDeep&) {
     config_error(fmt::format("{}: nested deeper than {} levels (arrays and objects), the most mpt reads here",
                              name, limits.max_depth));
+  } catch (const Underflow& u) {
+    config_error(fmt::format("{}: {}: expected a number that is 0 or at least 4.9e-324 in magnitude (a double), got {}: "
+                             "it would read as 0", name, u.ptr.empty() ? "/" : u.ptr, printable_text(u.text, 60)));
   } catch (const json::exception& e) {
     // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 1: ..."
     // (or out_of_range.406 for a number beyond double's range, e.g. 1e400)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -168,8 +169,22 @@ struct System {
   /// tensors through memory at this bandwidth: passes x elements x bytes / memory_bandwidth.
   double memory_bandwidth = 0;   ///< bytes/s per device (the optimizer step is bound by it)
   Link intra, inter;
+  /// Measured GEMM rates by size, per format ("fp32", "bf16", "fp16"): (N, FLOP/s) of an N×N×N
+  /// product, N ascending (`mpt plan --calibrate` times them). Empty for a format: its GEMMs run at
+  /// peak × gemm_efficiency whatever their size (the shipped GPU systems, whose layers are large).
+  std::map<std::string, std::vector<std::pair<double, double>>> gemm_rates;
+  /// Host time per operator a training step dispatches (dispatch, autograd's bookkeeping), seconds;
+  /// 0: not modelled (a GPU's launches queue ahead of kernels longer than a launch). Calibrated on
+  /// a tiny MLP step, whose GEMMs and passes take next to nothing (calibrate_operator_overhead).
+  double op_overhead_s = 0;
   /// Peak FLOP/s of `recipe`'s GEMMs; 0 when the system has none.
   double peak_for(const std::string& recipe) const;
+  /// Seconds of one m×k by k×n GEMM (2mnk FLOPs) in `recipe`'s format: at the measured rate of an
+  /// N³ product with the same FLOPs (N = ∛(mnk)), interpolated log-log between the measured sizes,
+  /// the smallest size's rate below them and peak × gemm_efficiency above; peak × gemm_efficiency
+  /// where the format has no measured rates. The roofline's compute side with the measured
+  /// efficiency of small products (Williams et al. 2009; the size dependence as Calculon's tables).
+  double gemm_seconds(const std::string& recipe, double m, double n, double k) const;
 };
 /// Reads a system from its JSON (`source` names the file in messages). Throws mpt::ConfigError
 /// naming the file and the JSON path of a missing, mistyped or non-positive field.
@@ -298,6 +313,20 @@ double mlp_activation_bytes(const ModelShape& m, const Training& t, int64_t micr
 /// traffic, as for the GPT; of equally slow stages the later is modelled (ZB-V: rank 0).
 /// Throws std::invalid_argument when the system has no peak for the recipe's format.
 Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, const System& s);
+
+/// Operators one microbatch dispatches through MLP layers [begin, end) (0-based Linear layers), as
+/// LibTorch runs core/models/mlp's step: forward addmm per layer, ReLU (and dropout's mask and
+/// multiply) after each hidden one, cross entropy (log_softmax, nll_loss) and the loss's scaling on
+/// the last; backward the weight and input gradients (no input gradient for layer 0, whose input
+/// needs none), the bias's sum, ReLU's (dropout's) backward and the loss's three. Full recompute
+/// runs the forward's again. These × System::op_overhead_s are the step's dispatch time.
+/// Throws std::invalid_argument for a range outside the model.
+struct MlpOperators {
+  double forward = 0, backward = 0;  ///< operators per microbatch
+  double gemm_forward_s = 0, gemm_backward_s = 0;  ///< their GEMMs' time by System::gemm_seconds
+};
+MlpOperators mlp_operators(const ModelShape& m, const Training& t, int64_t microbatch, int64_t begin, int64_t end,
+                           const System& s);
 
 /// One layout the search tried.
 struct Candidate {

@@ -81,6 +81,33 @@ double mlp_activation_bytes(const ModelShape& m, const Training& t, int64_t micr
   return bytes;
 }
 
+MlpOperators mlp_operators(const ModelShape& m, const Training& t, int64_t microbatch, int64_t begin, int64_t end,
+                           const System& s) {
+  const int64_t L = mlp_layers(m);
+  if (begin < 0 || end > L || begin >= end)
+    throw std::invalid_argument(fmt::format("mlp_operators: layers [{}, {}) outside the MLP's {}", begin, end, L));
+  const double b = static_cast<double>(microbatch);
+  MlpOperators o;
+  for (int64_t k = begin; k < end; ++k) {
+    const bool hidden = k < L - 1;  // followed by a ReLU (and dropout)
+    const double g = s.gemm_seconds(t.recipe, b, width(m, k + 1), width(m, k));  // [b, w_k] x [w_k, w_k+1]
+    o.forward += 1 + (hidden ? 1 + (m.dropout ? 2 : 0) : 0);
+    o.gemm_forward_s += g;
+    // dW = dY^T X and the bias's sum always; dX = dY W unless k = 0 (the data needs no gradient)
+    o.backward += 2 + (k > 0 ? 1 : 0) + (hidden ? 1 + (m.dropout ? 1 : 0) : 0);
+    o.gemm_backward_s += (k > 0 ? 2 : 1) * g;
+  }
+  if (end == L) {  // cross entropy: log_softmax, nll_loss and the loss's scaling, forward and backward
+    o.forward += 3;
+    o.backward += 3;
+  }
+  if (t.recompute == "full") {  // the forward runs again inside the backward
+    o.backward += o.forward;
+    o.gemm_backward_s += o.gemm_forward_s;
+  }
+  return o;
+}
+
 Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, const System& sys) {
   Estimate e;
   const double peak = sys.peak_for(t.recipe);
@@ -99,12 +126,11 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
   std::vector<int> held(static_cast<std::size_t>(p), 1);
   if (p > 1) held = detail::replayed_held_pairs(l.schedule, p, mb, v);
   const bool full = t.recompute == "full";
-  const double rate = peak * sys.gemm_efficiency;
 
   // ---- every stage: its chunks' layers, parameters, activations and forward cost
   struct StageWork {
     std::vector<int64_t> chunks;
-    double matrices = 0, mem_fwd_s = 0, t_f = 0, t_bw = 0, t_mem = 0;
+    double matrices = 0, mem_fwd_s = 0, t_f = 0, t_bw = 0, t_mem = 0, t_ops = 0, ops = 0;
   };
   std::vector<StageWork> work(static_cast<std::size_t>(p));
   for (int64_t c = 0; c < V; ++c) work[static_cast<std::size_t>(stage_rank(static_cast<int>(c), p, placement))].chunks.push_back(c);
@@ -116,9 +142,15 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
     st.held = held[static_cast<std::size_t>(s)];
     std::vector<std::string> ranges;
     double elementwise = 0;  // bytes streamed by one microbatch's forward (ReLU, dropout)
+    MlpOperators ops;        // its operators and their GEMMs' time
     for (int64_t c : w.chunks) {
       const int64_t lo = c * per_chunk, hi = lo + per_chunk;
       ranges.push_back(layer_range(lo, hi));
+      const MlpOperators co = mlp_operators(m, t, t.microbatch, lo, hi, sys);
+      ops.forward += co.forward;
+      ops.backward += co.backward;
+      ops.gemm_forward_s += co.gemm_forward_s;
+      ops.gemm_backward_s += co.gemm_backward_s;
       st.per_microbatch = std::max(st.per_microbatch, mlp_activation_bytes(m, t, t.microbatch, lo, hi));
       for (int64_t k = lo; k < hi; ++k) {
         st.params += layer_params(m, k);
@@ -129,12 +161,16 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
     }
     st.layers = fmt::format("{}", fmt::join(ranges, ", "));
     st.activations = st.per_microbatch * st.held;
-    // GEMMs (Narayanan et al. 2021 §5.1: 2 FLOPs per weight and sample forward, backward twice; a
-    // full recompute runs the forward again) and the elementwise passes at the memory bandwidth
+    // FLOPs as Narayanan et al. 2021 §5.1 count them (2 per weight and sample forward, backward
+    // twice) for MFU; time from the GEMMs the step runs (mlp_operators: no input gradient for layer
+    // 0; a full recompute runs the forward again), the elementwise passes at the memory bandwidth
+    // and, where the system measured it, each operator's dispatch
     st.forward_flops = 2 * w.matrices * b;
     w.mem_fwd_s = elementwise / sys.memory_bandwidth;
-    w.t_f = st.forward_flops / rate + w.mem_fwd_s;
-    w.t_bw = (2 + (full ? 1.0 : 0.0)) * st.forward_flops / rate + (2 + (full ? 1.0 : 0.0)) * w.mem_fwd_s;
+    w.ops = ops.forward + ops.backward;
+    w.t_ops = w.ops * sys.op_overhead_s;
+    w.t_f = ops.gemm_forward_s + w.mem_fwd_s + ops.forward * sys.op_overhead_s;
+    w.t_bw = ops.gemm_backward_s + (2 + (full ? 1.0 : 0.0)) * w.mem_fwd_s + ops.backward * sys.op_overhead_s;
     w.t_mem = (3 + (full ? 1.0 : 0.0)) * w.mem_fwd_s;
   }
 
@@ -286,16 +322,34 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
     for (const char* name : {"weights", "gradients", "master weights", "optimizer states"})
       if (term.name == name) state += term.value;
   const double t_opt = 2 * state / sys.memory_bandwidth;
+  // gradient accumulation: from the second microbatch on, autograd adds each weight's and bias's new
+  // gradient into the one it holds (AccumulateGrad; the first is taken as it is, gradients set to
+  // None before the step as PyTorch's zero_grad does): 2 operators a layer and 3 passes over the
+  // gradients (read both, write one) per microbatch
+  const double slow_layers = static_cast<double>(ws.chunks.size() * static_cast<std::size_t>(per_chunk));
+  const double t_acc = (mbd - 1) * (2 * slow_layers * sys.op_overhead_s +
+                                     3 * e.stages[static_cast<std::size_t>(slow)].params * per_param.gradients /
+                                         sys.memory_bandwidth);
   const std::string stage_name = p == 1 ? "the only stage" : fmt::format("stage {} (layers {})", slow,
                                                                           e.stages[static_cast<std::size_t>(slow)].layers);
-  e.time.push_back({"compute", mbd * (ws.t_f + ws.t_bw - ws.t_mem),
-                    fmt::format("{:.3g} GFLOP per microbatch on the slowest stage, {} (2 per weight and sample forward, "
-                                "backward 2x{}), at {:.0f}% of {:.4g} TFLOP/s, x{} microbatches",
+  const bool measured_rates = sys.gemm_rates.count(t.recipe) > 0;
+  e.time.push_back({"compute", mbd * (ws.t_f + ws.t_bw - ws.t_mem - ws.t_ops),
+                    fmt::format("the GEMMs of {}: {:.3g} GFLOP per microbatch (2 per weight and sample forward, "
+                                "backward 2x{}; layer 0 computes no input gradient), {}, x{} microbatches",
+                                stage_name,
                                 (3 + (full ? 1.0 : 0.0)) * e.stages[static_cast<std::size_t>(slow)].forward_flops / 1e9,
-                                stage_name, full ? ", recompute 1x" : "", sys.gemm_efficiency * 100, peak / 1e12, mb)});
+                                full ? ", recompute 1x" : "",
+                                measured_rates ? std::string("each at the measured rate of its size (gemm_tflops_by_n)")
+                                               : fmt::format("at {:.0f}% of {:.4g} TFLOP/s", sys.gemm_efficiency * 100, peak / 1e12),
+                                mb)});
   e.time.push_back({"elementwise", mbd * ws.t_mem,
                     fmt::format("{:.3g} GB per microbatch at {:.0f} GB/s: ReLU{}", ws.t_mem * sys.memory_bandwidth / 1e9,
                                 sys.memory_bandwidth / 1e9, m.dropout ? " and dropout" : "")});
+  e.time.push_back({"dispatch", mbd * ws.t_ops,
+                    sys.op_overhead_s > 0
+                        ? fmt::format("{:g} operators per microbatch forward and backward x {:.3g} us each (op_overhead_us) "
+                                      "x{} microbatches", ws.ops, sys.op_overhead_s * 1e6, mb)
+                        : std::string("not modelled (the system has no op_overhead_us)")});
   e.time.push_back({"tp collectives", 0.0, "none (tp = 1)"});
   e.time.push_back({"bubble", idle,
                     p > 1 ? fmt::format("{} idle time (core/pipeline bubble_time_theory) at the slowest stage's F and B, "
@@ -304,8 +358,14 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
   e.time.push_back({"pp send/recv", t_pp,
                     p > 1 ? fmt::format("{:g} send(s) per microbatch x {} microbatches", sends_per_mb, mb) : "none (pp = 1)"});
   e.time.push_back(detail::dp_exposed_term(l, t_dp, t_dp_exposed));
+  e.time.push_back({"gradient accumulation", t_acc,
+                    mb > 1 ? fmt::format("{} microbatches after the first: each adds {:g} gradients into the held ones (3 "
+                                         "passes at the memory bandwidth){}", mb - 1,
+                                         e.stages[static_cast<std::size_t>(slow)].params,
+                                         sys.op_overhead_s > 0 ? fmt::format(", {:g} operators", 2 * slow_layers) : "")
+                           : std::string("none (one microbatch)")});
   e.time.push_back({"optimizer step", t_opt, "read and write every state of this device once at the memory bandwidth"});
-  e.step_s = pipe + t_pp + t_dp_exposed + t_opt;
+  e.step_s = pipe + t_pp + t_dp_exposed + t_acc + t_opt;
   detail::set_rates(e, samples, l.devices(), peak, t.tokens);  // a sample is one row of the MLP: "tokens" are samples
   return e;
 }

@@ -146,6 +146,21 @@ double System::peak_for(const std::string& recipe) const {
   return peak_fp8;
 }
 
+double System::gemm_seconds(const std::string& recipe, double m, double n, double k) const {
+  const double flops = 2 * m * n * k, peak = peak_for(recipe) * gemm_efficiency;
+  const auto it = gemm_rates.find(recipe == "fp32" || recipe == "bf16" || recipe == "fp16" ? recipe : "fp8");
+  if (it == gemm_rates.end() || it->second.empty()) return flops / peak;
+  const auto& pts = it->second;
+  const double size = std::cbrt(m * n * k);
+  if (size <= pts.front().first) return flops / pts.front().second;
+  if (size > pts.back().first) return flops / std::max(pts.back().second, peak);
+  std::size_t i = 1;
+  while (pts[i].first < size) ++i;
+  // log-log between the two measured sizes around it
+  const double f = std::log(size / pts[i - 1].first) / std::log(pts[i].first / pts[i - 1].first);
+  return flops / std::exp(std::log(pts[i - 1].second) + f * (std::log(pts[i].second) - std::log(pts[i - 1].second)));
+}
+
 System parse_system(const nlohmann::json& j, const std::string& source) {
   auto fail = [&](const std::string& ptr, const std::string& what) {
     throw ConfigError(fmt::format("{}: {}: {}", source, ptr, what));
@@ -178,7 +193,7 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
   };
   const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"};
   object(j, "", {"name", "_comment", "devices_per_node", "memory_gib", "reserved_gib", "peak_tflops", "gemm_efficiency",
-                 "memory_bandwidth_gbps", "intra_node", "inter_node"});
+                 "memory_bandwidth_gbps", "intra_node", "inter_node", "gemm_tflops_by_n", "op_overhead_us"});
   System s;
   if (!j.contains("name")) fail("/name", "missing (expected a string)");
   if (!j["name"].is_string()) fail("/name", "expected a string, got " + j["name"].dump().substr(0, 60));
@@ -215,6 +230,29 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
     collective(name, "send_recv", &link->send_recv);
   }
   for (auto [name, link] : links) collective(name, "all_to_all", &link->all_to_all);
+  // optional, written by --calibrate: GEMM rates by size and the operator overhead
+  if (j.contains("gemm_tflops_by_n")) {
+    object(j["gemm_tflops_by_n"], "/gemm_tflops_by_n", {"fp32", "bf16", "fp16", "fp8"});
+    for (const auto& [fmt_name, pts] : j["gemm_tflops_by_n"].items()) {
+      const std::string at = "/gemm_tflops_by_n/" + fmt_name;
+      if (!pts.is_array() || pts.empty())
+        fail(at, "expected a list of [N, TFLOP/s] pairs, N ascending, got " + pts.dump().substr(0, 60));
+      auto& out = s.gemm_rates[fmt_name];
+      for (std::size_t i = 0; i < pts.size(); ++i) {
+        const auto& pt = pts[i];
+        const std::string pat = fmt::format("{}/{}", at, i);
+        if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number())
+          fail(pat, "expected a pair [N, TFLOP/s], got " + pt.dump().substr(0, 60));
+        const double size = pt[0].get<double>(), tf = pt[1].get<double>();
+        if (!(std::isfinite(size) && size >= 1 && size <= 1e7 && (out.empty() || size > out.back().first)))
+          fail(pat, fmt::format("expected N in [1, 10^7], above the previous pair's, got {}", pt[0].dump()));
+        if (!(std::isfinite(tf) && tf >= 1e-9 && tf <= 1e6))
+          fail(pat, fmt::format("expected TFLOP/s in [1e-09, 10^6], got {}", pt[1].dump()));
+        out.emplace_back(size, tf * 1e12);
+      }
+    }
+  }
+  if (j.contains("op_overhead_us")) s.op_overhead_s = number("/op_overhead_us", 0, 1e6) * 1e-6;
   if (s.reserved_bytes >= s.memory_bytes)
     fail("/reserved_gib", fmt::format("expected less than /memory_gib ({:g}), got {:g}", s.memory_bytes / kGiB,
                                       s.reserved_bytes / kGiB));
