@@ -136,6 +136,9 @@ ConfigSpec plan_spec() {
   s.integer("/layout/zero", 1, "ZeRO stage over the data-parallel group (0-3)", 0, 3);
   s.choice("/layout/schedule", "1f1b", schedule_names(), "pipeline schedule (core/pipeline)");
   s.boolean("/layout/overlap_dp", true, "the gradient reduction overlaps the last microbatch's backward");
+  s.boolean("/layout/overlap_tp", false,
+            "TP collectives overlapped with their GEMMs (Transformer Engine's userbuffers, NeMo's tp_comm_overlap): only "
+            "what exceeds a microbatch's compute is exposed");
   s.boolean("/layout/pp_scatter_gather", false,
             "pipeline messages split over the TP ranks and all-gathered on receipt (Megatron-LM 2021, Narayanan et al. "
             "§4.1); false: every TP rank sends the whole activation (Megatron-core; 1/t of it with SP)");
@@ -230,6 +233,7 @@ pl::Layout layout_from(const Config& cfg) {
   l.zero = static_cast<int>(cfg.integer("/layout/zero"));
   l.schedule = cfg.str("/layout/schedule");
   l.overlap_dp = cfg.boolean("/layout/overlap_dp");
+  l.overlap_tp = cfg.boolean("/layout/overlap_tp");
   l.pp_scatter_gather = cfg.boolean("/layout/pp_scatter_gather");
   l.first_stage_layers = cfg.integer("/layout/first_stage_layers");
   l.last_stage_layers = cfg.integer("/layout/last_stage_layers");

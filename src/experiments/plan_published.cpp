@@ -137,6 +137,68 @@ std::vector<PublishedRow> llama3_table4(const pl::System& h100) {
   return rows;
 }
 
+// NVIDIA's DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking, tag v25.04.02: llama3.1/README.md
+// with NeMo 25.02.01, nemo_megatron/README_175b.md with NeMo 24.12), bf16 on H100-80GB SXM (8 per
+// node), the smallest scale of each: each README's table of TP, PP, CP, DP, VP, MBS and GBS and its
+// "Throughput in tokens per second" (sequence x GBS / step time; / GPUs here). From the recipes:
+// pretrain_llama31.py runs NeMo's pretrain_recipe_*(performance_mode=True) with Transformer Engine's
+// userbuffers TP overlap for 70B and 405B (userbuffers_bf16_h100_h8192_tp4 / h16384_tp8_cp2) and no
+// activation recompute; gpt3_175b_hydra.yaml: sequence_parallel, ub_tp_comm_overlap, no
+// activations_checkpoint_*, distributed_fused_adam with overlap_grad_sync and overlap_param_sync,
+// dropout 0.1, vocabulary 50257 padded to a multiple of 128 x TP (50688). Assumed (NeMo's defaults,
+// not in the READMEs): the distributed optimizer as ZeRO-1, fp32 gradient reduction (bf16_mixed's
+// grad_reduce_in_fp32), sequence parallelism with TP, FlashAttention (Transformer Engine's fused
+// attention), the ring for CP (TE's p2p) not overlapped, Megatron's interleaved schedule, tied
+// embeddings for GPT-3 (NeMo's share_embeddings_and_output_weights), and for 405B the embedding and
+// the loss counted as layers (126 layers only divide into 8 x 8 chunks with them).
+struct NemoRow {
+  const char* name;
+  const char* preset;
+  int64_t gpus, tp, pp, cp, vp, batch;
+  double tokens_per_s;  // per GPU: the README's throughput / GPUs
+  const char* readme;
+};
+const NemoRow kDgxcH100[] = {
+    {"dgxc_llama31_8b", "llama3-8b", 8, 1, 1, 2, 1, 128, 85459.0 / 8, "llama3.1/README.md"},
+    {"dgxc_llama31_70b", "llama3-70b", 64, 4, 4, 2, 5, 128, 71526.0 / 64, "llama3.1/README.md"},
+    {"dgxc_llama31_405b", "llama3-405b", 512, 8, 8, 2, 8, 256, 106024.0 / 512, "llama3.1/README.md"},
+    {"dgxc_gpt3_175b", "gpt3-175b", 128, 4, 8, 1, 6, 256, 63099.0 / 128, "nemo_megatron/README_175b.md"},
+};
+
+std::vector<PublishedRow> dgxc_h100(const pl::System& h100) {
+  std::vector<PublishedRow> rows;
+  for (const auto& r : kDgxcH100) {
+    pl::ModelShape m = pl::preset(r.preset);
+    if (std::string(r.preset) == "gpt3-175b") {
+      m.vocab = 50688;
+      m.tied = true;
+    }
+    pl::Training t;
+    t.global_batch = r.batch;
+    t.microbatch = 1;
+    t.recipe = "bf16";
+    t.recompute = "none";
+    t.flash_attention = true;
+    t.fp32_grads = true;
+    pl::Layout l;
+    l.tp = r.tp;
+    l.pp = r.pp;
+    l.cp = r.cp;
+    l.dp = r.gpus / (r.tp * r.pp * r.cp);
+    l.virtual_stages = r.vp;
+    l.schedule = r.vp > 1 ? "interleaved-1f1b" : "1f1b";
+    l.sequence_parallel = r.tp > 1;
+    l.zero = 1;
+    l.overlap_dp = true;
+    l.overlap_tp = r.tp > 1;
+    l.account_for_embedding = l.account_for_loss = std::string(r.preset) == "llama3-405b";
+    const auto e = pl::estimate(m, t, l, h100);
+    rows.push_back({r.name, fmt::format("NVIDIA dgxc-benchmarking v25.04.02, {}", r.readme), "tokens/s per GPU",
+                    r.tokens_per_s, e.tokens_per_s / static_cast<double>(r.gpus), 0.10});
+  }
+  return rows;
+}
+
 // BLOOM-176B (BigScience, tr11-176B-ml) on 384 A100-80GB (48 nodes of 8, Jean Zay): the run's SLURM
 // script (bigscience-workshop/bigscience, train/tr11-176B-ml/tr11-176B-ml.slurm): TP 4, PP 12 (DP 8),
 // micro batch 2, global batch 2048, 70 layers, hidden 14336, 112 heads, sequence 2048, vocabulary
@@ -204,6 +266,7 @@ Table published_runs_table(const pl::System& a100, const pl::System& h100, Repor
   for (auto& r : megatron_table1(a100)) rows.push_back(std::move(r));
   for (auto& r : bloom_176b(a100)) rows.push_back(std::move(r));
   for (auto& r : llama3_table4(h100)) rows.push_back(std::move(r));
+  for (auto& r : dgxc_h100(h100)) rows.push_back(std::move(r));
   return published_table(rows, report);
 }
 

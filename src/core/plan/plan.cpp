@@ -533,13 +533,16 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
     if (p > 2) devs.push_back({"middle stage", L_mid, false, false, mid_params});
     devs.push_back({"last stage", L_last, false, true, last});
   }
+  // TP collectives overlapped with their GEMMs (layout.overlap_tp): what exceeds the compute beside them
+  auto exposed_tp = [&](double tp, double compute) { return l.overlap_tp ? std::max(0.0, tp - compute) : tp; };
   std::size_t pick = devs.size() - 1;
   if (devs.size() > 1) {
     recording = false;
     double slowest = -1;
     for (std::size_t i = 0; i < devs.size(); ++i) {
       const StageTimes x = stage_times(devs[i]);
-      const double per_mb = x.t_f + x.t_bw + x.tp_fwd + x.tp_bwd + x.cp_fwd + x.cp_bwd + x.ep_fwd + x.ep_bwd;
+      const double per_mb = x.t_f + x.t_bw + exposed_tp(x.tp_fwd, x.t_f) + exposed_tp(x.tp_bwd, x.t_bw) + x.cp_fwd +
+                            x.cp_bwd + x.ep_fwd + x.ep_bwd;
       if (per_mb >= slowest) {
         slowest = per_mb;
         pick = i;
@@ -556,7 +559,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                tp_bwd = st.tp_bwd, tp_step = st.tp_step, cp_fwd = st.cp_fwd, cp_bwd = st.cp_bwd, ep_fwd = st.ep_fwd,
                ep_bwd = st.ep_bwd;
   const double experts_dev = dev.layers * expert_tp;  // the experts' parameters on the modelled device
-  double f_op = t_f + tp_fwd + cp_fwd + ep_fwd, bw_op = t_bw + tp_bwd + cp_bwd + ep_bwd;
+  const double tp_fwd_exposed = exposed_tp(tp_fwd, t_f), tp_bwd_exposed = exposed_tp(tp_bwd, t_bw);
+  double f_op = t_f + tp_fwd_exposed + cp_fwd + ep_fwd, bw_op = t_bw + tp_bwd_exposed + cp_bwd + ep_bwd;
   // the bubble: the schedule's idle time per stage (core/pipeline's bubble_time_theory), B and W
   // each half of the backward; ZB-V's closed form wants F = B = W: a third of the microbatch each
   double idle = 0;
@@ -678,8 +682,8 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                     fmt::format("{:.3g} GB per microbatch at {:.0f} GB/s: norms, activations, residuals{}{}",
                                 t_mem * sys.memory_bandwidth / 1e9, sys.memory_bandwidth / 1e9,
                                 m.dropout ? ", dropout" : "", t.flash_attention ? " (attention fused)" : ", softmax over a·s²·b scores")});
-  e.time.push_back({"tp collectives", mb * (tp_fwd + tp_bwd) + tp_step,
-                    l.tp > 1 ? fmt::format("{} per layer per microbatch{}{} (communication table)",
+  e.time.push_back({"tp collectives", mb * (tp_fwd_exposed + tp_bwd_exposed) + tp_step,
+                    l.tp > 1 ? fmt::format("{} per layer per microbatch{}{} (communication table){}",
                                            l.sequence_parallel ? (moe ? "5 AG + 4 RS" : "6 AG + 4 RS") : "4 all-reduces",
                                            t.recompute == "full" ? " (+2 to recompute)" : "",
                                            // even stages keep their words; an uneven stage names its own ends
@@ -687,7 +691,11 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                                                ? ", the embedding's, head's and cross-entropy's"
                                                : dev.first_end ? ", the embedding's"
                                                : dev.last_end  ? ", the head's and cross-entropy's"
-                                                               : ", no embedding's, head's or cross-entropy's (a middle stage)")
+                                                               : ", no embedding's, head's or cross-entropy's (a middle stage)",
+                                           l.overlap_tp ? fmt::format("; overlapped with the GEMMs (overlap_tp): {:.3g} s in "
+                                                                      "all, {:.3g} s of it exposed", mb * (tp_fwd + tp_bwd),
+                                                                      mb * (tp_fwd_exposed + tp_bwd_exposed))
+                                                        : std::string())
                              : std::string("none (tp = 1)")});
   if (l.cp > 1)  // a row only for a CP layout: the time tables of the others stay as they were
     e.time.push_back({"cp communication", mb * (cp_fwd + cp_bwd),

@@ -110,6 +110,11 @@ struct Layout {
   int zero = 0;                ///< ZeRO stage 0-3 over the data-parallel group (Rajbhandari et al. 2020)
   std::string schedule = "1f1b";   ///< a core/pipeline schedule name
   bool overlap_dp = true;      ///< the gradient reduction overlaps the last microbatch's backward
+  /// TP collectives overlapped with the GEMMs beside them (Transformer Engine's userbuffers,
+  /// Megatron-core / NeMo's tp_comm_overlap: the all-gather and reduce-scatter split into chunks
+  /// pipelined with the column- and row-parallel GEMMs): per microbatch only what exceeds its
+  /// forward's (backward's) compute is exposed. Off: every TP collective waits (Megatron-LM 2021).
+  bool overlap_tp = false;
   /// Megatron-LM's 2021 scatter/gather of pipeline messages (Narayanan et al. 2021 §4.1): each TP
   /// rank sends 1/t of the activation and the receiver all-gathers it over TP. Megatron-core since
   /// 23.04 sends the whole activation from every TP rank (1/t of it with SP, which splits it already).
