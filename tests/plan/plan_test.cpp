@@ -1022,6 +1022,17 @@ TEST_CASE("GEMM time: the measured rate of its size, log-log between sizes, peak
   // above the largest size: the larger of its rate and peak x efficiency (10 TFLOP/s here)
   CHECK(s.gemm_seconds("fp32", 128, 128, 128) == Approx(2.0 * 128 * 128 * 128 / 10e12).epsilon(1e-12));
   CHECK(s.gemm_seconds("bf16", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 150e12).epsilon(1e-12));  // no bf16 rates
+  // the fp4 recipes read the fp4 rates, not fp8's: without them peak_fp4 x efficiency
+  auto j4 = j;
+  j4["peak_tflops"]["fp8"] = 600;
+  j4["peak_tflops"]["fp4"] = 1200;
+  j4["gemm_tflops_by_n"]["fp8"] = {{16, 1}, {64, 4}};
+  s = parse_system(j4, "t.json");
+  CHECK(s.gemm_seconds("mxfp8", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 2e12).epsilon(1e-12));
+  CHECK(s.gemm_seconds("nvfp4", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 600e12).epsilon(1e-12));
+  j4["gemm_tflops_by_n"]["fp4"] = {{16, 2}, {64, 8}};
+  s = parse_system(j4, "t.json");
+  CHECK(s.gemm_seconds("mxfp4", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 4e12).epsilon(1e-12));
   auto bad = j;
   bad["gemm_tflops_by_n"]["fp32"] = {{64, 1}, {16, 4}};
   CHECK_THROWS_WITH(parse_system(bad, "t.json"),

@@ -170,7 +170,7 @@ struct System {
   /// tensors through memory at this bandwidth: passes x elements x bytes / memory_bandwidth.
   double memory_bandwidth = 0;   ///< bytes/s per device (the optimizer step is bound by it)
   Link intra, inter;
-  /// Measured GEMM rates by size, per format ("fp32", "bf16", "fp16"): (N, FLOP/s) of an N×N×N
+  /// Measured GEMM rates by size, per format ("fp32", "bf16", "fp16"; "fp8" for the fp8 recipes, "fp4" for nvfp4 and mxfp4): (N, FLOP/s) of an N×N×N
   /// product, N ascending (`mpt plan --calibrate` times them). Empty for a format: its GEMMs run at
   /// peak × gemm_efficiency whatever their size (the shipped GPU systems, whose layers are large).
   std::map<std::string, std::vector<std::pair<double, double>>> gemm_rates;

@@ -149,7 +149,9 @@ double System::peak_for(const std::string& recipe) const {
 
 double System::gemm_seconds(const std::string& recipe, double m, double n, double k) const {
   const double flops = 2 * m * n * k, peak = peak_for(recipe) * gemm_efficiency;
-  const auto it = gemm_rates.find(recipe == "fp32" || recipe == "bf16" || recipe == "fp16" ? recipe : "fp8");
+  const auto it = gemm_rates.find(recipe == "fp32" || recipe == "bf16" || recipe == "fp16" ? recipe
+                                  : recipe == "nvfp4" || recipe == "mxfp4"                ? "fp4"
+                                                                                          : "fp8");
   if (it == gemm_rates.end() || it->second.empty()) return flops / peak;
   const auto& pts = it->second;
   const double size = std::cbrt(m * n * k);
@@ -236,7 +238,7 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
   for (auto [name, link] : links) collective(name, "all_to_all", &link->all_to_all);
   // optional, written by --calibrate: GEMM rates by size and the operator overhead
   if (j.contains("gemm_tflops_by_n")) {
-    object(j["gemm_tflops_by_n"], "/gemm_tflops_by_n", {"fp32", "bf16", "fp16", "fp8"});
+    object(j["gemm_tflops_by_n"], "/gemm_tflops_by_n", {"fp32", "bf16", "fp16", "fp8", "fp4"});
     for (const auto& [fmt_name, pts] : j["gemm_tflops_by_n"].items()) {
       const std::string at = "/gemm_tflops_by_n/" + fmt_name;
       if (!pts.is_array() || pts.empty())
