@@ -10,7 +10,8 @@
  *              Or the MLP of mpt's own experiments (model.style mlp, model.widths): each pipeline
  *              stage planned with its own layers (table mlp_stages; core/plan/plan_mlp.cpp).
  *  2. memory:  weights, gradients, master weights, optimizer states (ZeRO's 2Ψ + 2Ψ + KΨ, split
- *              per ZeRO stage), fp8 weight copies, activations (Korthikanti et al. 2022, Table 2)
+ *              per ZeRO stage), fp8 / fp4 weight copies and their scales (per matrix), activations
+ *              (Korthikanti et al. 2022, Table 2)
  *              times the pairs the schedule holds (core/pipeline's schedules replayed), logits,
  *              communication buffers, the system's reserve — and whether it fits.
  *  3. time:    GEMM FLOPs at the system's peak × its one GEMM efficiency, TP collectives per
@@ -94,8 +95,10 @@ ConfigSpec plan_spec() {
            "dropout after each ReLU (mlp) or in each block (gpt), its masks stored; preset: the preset's or the style's");
   s.integer("/train/global_batch", 512, "samples per optimizer step", 1, 1LL << 40);
   s.integer("/train/microbatch", 1, "samples per forward/backward on one replica", 1, 1 << 20);
-  s.choice("/train/recipe", "bf16", {"fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-blockwise", "mxfp8"},
-           "precision: fp32; bf16/fp16 with fp32 master weights; fp8 GEMMs with bf16 weights and fp32 master");
+  s.choice("/train/recipe", "bf16", {"fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "mxfp8",
+                                     "nvfp4", "mxfp4"},
+           "precision: fp32; bf16/fp16 with fp32 master weights; fp8 (fp4) GEMMs with bf16 weights and fp32 master and "
+           "the quantized weight copies with their scales (fp4: the system's peak_tflops.fp4)");
   s.choice("/train/optimizer", "adam", {"adam", "sgd-momentum", "sgd"}, "optimizer (its states per parameter)");
   s.choice("/train/recompute", "selective", {"none", "selective", "full"},
            "activation recompute (Korthikanti et al. 2022): none, selective (attention scores), full (every layer)");
@@ -309,8 +312,9 @@ void validate_plan(const Config& cfg, int) {
   const auto t = training_from(cfg);
   const auto sys = load_system(cfg.str("/system"));
   if (sys.peak_for(t.recipe) <= 0)
-    throw ConfigError(fmt::format("/train/recipe = {}: the system \"{}\" ({}) has no {} peak (its peak_tflops lists 0)",
-                                  t.recipe, cfg.str("/system"), sys.name, t.recipe));
+    throw ConfigError(fmt::format("/train/recipe = {}: the system \"{}\" ({}) has no {} peak (its peak_tflops lists 0{})",
+                                  t.recipe, cfg.str("/system"), sys.name, t.recipe,
+                                  t.recipe == "nvfp4" || t.recipe == "mxfp4" ? " or no fp4" : ""));
   if (cfg.integer("/search/devices") == 0) {
     const auto l = layout_from(cfg);
     const std::string why = pl::layout_error(m, t, l);
@@ -528,7 +532,7 @@ Table frontier_table(const std::vector<pl::Candidate>& cs, bool moe) {
     if (moe) r["ep"] = c->layout.ep;
     tb.rows.push_back(r);
   }
-  tb.notes.push_back(std::string("other: logits, fp8 weight copies, communication buffers and the system's reserve; ") +
+  tb.notes.push_back(std::string("other: logits, fp8 (fp4) weight copies and scales, communication buffers and the system's reserve; ") +
                      (moe ? "weights, grads and master+opt include the experts'; " : "") +
                      "results.search_points holds every fitting layout (scripts/plot.py draws them with this frontier)");
   return tb;

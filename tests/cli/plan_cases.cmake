@@ -40,6 +40,9 @@ cli_case(plan_bad_system_file 2 "tests/cli/bad/plan_system_missing.json: /inter_
 cli_case(plan_bad_system_zero 2 "/memory_gib: expected a number in \\[1e-06, 1e\\+06\\], got 0" plan --set system=tests/cli/bad/plan_system_zero.json)
 cli_case(plan_no_fp8_on_a100 2 "the system \"a100-80gb-dgx\" .* has no fp8-tensorwise peak" plan --set system=a100-80gb-dgx
          --set train.recipe=fp8-tensorwise)
+# fp4 (nvfp4, mxfp4) needs the system's optional peak_tflops.fp4, which no shipped system lists
+cli_case(plan_no_fp4_on_h100 2 "the system \"h100-sxm-dgx\" .* has no nvfp4 peak \\(its peak_tflops lists 0 or no fp4\\)" plan
+         --set system=h100-sxm-dgx --set train.recipe=nvfp4)
 # The plan against mpt's own runs (tests/plan/own_runs.py): shard's model states per rank at ZeRO
 # 0-3, tensorparallel's activation bytes per layer, the collectives' payloads, and the MLP experiments'
 # (accumulate, checkpoint, dataparallel, pipeline) peaks and payloads, each equal to the plan's term plus

@@ -4,8 +4,8 @@
 Runs `mpt shard` (the tiny GPT, ZeRO stages 0-3, 2 processes), `mpt tensorparallel` (the quick
 config, t = 2) and its mesh, `mpt contextparallel` (the quick config, c = 2), `mpt expertparallel`
 (the quick config, e = 2) and its mesh, and the MLP experiments `mpt accumulate`, `mpt checkpoint`,
-`mpt dataparallel` and `mpt pipeline` (planned as model.style mlp), then `mpt plan` on the same model,
-batch and layout, and compares term by term:
+`mpt dataparallel`, `mpt pipeline`, `mpt fp8` and `mpt fp4` (planned as model.style mlp), then `mpt plan`
+on the same model, batch and layout, and compares term by term:
 
 - model states per rank (shard's tensors counted at the optimizer step) against plan's weights,
   gradients and master weights + optimizer states. The plan uses the ZeRO paper's accounting;
@@ -53,6 +53,16 @@ batch and layout, and compares term by term:
   stage holds at its peak must be the plan's (the schedule replayed), and the activation bytes the executor
   holds (largest stage) equal the plan's activations of that stage plus what the executor counts beyond
   autograd's (pipeline_stage_extra). The measured bubble is printed beside the plan's, never asserted.
+- fp8 (the tiny config: MLP 784-128-128-10, the inner Linear in fp8; recipes tensorwise, rowwise, blockwise,
+  mxfp8 as the plan's fp8-tensorwise, fp8-rowwise, fp8-blockwise, mxfp8) and fp4 (MLP 784-64-64-10, the inner
+  Linear in 4 bits; nvfp4, mxfp4): the bytes each recipe keeps, measured in LibTorch's low-bit dtypes (its memory
+  table's measured_parts), against the plan of the same recipe on every layer: the fp32 parameters and GEMM copies
+  against the plan's weights + master + weight copies (named: -2Ψ, the master is the fp32 weights; the bf16 first
+  and last Linear's one 2-byte copy instead of the recipe's); the scales against the plan's weight scales (named:
+  the saved inputs' scales, which the plan's activations leave out; the bf16 Linears have none); the fp32
+  gradients against the plan's with train.fp32_grads, exact; the saved inputs against the plan's activations
+  (named: the quantized Linears' inputs in the recipe's element, not bf16; the loss's fp32 input, which the table
+  does not count). Where this LibTorch lacks a dtype (Debian's 1.13: every low-bit one) the rows are unmeasured.
 
 Prints a table (markdown, docs/plan.md "Own runs") and exits 1 when any term differs from the
 prediction plus its named difference.
@@ -292,6 +302,81 @@ def gemm_seconds(rates, m, n, k):
     i = next(j for j in range(1, len(rates)) if rates[j][0] >= size)
     f = math.log(size / rates[i - 1][0]) / math.log(rates[i][0] / rates[i - 1][0])
     return flops / math.exp(math.log(rates[i - 1][1]) + f * (math.log(rates[i][1]) - math.log(rates[i - 1][1])))
+
+
+def weight_copy_bytes(recipe, rows, cols):
+    """The plan's quantized copies of one weight matrix [rows, cols] (outputs, inputs) and their scales, bytes
+    (core/plan/plan_detail.hpp's weight_copy_bytes: partial blocks padded; rowwise and MX a second copy of W^T)."""
+    c = lambda n, blk: -(-n // blk)
+    n = rows * cols
+    return {"fp8-tensorwise": (n, 4), "fp8-rowwise": (2 * n, 4 * rows + 4 * cols),
+            "fp8-blockwise": (n, 4 * c(rows, 128) * c(cols, 128)),
+            "mxfp8": (2 * n, rows * c(cols, 32) + cols * c(rows, 32)),
+            "nvfp4": (c(n, 2), c(rows, 16) * c(cols, 16) + 4),
+            "mxfp4": (2 * c(n, 2), rows * c(cols, 32) + cols * c(rows, 32))}[recipe]
+
+
+# The scales of the input a quantized Linear saves for its weight gradient (wgrad's operand x^T [k, b], blocks
+# along the batch: core/numerics/quant's recipes), bytes: the plan's activations count no scales
+SAVED_INPUT_SCALES = {"fp8-tensorwise": lambda k, b: 4, "fp8-rowwise": lambda k, b: 4 * k,
+                      "fp8-blockwise": lambda k, b: 4 * k * -(-b // 128), "mxfp8": lambda k, b: k * -(-b // 32),
+                      "nvfp4": lambda k, b: k * -(-b // 16) + 4, "mxfp4": lambda k, b: k * -(-b // 32)}
+# what the plan counts per weight-matrix element for the recipe's copies (weight_copy_bytes)
+COPY_BYTES = {"fp8-tensorwise": "1 B", "fp8-rowwise": "2 x 1 B (W and W^T)", "fp8-blockwise": "1 B",
+              "mxfp8": "2 x 1 B (W and W^T)", "nvfp4": "1/2 B", "mxfp4": "2 x 1/2 B (W and W^T)"}
+# bytes per element of the saved input: the recipe's element (E4M3 1, E2M1 1/2), the plan's bf16 2
+SAVED_INPUT_BYTES = {"fp8-tensorwise": 1, "fp8-rowwise": 1, "fp8-blockwise": 1, "mxfp8": 1, "nvfp4": 0.5, "mxfp4": 0.5}
+
+
+def low_precision_runs(mpt, tmp, compare, unmeasured, exp, d, widths, quantized, b, recipes, layers_note, system):
+    """Rows for `mpt fp8` / `mpt fp4` result `d` (its memory table): for each experiment recipe in `recipes` (mapped
+    to the plan's recipe), the weights + master + copies, the weight scales, the gradients and the activations
+    measured against `mpt plan` of the MLP `widths`, microbatch b, that recipe on every layer. quantized[k]: Linear
+    k in the recipe (else bf16: one 2-byte copy, no scales, its input kept in bf16)."""
+    fm = {r["name"]: r for r in d["results"]["memory"]}
+    if fm["fp32"]["measured_parts"] is None:
+        unmeasured.append(f"{exp} weights, scales, gradients and activations: this LibTorch has no low-bit dtypes to "
+                          "measure them in")
+        return
+    psi = fm["fp32"]["measured_parts"]["weights"] // 4  # the fp32 row: 4 B per parameter
+    L = len(widths) - 1
+    shape = lambda k: (widths[k + 1], widths[k])  # W_k [out, in]
+    name = f"MLP {'-'.join(map(str, widths))}, {layers_note}"
+    edges = [k for k in range(L) if not quantized[k]]
+    inner = [k for k in range(L) if quantized[k]]
+    first = True
+    for rname, precipe in recipes.items():
+        if fm[rname]["measured_parts"] is None:
+            unmeasured.append(f"{exp} {rname}: this LibTorch lacks a dtype of the recipe")
+            continue
+        mp = fm[rname]["measured_parts"]
+        sets = [x.replace("train.recipe=fp32", f"train.recipe={precipe}") for x in mlp_sets(widths, b, b)]
+        p, _ = plan_terms(mpt, sets + ["train.fp32_grads=true", system], os.path.join(tmp, f"plan_{exp}_{rname}.json"))
+        fmt_ = "fp4" if precipe in ("nvfp4", "mxfp4") else "fp8"
+        run_name = f"{exp} {rname} ({name})"
+        # the bf16 edges: one 2-byte copy where the plan counts the recipe's copies and scales
+        edge_copies = sum(2 * shape(k)[0] * shape(k)[1] - weight_copy_bytes(precipe, *shape(k))[0] for k in edges)
+        edge_scales = sum(weight_copy_bytes(precipe, *shape(k))[1] for k in edges)
+        edge_s = " + ".join(f"{shape(k)[0]}x{shape(k)[1]}" for k in edges)
+        compare(run_name, f"weights + master + {fmt_} copies", mp["weights"],
+                p["weights"] + p["master weights"] + p[f"{fmt_} weight copies"], -2 * psi + edge_copies,
+                f"-2Ψ: its master is its fp32 weights, no bf16 copy of every parameter; {edge_copies:+d}: the bf16 "
+                f"Linears ({edge_s}) keep one copy of 2 B per element, not the recipe's {COPY_BYTES[precipe]}")
+        saved = sum(SAVED_INPUT_SCALES[precipe](widths[k], b) for k in inner)
+        compare(run_name, f"{fmt_} scales", mp["scales"], p[f"{fmt_} weight scales"], saved - edge_scales,
+                f"+{saved}: the scales of the {fmt_} Linears' saved inputs x^T [{' + '.join(str(widths[k]) for k in inner)}, "
+                f"{b}] (activations, the plan counts none); -{edge_scales}: the bf16 Linears' weights have none (the plan's: "
+                f"{', '.join(f'{shape(k)[0]}x{shape(k)[1]} {weight_copy_bytes(precipe, *shape(k))[1]}' for k in edges)})")
+        if first:  # the same fp32 gradients in every recipe
+            compare(f"{exp} (every recipe, {name})", "gradients (fp32)", mp["gradients"], p["gradients"], 0, "")
+        first = False
+        # activations: each Linear's saved input, the quantized ones in the recipe's element; the plan's bf16 inputs
+        # and the fp32 loss input (the experiment's table counts the Linears' inputs only)
+        low = sum(int((2 - SAVED_INPUT_BYTES[precipe]) * b * widths[k]) for k in inner)
+        compare(run_name, "activations (saved inputs)", mp["activations"], p["activations"], -low - 4 * b * widths[-1],
+                f"-{low}: the {fmt_} Linears' inputs kept in {SAVED_INPUT_BYTES[precipe]:g} B per element for wgrad, "
+                f"not bf16's 2; -{4 * b * widths[-1]}: the loss's fp32 input 4b·{widths[-1]} (the table counts the "
+                f"Linears' inputs only)")
 
 
 def main():
@@ -644,28 +729,40 @@ def main():
                 bubbles.append(f"{r['name']}: measured {mb['bubble']:.3f}, theory {mb['bubble_theory']:.3f}, "
                                f"the plan's {pr['results']['summary']['bubble_fraction']:.3f}")
 
-        # --- fp8 (the tiny config: MLP 784-128-128-10, the inner Linear in fp8, tensorwise scaling): the bytes of the
-        # weights it keeps, measured in LibTorch's low-bit dtypes (its fp32 parameters and each Linear's GEMM copy),
-        # against the plan's weights, master weights and fp8 weight copies of fp8-tensorwise; LibTorch without a
-        # float8 dtype (Debian's 1.13) measures none: then unmeasured
-        fd = run(mpt, ["fp8", "--config", "configs/fp8_tiny.json"], os.path.join(tmp, "fp8.json"))
-        fm = {r["name"]: r for r in fd["results"]["memory"]}
+        # --- fp8 (the tiny config: MLP 784-128-128-10, the inner Linear in fp8) and fp4 (its tiny config: MLP
+        # 784-64-64-10, the inner Linear in 4 bits): per recipe the bytes each keeps, measured in LibTorch's low-bit
+        # dtypes (core/numerics/quant's measured_stored_bytes: its fp32 parameters and each Linear's GEMM copies, their
+        # scales and the input saved for wgrad, fp32 gradients), against the plan's weights, master weights, weight
+        # copies, weight scales, gradients (fp32: train.fp32_grads) and activations of the same recipe on every layer;
+        # the named difference is the bf16 first and last Linear (the experiments' edges, which no 32- or 128-block
+        # divides) and what the experiment keeps that the plan's terms leave out. LibTorch without the low-bit dtypes
+        # (Debian's 1.13) measures none: then unmeasured
+        fd = run(mpt, ["fp8", "--config", "configs/fp8_tiny.json", "--set",
+                       'recipes=["fp32","tensorwise","rowwise","blockwise","mxfp8"]'], os.path.join(tmp, "fp8.json"))
         fw = [784] + fd["config"]["model"]["hidden"] + [10]
         inner = fd["config"]["model"]["fp8_layers"] == "inner"
-        if fm["tensorwise"]["measured_parts"] is None:
-            unmeasured.append("fp8 tensorwise weights: this LibTorch has no float8 dtype to measure them in")
-        else:
-            pf8, _ = plan_terms(mpt, [x.replace("train.recipe=fp32", "train.recipe=fp8-tensorwise")
-                                      for x in mlp_sets(fw, fd["config"]["train"]["batch"], fd["config"]["train"]["batch"],
-                                                        optimizer="sgd")] + ["system=h100-sxm-dgx"],
-                                os.path.join(tmp, "plan_fp8.json"))
-            psi = fm["fp32"]["measured_parts"]["weights"] // 4  # the fp32 row: 4 B per parameter
-            outer = fw[0] * fw[1] + fw[-2] * fw[-1] if inner else 0  # the first and the last Linear's matrices
-            compare(f"fp8 tensorwise (MLP {'-'.join(map(str, fw))}, fp8_layers {fd['config']['model']['fp8_layers']})",
-                    "weights + master + fp8 copies", fm["tensorwise"]["measured_parts"]["weights"],
-                    pf8["weights"] + pf8["master weights"] + pf8["fp8 weight copies"], -2 * psi + outer,
-                    f"-2Ψ: its master is its fp32 weights, no bf16 copy of every parameter; + {outer}: the first and last "
-                    f"Linear compute in bf16 (fp8_layers inner), their copies 2 B per element, not fp8's 1")
+        low_precision_runs(mpt, tmp, compare, unmeasured, "fp8", fd, fw,
+                           [not inner or 0 < k < len(fw) - 2 for k in range(len(fw) - 1)],
+                           fd["config"]["train"]["batch"],
+                           {"tensorwise": "fp8-tensorwise", "rowwise": "fp8-rowwise", "blockwise": "fp8-blockwise",
+                            "mxfp8": "mxfp8"}, f"fp8_layers {fd['config']['model']['fp8_layers']}", "system=h100-sxm-dgx")
+        # fp4: no shipped system has an fp4 peak; the memory terms do not read it: the H100's system with a
+        # hypothetical fp4 peak (twice its fp8) lets the plan run
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "systems",
+                               "h100-sxm-dgx.json")) as f:
+            sys4 = json.load(f)
+        sys4["name"] += ", with a hypothetical fp4 peak for the own runs' memory terms"
+        sys4["peak_tflops"]["fp4"] = 2 * sys4["peak_tflops"]["fp8"]
+        with open(os.path.join(tmp, "system_fp4.json"), "w") as f:
+            json.dump(sys4, f)
+        f4 = run(mpt, ["fp4", "--set", "train.steps=6", "--set", "data.train_samples=1024", "--set", "data.test_samples=200",
+                       "--set", "model.hidden=[64,64]", "--set", "ledger.step=2", "--set", 'variants=["fp32","nvfp4","mxfp4"]'],
+                 os.path.join(tmp, "fp4.json"))
+        f4w = [784] + f4["config"]["model"]["hidden"] + [10]
+        low_precision_runs(mpt, tmp, compare, unmeasured, "fp4", f4, f4w,
+                           [0 < k < len(f4w) - 2 for k in range(len(f4w) - 1)], f4["config"]["train"]["batch"],
+                           {"nvfp4": "nvfp4", "mxfp4": "mxfp4"}, "the first and last Linear in bf16",
+                           "system=" + os.path.join(tmp, "system_fp4.json"))
 
     print("| run | term | measured bytes | plan bytes | difference | named difference | what it is | |")
     print("|---|---|---|---|---|---|---|---|")

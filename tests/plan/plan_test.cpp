@@ -7,6 +7,7 @@
 #include "catch.hpp"
 #include "core/errors.hpp"
 #include "core/pipeline/schedule.hpp"
+#include "core/plan/plan_detail.hpp"
 
 using namespace mpt::plan;
 
@@ -249,8 +250,11 @@ TEST_CASE("system files: out-of-range values, wrong types and unknown nested fie
   bad["intra_node"]["all_reduce"]["foo"] = 1;
   CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/intra_node/all_reduce/foo: unknown field"));
   bad = j;
-  bad["peak_tflops"]["fp4"] = 1;
-  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/peak_tflops/fp4: unknown field"));
+  bad["peak_tflops"]["fp6"] = 1;
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/peak_tflops/fp6: unknown field"));
+  bad = j;  // fp4 is known (nvfp4, mxfp4) and optional; a peak is a number
+  bad["peak_tflops"]["fp4"] = "many";
+  CHECK_THROWS_WITH(parse_system(bad, "f.json"), Catch::Contains("/peak_tflops/fp4: expected a number"));
 }
 
 TEST_CASE("layouts: K/V heads, sequence parallelism and ZeRO with pipelining are checked", "[plan]") {
@@ -846,6 +850,80 @@ TEST_CASE("MLP: one device's model states and activations, its DP payload, ZeRO'
   System s8 = test_system();
   s8.peak_fp8 = 600e12;
   CHECK(term(estimate(m, fp8, l, s8), "fp8 weight copies") == 784.0 * 128 + 128.0 * 128 + 128.0 * 10);
+  CHECK(term(estimate(m, fp8, l, s8), "fp8 weight scales") == 3 * 4.0);  // one fp32 scale per matrix
+}
+
+TEST_CASE("weight copies and scales per recipe: partial blocks padded, W and Wᵀ where the blocks differ",
+          "[plan][fp8][fp4]") {
+  using mpt::plan::detail::weight_copy_bytes;
+  // W [10, 784]: mpt fp8's last Linear transposed, 7840 elements; 784 = 6·128 + 16 = 24·32 + 16 = 49·16
+  auto check = [](const std::string& r, double copies, double scales) {
+    const auto c = weight_copy_bytes(r, 10, 784);
+    CHECK(c.copies == copies);
+    CHECK(c.scales == scales);
+  };
+  check("fp8-tensorwise", 7840, 4);
+  check("fp8-rowwise", 2 * 7840, 4 * 10 + 4 * 784);         // a scale per row of W (10) and of Wᵀ (784)
+  check("fp8-blockwise", 7840, 4 * 1 * 7);                  // ceil(10/128)·ceil(784/128) = 1·7 blocks
+  check("mxfp8", 2 * 7840, 10 * 25 + 784 * 1);              // ceil(784/32) = 25 per row of W; ceil(10/32) = 1 of Wᵀ
+  check("nvfp4", 3920, 1 * 49 + 4);                         // 16x16 blocks ceil(10/16)·49, the fp32 tensor scale
+  check("mxfp4", 2 * 3920, 10 * 25 + 784 * 1);
+  check("bf16", 0, 0);
+  // an odd element count: E2M1 packs two a byte, ceil
+  CHECK(weight_copy_bytes("nvfp4", 3, 5).copies == 8);
+  CHECK(weight_copy_bytes("mxfp4", 3, 5).copies == 16);
+
+  // the MLP 784-128-128-10 (mpt fp8's tiny config) under each recipe: the layers' sums
+  const ModelShape m = mlp_shape({784, 128, 128, 10});
+  Training t;
+  t.optimizer = "sgd";
+  t.recompute = "none";
+  t.global_batch = t.microbatch = 128;
+  Layout l;
+  System s8 = test_system();
+  s8.peak_fp8 = 600e12;
+  const double mat = 784.0 * 128 + 128.0 * 128 + 128.0 * 10;
+  auto est = [&](const std::string& r, const System& s) {
+    t.recipe = r;
+    return estimate(m, t, l, s);
+  };
+  CHECK(term(est("fp8-rowwise", s8), "fp8 weight copies") == 2 * mat);
+  CHECK(term(est("fp8-rowwise", s8), "fp8 weight scales") == 4.0 * (128 + 784) + 4.0 * (128 + 128) + 4.0 * (10 + 128));
+  CHECK(term(est("fp8-blockwise", s8), "fp8 weight copies") == mat);
+  CHECK(term(est("fp8-blockwise", s8), "fp8 weight scales") == 4.0 * (7 + 1 + 1));
+  CHECK(term(est("mxfp8", s8), "fp8 weight copies") == 2 * mat);
+  CHECK(term(est("mxfp8", s8), "fp8 weight scales") == (128.0 * 25 + 784 * 4) + (128.0 * 4 + 128 * 4) + (10.0 * 4 + 128 * 1));
+  // fp4: refused without the system's fp4 peak, as every recipe without its peak (peak_tflops.fp4: optional)
+  CHECK_THROWS_AS(est("nvfp4", s8), std::invalid_argument);
+  auto j4 = system_json();
+  j4["peak_tflops"]["fp4"] = 1200;
+  System s4 = parse_system(j4, "fp4.json");
+  CHECK(s4.peak_fp4 == 1200e12);
+  CHECK(s4.peak_for("mxfp4") == 1200e12);
+  s4.peak_fp8 = 600e12;
+  CHECK(term(est("nvfp4", s4), "fp4 weight copies") == mat / 2);
+  CHECK(term(est("nvfp4", s4), "fp4 weight scales") == (8.0 * 49 + 4) + (8.0 * 8 + 4) + (1.0 * 8 + 4));
+  CHECK(term(est("mxfp4", s4), "fp4 weight copies") == mat);
+  CHECK(term(est("mxfp4", s4), "fp4 weight scales") == term(est("mxfp8", s8), "fp8 weight scales"));
+  CHECK(term(est("nvfp4", s4), "weights") == 2 * count_params(m).total);  // bf16 weights, fp32 master
+  CHECK(term(est("nvfp4", s4), "master weights") == 4 * count_params(m).total);
+
+  // the GPT: per layer QKV [(h + 2kv)/t, h], projection [h, h/t], fc1 [f/t, h], fc2 [h, f/t] (h = 192, f = 768,
+  // t = 2: 288x192, 192x96, 384x192, 192x384), not the biases, norms, embedding or head
+  const ModelShape g = gpt(2, 192, 4, 64);
+  Training tg;
+  tg.recipe = "fp8-blockwise";
+  tg.optimizer = "adam";
+  tg.global_batch = 8;
+  tg.microbatch = 1;
+  Layout lg;
+  lg.tp = 2;
+  lg.dp = 8;
+  REQUIRE(layout_error(g, tg, lg).empty());
+  const Estimate eg = estimate(g, tg, lg, s8);
+  CHECK(term(eg, "fp8 weight copies") == 2 * (288.0 * 192 + 192.0 * 96 + 384.0 * 192 + 192.0 * 384));
+  // 128x128 blocks: ceil(288/128)·ceil(192/128) = 3·2, 2·1, 3·2, 2·3
+  CHECK(term(eg, "fp8 weight scales") == 2 * 4.0 * (6 + 2 + 6 + 6));
 }
 
 TEST_CASE("MLP: pipeline stages of their own width, the schedule's held microbatches, the boundary messages",
@@ -944,6 +1022,17 @@ TEST_CASE("GEMM time: the measured rate of its size, log-log between sizes, peak
   // above the largest size: the larger of its rate and peak x efficiency (10 TFLOP/s here)
   CHECK(s.gemm_seconds("fp32", 128, 128, 128) == Approx(2.0 * 128 * 128 * 128 / 10e12).epsilon(1e-12));
   CHECK(s.gemm_seconds("bf16", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 150e12).epsilon(1e-12));  // no bf16 rates
+  // the fp4 recipes read the fp4 rates, not fp8's: without them peak_fp4 x efficiency
+  auto j4 = j;
+  j4["peak_tflops"]["fp8"] = 600;
+  j4["peak_tflops"]["fp4"] = 1200;
+  j4["gemm_tflops_by_n"]["fp8"] = {{16, 1}, {64, 4}};
+  s = parse_system(j4, "t.json");
+  CHECK(s.gemm_seconds("mxfp8", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 2e12).epsilon(1e-12));
+  CHECK(s.gemm_seconds("nvfp4", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 600e12).epsilon(1e-12));
+  j4["gemm_tflops_by_n"]["fp4"] = {{16, 2}, {64, 8}};
+  s = parse_system(j4, "t.json");
+  CHECK(s.gemm_seconds("mxfp4", 32, 32, 32) == Approx(2.0 * 32 * 32 * 32 / 4e12).epsilon(1e-12));
   auto bad = j;
   bad["gemm_tflops_by_n"]["fp32"] = {{64, 1}, {16, 4}};
   CHECK_THROWS_WITH(parse_system(bad, "t.json"),

@@ -191,10 +191,44 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   std::vector<int> held(static_cast<std::size_t>(p), 1);
   if (p > 1) held = detail::replayed_held_pairs(l.schedule, p, mb, v);
 
+  // ---- the quantized copies of one block's matrices on one TP rank (fp8 and fp4 recipes):
+  // [rows, cols] = [outputs, inputs] as Megatron-LM splits them: QKV [(h + 2kv)/t, h], the
+  // projection [h, h/t], the MLP's fc1 [f/t, h] ([2f/t, h] with SwiGLU: gate and up fused) and fc2
+  // [h, f/t]; with experts E/ep experts' fc1 and fc2 instead of the MLP's
+  const bool fp4 = detail::fp4_recipe(t.recipe), quantized = fp4 || detail::fp8_recipe(t.recipe);
+  auto add_copy = [&](detail::WeightCopy& to, double rows, double cols, double times) {
+    const detail::WeightCopy c = detail::weight_copy_bytes(t.recipe, rows, cols);
+    to.copies += times * c.copies;
+    to.scales += times * c.scales;
+  };
+  const double fc1_rows = (m.swiglu ? 2 * f : f) / tp;
+  auto layer_copy = [&] {
+    detail::WeightCopy c;
+    add_copy(c, (h + 2 * kv) / tp, h, 1);
+    add_copy(c, h, h / tp, 1);
+    if (!moe) {
+      add_copy(c, fc1_rows, h, 1);
+      add_copy(c, h, f / tp, 1);
+    }
+    return c;
+  };
+  auto expert_copy = [&] {
+    detail::WeightCopy c;
+    if (moe) {
+      add_copy(c, fc1_rows, h, E / epd);
+      add_copy(c, h, f / tp, E / epd);
+    }
+    return c;
+  };
+  const std::string mlp_s = fmt::format("[{:g}, {:g}], [{:g}, {:g}]", fc1_rows, h, h, f / tp);
+  const std::string block_matrices_s = fmt::format("[{:g}, {:g}], [{:g}, {:g}]{}", (h + 2 * kv) / tp, h, h, h / tp,
+                                                   moe ? "" : ", " + mlp_s);
+  const std::string expert_matrices_s = mlp_s;
+
   // ---- memory terms, per stage
   // one stage of Ls layers holding `params` (dense) parameters and `held_pairs` (microbatch, chunk)
-  // pairs at its peak; is_last / is_first: it holds the head (the logits) / the embedding
-  auto stage_memory = [&](double Ls, double params, int held_pairs, bool is_last, bool is_first) {
+  // pairs at its peak; is_last: it holds the head (the logits)
+  auto stage_memory = [&](double Ls, double params, int held_pairs, bool is_last) {
     std::vector<Term> mem;
     const double experts_dev = Ls * expert_tp, layers_per_chunk = Ls / v;
     const ModelStates ms = model_states(params, t, l.zero, l.dp * l.cp);
@@ -231,14 +265,18 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                      fmt::format("{}: {} B/param{}", t.optimizer, sb.optimizer,
                                  l.zero >= 1 ? fmt::format(" / {} (ZeRO-1)", eover) : "")});
     }
-    if (detail::fp8_recipe(t.recipe)) {
-      // the GEMMs read an fp8 copy of each weight matrix; MX keeps a row- and a column-wise one
-      const double copies = t.recipe == "mxfp8" ? 2.0 : 1.0;
-      const double scale = t.recipe == "mxfp8" ? 1.0 / 32 : t.recipe == "fp8-blockwise" ? 4.0 / (128 * 128) : 0.0;
-      const double matmul = (params + experts_dev - (is_first ? emb_tp + pc.positions : 0) - (is_last ? head_tp : 0));
-      mem.push_back({"fp8 weight copies", std::max(0.0, matmul) * copies * (1 + scale),
-                     fmt::format("1 B/param of the block matrices{}{}", copies > 1 ? " x2 (row- and column-wise)" : "",
-                                 scale > 0 ? fmt::format(" + scales ({:g} B/param)", scale) : "")});
+    if (quantized) {
+      // the GEMMs read a quantized copy of each block matrix (detail::weight_copy_bytes, per matrix
+      // of one TP rank: partial blocks padded), not the biases, norms, router, embedding or head
+      const detail::WeightCopy lc = layer_copy(), xc = expert_copy();
+      const char* fmt_name = fp4 ? "fp4" : "fp8";
+      const auto [copies_f, scales_f] = detail::weight_copy_formula(t.recipe);
+      const std::string what = fmt::format("{:g} layers x ({}{})", Ls, block_matrices_s,
+                                           moe ? fmt::format(" + {:g}/{} experts' {}", E, l.ep, expert_matrices_s) : "");
+      mem.push_back({fmt::format("{} weight copies", fmt_name), Ls * (lc.copies + xc.copies),
+                     fmt::format("{}; {}", copies_f, what)});
+      mem.push_back({fmt::format("{} weight scales", fmt_name), Ls * (lc.scales + xc.scales),
+                     fmt::format("{}; {}", scales_f, what)});
     }
     mem.push_back({"activations", per_layer * layers_per_chunk * held_pairs,
                    fmt::format("{} per layer x {:g} layers per chunk x {} (microbatch, chunk) pairs held{}", act_formula,
@@ -262,11 +300,11 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
   };
   const auto total = detail::sum_terms;
   if (p == 1) {
-    e.memory = stage_memory(L_first, first, 1, true, true);
+    e.memory = stage_memory(L_first, first, 1, true);
     e.stage = "only";
   } else {
-    auto mf = stage_memory(L_first, first, held.front(), vee, true);
-    auto ml = stage_memory(L_last, last, held.back(), !vee, false);
+    auto mf = stage_memory(L_first, first, held.front(), vee);
+    auto ml = stage_memory(L_last, last, held.back(), !vee);
     if (total(mf) >= total(ml)) {
       e.memory = std::move(mf);
       e.stage = "first";
@@ -281,7 +319,7 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
       std::size_t most = 1;
       for (std::size_t i = 2; i + 1 < held.size(); ++i)
         if (held[i] > held[most]) most = i;
-      auto mm = stage_memory(L_mid, mid_params, held[most], false, false);
+      auto mm = stage_memory(L_mid, mid_params, held[most], false);
       if (total(mm) > total(e.memory)) {
         e.memory = std::move(mm);
         e.stage = "middle";

@@ -89,7 +89,7 @@ int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor, i
 struct Training {
   int64_t global_batch = 0;   ///< samples per optimizer step (all data-parallel replicas)
   int64_t microbatch = 1;     ///< samples per forward/backward on one replica
-  std::string recipe = "bf16";      ///< fp32 | bf16 | fp16 | fp8-tensorwise | fp8-blockwise | mxfp8
+  std::string recipe = "bf16";      ///< fp32 | bf16 | fp16 | fp8-tensorwise | fp8-rowwise | fp8-blockwise | mxfp8 | nvfp4 | mxfp4
   std::string optimizer = "adam";   ///< adam | sgd-momentum | sgd
   std::string recompute = "selective";  ///< none | selective | full (Korthikanti et al. 2022)
   bool flash_attention = true;  ///< attention as one fused kernel (FlashAttention): no s² scores stored or streamed
@@ -169,12 +169,13 @@ struct System {
   double memory_bytes = 0;       ///< per device
   double reserved_bytes = 0;     ///< per device: CUDA context, library workspaces, allocator slack
   double peak_fp32 = 0, peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0;  ///< dense FLOP/s per device (0: none)
+  double peak_fp4 = 0;  ///< dense FP4 FLOP/s per device (nvfp4, mxfp4); 0: none (peak_tflops.fp4 optional)
   double gemm_efficiency = 0;    ///< fraction of the peak that the model's GEMMs reach, one per system
   /// Elementwise kernels (norms, activations, dropout, residual adds, softmax) stream their
   /// tensors through memory at this bandwidth: passes x elements x bytes / memory_bandwidth.
   double memory_bandwidth = 0;   ///< bytes/s per device (the optimizer step is bound by it)
   Link intra, inter;
-  /// Measured GEMM rates by size, per format ("fp32", "bf16", "fp16"): (N, FLOP/s) of an N×N×N
+  /// Measured GEMM rates by size, per format ("fp32", "bf16", "fp16"; "fp8" for the fp8 recipes, "fp4" for nvfp4 and mxfp4): (N, FLOP/s) of an N×N×N
   /// product, N ascending (`mpt plan --calibrate` times them). Empty for a format: its GEMMs run at
   /// peak × gemm_efficiency whatever their size (the shipped GPU systems, whose layers are large).
   std::map<std::string, std::vector<std::pair<double, double>>> gemm_rates;
@@ -280,7 +281,8 @@ std::string layout_error(const ModelShape& m, const Training& t, const Layout& l
 
 /// The estimate of `layout` (valid: layout_error is ""). Memory per term (docs/plan.md):
 /// weights, gradients, master weights and optimizer states (ZeRO's 2Ψ + 2Ψ + KΨ split over the
-/// stages, TP ranks and, per ZeRO stage, the DP group), fp8 weight copies, activations per layer
+/// stages, TP ranks and, per ZeRO stage, the DP group), fp8 / fp4 weight copies and their scales
+/// (detail::weight_copy_bytes per block matrix), activations per layer
 /// (Korthikanti et al. 2022, Table 2, generalised to the shape) times the layers of a chunk times
 /// the (microbatch, chunk) pairs the schedule holds (core/pipeline's peak bound), the logits,
 /// communication buffers and the system's reserve. Time: GEMM FLOPs at the system's peak times

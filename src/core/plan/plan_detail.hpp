@@ -1,12 +1,14 @@
-// The planner's shared arithmetic of links, collectives and held pairs, for the files of core/plan
-// (plan.cpp, plan_mlp.cpp). Internal: not part of plan.hpp's interface.
+// The planner's shared arithmetic of links, collectives, held pairs and quantized weight copies, for
+// the files of core/plan (plan.cpp, plan_mlp.cpp). Internal: not part of plan.hpp's interface.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,8 +22,69 @@ namespace mpt::plan::detail {
 /// fp8 recipes keep bf16 activations).
 inline double activation_element_bytes(const std::string& recipe) { return recipe == "fp32" ? 4.0 : 2.0; }
 
-/// Whether `recipe` computes its GEMMs in fp8 (fp8-tensorwise, fp8-blockwise, mxfp8).
+/// Whether `recipe` computes its GEMMs in fp8 (fp8-tensorwise, fp8-rowwise, fp8-blockwise, mxfp8).
 inline bool fp8_recipe(const std::string& recipe) { return recipe.rfind("fp8", 0) == 0 || recipe == "mxfp8"; }
+
+/// Whether `recipe` computes its GEMMs in fp4 (nvfp4, mxfp4).
+inline bool fp4_recipe(const std::string& recipe) { return recipe == "nvfp4" || recipe == "mxfp4"; }
+
+/// The low-precision copies of one weight matrix that a recipe's GEMMs read, and their scales, bytes.
+struct WeightCopy {
+  double copies = 0;  ///< the quantized elements of every copy
+  double scales = 0;  ///< the scale values of every copy
+};
+
+/// The copies the GEMMs of `recipe` read of one weight matrix W [rows, cols] (rows: its outputs;
+/// cols: its inputs, the forward GEMM's reduction dimension), and their scales, in bytes. A copy
+/// scaled along the reduction dimension serves the forward (out = x·Wᵀ, blocks along cols); the
+/// backward's dgrad = dy·W reduces over rows, so a recipe whose blocks are not the same under
+/// transposition keeps a second copy of Wᵀ with its own scales (as core/numerics/quant's
+/// stored_bytes: TE's MXFP8Tensor keeps a row- and a column-wise copy). A partial block (a
+/// dimension not a multiple of the block) has a scale of its own: ceil. Per recipe:
+///   fp8-tensorwise  rows·cols E4M3 + one fp32 scale, 4 B (torchao TENSORWISE, TE Float8CurrentScaling)
+///   fp8-rowwise     2·rows·cols, one fp32 scale per row of W and of Wᵀ: 4·rows + 4·cols (torchao ROWWISE)
+///   fp8-blockwise   rows·cols, one fp32 scale per 128x128 block: 4·ceil(rows/128)·ceil(cols/128)
+///                   (DeepSeek-V3 §3.3, TE Float8BlockScaling; the same blocks under transposition)
+///   mxfp8           2·rows·cols, one E8M0 byte per 1x32 block of each: rows·ceil(cols/32) +
+///                   cols·ceil(rows/32) (OCP MX v1.0; TE MXFP8BlockScaling)
+///   nvfp4           ceil(rows·cols/2) (E2M1, two a byte), one UE4M3 byte per 16x16 block (the
+///                   NVFP4 paper's 2-D weight scaling, the same under transposition) + the fp32
+///                   tensor scale: ceil(rows/16)·ceil(cols/16) + 4 (arXiv 2509.25149 §4)
+///   mxfp4           2·ceil(rows·cols/2), E8M0 per 1x32 block as mxfp8 (OCP MX v1.0)
+/// Other recipes (fp32, bf16, fp16): none, {0, 0}. Kernels' swizzled scale layouts (TE pads MX
+/// and NVFP4 scale tensors to 128x4 tiles) are not counted.
+inline WeightCopy weight_copy_bytes(const std::string& recipe, double rows, double cols) {
+  auto blocks = [](double n, double block) { return std::ceil(n / block); };
+  const double n = rows * cols;
+  if (recipe == "fp8-tensorwise") return {n, 4};
+  if (recipe == "fp8-rowwise") return {2 * n, 4 * rows + 4 * cols};
+  if (recipe == "fp8-blockwise") return {n, 4 * blocks(rows, 128) * blocks(cols, 128)};
+  if (recipe == "mxfp8") return {2 * n, rows * blocks(cols, 32) + cols * blocks(rows, 32)};
+  if (recipe == "nvfp4") return {std::ceil(n / 2), blocks(rows, 16) * blocks(cols, 16) + 4};
+  if (recipe == "mxfp4") return {2 * std::ceil(n / 2), rows * blocks(cols, 32) + cols * blocks(rows, 32)};
+  return {};
+}
+
+/// What weight_copy_bytes counts for `recipe`, as the memory table writes it: {the copies per
+/// weight-matrix element, the scales of a [rows, cols] matrix}; {"", ""} for other recipes.
+inline std::pair<std::string, std::string> weight_copy_formula(const std::string& recipe) {
+  if (recipe == "fp8-tensorwise") return {"1 B per weight-matrix element", "one fp32 scale per matrix, 4 B"};
+  if (recipe == "fp8-rowwise")
+    return {"2 x 1 B per weight-matrix element (W and Wᵀ, each scaled along its reduction dimension)",
+            "one fp32 scale per row of W and of Wᵀ, 4·(rows + cols) B per matrix"};
+  if (recipe == "fp8-blockwise")
+    return {"1 B per weight-matrix element", "one fp32 scale per 128x128 block, 4·ceil(rows/128)·ceil(cols/128) B per matrix"};
+  if (recipe == "mxfp8")
+    return {"2 x 1 B per weight-matrix element (row- and column-wise)",
+            "one E8M0 byte per 1x32 block of each copy, rows·ceil(cols/32) + cols·ceil(rows/32) B per matrix"};
+  if (recipe == "nvfp4")
+    return {"1/2 B per weight-matrix element (E2M1, ceil per matrix)",
+            "one UE4M3 byte per 16x16 block + the fp32 tensor scale, ceil(rows/16)·ceil(cols/16) + 4 B per matrix"};
+  if (recipe == "mxfp4")
+    return {"2 x 1/2 B per weight-matrix element (row- and column-wise; E2M1, ceil per matrix)",
+            "one E8M0 byte per 1x32 block of each copy, rows·ceil(cols/32) + cols·ceil(rows/32) B per matrix"};
+  return {"", ""};
+}
 
 /// Seconds of one collective of `bytes` (the per-rank buffer, nccl-tests' "size") over `n` ranks:
 /// latency + bytes · factor / busbw, factor factor_num·(n − 1)/n: 2(n − 1)/n for all-reduce,

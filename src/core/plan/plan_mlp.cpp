@@ -175,7 +175,7 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
   }
 
   // ---- memory per stage (as plan.cpp's terms); the stage that needs most is reported
-  const bool fp8 = detail::fp8_recipe(t.recipe);
+  const bool fp4 = detail::fp4_recipe(t.recipe), quantized = fp4 || detail::fp8_recipe(t.recipe);
   auto stage_memory = [&](int s) {
     const auto& st = e.stages[static_cast<std::size_t>(s)];
     const auto& w = work[static_cast<std::size_t>(s)];
@@ -191,13 +191,21 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
                                         : std::string("none: the weights are fp32")});
     mem.push_back({"optimizer states", ms.optimizer,
                    fmt::format("{}: {:g} B/param{}", t.optimizer, per_param.optimizer, l.zero >= 1 ? " / dp (ZeRO-1)" : "")});
-    if (fp8) {
-      // the GEMMs read an fp8 copy of each weight matrix (not the biases); MX keeps a row- and a column-wise one
-      const double copies = t.recipe == "mxfp8" ? 2.0 : 1.0;
-      const double scale = t.recipe == "mxfp8" ? 1.0 / 32 : t.recipe == "fp8-blockwise" ? 4.0 / (128 * 128) : 0.0;
-      mem.push_back({"fp8 weight copies", w.matrices * copies * (1 + scale),
-                     fmt::format("1 B per weight-matrix element{}{}", copies > 1 ? " x2 (row- and column-wise)" : "",
-                                 scale > 0 ? fmt::format(" + scales ({:g} B/param)", scale) : "")});
+    if (quantized) {
+      // the GEMMs read a quantized copy of each weight matrix (not the biases), with its scales
+      // (detail::weight_copy_bytes: per layer, partial blocks padded)
+      detail::WeightCopy wc;
+      for (int64_t c : w.chunks)
+        for (int64_t k = c * per_chunk; k < (c + 1) * per_chunk; ++k) {
+          const detail::WeightCopy lc = detail::weight_copy_bytes(t.recipe, width(m, k + 1), width(m, k));
+          wc.copies += lc.copies;
+          wc.scales += lc.scales;
+        }
+      const char* fmt_name = fp4 ? "fp4" : "fp8";
+      const auto [copies_f, scales_f] = detail::weight_copy_formula(t.recipe);
+      mem.push_back({fmt::format("{} weight copies", fmt_name), wc.copies,
+                     fmt::format("{} of {:g} (layers {}; not the biases)", copies_f, w.matrices, st.layers)});
+      mem.push_back({fmt::format("{} weight scales", fmt_name), wc.scales, scales_f});
     }
     mem.push_back({"activations", st.activations,
                    fmt::format("{:g} B per microbatch of {} (each Linear's input, the last ReLU output{}{}{}) x {} "

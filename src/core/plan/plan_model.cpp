@@ -140,6 +140,7 @@ int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor, i
 }
 
 double System::peak_for(const std::string& recipe) const {
+  if (recipe == "nvfp4" || recipe == "mxfp4") return peak_fp4;
   if (recipe == "fp32") return peak_fp32;
   if (recipe == "bf16") return peak_bf16;
   if (recipe == "fp16") return peak_fp16;
@@ -148,7 +149,9 @@ double System::peak_for(const std::string& recipe) const {
 
 double System::gemm_seconds(const std::string& recipe, double m, double n, double k) const {
   const double flops = 2 * m * n * k, peak = peak_for(recipe) * gemm_efficiency;
-  const auto it = gemm_rates.find(recipe == "fp32" || recipe == "bf16" || recipe == "fp16" ? recipe : "fp8");
+  const auto it = gemm_rates.find(recipe == "fp32" || recipe == "bf16" || recipe == "fp16" ? recipe
+                                  : recipe == "nvfp4" || recipe == "mxfp4"                ? "fp4"
+                                                                                          : "fp8");
   if (it == gemm_rates.end() || it->second.empty()) return flops / peak;
   const auto& pts = it->second;
   const double size = std::cbrt(m * n * k);
@@ -205,11 +208,14 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
   // (1 kB/s), so a typo gives an error rather than inf or 0 in the tables.
   s.memory_bytes = number("/memory_gib", 1e-6, 1e6) * kGiB;
   s.reserved_bytes = number("/reserved_gib", 0, 1e6) * kGiB;
-  if (j.contains("peak_tflops")) object(j["peak_tflops"], "/peak_tflops", {"fp32", "bf16", "fp16", "fp8"});
+  if (j.contains("peak_tflops")) object(j["peak_tflops"], "/peak_tflops", {"fp32", "bf16", "fp16", "fp8", "fp4"});
   s.peak_fp32 = number("/peak_tflops/fp32", 1e-9, 1e6) * 1e12;
   s.peak_bf16 = number("/peak_tflops/bf16", 1e-9, 1e6, true) * 1e12;
   s.peak_fp16 = number("/peak_tflops/fp16", 1e-9, 1e6, true) * 1e12;
   s.peak_fp8 = number("/peak_tflops/fp8", 1e-9, 1e6, true) * 1e12;
+  // fp4 is optional (no shipped system has it): missing, none
+  if (j.contains("peak_tflops") && j["peak_tflops"].is_object() && j["peak_tflops"].contains("fp4"))
+    s.peak_fp4 = number("/peak_tflops/fp4", 1e-9, 1e6, true) * 1e12;
   s.gemm_efficiency = number("/gemm_efficiency", 1e-3, 1);
   s.memory_bandwidth = number("/memory_bandwidth_gbps", 1e-6, 1e6) * 1e9;
   // the collectives of both links, then the all-to-all of both (added with expert parallelism: a
@@ -232,7 +238,7 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
   for (auto [name, link] : links) collective(name, "all_to_all", &link->all_to_all);
   // optional, written by --calibrate: GEMM rates by size and the operator overhead
   if (j.contains("gemm_tflops_by_n")) {
-    object(j["gemm_tflops_by_n"], "/gemm_tflops_by_n", {"fp32", "bf16", "fp16", "fp8"});
+    object(j["gemm_tflops_by_n"], "/gemm_tflops_by_n", {"fp32", "bf16", "fp16", "fp8", "fp4"});
     for (const auto& [fmt_name, pts] : j["gemm_tflops_by_n"].items()) {
       const std::string at = "/gemm_tflops_by_n/" + fmt_name;
       if (!pts.is_array() || pts.empty())
