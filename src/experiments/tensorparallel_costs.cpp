@@ -58,8 +58,8 @@ std::pair<Table, Table> activation_tables(const Config& cfg, World& w, const std
     TinyGpt m(gc);
     b1 = one_process_block_bytes(m, idx, *g);
   }
-  // TP: Gloo's worker thread may still hold a collective's temporary when the block returns;
-  // the smallest of three measurements is the graph's own storage.
+  // TP: each reading waits until Gloo's worker has dropped the collectives' temporaries
+  // (dist::settle in TpGpt::loss_measuring); the smallest of three passes as well.
   auto measure_tp = [&](bool seqp) {
     std::vector<int64_t> best;
     tp::TpGpt m(full, g, div, seqp);
@@ -97,9 +97,9 @@ std::pair<Table, Table> activation_tables(const Config& cfg, World& w, const std
   row("tp", max_over_ranks(w, mean(btp)), t, false);
   if (sp) row("tp_sp", max_over_ranks(w, mean(bsp)), t, true);
   am.notes.push_back("measured: live bytes of the counting allocator after a block's forward minus before (the "
-                     "graph kept), mean over the blocks, largest rank (TP: the smallest of 3 passes): the storage "
-                     "autograd keeps for backward plus the block's output (the next block's LayerNorm input). "
-                     "Run-dependent under TP: Gloo's worker threads release collective temporaries asynchronously");
+                     "graph kept), mean over the blocks, largest rank (TP: each reading after Gloo's worker dropped the "
+                     "collectives' temporaries, the smallest of 3 passes): the storage autograd keeps for backward "
+                     "plus the block's output (the next block's LayerNorm input)");
   am.notes.push_back("not in the formulas: LayerNorm mean and rstd (2 x 4sb per LayerNorm), the causal mask "
                      "(s^2 bytes, bool, and its negation), copies that matmul makes of transposed q, k, v");
   at.notes.push_back("Korthikanti et al. 2022 (fp16 activations, 1-byte dropout masks): sbh(34 + 5as/h), "

@@ -239,11 +239,19 @@ torch::Tensor TpGpt::forward_loss(const torch::Tensor& idx, const torch::Tensor&
   }
   auto x = tok + torch::embedding(wpe_, pos);
   if (sp_) x = scatter_to_sequence_parallel_region(x, *group_, 1);
+  // Live bytes around a block once Gloo's worker has dropped the block's collective temporaries
+  // (dist::settle: it drops a collective's tensors only when it takes the next), so that the
+  // difference is the storage the block's graph keeps, on every run alike
+  torch::Tensor token = block_bytes ? torch::zeros({1}) : torch::Tensor();
+  auto settled = [&] {
+    if (t_ > 1) dist::settle(*group_, token);
+    return current_bytes(torch::kCPU);
+  };
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    const int64_t before = block_bytes ? current_bytes(torch::kCPU) : 0;
+    const int64_t before = block_bytes ? settled() : 0;
     BlockTrace trace;
     x = block_forward(i, x, checks ? &trace : nullptr);
-    if (block_bytes) block_bytes->push_back(current_bytes(torch::kCPU) - before);
+    if (block_bytes) block_bytes->push_back(settled() - before);
     if (checks) check_block(i, trace, *checks);
   }
   auto xf = ln_f_->forward(x);
