@@ -126,31 +126,48 @@ double bare_operator_seconds(torch::Device device) {
          3;
 }
 
-double operator_overhead(const pl::System& sys, torch::Device device, double* step_s, double* ops) {
-  // a tiny MLP (4 layers of 16, batch 16) forward and backward, as core/models/mlp's step runs it;
-  // gradients dropped before each step (clear_grads), so AccumulateGrad adds none
+namespace {
+
+/// The median seconds (of 400) of one forward and backward of a tiny MLP, `layers` Linear(16, 16)
+/// with ReLU between, batch 16, cross entropy, as core/models/mlp's step runs it; gradients
+/// dropped before each step (clear_grads), so AccumulateGrad adds none.
+double tiny_step_seconds(int layers, torch::Device device) {
   torch::manual_seed(0);
-  auto net = mlp(16, {16, 16, 16}, 16);
+  auto net = mlp(16, std::vector<int64_t>(static_cast<std::size_t>(layers - 1), 16), 16);
   net->to(device);
   auto x = torch::rand({16, 16}, torch::TensorOptions().device(device));
   auto y = torch::arange(16, torch::TensorOptions().device(device).dtype(torch::kLong));
   const auto params = net->parameters();
-  auto step = [&] {
-    clear_grads(params);
-    auto loss = torch::nn::functional::cross_entropy(net->forward(x), y) * 1.0;
-    loss.backward();
-    (void)loss.item<double>();
-  };
-  const double t = median_seconds(step, 400, 20);
-  pl::ModelShape shape;
-  shape.widths = {16, 16, 16, 16, 16};
-  shape.dropout = false;
+  return median_seconds(
+      [&] {
+        clear_grads(params);
+        auto loss = torch::nn::functional::cross_entropy(net->forward(x), y) * 1.0;
+        loss.backward();
+        (void)loss.item<double>();
+      },
+      400, 20);
+}
+
+}  // namespace
+
+Overheads operator_overhead(const pl::System& sys, torch::Device device) {
+  Overheads out;
   pl::Training tr;
   tr.recipe = "fp32";
-  const pl::MlpOperators o = pl::mlp_operators(shape, tr, 16, 0, 4, sys);
-  if (step_s) *step_s = t;
-  if (ops) *ops = o.forward + o.backward;
-  return std::max(0.0, (t - o.gemm_forward_s - o.gemm_backward_s) / (o.forward + o.backward));
+  double rest[2] = {0, 0}, ops[2] = {0, 0};
+  const int depth[2] = {2, 8};
+  for (int k = 0; k < 2; ++k) {
+    pl::ModelShape shape;
+    shape.widths.assign(static_cast<std::size_t>(depth[k] + 1), 16);
+    shape.dropout = false;
+    const pl::MlpOperators o = pl::mlp_operators(shape, tr, 16, 0, depth[k], sys);
+    out.step_s[k] = tiny_step_seconds(depth[k], device);
+    out.ops[k] = ops[k] = o.forward + o.backward;
+    rest[k] = out.step_s[k] - o.gemm_forward_s - o.gemm_backward_s;  // what is not the GEMMs
+  }
+  out.operator_s = std::max(0.0, (rest[1] - rest[0]) / (ops[1] - ops[0]));
+  out.pass_s = std::max(0.0, rest[0] - out.operator_s * ops[0]);
+  return out;
 }
 
 /// Measures this machine into a system (the configs/systems/ format): the fastest of 5 N^3
@@ -237,15 +254,20 @@ Report calibrate(const Context& ctx) {
               {"intra_node", link},
               {"inter_node", link}};
   {
-    // the operator overhead: a tiny step's time less its GEMMs' at the rates just measured
+    // the overheads: two tiny steps' time less their GEMMs' at the rates just measured
     torch::AutoGradMode grad(true);
-    double step_s = 0, ops = 0;
-    const double alpha = operator_overhead(pl::parse_system(sys, "the calibrated system"), ctx.device, &step_s, &ops);
-    sys["op_overhead_us"] = alpha * 1e6;
-    tb.rows.push_back({{"name", "operator overhead"}, {"value", alpha * 1e6}, {"unit", "us"},
-                       {"how", fmt::format("a tiny MLP step (16-16-16-16-16, batch 16, forward and backward: {:g} operators) "
-                                           "took {:.1f} us (median of 400), less its GEMMs at the rates above, / operators",
-                                           ops, step_s * 1e6)}});
+    const Overheads o = operator_overhead(pl::parse_system(sys, "the calibrated system"), ctx.device);
+    sys["op_overhead_us"] = o.operator_s * 1e6;
+    sys["pass_overhead_us"] = o.pass_s * 1e6;
+    const std::string steps = fmt::format("tiny MLP steps of 2 and 8 Linear(16, 16), batch 16, forward and backward: "
+                                          "{:g} and {:g} operators in {:.1f} and {:.1f} us (medians of 400), less their "
+                                          "GEMMs at the rates above", o.ops[0], o.ops[1], o.step_s[0] * 1e6,
+                                          o.step_s[1] * 1e6);
+    tb.rows.push_back({{"name", "operator overhead"}, {"value", o.operator_s * 1e6}, {"unit", "us"},
+                       {"how", steps + ": the difference / the operators' difference"}});
+    tb.rows.push_back({{"name", "pass overhead"}, {"value", o.pass_s * 1e6}, {"unit", "us"},
+                       {"how", "the 2-layer step's rest less its operators: once per forward and backward (autograd's "
+                               "graph task, the loss read back)"}});
   }
   const double bare = bare_operator_seconds(ctx.device);
   tb.rows.push_back({{"name", "bare operator"}, {"value", bare * 1e6}, {"unit", "us"},

@@ -52,12 +52,17 @@ namespace mpt::plan_calibrate {
 /// /calibrate/collectives and the file.
 std::pair<int64_t, nlohmann::json> calibration_link(const Config& cfg);
 
-/// Host seconds per operator of a training step on `device`: a tiny MLP (16-16-16-16-16, batch 16)
-/// forward and backward timed (median of 400), less its GEMMs at `sys`'s rates
-/// (System::gemm_seconds), / its operators (plan::mlp_operators); never below 0. The step's time
-/// and operator count go to `step_s` and `ops` where given. The dispatch term of an alpha-beta
-/// model of small kernels (as LogP's overhead o, Culler et al. 1993).
-double operator_overhead(const plan::System& sys, torch::Device device, double* step_s = nullptr, double* ops = nullptr);
+/// The host overheads of a training step on `device`, an alpha-beta model of small kernels (as
+/// LogP's overhead o, Culler et al. 1993): tiny MLPs of 2 and 8 Linear(16, 16), batch 16, forward
+/// and backward timed (medians of 400), less their GEMMs at `sys`'s rates (System::gemm_seconds);
+/// the difference over the difference of their operators (plan::mlp_operators) is the cost of an
+/// operator, and what the 2-layer step has left the cost of a pass (autograd's graph task, the loss
+/// read back). Never below 0.
+struct Overheads {
+  double operator_s = 0, pass_s = 0;  ///< seconds per operator, per forward and backward
+  double step_s[2] = {0, 0}, ops[2] = {0, 0};  ///< the two steps' median time and operators
+};
+Overheads operator_overhead(const plan::System& sys, torch::Device device);
 
 /// Seconds of one tensor operator outside autograd on `device`: zero_, clone and slice of a 16 × 16
 /// tensor (median of 1000) / 3. A step's bookkeeping around its forward and backward (zeroing or

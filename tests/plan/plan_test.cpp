@@ -1042,6 +1042,9 @@ TEST_CASE("GEMM time: the measured rate of its size, log-log between sizes, peak
   bad["gemm_tflops_by_n"] = {{"fp64", {{16, 1}}}};
   CHECK_THROWS_WITH(parse_system(bad, "t.json"), Catch::Contains("/gemm_tflops_by_n/fp64: unknown field"));
   bad = j;
+  bad["pass_overhead_us"] = "1";
+  CHECK_THROWS_WITH(parse_system(bad, "t.json"), Catch::Contains("/pass_overhead_us: expected a number"));
+  bad = j;
   bad["op_overhead_us"] = -1;
   CHECK_THROWS_WITH(parse_system(bad, "t.json"), Catch::Contains("/op_overhead_us: expected a number in [0, 1e+06]"));
 }
@@ -1056,6 +1059,7 @@ TEST_CASE("MLP step time: each GEMM the step runs, its operators' dispatch, grad
   t.microbatch = 128;
   auto j = system_json();
   j["op_overhead_us"] = 5;
+  j["pass_overhead_us"] = 20;
   const System sys = parse_system(j, "t.json");
   // forward: 3 addmm + 2 ReLU + the loss's 3; backward: 3 dW, 3 bias sums, 2 dX (none for layer 0), 2 ReLU, 3
   const MlpOperators o = mlp_operators(m, t, 128, 0, 3, sys);
@@ -1078,7 +1082,7 @@ TEST_CASE("MLP step time: each GEMM the step runs, its operators' dispatch, grad
   Layout l;
   const Estimate e = estimate(m, t, l, sys);
   CHECK(term(e, "compute") == Approx(4 * (o.gemm_forward_s + o.gemm_backward_s)).epsilon(1e-12));
-  CHECK(term(e, "dispatch") == Approx(4 * 21 * 5e-6).epsilon(1e-12));
+  CHECK(term(e, "dispatch") == Approx(4 * (21 * 5e-6 + 20e-6)).epsilon(1e-12));  // + the pass's, per microbatch
   const double psi = 118282;  // 3 microbatches after the first add 2 x 3 operators and 3 x 4 psi bytes each
   CHECK(term(e, "gradient accumulation") == Approx(3 * (6 * 5e-6 + 12 * psi / 2000e9)).epsilon(1e-12));
   double sum = 0;

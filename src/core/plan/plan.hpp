@@ -181,8 +181,11 @@ struct System {
   std::map<std::string, std::vector<std::pair<double, double>>> gemm_rates;
   /// Host time per operator a training step dispatches (dispatch, autograd's bookkeeping), seconds;
   /// 0: not modelled (a GPU's launches queue ahead of kernels longer than a launch). Calibrated on
-  /// a tiny MLP step, whose GEMMs and passes take next to nothing (calibrate_operator_overhead).
+  /// tiny MLP steps of two depths, whose GEMMs and passes take next to nothing (`mpt plan --calibrate`).
   double op_overhead_s = 0;
+  /// Host time per forward and backward pass beside its operators' (autograd's graph task, the
+  /// loss read back), seconds; 0: not modelled. Calibrated with op_overhead_s.
+  double pass_overhead_s = 0;
   /// Peak FLOP/s of `recipe`'s GEMMs; 0 when the system has none.
   double peak_for(const std::string& recipe) const;
   /// Seconds of one m×k by k×n GEMM (2mnk FLOPs) in `recipe`'s format: at the measured rate of an

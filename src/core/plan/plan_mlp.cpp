@@ -168,9 +168,10 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
     st.forward_flops = 2 * w.matrices * b;
     w.mem_fwd_s = elementwise / sys.memory_bandwidth;
     w.ops = ops.forward + ops.backward;
-    w.t_ops = w.ops * sys.op_overhead_s;
+    w.t_ops = w.ops * sys.op_overhead_s + sys.pass_overhead_s;  // the pass's once per microbatch and stage
     w.t_f = ops.gemm_forward_s + w.mem_fwd_s + ops.forward * sys.op_overhead_s;
-    w.t_bw = ops.gemm_backward_s + (2 + (full ? 1.0 : 0.0)) * w.mem_fwd_s + ops.backward * sys.op_overhead_s;
+    w.t_bw = ops.gemm_backward_s + (2 + (full ? 1.0 : 0.0)) * w.mem_fwd_s + ops.backward * sys.op_overhead_s +
+             sys.pass_overhead_s;
     w.t_mem = (3 + (full ? 1.0 : 0.0)) * w.mem_fwd_s;
   }
 
@@ -354,9 +355,10 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
                     fmt::format("{:.3g} GB per microbatch at {:.0f} GB/s: ReLU{}", ws.t_mem * sys.memory_bandwidth / 1e9,
                                 sys.memory_bandwidth / 1e9, m.dropout ? " and dropout" : "")});
   e.time.push_back({"dispatch", mbd * ws.t_ops,
-                    sys.op_overhead_s > 0
-                        ? fmt::format("{:g} operators per microbatch forward and backward x {:.3g} us each (op_overhead_us) "
-                                      "x{} microbatches", ws.ops, sys.op_overhead_s * 1e6, mb)
+                    sys.op_overhead_s > 0 || sys.pass_overhead_s > 0
+                        ? fmt::format("({:g} operators per microbatch forward and backward x {:.3g} us (op_overhead_us) "
+                                      "+ {:.3g} us for the pass (pass_overhead_us)) x{} microbatches", ws.ops,
+                                      sys.op_overhead_s * 1e6, sys.pass_overhead_s * 1e6, mb)
                         : std::string("not modelled (the system has no op_overhead_us)")});
   e.time.push_back({"tp collectives", 0.0, "none (tp = 1)"});
   e.time.push_back({"bubble", idle,

@@ -196,7 +196,8 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
   };
   const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"};
   object(j, "", {"name", "_comment", "devices_per_node", "memory_gib", "reserved_gib", "peak_tflops", "gemm_efficiency",
-                 "memory_bandwidth_gbps", "intra_node", "inter_node", "gemm_tflops_by_n", "op_overhead_us"});
+                 "memory_bandwidth_gbps", "intra_node", "inter_node", "gemm_tflops_by_n", "op_overhead_us",
+                 "pass_overhead_us"});
   System s;
   if (!j.contains("name")) fail("/name", "missing (expected a string)");
   if (!j["name"].is_string()) fail("/name", "expected a string, got " + j["name"].dump().substr(0, 60));
@@ -259,6 +260,7 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
     }
   }
   if (j.contains("op_overhead_us")) s.op_overhead_s = number("/op_overhead_us", 0, 1e6) * 1e-6;
+  if (j.contains("pass_overhead_us")) s.pass_overhead_s = number("/pass_overhead_us", 0, 1e6) * 1e-6;
   if (s.reserved_bytes >= s.memory_bytes)
     fail("/reserved_gib", fmt::format("expected less than /memory_gib ({:g}), got {:g}", s.memory_bytes / kGiB,
                                       s.reserved_bytes / kGiB));
