@@ -101,6 +101,19 @@ std::vector<PublishedRow> megatron_table1(const pl::System& a100) {
 // above), Megatron's interleaved schedule (N = p), sequence parallelism (Korthikanti et al. cited
 // for TP), FlashAttention, and the FSDP traffic as ZeRO-1's (one reduce-scatter and one all-gather
 // per step, overlapped with the last backward; ZeRO-2 with pp > 1 is refused here).
+/// The training of the H100 rows (Llama 3's and NeMo's): `batch` sequences a step, microbatch 1, bf16
+/// with fp32 gradient accumulation and reduction (Megatron's main_grad), no recompute, FlashAttention.
+pl::Training bf16_fp32_grads(int64_t batch) {
+  pl::Training t;
+  t.global_batch = batch;
+  t.microbatch = 1;
+  t.recipe = "bf16";
+  t.recompute = "none";
+  t.flash_attention = true;
+  t.fp32_grads = true;
+  return t;
+}
+
 struct LlamaRow {
   const char* name;
   int64_t gpus, dp, batch_per_dp;
@@ -112,13 +125,7 @@ std::vector<PublishedRow> llama3_table4(const pl::System& h100) {
   std::vector<PublishedRow> rows;
   for (const auto& r : kLlamaTable4) {
     const pl::ModelShape m = pl::preset("llama3-405b");  // 126 layers, h 16384, f 53248, 128 heads / 8 K/V
-    pl::Training t;
-    t.global_batch = r.dp * r.batch_per_dp;  // 2048 sequences of 8192 tokens: 16.8M tokens
-    t.microbatch = 1;
-    t.recipe = "bf16";
-    t.recompute = "none";
-    t.flash_attention = true;
-    t.fp32_grads = true;
+    const pl::Training t = bf16_fp32_grads(r.dp * r.batch_per_dp);  // 2048 sequences of 8192 tokens: 16.8M tokens
     pl::Layout l;
     l.tp = 8;
     l.pp = 16;
@@ -173,13 +180,7 @@ std::vector<PublishedRow> dgxc_h100(const pl::System& h100) {
       m.vocab = 50688;
       m.tied = true;
     }
-    pl::Training t;
-    t.global_batch = r.batch;
-    t.microbatch = 1;
-    t.recipe = "bf16";
-    t.recompute = "none";
-    t.flash_attention = true;
-    t.fp32_grads = true;
+    const pl::Training t = bf16_fp32_grads(r.batch);
     pl::Layout l;
     l.tp = r.tp;
     l.pp = r.pp;

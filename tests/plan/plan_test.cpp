@@ -764,6 +764,17 @@ TEST_CASE("uneven stages: the stage that needs most memory, the slowest stage's 
 
 namespace {
 
+// fp32 with SGD and no recompute, as mpt's MLP experiments train: `global` samples a step in microbatches of `micro`.
+Training fp32_sgd(int64_t global, int64_t micro) {
+  Training t;
+  t.recipe = "fp32";
+  t.optimizer = "sgd";
+  t.recompute = "none";
+  t.global_batch = global;
+  t.microbatch = micro;
+  return t;
+}
+
 ModelShape mlp_shape(std::vector<int64_t> widths) {
   ModelShape m;
   m.name = "custom";
@@ -811,12 +822,7 @@ TEST_CASE("MLP: parameters, and the activations autograd keeps for Linear + ReLU
 TEST_CASE("MLP: one device's model states and activations, its DP payload, ZeRO's", "[plan][mlp]") {
   const ModelShape m = mlp_shape({784, 128, 128, 10});
   const double psi = 118282;
-  Training t;
-  t.recipe = "fp32";
-  t.optimizer = "sgd";
-  t.recompute = "none";
-  t.global_batch = 512;
-  t.microbatch = 128;
+  Training t = fp32_sgd(512, 128);
   Layout l;  // dp = tp = pp = 1
   const System sys = test_system();
   REQUIRE(layout_error(m, t, l).empty());
@@ -1051,12 +1057,7 @@ TEST_CASE("GEMM time: the measured rate of its size, log-log between sizes, peak
 
 TEST_CASE("MLP step time: each GEMM the step runs, its operators' dispatch, gradient accumulation", "[plan][mlp]") {
   const ModelShape m = mlp_shape({784, 128, 128, 10});
-  Training t;
-  t.recipe = "fp32";
-  t.optimizer = "sgd";
-  t.recompute = "none";
-  t.global_batch = 512;
-  t.microbatch = 128;
+  Training t = fp32_sgd(512, 128);
   auto j = system_json();
   j["op_overhead_us"] = 5;
   j["pass_overhead_us"] = 20;
