@@ -57,10 +57,12 @@ std::pair<int64_t, nlohmann::json> calibration_link(const Config& cfg);
 /// and backward timed (medians of 400), less their GEMMs at `sys`'s rates (System::gemm_seconds);
 /// the difference over the difference of their operators (plan::mlp_operators) is the cost of an
 /// operator, and what the 2-layer step has left the cost of a pass (autograd's graph task, the loss
-/// read back). Never below 0.
+/// read back). Never below 0; measured again (up to 3 times) while the deeper step is not slower.
 struct Overheads {
   double operator_s = 0, pass_s = 0;  ///< seconds per operator, per forward and backward
   double step_s[2] = {0, 0}, ops[2] = {0, 0};  ///< the two steps' median time and operators
+  int tries = 0;            ///< measurements made: again while the deeper step was not slower, up to 3
+  bool consistent = false;  ///< the deeper step was slower (else operator_s is 0 and unreliable)
 };
 Overheads operator_overhead(const plan::System& sys, torch::Device device);
 

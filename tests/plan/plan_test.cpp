@@ -1093,3 +1093,27 @@ TEST_CASE("MLP step time: each GEMM the step runs, its operators' dispatch, grad
   t.microbatch = 512;
   CHECK(term(estimate(m, t, l, sys), "gradient accumulation") == 0);
 }
+
+TEST_CASE("system files: a measured GEMM rate above its format's peak is refused (MFU would pass 100 %)", "[plan]") {
+  auto j = system_json();  // fp32 peak 20 TFLOP/s
+  j["gemm_tflops_by_n"] = {{"fp32", {{16, 1}, {64, 20}}}};
+  CHECK_NOTHROW(parse_system(j, "t.json"));
+  j["gemm_tflops_by_n"]["fp32"][1][1] = 20.5;
+  CHECK_THROWS_WITH(parse_system(j, "t.json"),
+                    Catch::Contains("/gemm_tflops_by_n/fp32/1: expected TFLOP/s at most /peak_tflops/fp32 = 20, got 20.5"));
+}
+
+TEST_CASE("MLP step time: the compute term is the GEMMs' own time, whatever the overheads beside it", "[plan][mlp]") {
+  // a GEMM of 2 FLOPs beside overheads of a quarter of a second: the difference of sums would lose it
+  const ModelShape m = mlp_shape({1, 1, 1});
+  Training t = fp32_sgd(64, 16);
+  auto j = system_json();
+  j["gemm_tflops_by_n"] = {{"fp32", {{16, 20}}}};
+  j["op_overhead_us"] = 274746.19;
+  j["pass_overhead_us"] = 664727.93;
+  const System sys = parse_system(j, "t.json");
+  const Estimate e = estimate(m, t, Layout{}, sys);
+  const MlpOperators o = mlp_operators(m, t, 16, 0, 2, sys);
+  CHECK(term(e, "compute") == Approx(4 * (o.gemm_forward_s + o.gemm_backward_s)).epsilon(1e-12));
+  CHECK(term(e, "compute") > 0);
+}

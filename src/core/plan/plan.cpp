@@ -730,9 +730,11 @@ Estimate estimate(const ModelShape& m, const Training& t, const Layout& l, const
                                                : dev.first_end ? ", the embedding's"
                                                : dev.last_end  ? ", the head's and cross-entropy's"
                                                                : ", no embedding's, head's or cross-entropy's (a middle stage)",
-                                           l.overlap_tp ? fmt::format("; overlapped with the GEMMs (overlap_tp): {:.3g} s in "
-                                                                      "all, {:.3g} s of it exposed", mb * (tp_fwd + tp_bwd),
-                                                                      mb * (tp_fwd_exposed + tp_bwd_exposed))
+                                           l.overlap_tp ? fmt::format("; the per-microbatch ones overlapped with the GEMMs "
+                                                                      "(overlap_tp): {:.3g} s in all, {:.3g} s of it "
+                                                                      "exposed; {:.3g} s once per step",
+                                                                      mb * (tp_fwd + tp_bwd),
+                                                                      mb * (tp_fwd_exposed + tp_bwd_exposed), tp_step)
                                                         : std::string())
                              : std::string("none (tp = 1)")});
   if (l.cp > 1)  // a row only for a CP layout: the time tables of the others stay as they were

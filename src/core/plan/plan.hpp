@@ -194,6 +194,9 @@ struct System {
   /// where the format has no measured rates. The roofline's compute side with the measured
   /// efficiency of small products (Williams et al. 2009; the size dependence as Calculon's tables).
   double gemm_seconds(const std::string& recipe, double m, double n, double k) const;
+  /// The measured GEMM rates of `recipe`'s format (fp32, bf16, fp16; fp8 for the fp8 recipes, fp4
+  /// for nvfp4 and mxfp4); empty when the system measured none.
+  const std::vector<std::pair<double, double>>& rates_for(const std::string& recipe) const;
 };
 /// Reads a system from its JSON (`source` names the file in messages). Throws mpt::ConfigError
 /// naming the file and the JSON path of a missing, mistyped or non-positive field.

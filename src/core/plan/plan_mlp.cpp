@@ -130,7 +130,7 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
   // ---- every stage: its chunks' layers, parameters, activations and forward cost
   struct StageWork {
     std::vector<int64_t> chunks;
-    double matrices = 0, mem_fwd_s = 0, t_f = 0, t_bw = 0, t_mem = 0, t_ops = 0, ops = 0;
+    double matrices = 0, mem_fwd_s = 0, t_f = 0, t_bw = 0, t_mem = 0, t_ops = 0, ops = 0, t_gemm = 0;
   };
   std::vector<StageWork> work(static_cast<std::size_t>(p));
   for (int64_t c = 0; c < V; ++c) work[static_cast<std::size_t>(stage_rank(static_cast<int>(c), p, placement))].chunks.push_back(c);
@@ -169,6 +169,7 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
     w.mem_fwd_s = elementwise / sys.memory_bandwidth;
     w.ops = ops.forward + ops.backward;
     w.t_ops = w.ops * sys.op_overhead_s + sys.pass_overhead_s;  // the pass's once per microbatch and stage
+    w.t_gemm = ops.gemm_forward_s + ops.gemm_backward_s;       // kept apart: a difference of sums loses it
     w.t_f = ops.gemm_forward_s + w.mem_fwd_s + ops.forward * sys.op_overhead_s;
     w.t_bw = ops.gemm_backward_s + (2 + (full ? 1.0 : 0.0)) * w.mem_fwd_s + ops.backward * sys.op_overhead_s +
              sys.pass_overhead_s;
@@ -341,8 +342,8 @@ Estimate estimate_mlp(const ModelShape& m, const Training& t, const Layout& l, c
                                          sys.memory_bandwidth);
   const std::string stage_name = p == 1 ? "the only stage" : fmt::format("stage {} (layers {})", slow,
                                                                           e.stages[static_cast<std::size_t>(slow)].layers);
-  const bool measured_rates = sys.gemm_rates.count(t.recipe) > 0;
-  e.time.push_back({"compute", mbd * (ws.t_f + ws.t_bw - ws.t_mem - ws.t_ops),
+  const bool measured_rates = !sys.rates_for(t.recipe).empty();
+  e.time.push_back({"compute", mbd * ws.t_gemm,
                     fmt::format("the GEMMs of {}: {:.3g} GFLOP per microbatch (2 per weight and sample forward, "
                                 "backward 2x{}; layer 0 computes no input gradient), {}, x{} microbatches",
                                 stage_name,

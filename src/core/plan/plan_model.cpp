@@ -147,13 +147,18 @@ double System::peak_for(const std::string& recipe) const {
   return peak_fp8;
 }
 
-double System::gemm_seconds(const std::string& recipe, double m, double n, double k) const {
-  const double flops = 2 * m * n * k, peak = peak_for(recipe) * gemm_efficiency;
+const std::vector<std::pair<double, double>>& System::rates_for(const std::string& recipe) const {
+  static const std::vector<std::pair<double, double>> none;
   const auto it = gemm_rates.find(recipe == "fp32" || recipe == "bf16" || recipe == "fp16" ? recipe
                                   : recipe == "nvfp4" || recipe == "mxfp4"                ? "fp4"
                                                                                           : "fp8");
-  if (it == gemm_rates.end() || it->second.empty()) return flops / peak;
-  const auto& pts = it->second;
+  return it == gemm_rates.end() ? none : it->second;
+}
+
+double System::gemm_seconds(const std::string& recipe, double m, double n, double k) const {
+  const double flops = 2 * m * n * k, peak = peak_for(recipe) * gemm_efficiency;
+  const auto& pts = rates_for(recipe);
+  if (pts.empty()) return flops / peak;
   const double size = std::cbrt(m * n * k);
   if (size <= pts.front().first) return flops / pts.front().second;
   if (size > pts.back().first) return flops / std::max(pts.back().second, peak);
@@ -255,6 +260,15 @@ System parse_system(const nlohmann::json& j, const std::string& source) {
           fail(pat, fmt::format("expected N in [1, 10^7], above the previous pair's, got {}", pt[0].dump()));
         if (!(std::isfinite(tf) && tf >= 1e-9 && tf <= 1e6))
           fail(pat, fmt::format("expected TFLOP/s in [1e-09, 10^6], got {}", pt[1].dump()));
+        // a measured rate above the format's peak would put MFU above 100 %
+        const double fmt_peak = fmt_name == "fp32"   ? s.peak_fp32
+                                : fmt_name == "bf16" ? s.peak_bf16
+                                : fmt_name == "fp16" ? s.peak_fp16
+                                : fmt_name == "fp8"  ? s.peak_fp8
+                                                     : s.peak_fp4;
+        if (fmt_peak > 0 && tf * 1e12 > fmt_peak * (1 + 1e-9))
+          fail(pat, fmt::format("expected TFLOP/s at most /peak_tflops/{} = {:g}, got {}", fmt_name, fmt_peak / 1e12,
+                                pt[1].dump()));
         out.emplace_back(size, tf * 1e12);
       }
     }
