@@ -180,6 +180,15 @@ TEST_CASE("a number below the smallest double is refused where it stands, not re
   CHECK_THAT(m, Catch::Contains("/model/depth/0: expected a number that is 0 or at least 4.9e-324"));
 }
 
+TEST_CASE("a number beyond double's range is refused where it stands", "[config][hostile]") {
+  CHECK_THROWS_WITH(parse_json_text(R"({"a": [1, {"b": 1e309}]})", "f.json"),
+                    Catch::Contains("f.json: /a/1/b: expected a number within double's range") &&
+                        Catch::Contains("got 1e309"));
+  CHECK_THROWS_WITH(parse_json_text(R"({"a": [-1e400]})", "f.json"), Catch::Contains("f.json: /a/0: "));
+  const std::string m = error_of(spec(), "", {"model.depth=[1, 1e309]"});
+  CHECK_THAT(m, Catch::Contains("/model/depth/1: expected a number within double's range"));
+}
+
 TEST_CASE("lists are capped at kMaxListLength elements, named in the error", "[config][hostile]") {
   std::string list = "[1";
   for (std::size_t i = 1; i <= kMaxListLength; ++i) list += ",1";

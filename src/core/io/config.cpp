@@ -28,6 +28,7 @@ namespace {
 using config_detail::config_error;
 using config_detail::parse_rejecting_duplicates;
 using config_detail::TooDeep;
+using config_detail::Overflow;
 using config_detail::Underflow;
 using config_detail::valid_utf8;
 
@@ -409,6 +410,9 @@ json parse_set_value(const std::string& text, const std::string& source, const s
   } catch (const Underflow& u) {
     fail(source, ptr + u.ptr, fmt::format("expected a number that is 0 or at least 4.9e-324 in magnitude (a double), "
                                           "got {}: it would read as 0", printable_text(u.text, 60)));
+  } catch (const Overflow& o) {
+    fail(source, ptr + o.ptr, fmt::format("expected a number within double's range (magnitude at most 1.8e308), got {}",
+                                          printable_text(o.text, 60)));
   } catch (const json::exception&) {
     // A JSON number that does not parse is one beyond double's range (1e400): an error, not the
     // string "1e400" that a later check would call "a string" (found by the stop-28 probe).

@@ -26,13 +26,20 @@ struct Underflow {
   std::string text;  ///< the literal, "1e-400"
 };
 
+/// A number literal beyond double's range (1e309): nlohmann's parser reports it without a place;
+/// parse_rejecting_duplicates throws this instead, with the literal's JSON pointer.
+struct Overflow {
+  std::string ptr;   ///< "/train/tokens"
+  std::string text;  ///< the literal, "1e309"
+};
+
 /// Whether `s` is valid UTF-8 (no overlong forms, surrogates or code points beyond U+10FFFF).
 bool valid_utf8(const std::string& s);
 
 // json::parse, and the JSON pointer of the first key that appears twice in one object
 // ("" when none): nlohmann keeps the last value of a repeated key without a word. Linear in
 // the text. Throws TooDeep for nesting beyond max_depth, Underflow for a non-zero number that
-// reads as 0, json::exception for invalid JSON.
+// reads as 0, Overflow for one beyond double's range, json::exception for other invalid JSON.
 // `exact_integers`: see JsonLimits::exact_integers.
 nlohmann::json parse_rejecting_duplicates(const std::string& text, std::string* duplicate, std::size_t max_depth,
                                           bool exact_integers = false);

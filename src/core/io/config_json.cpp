@@ -12,6 +12,7 @@
 #include <limits>
 #include <fstream>
 #include <map>
+#include <type_traits>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -28,6 +29,7 @@ namespace {
 using config_detail::config_error;
 using config_detail::parse_rejecting_duplicates;
 using config_detail::TooDeep;
+using config_detail::Overflow;
 using config_detail::Underflow;
 using config_detail::valid_utf8;
 
@@ -110,7 +112,10 @@ class CheckedDomBuilder {
   bool start_array(std::size_t) { return open(json::array()), true; }
   bool end_array() { return stack_.pop_back(), true; }
   template <typename Exception>
-  bool parse_error(std::size_t, const std::string&, const Exception& ex) {
+  bool parse_error(std::size_t, const std::string& last_token, const Exception& ex) {
+    // out_of_range.406, a number beyond double's range (1e309): where it stands, not only what
+    if constexpr (std::is_same_v<Exception, json::out_of_range>)
+      if (ex.id == 406) throw Overflow{pointer(), last_token};
     throw ex;  // json::parse's message: "parse error at line L, column C: ..."
   }
 
@@ -222,6 +227,9 @@ json parse_json_text(const std::string& text, const std::string& source, const J
   } catch (const Underflow& u) {
     config_error(fmt::format("{}: {}: expected a number that is 0 or at least 4.9e-324 in magnitude (a double), got {}: "
                              "it would read as 0", name, u.ptr.empty() ? "/" : u.ptr, printable_text(u.text, 60)));
+  } catch (const Overflow& o) {
+    config_error(fmt::format("{}: {}: expected a number within double's range (magnitude at most 1.8e308), got {}",
+                             name, o.ptr.empty() ? "/" : o.ptr, printable_text(o.text, 60)));
   } catch (const json::exception& e) {
     // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 1: ..."
     // (or out_of_range.406 for a number beyond double's range, e.g. 1e400)
