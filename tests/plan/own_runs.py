@@ -277,7 +277,8 @@ def step_times(mpt, tmp):
             f"operators; zero_grads {2 * cn} and clones {2 * cn + 1} bare operators; 16P + the clones' 4(P + bw) B; x's GEMM")
 
     print(f"\nStep time (forward and backward) against the plan on this machine as calibrated here "
-          f"(operator overhead {alpha * 1e6:.2f} us, bare operator {bare * 1e6:.2f} us, memory {bw / 1e9:.1f} GB/s; "
+          f"(operator overhead {alpha * 1e6:.2f} us, pass overhead {system.get('pass_overhead_us', 0):.1f} us, "
+          f"bare operator {bare * 1e6:.2f} us, memory {bw / 1e9:.1f} GB/s; "
           f"a timing: reported, never asserted):")
     print("| run | measured ms | plan ms | named ms | plan + named ms | error % | named |")
     print("|---|---|---|---|---|---|---|")
@@ -286,19 +287,22 @@ def step_times(mpt, tmp):
 
 
 def parse_rates(system):
-    """The fp32 GEMM rates of a calibrated system: [(N, FLOP/s)], N ascending."""
-    return [(n, tf * 1e12) for n, tf in system["gemm_tflops_by_n"]["fp32"]]
+    """The fp32 GEMM rates of a calibrated system, [(N, FLOP/s)] N ascending, and its fp32 peak x efficiency."""
+    return ([(n, tf * 1e12) for n, tf in system["gemm_tflops_by_n"]["fp32"]],
+            system["peak_tflops"]["fp32"] * 1e12 * system["gemm_efficiency"])
 
 
-def gemm_seconds(rates, m, n, k):
+def gemm_seconds(rates_peak, m, n, k):
     """System::gemm_seconds for fp32 (src/core/plan/plan_model.cpp): the rate of an N^3 product with the same
-    FLOPs, log-log between the measured sizes, the smallest's below them and the largest's above."""
+    FLOPs, log-log between the measured sizes, the smallest's below them and, above, the larger of the largest's
+    and peak x efficiency."""
     import math
+    rates, peak = rates_peak
     size, flops = (m * n * k) ** (1 / 3), 2 * m * n * k
     if size <= rates[0][0]:
         return flops / rates[0][1]
     if size > rates[-1][0]:
-        return flops / rates[-1][1]
+        return flops / max(rates[-1][1], peak)
     i = next(j for j in range(1, len(rates)) if rates[j][0] >= size)
     f = math.log(size / rates[i - 1][0]) / math.log(rates[i][0] / rates[i - 1][0])
     return flops / math.exp(math.log(rates[i - 1][1]) + f * (math.log(rates[i][1]) - math.log(rates[i - 1][1])))
